@@ -1,0 +1,229 @@
+"""The exception tree of envlink.
+
+Every error that leaves the public API derives from :class:`EnvlinkError`;
+no ``websockets`` or ``asyncio`` exception escapes it (the original is chained
+as ``__cause__``)::
+
+    EnvlinkError
+    ├── ConnectError                  the connection could not be opened
+    │   └── HandshakeRejectedError    the server answered the upgrade with an HTTP error
+    ├── ConnectionLostError           an open connection died
+    │   └── OutcomeUnknownError       ... while a non-idempotent call was in flight
+    ├── CallTimeoutError              a deadline expired (also a builtin TimeoutError)
+    ├── ServerError                   the server answered with an error frame
+    │   └── CapacityReachedError      ... with code CAPACITY_REACHED
+    ├── ProtocolError                 the server sent something the protocol forbids
+    ├── SessionLostError              the server-side session is gone mid-episode
+    │   └── ReplayDivergedError       replay gave a different observation
+    ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
+    ├── ClientClosedError             the client or bridge was closed
+    └── ReentrantCallError            a blocking call from the bridge's own loop thread
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from envlink._journal import EpisodeJournal
+
+__all__ = [
+    "CallTimeoutError",
+    "CapacityReachedError",
+    "ClientClosedError",
+    "ConnectError",
+    "ConnectionLostError",
+    "EnvlinkError",
+    "ErrorCode",
+    "HandshakeRejectedError",
+    "OutcomeUnknownError",
+    "ProtocolError",
+    "ReentrantCallError",
+    "ReplayDivergedError",
+    "RetryBudgetExhaustedError",
+    "ServerError",
+    "SessionLostError",
+]
+
+
+class ErrorCode(str, Enum):
+    """Error codes an OpenEnv server puts in ``{"type": "error"}`` frames."""
+
+    INVALID_JSON = "INVALID_JSON"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    CAPACITY_REACHED = "CAPACITY_REACHED"
+    FACTORY_ERROR = "FACTORY_ERROR"
+    SESSION_ERROR = "SESSION_ERROR"
+
+
+class EnvlinkError(Exception):
+    """Base class of every error raised by envlink."""
+
+    #: Low-cardinality name used as ``error.type`` in telemetry.
+    error_type: str = "envlink_error"
+
+
+class ConnectError(EnvlinkError):
+    """The WebSocket connection could not be opened (refused, DNS, TLS, handshake)."""
+
+    error_type = "connect_error"
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class HandshakeRejectedError(ConnectError):
+    """The server answered the WebSocket upgrade with an HTTP error status.
+
+    Attributes:
+        status: the HTTP status code.
+        retry_after: seconds from a ``Retry-After`` header, if the server sent one.
+    """
+
+    error_type = "handshake_rejected"
+
+    def __init__(self, status: int, *, retry_after: float | None = None) -> None:
+        retryable = status >= 500 or status in (408, 425, 429)
+        super().__init__(f"server rejected the WebSocket upgrade with HTTP {status}",
+                         retryable=retryable)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class ConnectionLostError(EnvlinkError):
+    """An open connection was lost (closed, reset, or the peer stopped answering pings)."""
+
+    error_type = "connection_lost"
+
+
+class OutcomeUnknownError(ConnectionLostError):
+    """The connection was lost after a non-idempotent request was sent.
+
+    The server may or may not have applied it, so envlink does not resend it.
+    """
+
+    error_type = "outcome_unknown"
+
+
+class CallTimeoutError(EnvlinkError, TimeoutError):
+    """A call's deadline expired; the in-flight work was cancelled.
+
+    Attributes:
+        method: the protocol method (``reset``, ``step``, ...), if known.
+        timeout: the deadline in seconds that expired.
+    """
+
+    error_type = "timeout"
+
+    def __init__(self, message: str, *, method: str | None = None,
+                 timeout: float | None = None) -> None:
+        super().__init__(message)
+        self.method = method
+        self.timeout = timeout
+
+
+class ServerError(EnvlinkError):
+    """The server answered a request with an error frame.
+
+    Attributes:
+        code: the server's error code (an :class:`ErrorCode` when known, else the raw string).
+        message: the server's message.
+    """
+
+    error_type = "server_error"
+
+    def __init__(self, message: str, code: ErrorCode | str) -> None:
+        code_text = code.value if isinstance(code, ErrorCode) else code
+        super().__init__(f"[{code_text}] {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_frame(cls, message: str, code: str) -> ServerError:
+        """Build the most specific subclass for ``code``."""
+        try:
+            known: ErrorCode | str = ErrorCode(code)
+        except ValueError:
+            known = code
+        if known is ErrorCode.CAPACITY_REACHED:
+            return CapacityReachedError(message, known)
+        return cls(message, known)
+
+
+class CapacityReachedError(ServerError):
+    """The server refused a new session: its session limit is reached."""
+
+    error_type = "capacity_reached"
+
+
+class ProtocolError(EnvlinkError):
+    """The server sent a frame the protocol does not allow.
+
+    Attributes:
+        reason: what was wrong, in a few words.
+    """
+
+    error_type = "protocol_error"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SessionLostError(EnvlinkError):
+    """The server-side session was lost mid-episode and could not be recovered.
+
+    Attributes:
+        journal: what the episode did so far (reset kwargs, actions, observations),
+            enough to rebuild it elsewhere.
+    """
+
+    error_type = "session_lost"
+
+    def __init__(self, message: str, *, journal: EpisodeJournal | None = None) -> None:
+        super().__init__(message)
+        self.journal = journal
+
+
+class ReplayDivergedError(SessionLostError):
+    """Replaying the journal gave an observation different from the recorded one.
+
+    Attributes:
+        index: the position of the replayed action (0-based) that diverged.
+        expected: the recorded observation payload.
+        actual: the observation payload the server gave on replay.
+    """
+
+    error_type = "replay_diverged"
+
+    def __init__(self, message: str, *, index: int, expected: Any, actual: Any,
+                 journal: EpisodeJournal | None = None) -> None:
+        super().__init__(message, journal=journal)
+        self.index = index
+        self.expected = expected
+        self.actual = actual
+
+
+class RetryBudgetExhaustedError(EnvlinkError):
+    """The shared retry budget refused a retry: too many recent failures in the fleet."""
+
+    error_type = "retry_budget_exhausted"
+
+
+class ClientClosedError(EnvlinkError):
+    """The client (or the bridge it runs on) is closed."""
+
+    error_type = "client_closed"
+
+
+class ReentrantCallError(EnvlinkError, RuntimeError):
+    """A blocking bridged call was made from the bridge's own event-loop thread.
+
+    It would deadlock: the loop would wait for itself. Await the async client instead.
+    """
+
+    error_type = "reentrant_call"

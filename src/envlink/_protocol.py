@@ -1,0 +1,314 @@
+"""The OpenEnv WebSocket protocol: frame models, encoding and validation.
+
+Pure: no I/O, no asyncio. The transport moves text; this module turns requests
+into text and text into validated frames, raising :class:`ProtocolError` with the
+reason for anything the protocol does not allow.
+
+Extensions (request ids, per-message trace context, session resumption) are used
+only when the server advertised them in the upgrade response; see
+:class:`Extensions`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+
+from envlink._errors import ProtocolError
+
+__all__ = [
+    "EXTENSION_HEADER",
+    "EXTENSION_VERSION",
+    "RESUMED_HEADER",
+    "RESUME_GRACE_HEADER",
+    "RESUME_TOKEN_HEADER",
+    "SESSION_TOKEN_HEADER",
+    "CloseRequest",
+    "ErrorData",
+    "ErrorFrame",
+    "Extensions",
+    "ObservationData",
+    "ObservationFrame",
+    "RequestFrame",
+    "ResetRequest",
+    "ResponseFrame",
+    "StateFrame",
+    "StateRequest",
+    "StepRequest",
+    "decode_request",
+    "decode_response",
+    "encode_request",
+    "encode_response",
+]
+
+#: Upgrade header carrying the envlink extension version. The client offers it on
+#: the request; a server that implements the extensions echoes it on the response.
+EXTENSION_HEADER = "envlink-protocol"
+EXTENSION_VERSION = "1"
+#: Response header: the token naming the server-side session, for ``resume``.
+SESSION_TOKEN_HEADER = "envlink-session"
+#: Response header: seconds the server keeps a detached session for ``resume``.
+RESUME_GRACE_HEADER = "envlink-resume-grace"
+#: Request header: the token of the session the client wants to re-attach to.
+RESUME_TOKEN_HEADER = "envlink-resume"
+#: Response header: ``1`` if the session named by the resume token was re-attached,
+#: ``0`` if it was gone and a fresh session was created instead.
+RESUMED_HEADER = "envlink-resumed"
+
+
+@dataclass(frozen=True)
+class Extensions:
+    """What the server advertised in its upgrade response.
+
+    Attributes:
+        version: the extension version, or ``None`` for a plain OpenEnv server.
+        session_token: token for re-attaching to this session (``resume``).
+        resume_grace: seconds the server keeps a detached session.
+        resumed: ``True``/``False`` if this connection asked to resume, else ``None``.
+    """
+
+    version: str | None = None
+    session_token: str | None = None
+    resume_grace: float | None = None
+    resumed: bool | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether envelope extensions (request ids, trace context) may be sent."""
+        return self.version == EXTENSION_VERSION
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether the server offers session resumption for this session."""
+        return self.enabled and bool(self.session_token)
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> Extensions:
+        """Read the extension headers of an upgrade response (case-insensitive keys)."""
+        lowered = {k.lower(): v for k, v in headers.items()}
+        version = lowered.get(EXTENSION_HEADER)
+        if version != EXTENSION_VERSION:
+            return cls()
+        grace: float | None
+        try:
+            grace = float(lowered[RESUME_GRACE_HEADER])
+        except (KeyError, ValueError):
+            grace = None
+        resumed_text = lowered.get(RESUMED_HEADER)
+        resumed = None if resumed_text is None else resumed_text.strip() == "1"
+        return cls(
+            version=version,
+            session_token=lowered.get(SESSION_TOKEN_HEADER) or None,
+            resume_grace=grace,
+            resumed=resumed,
+        )
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class _Request(BaseModel):
+    # A vanilla OpenEnv server forbids extra envelope fields; these are only set
+    # (and so only serialised) when the server negotiated the extension.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+class ResetRequest(_Request):
+    """``{"type": "reset", "data": {...reset kwargs}}``."""
+
+    type: Literal["reset"] = "reset"
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class StepRequest(_Request):
+    """``{"type": "step", "data": {...action fields}}``."""
+
+    type: Literal["step"] = "step"
+    data: dict[str, Any]
+
+
+class StateRequest(_Request):
+    """``{"type": "state"}``."""
+
+    type: Literal["state"] = "state"
+
+
+class CloseRequest(_Request):
+    """``{"type": "close"}``: the server ends the session."""
+
+    type: Literal["close"] = "close"
+
+
+RequestFrame = Annotated[
+    Union[ResetRequest, StepRequest, StateRequest, CloseRequest], Field(discriminator="type")
+]
+_REQUEST_ADAPTER: TypeAdapter[ResetRequest | StepRequest | StateRequest | CloseRequest] = (
+    TypeAdapter(RequestFrame)
+)
+_REQUEST_TYPES = frozenset({"reset", "step", "state", "close"})
+
+
+def encode_request(frame: ResetRequest | StepRequest | StateRequest | CloseRequest) -> str:
+    """Serialise a request frame to JSON text, omitting unset extension fields."""
+    return frame.model_dump_json(exclude_none=True)
+
+
+def decode_request(raw: str | bytes) -> ResetRequest | StepRequest | StateRequest | CloseRequest:
+    """Validate a frame received by a server.
+
+    Raises:
+        ProtocolError: with ``reason`` starting with the OpenEnv error code that a
+            server should answer (``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR``).
+    """
+    obj = _loads(raw, code="INVALID_JSON: ")
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"VALIDATION_ERROR: frame is a JSON {_json_kind(obj)}, not an object")
+    kind = obj.get("type")
+    if kind not in _REQUEST_TYPES:
+        raise ProtocolError(f"UNKNOWN_TYPE: unknown message type {kind!r}")
+    try:
+        return _REQUEST_ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        raise ProtocolError(f"VALIDATION_ERROR: {_describe(exc)}") from exc
+
+
+# -------------------------------------------------------------------------- responses
+
+
+class _Lenient(BaseModel):
+    # Servers may add fields (OpenEnv adds "metadata" beside the observation);
+    # unknown fields are ignored, missing or mistyped ones are errors.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ObservationData(_Lenient):
+    """The ``data`` of an observation frame."""
+
+    observation: dict[str, Any]
+    reward: float | None = None
+    done: StrictBool = False
+    metadata: dict[str, Any] | None = None
+
+
+class ErrorData(_Lenient):
+    """The ``data`` of an error frame."""
+
+    message: str
+    code: str = "EXECUTION_ERROR"
+
+
+class ObservationFrame(_Lenient):
+    """``{"type": "observation", "data": {"observation": ..., "reward": r, "done": b}}``."""
+
+    type: Literal["observation"]
+    data: ObservationData
+    id: str | None = None
+    #: The ``data`` object exactly as received, for ``_parse_result`` hooks.
+    raw_data: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+
+class StateFrame(_Lenient):
+    """``{"type": "state", "data": {"episode_id": ..., "step_count": n, ...}}``."""
+
+    type: Literal["state"]
+    data: dict[str, Any]
+    id: str | None = None
+
+
+class ErrorFrame(_Lenient):
+    """``{"type": "error", "data": {"message": ..., "code": ...}}``."""
+
+    type: Literal["error"]
+    data: ErrorData
+    id: str | None = None
+
+
+ResponseFrame = Annotated[
+    Union[ObservationFrame, StateFrame, ErrorFrame], Field(discriminator="type")
+]
+_RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame] = TypeAdapter(
+    ResponseFrame
+)
+_RESPONSE_TYPES = frozenset({"observation", "state", "error"})
+
+
+def decode_response(
+    raw: str | bytes, *, max_size: int | None = None
+) -> ObservationFrame | StateFrame | ErrorFrame:
+    """Validate a frame received from the server.
+
+    Args:
+        raw: the frame's text (binary frames are accepted if they are UTF-8 JSON).
+        max_size: reject frames longer than this many bytes.
+
+    Raises:
+        ProtocolError: naming what was wrong (invalid JSON, not an object, unknown
+            type, missing or mistyped field, oversize frame).
+    """
+    if max_size is not None and len(raw) > max_size:
+        raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
+    obj = _loads(raw, code="")
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
+    kind = obj.get("type")
+    if "type" not in obj:
+        raise ProtocolError("frame has no 'type' field")
+    if kind not in _RESPONSE_TYPES:
+        raise ProtocolError(f"unknown frame type {kind!r}")
+    try:
+        frame = _RESPONSE_ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
+    if isinstance(frame, ObservationFrame):
+        return frame.model_copy(update={"raw_data": obj["data"]})
+    return frame
+
+
+def encode_response(
+    kind: Literal["observation", "state", "error"],
+    data: Mapping[str, Any],
+    *,
+    request_id: str | None = None,
+) -> str:
+    """Serialise a response frame (used by the reference server)."""
+    obj: dict[str, Any] = {"type": kind, "data": dict(data)}
+    if request_id is not None:
+        obj["id"] = request_id
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _loads(raw: str | bytes, *, code: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        preview = raw[:40] if isinstance(raw, str) else raw[:40].decode("utf-8", "replace")
+        raise ProtocolError(f"{code}frame is not valid JSON ({exc.__class__.__name__}: "
+                            f"{exc}); starts with {preview!r}") from exc
+
+
+def _json_kind(obj: Any) -> str:
+    if isinstance(obj, list):
+        return "array"
+    if isinstance(obj, str):
+        return "string"
+    if isinstance(obj, bool):
+        return "boolean"
+    if isinstance(obj, (int, float)):
+        return "number"
+    return "null" if obj is None else type(obj).__name__
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False)[:3]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<frame>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

@@ -1,0 +1,245 @@
+"""The one module that owns envlink's telemetry: names, tracer, meter, instruments.
+
+Library code uses the OpenTelemetry *API* only. Tracer, meter and instruments are
+created once per (tracer provider, meter provider) pair and cached; with no SDK
+configured they are the API's no-op (proxy) objects and cost close to nothing.
+Nothing here raises into the caller: a failing exporter or a bad attribute is
+swallowed, the caller's own exception always propagates untouched.
+
+The names below are a public contract (``docs/telemetry.md``): dashboards, alert
+rules and documentation refer to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDownCounter
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+
+__all__ = [
+    "ATTR_ATTEMPT",
+    "ATTR_BRIDGE_QUEUE_WAIT",
+    "ATTR_BRIDGE_RUN_TIME",
+    "ATTR_DIRECTION",
+    "ATTR_EPISODE_ID",
+    "ATTR_ERROR_TYPE",
+    "ATTR_OUTCOME",
+    "ATTR_POLICY",
+    "ATTR_REASON",
+    "ATTR_RESULT",
+    "ATTR_RPC_METHOD",
+    "ATTR_RPC_SYSTEM",
+    "ATTR_SERVER_ADDRESS",
+    "ATTR_SERVER_PORT",
+    "ATTR_SESSION_ID",
+    "ATTR_STEP_INDEX",
+    "ATTR_TRANSPARENT",
+    "DURATION_BUCKETS",
+    "METRIC_ATTEMPTS",
+    "METRIC_BRIDGE_CALL_DURATION",
+    "METRIC_BRIDGE_WAIT_DURATION",
+    "METRIC_CALL_DURATION",
+    "METRIC_ERRORS",
+    "METRIC_INFLIGHT",
+    "METRIC_MESSAGE_SIZE",
+    "METRIC_RECONNECTS",
+    "METRIC_RECOVERIES",
+    "RPC_SYSTEM",
+    "SCOPE_NAME",
+    "SIZE_BUCKETS",
+    "Telemetry",
+    "error_type_of",
+    "get_telemetry",
+    "mark_error",
+]
+
+SCOPE_NAME = "envlink"
+RPC_SYSTEM = "openenv"
+
+# Span and metric attribute names (OpenTelemetry semantic conventions where one exists).
+ATTR_RPC_SYSTEM = "rpc.system.name"
+ATTR_RPC_METHOD = "rpc.method"
+ATTR_SERVER_ADDRESS = "server.address"
+ATTR_SERVER_PORT = "server.port"
+ATTR_ERROR_TYPE = "error.type"
+ATTR_SESSION_ID = "envlink.session.id"
+ATTR_EPISODE_ID = "envlink.episode.id"
+ATTR_STEP_INDEX = "envlink.step.index"
+ATTR_ATTEMPT = "envlink.attempt"
+ATTR_TRANSPARENT = "envlink.retry.transparent"
+ATTR_OUTCOME = "envlink.outcome"
+ATTR_REASON = "envlink.reason"
+ATTR_DIRECTION = "envlink.direction"
+ATTR_POLICY = "envlink.recovery.policy"
+ATTR_RESULT = "envlink.recovery.result"
+ATTR_BRIDGE_QUEUE_WAIT = "envlink.bridge.queue_wait_s"
+ATTR_BRIDGE_RUN_TIME = "envlink.bridge.run_time_s"
+
+# Metric names.
+METRIC_CALL_DURATION = "rpc.client.call.duration"
+METRIC_BRIDGE_WAIT_DURATION = "envlink.bridge.wait.duration"
+METRIC_BRIDGE_CALL_DURATION = "envlink.bridge.call.duration"
+METRIC_ATTEMPTS = "envlink.client.attempts"
+METRIC_RECONNECTS = "envlink.client.reconnects"
+METRIC_ERRORS = "envlink.client.errors"
+METRIC_INFLIGHT = "envlink.client.inflight"
+METRIC_MESSAGE_SIZE = "envlink.client.message.size"
+METRIC_RECOVERIES = "envlink.session.recoveries"
+
+#: Histogram boundaries in seconds. The SDK's defaults are meant for milliseconds
+#: and would put every envlink call in the first bucket.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+#: Histogram boundaries in bytes for message sizes.
+SIZE_BUCKETS: tuple[float, ...] = (
+    64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 104857600,
+)
+
+
+def error_type_of(exc: BaseException) -> str:
+    """Low-cardinality ``error.type`` for an exception.
+
+    envlink errors name themselves (``timeout``, ``connection_lost``, ...); anything
+    else is reported by its fully qualified class name, as the conventions suggest.
+    """
+    named = getattr(type(exc), "error_type", None)
+    if isinstance(named, str):
+        return named
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Telemetry:
+    """Tracer, meter and instruments for one pair of providers.
+
+    Obtain one with :func:`get_telemetry`; never per call.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        from envlink import __version__
+
+        self.tracer: Tracer = trace.get_tracer(
+            SCOPE_NAME, __version__, tracer_provider=tracer_provider
+        )
+        self.meter: Meter = metrics.get_meter(
+            SCOPE_NAME, __version__, meter_provider=meter_provider
+        )
+        m = self.meter
+        self.call_duration: Histogram = m.create_histogram(
+            METRIC_CALL_DURATION, unit="s",
+            description="Duration of envlink protocol calls, from the caller's view.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.bridge_wait_duration: Histogram = m.create_histogram(
+            METRIC_BRIDGE_WAIT_DURATION, unit="s",
+            description="Time a sync call waited for the bridge's event loop to start it.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.bridge_call_duration: Histogram = m.create_histogram(
+            METRIC_BRIDGE_CALL_DURATION, unit="s",
+            description="Whole duration of a call made through the sync bridge.",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.attempts: Counter = m.create_counter(
+            METRIC_ATTEMPTS, unit="{attempt}",
+            description="Attempts made for protocol calls; attempt > 1 is a retry.",
+        )
+        self.reconnects: Counter = m.create_counter(
+            METRIC_RECONNECTS, unit="{reconnect}",
+            description="Reconnections after a lost or failed connection, by reason.",
+        )
+        self.errors: Counter = m.create_counter(
+            METRIC_ERRORS, unit="{error}",
+            description="Protocol calls that failed, by error.type.",
+        )
+        self.inflight: UpDownCounter = m.create_up_down_counter(
+            METRIC_INFLIGHT, unit="{call}",
+            description="Protocol calls currently in flight (queued or running).",
+        )
+        self.message_size: Histogram = m.create_histogram(
+            METRIC_MESSAGE_SIZE, unit="By",
+            description="Size of WebSocket messages, by direction.",
+            explicit_bucket_boundaries_advisory=list(SIZE_BUCKETS),
+        )
+        self.recoveries: Counter = m.create_counter(
+            METRIC_RECOVERIES, unit="{recovery}",
+            description="Session recoveries after a lost connection, by policy and result.",
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    @contextlib.contextmanager
+    def span(
+        self,
+        name: str,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> Iterator[Span]:
+        """A span that records an escaping exception as ``error.type`` + ERROR status.
+
+        The exception itself is re-raised untouched.
+        """
+        with self.tracer.start_as_current_span(
+            name, kind=kind, attributes=attributes, record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield span
+            except BaseException as exc:
+                mark_error(span, exc)
+                raise
+
+    def add(self, counter: Counter | UpDownCounter, value: int,
+            attributes: Mapping[str, Any] | None = None) -> None:
+        """Add to a counter; never raises."""
+        with contextlib.suppress(Exception):
+            counter.add(value, attributes)
+
+    def record(self, histogram: Histogram, value: float,
+               attributes: Mapping[str, Any] | None = None) -> None:
+        """Record into a histogram; never raises."""
+        with contextlib.suppress(Exception):
+            histogram.record(value, attributes)
+
+
+def mark_error(span: Span, exc: BaseException) -> None:
+    """Mark ``span`` failed by ``exc``: ``error.type``, ERROR status, exception event."""
+    if not span.is_recording():
+        return
+    with contextlib.suppress(Exception):
+        span.set_attribute(ATTR_ERROR_TYPE, error_type_of(exc))
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:256]))
+
+
+_cache: dict[tuple[int, int], Telemetry] = {}
+_cache_lock = threading.Lock()
+
+
+def get_telemetry(
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> Telemetry:
+    """The :class:`Telemetry` for these providers (``None``: the global ones), cached."""
+    key = (id(tracer_provider), id(meter_provider))
+    tel = _cache.get(key)
+    if tel is None:
+        with _cache_lock:
+            tel = _cache.get(key)
+            if tel is None:
+                tel = Telemetry(tracer_provider, meter_provider)
+                # Keep the providers alive so their ids are not reused by others.
+                tel._providers = (tracer_provider, meter_provider)  # type: ignore[attr-defined]
+                _cache[key] = tel
+    return tel
