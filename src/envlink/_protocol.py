@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
@@ -26,6 +26,7 @@ __all__ = [
     "RESUMED_HEADER",
     "RESUME_GRACE_HEADER",
     "RESUME_TOKEN_HEADER",
+    "SESSION_ID_HEADER",
     "SESSION_TOKEN_HEADER",
     "CloseRequest",
     "ErrorData",
@@ -51,6 +52,9 @@ EXTENSION_HEADER = "envlink-protocol"
 EXTENSION_VERSION = "1"
 #: Response header: the token naming the server-side session, for ``resume``.
 SESSION_TOKEN_HEADER = "envlink-session"
+#: Response header: the session's public id, for telemetry (unlike the token it
+#: grants nothing, so it may appear in spans and logs).
+SESSION_ID_HEADER = "envlink-session-id"
 #: Response header: seconds the server keeps a detached session for ``resume``.
 RESUME_GRACE_HEADER = "envlink-resume-grace"
 #: Request header: the token of the session the client wants to re-attach to.
@@ -66,13 +70,16 @@ class Extensions:
 
     Attributes:
         version: the extension version, or ``None`` for a plain OpenEnv server.
-        session_token: token for re-attaching to this session (``resume``).
+        session_token: secret token for re-attaching to this session (``resume``);
+            never logged.
+        session_id: the session's public id, for telemetry.
         resume_grace: seconds the server keeps a detached session.
         resumed: ``True``/``False`` if this connection asked to resume, else ``None``.
     """
 
     version: str | None = None
-    session_token: str | None = None
+    session_token: str | None = field(default=None, repr=False)
+    session_id: str | None = None
     resume_grace: float | None = None
     resumed: bool | None = None
 
@@ -103,6 +110,7 @@ class Extensions:
         return cls(
             version=version,
             session_token=lowered.get(SESSION_TOKEN_HEADER) or None,
+            session_id=lowered.get(SESSION_ID_HEADER) or None,
             resume_grace=grace,
             resumed=resumed,
         )
@@ -148,7 +156,7 @@ class CloseRequest(_Request):
 
 
 RequestFrame = Annotated[
-    Union[ResetRequest, StepRequest, StateRequest, CloseRequest], Field(discriminator="type")
+    ResetRequest | StepRequest | StateRequest | CloseRequest, Field(discriminator="type")
 ]
 _REQUEST_ADAPTER: TypeAdapter[ResetRequest | StepRequest | StateRequest | CloseRequest] = (
     TypeAdapter(RequestFrame)
@@ -172,7 +180,7 @@ def decode_request(raw: str | bytes) -> ResetRequest | StepRequest | StateReques
     if not isinstance(obj, dict):
         raise ProtocolError(f"VALIDATION_ERROR: frame is a JSON {_json_kind(obj)}, not an object")
     kind = obj.get("type")
-    if kind not in _REQUEST_TYPES:
+    if not isinstance(kind, str) or kind not in _REQUEST_TYPES:
         raise ProtocolError(f"UNKNOWN_TYPE: unknown message type {kind!r}")
     try:
         return _REQUEST_ADAPTER.validate_python(obj)
@@ -232,7 +240,7 @@ class ErrorFrame(_Lenient):
 
 
 ResponseFrame = Annotated[
-    Union[ObservationFrame, StateFrame, ErrorFrame], Field(discriminator="type")
+    ObservationFrame | StateFrame | ErrorFrame, Field(discriminator="type")
 ]
 _RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame] = TypeAdapter(
     ResponseFrame
@@ -261,7 +269,7 @@ def decode_response(
     kind = obj.get("type")
     if "type" not in obj:
         raise ProtocolError("frame has no 'type' field")
-    if kind not in _RESPONSE_TYPES:
+    if not isinstance(kind, str) or kind not in _RESPONSE_TYPES:
         raise ProtocolError(f"unknown frame type {kind!r}")
     try:
         frame = _RESPONSE_ADAPTER.validate_python(obj)

@@ -1,0 +1,133 @@
+"""Client configuration that does no I/O: timeouts and connection options."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "UNSET",
+    "ConnectionOptions",
+    "Timeout",
+    "TimeoutTypes",
+    "UnsetType",
+]
+
+
+class UnsetType(enum.Enum):
+    """Type of :data:`UNSET`: "not given", as opposed to ``None`` ("no limit")."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = UnsetType.UNSET
+
+_DEFAULT_CONNECT = 10.0
+_DEFAULT_CALL = 60.0
+_DEFAULT_CLOSE = 5.0
+
+
+class Timeout:
+    """Deadlines per phase, httpx-style: one default plus per-phase overrides.
+
+    ``Timeout(5.0)`` sets every phase to 5 s; ``Timeout(5.0, connect=10.0)`` overrides
+    one phase; ``None`` means no limit. Phases:
+
+    - ``connect``: opening the WebSocket (TCP, TLS, upgrade handshake), per attempt;
+    - ``call``: a whole protocol call (queue wait, reconnects, recovery, the answer);
+    - ``close``: the closing handshake.
+
+    Args:
+        default: value for every phase not given explicitly.
+        connect: connect phase override.
+        call: call phase override.
+        close: close phase override.
+    """
+
+    __slots__ = ("call", "close", "connect")
+
+    def __init__(
+        self,
+        default: float | UnsetType | None = UNSET,
+        *,
+        connect: float | UnsetType | None = UNSET,
+        call: float | UnsetType | None = UNSET,
+        close: float | UnsetType | None = UNSET,
+    ) -> None:
+        def pick(value: float | UnsetType | None, fallback: float) -> float | None:
+            if value is not UNSET:
+                chosen = value
+            elif default is not UNSET:
+                chosen = default
+            else:
+                chosen = fallback
+            if chosen is not None and not chosen > 0:
+                raise ValueError(f"timeouts must be positive or None, got {chosen!r}")
+            return None if chosen is None else float(chosen)
+
+        self.connect: float | None = pick(connect, _DEFAULT_CONNECT)
+        self.call: float | None = pick(call, _DEFAULT_CALL)
+        self.close: float | None = pick(close, _DEFAULT_CLOSE)
+
+    @classmethod
+    def coerce(cls, value: TimeoutTypes) -> Timeout:
+        """Accept a :class:`Timeout`, a number (every phase) or ``None`` (no limits)."""
+        if isinstance(value, Timeout):
+            return value
+        return cls(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Timeout) and (
+            (self.connect, self.call, self.close) == (other.connect, other.call, other.close)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.connect, self.call, self.close))
+
+    def __repr__(self) -> str:
+        return f"Timeout(connect={self.connect}, call={self.call}, close={self.close})"
+
+
+TimeoutTypes = Timeout | float | None
+
+#: OpenEnv's own client and server accept messages up to 100 MiB (large observations
+#: such as screenshots); websockets' default of 1 MiB would reject them.
+DEFAULT_MAX_MESSAGE_SIZE = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """How each WebSocket connection is opened and kept healthy.
+
+    Attributes:
+        headers: extra handshake headers (e.g. ``Authorization``); never logged.
+        ping_interval: seconds between keepalive pings (``None`` disables them).
+        ping_timeout: seconds to wait for a pong before the peer is declared dead;
+            a dead peer is detected within ``ping_interval + ping_timeout``.
+        max_message_size: largest accepted frame in bytes.
+        compression: ``None`` (default: it costs latency on large observations) or
+            ``"deflate"``.
+        ssl: an ``ssl.SSLContext`` for ``wss://``; by default a verifying one.
+        proxy: ``True`` to honour proxy environment variables, ``None`` for none, or a URL.
+        user_agent: the ``User-Agent`` header.
+    """
+
+    headers: tuple[tuple[str, str], ...] = ()
+    ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    compression: str | None = None
+    ssl: Any = None
+    proxy: str | bool | None = True
+    user_agent: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compression not in (None, "deflate"):
+            raise ValueError(f"compression must be None or 'deflate', got {self.compression!r}")
+        if self.max_message_size <= 0:
+            raise ValueError("max_message_size must be positive")

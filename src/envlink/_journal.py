@@ -1,0 +1,83 @@
+"""The episode journal: what an episode did, enough to replay or rebuild it. No I/O."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EpisodeJournal", "JournalEntry"]
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One applied step: the action payload sent and the ``data`` the server answered."""
+
+    action: dict[str, Any]
+    response: dict[str, Any]
+
+
+@dataclass
+class EpisodeJournal:
+    """Reset kwargs, then each step's action and answer, in order.
+
+    Bounded: past ``max_steps`` entries the journal is marked ``truncated`` and can
+    no longer be replayed (the episode is still usable; only ``replay`` recovery is
+    lost).
+
+    Attributes:
+        reset_kwargs: the kwargs of the reset that began the episode.
+        reset_response: the ``data`` of the reset's observation frame.
+        entries: the steps applied so far.
+        max_steps: the bound on ``entries``.
+        truncated: whether steps were dropped because of the bound.
+        episode_id: the episode id, when known.
+    """
+
+    reset_kwargs: dict[str, Any] = field(default_factory=dict)
+    reset_response: dict[str, Any] | None = None
+    entries: list[JournalEntry] = field(default_factory=list)
+    max_steps: int = 10_000
+    truncated: bool = False
+    episode_id: str | None = None
+
+    @property
+    def step_count(self) -> int:
+        """Steps recorded (not counting dropped ones)."""
+        return len(self.entries)
+
+    @property
+    def replayable(self) -> bool:
+        """Whether the whole episode is recorded, so replay can rebuild it."""
+        return self.reset_response is not None and not self.truncated
+
+    def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any]) -> None:
+        """Start a new episode."""
+        self.reset_kwargs = copy.deepcopy(kwargs)
+        self.reset_response = copy.deepcopy(response)
+        self.entries = []
+        self.truncated = False
+
+    def record_step(self, action: dict[str, Any], response: dict[str, Any]) -> None:
+        """Append one applied step (or mark the journal truncated past the bound)."""
+        if self.truncated:
+            return
+        if len(self.entries) >= self.max_steps:
+            self.truncated = True
+            self.entries = []
+            return
+        self.entries.append(JournalEntry(copy.deepcopy(action), copy.deepcopy(response)))
+
+    def snapshot(self) -> EpisodeJournal:
+        """An independent copy (handed to the caller inside errors)."""
+        return copy.deepcopy(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable form, to persist or rebuild the episode elsewhere."""
+        return {
+            "episode_id": self.episode_id,
+            "reset_kwargs": self.reset_kwargs,
+            "reset_response": self.reset_response,
+            "steps": [{"action": e.action, "response": e.response} for e in self.entries],
+            "truncated": self.truncated,
+        }

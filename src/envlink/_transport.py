@@ -1,0 +1,289 @@
+"""The WebSocket transport: the only module that imports ``websockets``.
+
+A two-method-ish seam (open a connection; send, receive, close on it). Every
+``websockets``/``OSError``/``asyncio`` failure is translated here into envlink's
+own tree, ``raise ... from exc``; nothing of websockets leaks past this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import ssl as ssl_module
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.datastructures import Headers
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidStatus,
+    InvalidURI,
+    PayloadTooBig,
+)
+from websockets.exceptions import (
+    ProtocolError as WsProtocolError,
+)
+from websockets.protocol import State
+
+from envlink._config import ConnectionOptions
+from envlink._errors import (
+    ConnectError,
+    ConnectionLostError,
+    HandshakeRejectedError,
+    ProtocolError,
+)
+from envlink._protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
+
+__all__ = ["Connection", "Endpoint", "NotWrittenError", "open_connection", "parse_endpoint"]
+
+
+class NotWrittenError(ConnectionLostError):
+    """The connection was already closed: the frame was provably never written."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed server address. Credentials never appear in ``display``.
+
+    Attributes:
+        ws_url: the ``ws://``/``wss://`` URL of the ``/ws`` endpoint, without credentials.
+        host: the server host (``server.address``).
+        port: the server port (``server.port``).
+        secure: whether TLS is used.
+        auth_header: a ``Basic`` authorization value built from URL credentials, if any.
+    """
+
+    ws_url: str
+    host: str
+    port: int
+    secure: bool
+    auth_header: str | None = None
+
+    @property
+    def display(self) -> str:
+        """The URL safe to show in logs and errors."""
+        return self.ws_url
+
+
+def parse_endpoint(base_url: str) -> Endpoint:
+    """Turn an ``http(s)://`` or ``ws(s)://`` base URL into the ``/ws`` endpoint.
+
+    Raises:
+        ValueError: for another scheme or a URL without a host.
+    """
+    parts = urlsplit(base_url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
+    if scheme is None:
+        raise ValueError(
+            f"base_url must start with http://, https://, ws:// or wss://, got scheme "
+            f"{parts.scheme!r}"
+        )
+    if not parts.hostname:
+        raise ValueError("base_url has no host")
+    secure = scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    auth = None
+    if parts.username is not None:
+        import base64
+
+        raw = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        auth = "Basic " + base64.b64encode(raw).decode("ascii")
+    host = parts.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc = f"{netloc}:{parts.port}"
+    path = parts.path.rstrip("/")
+    if not path.endswith("/ws"):
+        path = f"{path}/ws"
+    ws_url = urlunsplit((scheme, netloc, path, parts.query, ""))
+    return Endpoint(ws_url=ws_url, host=host, port=port, secure=secure, auth_header=auth)
+
+
+def _retry_after(headers: Headers) -> float | None:
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - time.time())
+
+
+class Connection:
+    """One open WebSocket connection to a server's ``/ws`` endpoint.
+
+    Attributes:
+        extensions: what the server advertised in its upgrade response.
+        opened_at: ``time.monotonic()`` when the connection opened.
+    """
+
+    def __init__(self, ws: ClientConnection, extensions: Extensions) -> None:
+        self._ws = ws
+        self.extensions = extensions
+        self.opened_at = time.monotonic()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether frames can still be sent."""
+        return self._ws.state is State.OPEN
+
+    async def send(self, text: str) -> None:
+        """Send one text frame.
+
+        Raises:
+            NotWrittenError: the connection was closed before anything was written.
+            ConnectionLostError: the connection failed while writing.
+        """
+        if self._ws.state is not State.OPEN:
+            raise NotWrittenError("connection is closed; the request was not sent")
+        try:
+            await self._ws.send(text)
+        except ConnectionClosed as exc:
+            raise ConnectionLostError(
+                f"connection lost while sending: {_closed_reason(exc)}"
+            ) from exc
+        except OSError as exc:
+            raise ConnectionLostError(f"connection lost while sending: {exc}") from exc
+
+    async def take_buffered(self) -> str | bytes | None:
+        """A frame the server sent before closing, if one is still buffered.
+
+        A server at capacity answers the upgrade, sends an unsolicited error frame
+        and closes; that frame explains the close and must not be lost.
+        """
+        if self._ws.state is State.OPEN:
+            return None
+        try:
+            return await asyncio.wait_for(self._ws.recv(), 0.05)
+        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError):
+            return None
+
+    async def recv(self) -> str | bytes:
+        """Receive one frame (text, or bytes for a binary frame).
+
+        Raises:
+            ConnectionLostError: the connection closed or the peer stopped answering pings.
+            ProtocolError: the peer broke the WebSocket protocol (e.g. an oversize frame).
+        """
+        try:
+            return await self._ws.recv()
+        except ConnectionClosed as exc:
+            too_big = isinstance(exc.__cause__, PayloadTooBig) or (
+                exc.rcvd is None and exc.sent is not None and exc.sent.code == 1009
+            )
+            if too_big:
+                raise ProtocolError(
+                    f"server sent a frame larger than the limit ({_closed_reason(exc)})"
+                ) from exc
+            raise ConnectionLostError(f"connection lost: {_closed_reason(exc)}") from exc
+        except WsProtocolError as exc:
+            raise ProtocolError(f"WebSocket protocol violation: {exc}") from exc
+        except OSError as exc:
+            raise ConnectionLostError(f"connection lost: {exc}") from exc
+
+    async def close(self, timeout: float | None) -> None:
+        """Close gracefully, waiting at most ``timeout``; then drop. Never raises."""
+        try:
+            if timeout is None:
+                await self._ws.close()
+            else:
+                await asyncio.wait_for(self._ws.close(), timeout)
+        except (Exception, asyncio.CancelledError):
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once, without a closing handshake."""
+        with contextlib.suppress(Exception):
+            self._ws.transport.abort()
+
+
+def _closed_reason(exc: ConnectionClosed) -> str:
+    frame = exc.rcvd or exc.sent
+    if frame is None:
+        return "no close frame (connection dropped)"
+    reason = f" {frame.reason}" if frame.reason else ""
+    return f"close code {frame.code}{reason}"
+
+
+async def open_connection(
+    endpoint: Endpoint,
+    options: ConnectionOptions,
+    *,
+    extra_headers: Mapping[str, str] | None = None,
+    open_timeout: float | None = None,
+    offer_extensions: bool = True,
+) -> Connection:
+    """Open a WebSocket connection, offering envlink's extensions.
+
+    Args:
+        endpoint: where to connect.
+        options: connection options.
+        extra_headers: per-connection headers (trace context, resume token).
+        open_timeout: deadline for TCP + TLS + handshake.
+        offer_extensions: send the ``envlink-protocol`` header (a server that does not
+            know it ignores it).
+
+    Raises:
+        ConnectError: refused, unreachable, timed out, TLS failure (retryable or not).
+        HandshakeRejectedError: the server answered the upgrade with an HTTP error.
+    """
+    headers: list[tuple[str, str]] = list(options.headers)
+    if endpoint.auth_header is not None and not any(
+        k.lower() == "authorization" for k, _ in headers
+    ):
+        headers.append(("Authorization", endpoint.auth_header))
+    if offer_extensions:
+        headers.append((EXTENSION_HEADER, EXTENSION_VERSION))
+    if extra_headers:
+        headers.extend(extra_headers.items())
+    kwargs: dict[str, Any] = {
+        "additional_headers": headers,
+        "open_timeout": open_timeout,
+        "ping_interval": options.ping_interval,
+        "ping_timeout": options.ping_timeout,
+        "close_timeout": 1.0,
+        "max_size": options.max_message_size,
+        "compression": options.compression,
+        "proxy": options.proxy,
+    }
+    if options.user_agent is not None:
+        kwargs["user_agent_header"] = options.user_agent
+    if endpoint.secure:
+        kwargs["ssl"] = options.ssl or ssl_module.create_default_context()
+    where = endpoint.display
+    try:
+        ws = await connect(endpoint.ws_url, **kwargs)
+    except InvalidStatus as exc:
+        response = exc.response
+        raise HandshakeRejectedError(
+            response.status_code, retry_after=_retry_after(response.headers)
+        ) from exc
+    except InvalidURI as exc:
+        raise ConnectError(f"invalid server URL {where}", retryable=False) from exc
+    except ssl_module.SSLCertVerificationError as exc:
+        raise ConnectError(f"TLS verification failed for {where}: {exc.verify_message}",
+                           retryable=False) from exc
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        raise ConnectError(f"timed out opening {where}", retryable=True) from exc
+    except InvalidHandshake as exc:
+        raise ConnectError(f"WebSocket handshake with {where} failed: {exc}",
+                           retryable=True) from exc
+    except ConnectionClosed as exc:
+        raise ConnectError(f"{where} closed the connection during the handshake",
+                           retryable=True) from exc
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise ConnectError(f"cannot connect to {where}: {reason}", retryable=True) from exc
+    response_headers: dict[str, str] = {}
+    if ws.response is not None:
+        response_headers = {k: v for k, v in ws.response.headers.raw_items()}
+    return Connection(ws, Extensions.from_headers(response_headers))

@@ -1,0 +1,100 @@
+"""Timeouts, the error tree, endpoints and the journal: pure parts."""
+
+from __future__ import annotations
+
+import pytest
+
+import envlink
+from envlink import (
+    CallTimeoutError,
+    CapacityReachedError,
+    EnvlinkError,
+    EpisodeJournal,
+    ErrorCode,
+    ReplayDivergedError,
+    ServerError,
+    SessionLostError,
+    Timeout,
+)
+from envlink._transport import parse_endpoint
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_timeout_default_and_overrides_follow_httpx() -> None:
+    """One default for every phase, explicit phases win, None means no limit."""
+    assert Timeout(5.0) == Timeout(connect=5.0, call=5.0, close=5.0)
+    t = Timeout(5.0, connect=10.0, close=None)
+    assert (t.connect, t.call, t.close) == (10.0, 5.0, None)
+    d = Timeout()
+    assert (d.connect, d.call, d.close) == (10.0, 60.0, 5.0)
+    assert Timeout.coerce(None) == Timeout(None)
+    assert Timeout.coerce(2) == Timeout(2.0)
+    with pytest.raises(ValueError, match="positive"):
+        Timeout(0)
+
+
+def test_every_error_derives_from_envlink_error() -> None:
+    """The whole exported tree has one root; CallTimeoutError is also a TimeoutError."""
+    errors = [getattr(envlink, n) for n in envlink.__all__
+              if isinstance(getattr(envlink, n), type)
+              and issubclass(getattr(envlink, n), BaseException)]
+    assert len(errors) >= 12
+    assert all(issubclass(e, EnvlinkError) for e in errors)
+    assert issubclass(CallTimeoutError, TimeoutError)
+    assert issubclass(ReplayDivergedError, SessionLostError)
+
+
+def test_server_error_from_frame_picks_the_specific_class() -> None:
+    """CAPACITY_REACHED becomes CapacityReachedError; unknown codes are kept verbatim."""
+    cap = ServerError.from_frame("full", "CAPACITY_REACHED")
+    assert isinstance(cap, CapacityReachedError)
+    assert cap.code is ErrorCode.CAPACITY_REACHED
+    odd = ServerError.from_frame("?", "SOMETHING_NEW")
+    assert type(odd) is ServerError
+    assert odd.code == "SOMETHING_NEW"
+    assert str(odd) == "[SOMETHING_NEW] ?"
+
+
+@pytest.mark.parametrize(
+    ("url", "ws_url", "port"),
+    [
+        ("http://127.0.0.1:8000", "ws://127.0.0.1:8000/ws", 8000),
+        ("https://env.example/", "wss://env.example/ws", 443),
+        ("ws://127.0.0.1:9/ws", "ws://127.0.0.1:9/ws", 9),
+        ("wss://h/prefix", "wss://h/prefix/ws", 443),
+        ("http://[::1]:81", "ws://[::1]:81/ws", 81),
+    ],
+)
+def test_base_urls_map_to_the_ws_endpoint(url: str, ws_url: str, port: int) -> None:
+    """http/https/ws/wss base URLs all reach the /ws endpoint with the right scheme."""
+    ep = parse_endpoint(url)
+    assert (ep.ws_url, ep.port) == (ws_url, port)
+
+
+def test_url_credentials_become_a_header_and_leave_the_url() -> None:
+    """user:pass in the URL is sent as Basic auth and never shown."""
+    ep = parse_endpoint("http://alice:s3cret@127.0.0.1:1")
+    assert "s3cret" not in ep.display and "alice" not in ep.display
+    assert ep.auth_header == "Basic YWxpY2U6czNjcmV0"
+
+
+def test_bad_scheme_is_a_value_error() -> None:
+    """An ftp:// URL is refused with the reason."""
+    with pytest.raises(ValueError, match="scheme"):
+        parse_endpoint("ftp://x")
+
+
+def test_journal_records_copies_and_bounds_itself() -> None:
+    """The journal copies what it records and stops being replayable past its bound."""
+    j = EpisodeJournal(max_steps=2)
+    action = {"m": [1]}
+    j.record_reset({"seed": 1}, {"observation": {}})
+    j.record_step(action, {"observation": {"n": 1}})
+    action["m"].append(2)
+    assert j.entries[0].action == {"m": [1]}
+    j.record_step({}, {})
+    assert j.replayable and j.step_count == 2
+    j.record_step({}, {})
+    assert j.truncated and not j.replayable
+    assert j.to_dict()["truncated"] is True

@@ -1,0 +1,150 @@
+"""Frame validation: every malformed server frame is a ProtocolError naming the fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envlink import ProtocolError
+from envlink._protocol import (
+    EXTENSION_HEADER,
+    ErrorFrame,
+    Extensions,
+    ObservationFrame,
+    ResetRequest,
+    StateFrame,
+    StateRequest,
+    StepRequest,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("not json at all", "not valid JSON"),
+        (b"\xff\xfe\x00", "not valid JSON"),
+        ("[1, 2, 3]", "JSON array"),
+        ('"hello"', "JSON string"),
+        ("null", "JSON null"),
+        ('{"type": "observation", "data": "oops"}', "invalid 'observation' frame"),
+        ('{"type": "teapot", "data": {}}', "unknown frame type 'teapot'"),
+        ('{"data": {}}', "no 'type' field"),
+        ('{"type": "observation", "data": {"reward": 1}}', "observation: Field required"),
+        ('{"type": "observation"}', "data: Field required"),
+        ('{"type": "observation", "data": {"observation": [], "done": false}}',
+         "observation: Input should be a valid dictionary"),
+        ('{"type": "observation", "data": {"observation": {}, "done": "yes"}}', "done"),
+        ('{"type": "state", "data": 3}', "invalid 'state' frame"),
+        ('{"type": "error", "data": {"code": "X"}}', "message: Field required"),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(raw: str | bytes, reason: str) -> None:
+    """Each malformed frame raises ProtocolError whose reason names what was wrong."""
+    with pytest.raises(ProtocolError) as info:
+        decode_response(raw)
+    assert reason in info.value.reason
+
+
+def test_oversize_frame_is_rejected_before_parsing() -> None:
+    """A frame longer than max_size is refused with its size in the reason."""
+    raw = json.dumps({"type": "state", "data": {"x": "y" * 100}})
+    with pytest.raises(ProtocolError, match="exceeds the limit of 50 bytes"):
+        decode_response(raw, max_size=50)
+
+
+def test_valid_frames_decode_to_their_models() -> None:
+    """Observation, state and error frames decode with their fields and raw data."""
+    data = {"observation": {"a": 1}, "reward": 0.5, "done": True, "metadata": {"m": 1},
+            "extra": "kept"}
+    obs = decode_response(json.dumps({"type": "observation", "data": data, "id": "r1"}))
+    assert isinstance(obs, ObservationFrame)
+    assert obs.data.observation == {"a": 1}
+    assert obs.data.reward == 0.5
+    assert obs.data.done is True
+    assert obs.id == "r1"
+    assert obs.raw_data == data
+    state = decode_response('{"type":"state","data":{"episode_id":"e","step_count":2}}')
+    assert isinstance(state, StateFrame)
+    assert state.data["step_count"] == 2
+    err = decode_response('{"type":"error","data":{"message":"bad","code":"VALIDATION_ERROR"}}')
+    assert isinstance(err, ErrorFrame)
+    assert (err.data.code, err.data.message) == ("VALIDATION_ERROR", "bad")
+
+
+def test_requests_omit_unset_extension_fields() -> None:
+    """Plain requests carry only type and data, as a vanilla OpenEnv server demands."""
+    assert json.loads(encode_request(StepRequest(data={"m": 1}))) == {
+        "type": "step", "data": {"m": 1}}
+    assert json.loads(encode_request(StateRequest())) == {"type": "state"}
+    with_id = json.loads(encode_request(ResetRequest(data={}, id="7", traceparent="00-x")))
+    assert with_id == {"type": "reset", "data": {}, "id": "7", "traceparent": "00-x"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ("{", "INVALID_JSON"),
+        ("[]", "VALIDATION_ERROR"),
+        ('{"type": "dance"}', "UNKNOWN_TYPE"),
+        ('{"type": "step"}', "VALIDATION_ERROR"),
+        ('{"type": "state", "bogus": 1}', "VALIDATION_ERROR"),
+    ],
+)
+def test_decode_request_reasons_start_with_openenv_codes(raw: str, code: str) -> None:
+    """Server-side decoding names the OpenEnv error code a server should answer."""
+    with pytest.raises(ProtocolError) as info:
+        decode_request(raw)
+    assert info.value.reason.startswith(code)
+
+
+def test_encode_response_round_trips() -> None:
+    """What the reference server encodes, the client decodes, id included."""
+    text = encode_response("observation", {"observation": {"k": "v"}, "done": False},
+                           request_id="abc")
+    frame = decode_response(text)
+    assert isinstance(frame, ObservationFrame)
+    assert frame.id == "abc"
+
+
+def test_extensions_only_when_the_server_advertises_them() -> None:
+    """Headers of a plain server give no extensions; envlink's give token and grace."""
+    assert not Extensions.from_headers({"Server": "uvicorn"}).enabled
+    assert not Extensions.from_headers({EXTENSION_HEADER: "99"}).enabled
+    ext = Extensions.from_headers({"Envlink-Protocol": "1", "envlink-session": "tok",
+                                   "envlink-resume-grace": "30", "envlink-resumed": "1"})
+    assert ext.enabled and ext.can_resume
+    assert (ext.session_token, ext.resume_grace, ext.resumed) == ("tok", 30.0, True)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=64),
+    st.text(max_size=64),
+    json_values.map(json.dumps),
+    st.dictionaries(st.sampled_from(["type", "data", "id", "observation"]), json_values)
+    .map(json.dumps),
+    st.fixed_dictionaries({"type": st.sampled_from(["observation", "state", "error"]),
+                           "data": json_values}).map(json.dumps),
+))
+def test_arbitrary_input_never_raises_anything_but_protocol_error(raw: str | bytes) -> None:
+    """Whatever bytes arrive, decoding returns a frame or raises ProtocolError only."""
+    try:
+        decode_response(raw)
+    except ProtocolError as exc:
+        assert exc.reason
