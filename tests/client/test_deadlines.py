@@ -1,0 +1,138 @@
+"""Deadlines: prompt CallTimeoutError, cancelled work, and no late answer delivered later."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from envlink import (
+    CallTimeoutError,
+    ConnectError,
+    GenericEnvClient,
+    ReconnectPolicy,
+    SessionLostError,
+    Timeout,
+)
+from envlink.server import EnvServer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_deadline_during_a_stall_is_prompt_and_next_call_is_clean(
+        any_server: EnvServer) -> None:
+    """A stalled call fails with CallTimeoutError within deadline + 50 ms; later calls are clean."""
+    env = GenericEnvClient(any_server.url, on_session_lost="replay", ping_timeout=0.2)
+    try:
+        await env.reset()
+        await env.step({"message": "one"})
+        any_server.faults.stall_after = 3  # reset=1, step=2, this step=3
+        start = time.perf_counter()
+        with pytest.raises(CallTimeoutError) as info:
+            await env.step({"message": "stalled"}, timeout=0.2)
+        elapsed = time.perf_counter() - start
+        assert isinstance(info.value, TimeoutError)
+        assert info.value.method == "step"
+        assert 0.2 <= elapsed < 0.25, elapsed
+        # The stalled step never ran; the next step gets its own answer (replayed
+        # onto a new session on the plain protocol, same session with extensions).
+        got = await env.step({"message": "two"}, timeout=5)
+        assert got.observation["echoed_message"] == "two"
+        assert (await env.state())["step_count"] == 2
+    finally:
+        any_server.unstall_all()
+        await env.close()
+
+
+async def test_late_answer_is_dropped_by_request_id(server: EnvServer) -> None:
+    """With extensions, a timed-out call's late answer is dropped and the connection kept."""
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+        server.faults.latency = 0.3
+        with pytest.raises(CallTimeoutError):
+            await env.step({"message": "late"}, timeout=0.05)
+        server.faults.latency = 0.0
+        # This request queues behind the late one on the server; the late answer
+        # arrives first and must not be taken for this one.
+        got = await env.step({"message": "mine"}, timeout=5)
+        assert got.observation["echoed_message"] == "mine"
+        assert env.connected
+        assert server.connections_opened == 1
+
+
+async def test_late_answer_on_plain_protocol_discards_the_connection(
+        plain_server: EnvServer) -> None:
+    """Without request ids, a timed-out call's connection is discarded, never read again."""
+    env = GenericEnvClient(plain_server.url)
+    try:
+        await env.reset()
+        plain_server.faults.latency = 0.3
+        with pytest.raises(CallTimeoutError):
+            await env.step({"message": "late"}, timeout=0.05)
+        plain_server.faults.latency = 0.0
+        assert not env.connected
+        # Mid-episode and the session went with the connection: "raise" says so.
+        with pytest.raises(SessionLostError):
+            await env.step({"message": "next"})
+        reset = await env.reset()
+        assert reset.observation["echoed_message"] == "Echo environment ready!"
+    finally:
+        await env.close()
+
+
+async def test_deadline_covers_queue_wait(server: EnvServer) -> None:
+    """A call queued behind a slow one times out on its own deadline, then the queue moves on."""
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+        server.faults.latency = 0.3
+        slow = asyncio.create_task(env.step({"message": "slow"}))
+        await server.wait_for_request("step", 1)
+        with pytest.raises(CallTimeoutError):
+            await env.step({"message": "queued"}, timeout=0.05)
+        assert (await slow).observation["echoed_message"] == "slow"
+        server.faults.latency = 0.0
+        assert (await env.step({"message": "after"})).observation["echoed_message"] == "after"
+
+
+@pytest.fixture
+async def silent_listener() -> AsyncIterator[int]:
+    """A TCP listener on 127.0.0.1 that accepts and never answers the handshake."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    srv = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1]
+    finally:
+        for w in held:
+            w.close()
+        srv.close()
+        await srv.wait_closed()
+
+
+async def test_connect_phase_has_its_own_deadline(silent_listener: int) -> None:
+    """A handshake that never completes fails after the connect timeout, per attempt."""
+    env = GenericEnvClient(f"ws://127.0.0.1:{silent_listener}",
+                           timeout=Timeout(5.0, connect=0.1),
+                           reconnect=ReconnectPolicy(max_attempts=2))
+    start = time.perf_counter()
+    with pytest.raises(ConnectError, match="timed out"):
+        await env.reset()
+    assert time.perf_counter() - start < 1.0
+    await env.close()
+
+
+async def test_call_deadline_bounds_reconnect_attempts(silent_listener: int) -> None:
+    """The call deadline wins over a long reconnect policy: CallTimeoutError, promptly."""
+    env = GenericEnvClient(f"ws://127.0.0.1:{silent_listener}",
+                           timeout=Timeout(0.3, connect=0.1),
+                           reconnect=ReconnectPolicy(max_attempts=100, max_elapsed=None))
+    start = time.perf_counter()
+    with pytest.raises(CallTimeoutError):
+        await env.reset()
+    assert time.perf_counter() - start < 0.35
+    await env.close()

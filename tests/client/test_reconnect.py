@@ -1,0 +1,138 @@
+"""Reconnect policy against the real server: retries, fatal statuses, Retry-After, budget."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from envlink import (
+    ConnectError,
+    GenericEnvClient,
+    HandshakeRejectedError,
+    OutcomeUnknownError,
+    ReconnectPolicy,
+    RetryBudget,
+    RetryBudgetExhaustedError,
+    SessionLostError,
+    set_testing,
+)
+from envlink.server import EnvServer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_refused_upgrades_are_retried_until_the_server_accepts(server: EnvServer) -> None:
+    """Two 503 refusals, then success: the call succeeds on the third connection attempt."""
+    server.faults.refuse = 2
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+    assert server.counter("refused") == 2
+    assert server.connections_opened == 1
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+async def test_auth_and_not_found_are_fatal(server: EnvServer, status: int) -> None:
+    """401/403/404 on the upgrade fail at once, without retrying."""
+    server.faults.refuse = 5
+    server.faults.refuse_status = status
+    env = GenericEnvClient(server.url)
+    with pytest.raises(HandshakeRejectedError) as info:
+        await env.reset()
+    assert info.value.status == status
+    assert server.counter("refused") == 1
+    await env.close()
+
+
+async def test_attempts_are_capped(server: EnvServer) -> None:
+    """A server that keeps refusing is tried max_attempts times, then the last error is raised."""
+    server.faults.refuse = 100
+    env = GenericEnvClient(server.url, reconnect=ReconnectPolicy(max_attempts=3))
+    with pytest.raises(HandshakeRejectedError) as info:
+        await env.connect()
+    assert info.value.status == 503
+    assert server.counter("refused") == 3
+    await env.close()
+
+
+async def test_retry_after_is_honoured(server: EnvServer) -> None:
+    """A Retry-After of 0.3 s delays the next attempt by at least that, despite tiny backoff."""
+    server.faults.refuse = 1
+    server.faults.retry_after = 0.3
+    with set_testing(False):
+        env = GenericEnvClient(server.url, reconnect=ReconnectPolicy(initial_delay=0.001))
+        start = time.perf_counter()
+        await env.connect()
+        assert time.perf_counter() - start >= 0.3
+        await env.close()
+
+
+async def test_shared_retry_budget_stops_a_stampede(server: EnvServer) -> None:
+    """Clients sharing an almost-spent budget give up with RetryBudgetExhaustedError."""
+    budget = RetryBudget(max_tokens=2, token_ratio=0.1)
+    policy = ReconnectPolicy(max_attempts=10, budget=budget)
+    server.faults.refuse = 100
+    env = GenericEnvClient(server.url, reconnect=policy)
+    with pytest.raises(RetryBudgetExhaustedError) as info:
+        await env.connect()
+    assert isinstance(info.value.__cause__, HandshakeRejectedError)
+    assert server.counter("refused") == 2  # first try + the one retry the budget allowed
+    await env.close()
+
+
+async def test_connection_refused_is_a_connect_error() -> None:
+    """Nothing listening: ConnectError after the policy's attempts, with the address."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = GenericEnvClient(f"ws://127.0.0.1:{port}", reconnect=ReconnectPolicy(max_attempts=2))
+    with pytest.raises(ConnectError, match=f"127.0.0.1:{port}"):
+        await env.reset()
+    await env.close()
+
+
+@pytest.mark.parametrize("mode", ["before_apply", "after_apply", "mid_answer"])
+async def test_reset_is_retried_after_a_drop(any_server: EnvServer, mode: str) -> None:
+    """reset is idempotent: a connection dropped during it is reopened and reset resent."""
+    any_server.faults.drop_after = 1
+    any_server.faults.drop_mode = mode  # type: ignore[assignment]
+    async with GenericEnvClient(any_server.url) as env:
+        reset = await env.reset()
+        assert reset.observation["echoed_message"] == "Echo environment ready!"
+    assert any_server.connections_opened == 2
+
+
+async def test_state_is_retried_outside_an_episode(any_server: EnvServer) -> None:
+    """state before any reset is read-only: a drop is retried transparently."""
+    any_server.faults.drop_after = 1
+    any_server.faults.drop_mode = "after_apply"
+    async with GenericEnvClient(any_server.url) as env:
+        state = await env.state()
+        assert state["step_count"] == 0
+
+
+async def test_step_outside_an_episode_is_never_resent(plain_server: EnvServer) -> None:
+    """A step whose connection died after sending is not resent: the outcome is unknown."""
+    plain_server.faults.drop_after = 1
+    plain_server.faults.drop_mode = "after_apply"
+    env = GenericEnvClient(plain_server.url)
+    with pytest.raises(OutcomeUnknownError, match="not resent"):
+        await env.step({"message": "once"})
+    assert plain_server.steps_applied == 1
+    await env.close()
+
+
+async def test_dead_peer_is_detected_by_keepalive(server: EnvServer) -> None:
+    """A server that stops answering pings is declared dead within interval + timeout."""
+    env = GenericEnvClient(server.url, ping_interval=0.1, ping_timeout=0.1)
+    try:
+        await env.reset()
+        server.faults.stall_after = 2
+        start = time.perf_counter()
+        with pytest.raises(SessionLostError):
+            await env.step({"message": "into the void"}, timeout=10)
+        assert time.perf_counter() - start < 1.0
+    finally:
+        server.unstall_all()
+        await env.close()

@@ -1,0 +1,195 @@
+"""Session recovery when the connection is lost mid-episode: raise, replay, resume."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from envlink import (
+    GenericEnvClient,
+    ReplayDivergedError,
+    SessionLostError,
+)
+from envlink.server import EnvServer, StepResult
+
+pytestmark = pytest.mark.timeout(30)
+
+MOVES = [1, -2, 3, 0, 5, -1, 2, 2]
+
+
+async def control_run(moves: list[int], seed: int = 7) -> list[dict[str, Any]]:
+    """The observations of an undisturbed episode, for comparison."""
+    async with EnvServer(env="deterministic") as srv, GenericEnvClient(srv.url) as env:
+        out = [(await env.reset(seed=seed, max_steps=100)).observation]
+        for m in moves:
+            out.append((await env.step({"move": m})).observation)
+        return out
+
+
+@pytest.fixture(params=[True, False], ids=["extensions", "plain"])
+async def det(request: pytest.FixtureRequest) -> AsyncIterator[EnvServer]:
+    async with EnvServer(env="deterministic", extensions=request.param) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("mode", ["before_apply", "after_apply", "mid_answer"])
+async def test_raise_gives_the_journal_and_keeps_the_client_usable(det: EnvServer,
+                                                                   mode: str) -> None:
+    """on_session_lost='raise': SessionLostError with the journal; the next reset works."""
+    env = GenericEnvClient(det.url)
+    try:
+        await env.reset(seed=3, max_steps=100)
+        for m in MOVES[:3]:
+            await env.step({"move": m})
+        det.faults.drop_after = 5  # the 4th step on this connection
+        det.faults.drop_mode = mode  # type: ignore[assignment]
+        with pytest.raises(SessionLostError) as info:
+            await env.step({"move": 9})
+        journal = info.value.journal
+        assert journal is not None
+        assert journal.reset_kwargs == {"seed": 3, "max_steps": 100}
+        assert [e.action for e in journal.entries] == [{"move": m} for m in MOVES[:3]]
+        assert journal.entries[-1].response["observation"]["step"] == 3
+        fresh = await env.reset(seed=3, max_steps=100)
+        assert fresh.observation["step"] == 0
+    finally:
+        await env.close()
+
+
+@pytest.mark.parametrize("mode", ["before_apply", "after_apply", "mid_answer"])
+async def test_replay_continues_with_identical_observations(det: EnvServer, mode: str) -> None:
+    """on_session_lost='replay': the episode continues as if nothing happened, counted exactly."""
+    expected = await control_run(MOVES)
+    env = GenericEnvClient(det.url, on_session_lost="replay")
+    try:
+        got = [(await env.reset(seed=7, max_steps=100)).observation]
+        for i, m in enumerate(MOVES):
+            if i == 4:
+                det.faults.drop_after = 6  # reset + 4 steps, then this one
+                det.faults.drop_mode = mode  # type: ignore[assignment]
+            got.append((await env.step({"move": m})).observation)
+        assert got == expected
+        state = await env.state()
+        assert state["step_count"] == len(MOVES)
+        assert det.connections_opened == 2
+    finally:
+        await env.close()
+
+
+async def test_replay_detects_divergence() -> None:
+    """A server that answers differently on replay raises ReplayDivergedError at that step."""
+    sessions = itertools.count()
+
+    class Drifting:
+        def __init__(self) -> None:
+            self.generation = next(sessions)
+            self.n = 0
+
+        def reset(self, **kwargs: Any) -> StepResult:
+            self.n = 0
+            return StepResult(observation={"n": 0})
+
+        def step(self, action: dict[str, Any]) -> StepResult:
+            self.n += 1
+            # From the second step on, a new session answers differently.
+            return StepResult(observation={"n": self.n, "g": self.generation if self.n > 1 else 0})
+
+        def state(self) -> dict[str, Any]:
+            return {"step_count": self.n}
+
+    async with EnvServer(env=Drifting, extensions=False) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="replay")
+        try:
+            await env.reset()
+            await env.step({})
+            await env.step({})
+            srv.faults.drop_after = 4
+            with pytest.raises(ReplayDivergedError) as info:
+                await env.step({})
+            assert info.value.index == 1
+            assert info.value.expected["observation"]["g"] == 0
+            assert info.value.actual["observation"]["g"] == 1
+        finally:
+            await env.close()
+
+
+async def test_replay_refuses_a_truncated_journal(det: EnvServer) -> None:
+    """Past max_journal_steps replay is impossible and SessionLostError says why."""
+    env = GenericEnvClient(det.url, on_session_lost="replay", max_journal_steps=2)
+    try:
+        await env.reset(seed=1, max_steps=100)
+        for m in MOVES[:3]:
+            await env.step({"move": m})
+        det.faults.drop_after = 5
+        with pytest.raises(SessionLostError, match="max_journal_steps=2"):
+            await env.step({"move": 1})
+    finally:
+        await env.close()
+
+
+@pytest.mark.parametrize("mode", ["before_apply", "after_apply", "mid_answer"])
+async def test_resume_reattaches_without_replay_and_applies_once(mode: str) -> None:
+    """on_session_lost='resume': same server session, no replay, the step applied exactly once."""
+    expected = await control_run(MOVES)
+    async with EnvServer(env="deterministic") as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="resume")
+        try:
+            got = [(await env.reset(seed=7, max_steps=100)).observation]
+            for i, m in enumerate(MOVES):
+                if i == 4:
+                    srv.faults.drop_after = 6
+                    srv.faults.drop_mode = mode  # type: ignore[assignment]
+                got.append((await env.step({"move": m})).observation)
+            assert got == expected
+            assert srv.steps_applied == len(MOVES)  # nothing replayed, nothing twice
+            assert srv.resumes == 1
+            assert srv.dedup_hits == (0 if mode == "before_apply" else 1)
+            assert (await env.state())["step_count"] == len(MOVES)
+        finally:
+            await env.close()
+
+
+async def test_resume_after_the_grace_window_raises() -> None:
+    """A session whose grace window is over cannot be resumed: SessionLostError."""
+    async with EnvServer(env="deterministic", resume_grace=0) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="resume")
+        try:
+            await env.reset(seed=1, max_steps=100)
+            srv.faults.drop_after = 2
+            with pytest.raises(SessionLostError):
+                await env.step({"move": 1})
+            assert (await env.reset(seed=1, max_steps=100)).observation["step"] == 0
+        finally:
+            await env.close()
+
+
+async def test_resume_on_a_vanilla_server_says_it_is_unsupported() -> None:
+    """Against a server without the extension, resume degrades to raise with the reason."""
+    async with EnvServer(env="deterministic", extensions=False) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="resume")
+        try:
+            await env.reset(seed=1, max_steps=100)
+            srv.faults.drop_after = 2
+            with pytest.raises(SessionLostError, match="does not offer session resumption"):
+                await env.step({"move": 1})
+        finally:
+            await env.close()
+
+
+async def test_state_mid_episode_is_recovered_by_replay(det: EnvServer) -> None:
+    """A state() call that loses the connection replays, then answers for the rebuilt session."""
+    env = GenericEnvClient(det.url, on_session_lost="replay")
+    try:
+        await env.reset(seed=2, max_steps=100)
+        for m in MOVES[:3]:
+            await env.step({"move": m})
+        det.faults.drop_after = 5
+        det.faults.drop_mode = "after_apply"
+        state = await env.state()
+        assert state["step_count"] == 3
+        assert state["position"] == sum(MOVES[:3])
+    finally:
+        await env.close()

@@ -1,0 +1,49 @@
+"""The public surface: every public name importable from envlink, and __all__ everywhere."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import envlink
+
+pytestmark = pytest.mark.timeout(30)
+
+EXPECTED = {
+    # clients and results
+    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult",
+    "CallToolAction", "ListToolsAction", "EchoObservation",
+    # configuration and policies
+    "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
+    "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
+    # the bridge
+    "Bridge", "SyncProxy",
+    # telemetry
+    "configure",
+    # errors
+    "EnvlinkError", "ConnectError", "HandshakeRejectedError", "ConnectionLostError",
+    "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
+    "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
+    "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError",
+    "__version__",
+}
+
+
+def test_top_level_exports_exactly_the_public_names() -> None:
+    """envlink.__all__ is exactly the documented public surface, and each name resolves."""
+    assert set(envlink.__all__) == EXPECTED
+    for name in envlink.__all__:
+        assert getattr(envlink, name) is not None
+
+
+def test_every_module_declares_all() -> None:
+    """Each module of the package has __all__, and every listed name exists."""
+    for info in pkgutil.walk_packages(envlink.__path__, "envlink."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        assert hasattr(module, "__all__"), info.name
+        for name in module.__all__:
+            assert hasattr(module, name), f"{info.name}.{name}"

@@ -1,0 +1,48 @@
+"""The README's Quickstart and examples are true: run them against the reference server."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from envlink.server import ServerThread
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def quickstart_commands() -> list[str]:
+    section = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)\n```", section, re.S)
+
+
+def test_quickstart_has_exactly_two_commands_and_ci_runs_the_test_one() -> None:
+    """Two commands (demo, tests); .ci/run runs the README's test command verbatim."""
+    commands = quickstart_commands()
+    assert len(commands) == 2
+    demo, tests = commands
+    assert "envlink demo" in demo and "\n" not in demo
+    assert "pytest" in tests and "\n" not in tests
+    assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def python_examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)\n```", README, re.S)
+
+
+@pytest.mark.parametrize("index", range(len(python_examples())))
+def test_readme_python_examples_run(index: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each Python example in the README runs as written against a real echo server."""
+    code = python_examples()[index]
+    with ServerThread(env="echo") as st:
+        code = code.replace("http://127.0.0.1:8000", st.http_url)
+        code = code.replace("ws://127.0.0.1:8000", st.url)
+        exec(compile(code, f"README example {index}", "exec"), {"__name__": "__readme__"})
+    out = capsys.readouterr().out
+    if "Echo environment ready!" in code:
+        assert "Echo environment ready!" in out
+        assert "Hello, World!" in out
