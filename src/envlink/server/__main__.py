@@ -1,0 +1,7 @@
+"""``python -m envlink.server``: same as ``envlink serve``."""
+
+from __future__ import annotations
+
+from envlink.server._cli import main
+
+raise SystemExit(main())

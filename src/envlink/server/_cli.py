@@ -1,0 +1,153 @@
+"""``envlink serve``: run the reference server from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, cast
+
+from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
+from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
+
+__all__ = ["LISTENING_PREFIX", "build_parser", "main", "options_from_args"]
+
+#: The one line printed on stdout once the server listens: ``PREFIX + url``.
+LISTENING_PREFIX = "envlink serve: listening on "
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``envlink serve``."""
+    p = argparse.ArgumentParser(
+        prog="envlink serve",
+        description="Run the envlink reference OpenEnv-compatible environment server.",
+    )
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one "
+                   "(default: %(default)s)")
+    p.add_argument("--env", choices=sorted(ENVIRONMENTS), default="echo",
+                   help="environment to serve (default: %(default)s)")
+    p.add_argument("--max-sessions", type=_positive_int, default=64, metavar="N")
+    p.add_argument("--max-message-size", type=_positive_int, default=DEFAULT_MAX_MESSAGE_SIZE,
+                   metavar="BYTES")
+    p.add_argument("--no-extensions", dest="extensions", action="store_false",
+                   help="serve the plain OpenEnv protocol only")
+    p.add_argument("--resume-grace", type=_non_negative_float, default=30.0, metavar="S",
+                   help="seconds a detached session stays resumable (default: %(default)s)")
+    p.add_argument("--session-store", metavar="DIR", default=None,
+                   help="persist extension sessions in DIR so a restart can resume them")
+    faults = p.add_argument_group("fault injection")
+    faults.add_argument("--latency", type=_non_negative_float, default=0.0, metavar="S",
+                        help="seconds added before every answer")
+    faults.add_argument("--drop-after", type=_positive_int, metavar="N",
+                        help="drop a connection when its Nth request arrives (once)")
+    faults.add_argument("--drop-mode", choices=DROP_MODES, default="before_apply")
+    faults.add_argument("--stall-after", type=_positive_int, metavar="N",
+                        help="stall a connection when its Nth request arrives (once)")
+    faults.add_argument("--error-frames", type=_non_negative_int, default=0, metavar="N",
+                        help="answer the next N requests with error frames")
+    faults.add_argument("--error-code", default="EXECUTION_ERROR", metavar="CODE")
+    faults.add_argument("--corrupt-frames", type=_non_negative_int, default=0, metavar="N",
+                        help="answer the next N requests with corrupt frames")
+    faults.add_argument("--corrupt-kind", choices=CORRUPT_KINDS, default="invalid_json")
+    faults.add_argument("--refuse", type=_non_negative_int, default=0, metavar="N",
+                        help="refuse the next N WebSocket upgrades")
+    faults.add_argument("--refuse-for", type=_non_negative_float, default=None, metavar="S",
+                        help="refuse every WebSocket upgrade for S seconds after start")
+    faults.add_argument("--refuse-status", type=int, default=503, metavar="STATUS")
+    faults.add_argument("--retry-after", type=_non_negative_float, default=None, metavar="S",
+                        help="Retry-After seconds sent with refused upgrades")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``EnvServer`` keyword arguments (including ``faults``) from parsed arguments."""
+    faults = Faults(
+        latency=args.latency,
+        drop_after=args.drop_after,
+        drop_mode=cast(DropMode, args.drop_mode),
+        stall_after=args.stall_after,
+        error_frames=args.error_frames,
+        error_code=args.error_code,
+        corrupt_frames=args.corrupt_frames,
+        corrupt_kind=cast(CorruptKind, args.corrupt_kind),
+        refuse=args.refuse,
+        refuse_status=args.refuse_status,
+        retry_after=args.retry_after,
+    )
+    if args.refuse_for:
+        faults.refuse_for(args.refuse_for)
+    return {
+        "env": args.env,
+        "host": args.host,
+        "port": args.port,
+        "max_sessions": args.max_sessions,
+        "max_message_size": args.max_message_size,
+        "extensions": args.extensions,
+        "resume_grace": args.resume_grace,
+        "session_store": args.session_store,
+        "faults": faults,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``envlink serve`` until SIGINT or SIGTERM; return the exit status.
+
+    Prints exactly one line on stdout once listening:
+    ``envlink serve: listening on ws://HOST:PORT``.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already reported on stderr
+        return exc.code if isinstance(exc.code, int) else 2
+    options = options_from_args(args)
+    try:
+        return asyncio.run(_serve(options))
+    except OSError as exc:
+        print(f"envlink serve: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _serve(options: dict[str, Any]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    server = EnvServer(**options)
+    await server.start()
+    try:
+        sys.stdout.write(f"{LISTENING_PREFIX}{server.url}\n")
+        sys.stdout.flush()
+        await stop.wait()
+    finally:
+        await server.stop()
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value

@@ -1,0 +1,90 @@
+"""``envlink serve`` (envlink.server.main): flags, the listening line, signals."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from _server_support import STATE, ServeProcess, open_ws, rpc
+
+from envlink.server._cli import build_parser, main, options_from_args
+from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_defaults() -> None:
+    """Without flags: loopback, echo, extensions on, no faults."""
+    opts = options_from_args(build_parser().parse_args([]))
+    faults = opts.pop("faults")
+    assert opts == {
+        "env": "echo", "host": "127.0.0.1", "port": 8000, "max_sessions": 64,
+        "max_message_size": DEFAULT_MAX_MESSAGE_SIZE, "extensions": True,
+        "resume_grace": 30.0, "session_store": None,
+    }
+    assert faults.latency == 0
+    assert faults.drop_after is None
+    assert faults.refuse == 0
+
+
+def test_all_flags() -> None:
+    """Every flag lands in the server options or its Faults."""
+    argv = [
+        "--host", "0.0.0.0", "--port", "0", "--env", "deterministic", "--max-sessions", "3",
+        "--max-message-size", "2048", "--no-extensions", "--resume-grace", "1.5",
+        "--session-store", "/tmp/x", "--latency", "0.25", "--drop-after", "4",
+        "--drop-mode", "mid_answer", "--stall-after", "6", "--error-frames", "2",
+        "--error-code", "SESSION_ERROR", "--corrupt-frames", "1", "--corrupt-kind", "array",
+        "--refuse", "5", "--refuse-status", "429", "--retry-after", "2", "--refuse-for", "9",
+    ]
+    opts = options_from_args(build_parser().parse_args(argv))
+    faults = opts.pop("faults")
+    assert opts == {
+        "env": "deterministic", "host": "0.0.0.0", "port": 0, "max_sessions": 3,
+        "max_message_size": 2048, "extensions": False, "resume_grace": 1.5,
+        "session_store": "/tmp/x",
+    }
+    assert (faults.latency, faults.drop_after, faults.drop_mode) == (0.25, 4, "mid_answer")
+    assert faults.stall_after == 6
+    assert (faults.error_frames, faults.error_code) == (2, "SESSION_ERROR")
+    assert (faults.corrupt_frames, faults.corrupt_kind) == (1, "array")
+    assert (faults.refuse, faults.refuse_status, faults.retry_after) == (5, 429, 2.0)
+    assert faults.refuse_until is not None
+
+
+@pytest.mark.parametrize("argv", [
+    ["--drop-mode", "sideways"], ["--corrupt-kind", "weird"], ["--max-sessions", "0"],
+    ["--latency", "-1"], ["--env", "nope"], ["--bogus"],
+])
+def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Invalid flags are reported on stderr and main returns 2."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err
+
+
+def test_help_returns_0(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help prints usage and main returns 0."""
+    assert main(["--help"]) == 0
+    assert "envlink serve" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_subprocess_serves_and_stops_on_signal(sig: signal.Signals) -> None:
+    """The process prints exactly one listening line, serves, and exits 0 on SIGTERM/SIGINT."""
+    with ServeProcess("--port", "0") as proc:
+        assert proc.url.startswith("ws://127.0.0.1:")
+        async with open_ws(proc) as ws:
+            assert (await rpc(ws, STATE))["type"] == "state"
+        proc.proc.send_signal(sig)
+        out, _ = proc.proc.communicate(timeout=10)
+        assert proc.proc.returncode == 0
+        assert out == ""  # nothing after the listening line
+
+
+async def test_subprocess_flags_take_effect() -> None:
+    """Fault flags given on the command line are active in the served process."""
+    with ServeProcess("--port", "0", "--error-frames", "1", "--error-code",
+                      "CAPACITY_REACHED") as proc:
+        async with open_ws(proc) as ws:
+            assert (await rpc(ws, STATE))["data"]["code"] == "CAPACITY_REACHED"
+            assert (await rpc(ws, STATE))["type"] == "state"

@@ -1,0 +1,102 @@
+"""Trace context: server spans are children of the client's traceparent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from _server_support import RESET, STATE, open_ws, rpc, step
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from envlink.server import EnvServer
+
+pytestmark = pytest.mark.timeout(15)
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+UPGRADE_TP = f"00-{TRACE_ID}-{PARENT_ID}-01"
+MSG_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+MSG_PARENT_ID = "b7ad6b7169203331"
+MESSAGE_TP = f"00-{MSG_TRACE_ID}-{MSG_PARENT_ID}-01"
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+async def traced(exporter: InMemorySpanExporter) -> AsyncIterator[EnvServer]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with EnvServer(tracer_provider=provider, ping_interval=None) as srv:
+        yield srv
+    provider.shutdown()
+
+
+async def test_span_parent_is_upgrade_traceparent(traced: EnvServer,
+                                                  exporter: InMemorySpanExporter) -> None:
+    """Each request records a SERVER span named for its method, child of the upgrade's context."""
+    headers = {"traceparent": UPGRADE_TP, "tracestate": "vendor=1",
+               "Authorization": "Bearer secret"}
+    async with open_ws(traced, headers=headers) as ws:
+        await rpc(ws, RESET)
+        await rpc(ws, step({"message": "hi"}))
+        await rpc(ws, STATE)
+    await traced.wait_for_disconnect(1)
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["reset", "step", "state"]
+    session_id = (await traced.wait_for_connection(1)).session_id
+    for span in spans:
+        assert span.kind is SpanKind.SERVER
+        assert span.parent is not None
+        assert span.parent.is_remote
+        assert format(span.parent.span_id, "016x") == PARENT_ID
+        assert format(span.context.trace_id, "032x") == TRACE_ID
+        assert span.context.trace_state.get("vendor") == "1"
+        assert span.attributes is not None
+        assert span.attributes["rpc.system.name"] == "openenv"
+        assert span.attributes["rpc.method"] == span.name
+        assert span.attributes["envlink.session.id"] == session_id
+        assert span.status.status_code is StatusCode.UNSET
+        assert "secret" not in str(dict(span.attributes))
+
+
+async def test_message_traceparent_wins(traced: EnvServer,
+                                        exporter: InMemorySpanExporter) -> None:
+    """In extension mode a per-message traceparent overrides the upgrade header."""
+    async with open_ws(traced, extensions=True, headers={"traceparent": UPGRADE_TP}) as ws:
+        await rpc(ws, {**STATE, "id": "1", "traceparent": MESSAGE_TP})
+        await rpc(ws, {**STATE, "id": "2"})
+    await traced.wait_for_disconnect(1)
+    first, second = exporter.get_finished_spans()
+    assert first.parent is not None
+    assert format(first.parent.span_id, "016x") == MSG_PARENT_ID
+    assert format(first.context.trace_id, "032x") == MSG_TRACE_ID
+    assert second.parent is not None
+    assert format(second.parent.span_id, "016x") == PARENT_ID
+
+
+async def test_error_answer_marks_span(traced: EnvServer,
+                                       exporter: InMemorySpanExporter) -> None:
+    """An error answer sets error.type to its code and ERROR status."""
+    async with open_ws(traced) as ws:
+        await rpc(ws, step({"bad": 1}))
+    await traced.wait_for_disconnect(1)
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "VALIDATION_ERROR"
+
+
+async def test_no_traceparent_gives_root_spans(traced: EnvServer,
+                                               exporter: InMemorySpanExporter) -> None:
+    """Without trace context the server spans are roots."""
+    async with open_ws(traced) as ws:
+        await rpc(ws, STATE)
+    await traced.wait_for_disconnect(1)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
