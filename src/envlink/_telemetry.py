@@ -13,13 +13,23 @@ rules and documentation refer to them.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDownCounter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 
 __all__ = [
     "ATTR_ATTEMPT",
@@ -40,6 +50,16 @@ __all__ = [
     "ATTR_STEP_INDEX",
     "ATTR_TRANSPARENT",
     "DURATION_BUCKETS",
+    "EVENT_RECONNECT_SCHEDULED",
+    "LOG_CALL_FAILED",
+    "LOG_CONNECT",
+    "LOG_CONNECTED",
+    "LOG_DISCONNECT",
+    "LOG_EVENTS",
+    "LOG_RECONNECT_SCHEDULED",
+    "LOG_REPLAY_DIVERGED",
+    "LOG_SESSION_LOST",
+    "LOG_SESSION_RECOVERED",
     "METRIC_ATTEMPTS",
     "METRIC_BRIDGE_CALL_DURATION",
     "METRIC_BRIDGE_WAIT_DURATION",
@@ -47,11 +67,14 @@ __all__ = [
     "METRIC_ERRORS",
     "METRIC_INFLIGHT",
     "METRIC_MESSAGE_SIZE",
+    "METRIC_NAMES",
     "METRIC_RECONNECTS",
     "METRIC_RECOVERIES",
     "RPC_SYSTEM",
     "SCOPE_NAME",
     "SIZE_BUCKETS",
+    "SPAN_BRIDGE_PREFIX",
+    "SPAN_CONNECT",
     "Telemetry",
     "error_type_of",
     "get_telemetry",
@@ -90,6 +113,33 @@ METRIC_ERRORS = "envlink.client.errors"
 METRIC_INFLIGHT = "envlink.client.inflight"
 METRIC_MESSAGE_SIZE = "envlink.client.message.size"
 METRIC_RECOVERIES = "envlink.session.recoveries"
+#: Every metric envlink emits (the contract documented in docs/telemetry.md).
+METRIC_NAMES: tuple[str, ...] = (
+    METRIC_CALL_DURATION, METRIC_BRIDGE_WAIT_DURATION, METRIC_BRIDGE_CALL_DURATION,
+    METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
+    METRIC_MESSAGE_SIZE, METRIC_RECOVERIES,
+)
+
+# Span names: a protocol call's span is named for its method (``reset``, ``step``...),
+# a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
+SPAN_CONNECT = "connect"
+SPAN_BRIDGE_PREFIX = "envlink.bridge "
+#: Span event on a call's span when a reconnect is scheduled.
+EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
+
+# structlog event names (logger ``envlink``).
+LOG_CONNECT = "envlink.connect"
+LOG_CONNECTED = "envlink.connected"
+LOG_DISCONNECT = "envlink.disconnect"
+LOG_RECONNECT_SCHEDULED = "envlink.reconnect_scheduled"
+LOG_CALL_FAILED = "envlink.call_failed"
+LOG_SESSION_LOST = "envlink.session_lost"
+LOG_SESSION_RECOVERED = "envlink.session_recovered"
+LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
+LOG_EVENTS: tuple[str, ...] = (
+    LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_RECONNECT_SCHEDULED, LOG_CALL_FAILED,
+    LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
+)
 
 #: Histogram boundaries in seconds. The SDK's defaults are meant for milliseconds
 #: and would put every envlink call in the first bucket.
@@ -112,7 +162,9 @@ def error_type_of(exc: BaseException) -> str:
     if isinstance(named, str):
         return named
     cls = type(exc)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class Telemetry:
@@ -133,6 +185,11 @@ class Telemetry:
         )
         self.meter: Meter = metrics.get_meter(
             SCOPE_NAME, __version__, meter_provider=meter_provider
+        )
+        # None: decide per call (global providers not installed yet).
+        self._tracing_noop: bool | None = (
+            isinstance(tracer_provider, trace.NoOpTracerProvider)
+            if tracer_provider is not None else None
         )
         m = self.meter
         self.call_duration: Histogram = m.create_histogram(
@@ -178,39 +235,106 @@ class Telemetry:
 
     # ------------------------------------------------------------------ helpers
 
-    @contextlib.contextmanager
     def span(
         self,
         name: str,
         *,
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
-    ) -> Iterator[Span]:
+    ) -> contextlib.AbstractContextManager[Span]:
         """A span that records an escaping exception as ``error.type`` + ERROR status.
 
-        The exception itself is re-raised untouched.
+        The exception itself is re-raised untouched. With no SDK configured (the
+        API's no-op provider) no span is started at all: the current context, and
+        with it any propagated trace context, is left as it is.
         """
-        with self.tracer.start_as_current_span(
-            name, kind=kind, attributes=attributes, record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                yield span
-            except BaseException as exc:
-                mark_error(span, exc)
-                raise
+        return _SpanScope(self, name, kind, attributes)
+
+    def tracing_enabled(self) -> bool:
+        """Whether spans would be recorded: ``False`` under the API's no-op providers.
+
+        Cheap enough to call per operation; once a global SDK provider is installed
+        (which OpenTelemetry allows only once) the answer is cached.
+        """
+        noop = self._tracing_noop
+        if noop is not None:
+            return not noop
+        if _global_tracer_provider_unset():
+            return False  # no global provider yet; one may be installed later
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider):
+            return False
+        self._tracing_noop = isinstance(provider, trace.NoOpTracerProvider)
+        return not self._tracing_noop
 
     def add(self, counter: Counter | UpDownCounter, value: int,
             attributes: Mapping[str, Any] | None = None) -> None:
         """Add to a counter; never raises."""
-        with contextlib.suppress(Exception):
+        # try/except, not contextlib.suppress: this runs per call and must be cheap.
+        try:  # noqa: SIM105
             counter.add(value, attributes)
+        except Exception:  # telemetry never raises into the caller
+            pass
 
     def record(self, histogram: Histogram, value: float,
                attributes: Mapping[str, Any] | None = None) -> None:
         """Record into a histogram; never raises."""
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105
             histogram.record(value, attributes)
+        except Exception:  # telemetry never raises into the caller
+            pass
+
+
+def _global_tracer_provider_unset() -> bool:
+    """True while no global tracer provider is installed (the hot no-SDK case).
+
+    ``trace.get_tracer_provider()`` reads ``os.environ`` on every call while none is
+    set, which costs more than the rest of a no-op span; the API module's global is
+    read directly when it exists, the public function is the fallback.
+    """
+    if _HAVE_PRIVATE_GLOBAL and "OTEL_PYTHON_TRACER_PROVIDER" not in _ENV_AT_IMPORT:
+        return trace._TRACER_PROVIDER is None
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+_HAVE_PRIVATE_GLOBAL = hasattr(trace, "_TRACER_PROVIDER")
+_ENV_AT_IMPORT = frozenset(os.environ)
+
+
+class _SpanScope(contextlib.AbstractContextManager[Span]):
+    """What :meth:`Telemetry.span` returns; a class rather than a generator for speed."""
+
+    __slots__ = ("_attributes", "_cm", "_kind", "_name", "_span", "_tel")
+
+    def __init__(self, tel: Telemetry, name: str, kind: SpanKind,
+                 attributes: Mapping[str, Any] | None) -> None:
+        self._tel = tel
+        self._name = name
+        self._kind = kind
+        self._attributes = attributes
+        self._cm: contextlib.AbstractContextManager[Span] | None = None
+        self._span: Span = INVALID_SPAN
+
+    def __enter__(self) -> Span:
+        if not self._tel.tracing_enabled():
+            return INVALID_SPAN
+        cm = self._tel.tracer.start_as_current_span(
+            self._name, kind=self._kind, attributes=self._attributes,
+            record_exception=False, set_status_on_exception=False,
+        )
+        self._span = cm.__enter__()
+        self._cm = cm
+        return self._span
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        cm = self._cm
+        if cm is None:
+            return
+        self._cm = None
+        if exc is not None:
+            mark_error(self._span, exc)
+        cm.__exit__(exc_type, exc, tb)
 
 
 def mark_error(span: Span, exc: BaseException) -> None:

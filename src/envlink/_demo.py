@@ -1,0 +1,316 @@
+"""``envlink demo``: a traced episode against the reference server, on loopback.
+
+Starts the reference echo server on a free 127.0.0.1 port, runs one episode
+through the traced sync facade (reset, several ``echo_message`` calls, an
+``echo_with_length``, a ``list_tools``, ``state``) and prints what happened: each
+call with its latency, the totals, the episode's span tree (sync hop → client
+call → server span) and latency percentiles per method. Metrics can be exposed
+to Prometheus and everything exported over OTLP at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Any
+
+__all__ = ["percentile", "run_demo"]
+
+_PROG = "envlink demo"
+_ROOT_SPAN = "envlink demo episode"
+_KIND = {"SpanKind.INTERNAL": "internal", "SpanKind.CLIENT": "client",
+         "SpanKind.SERVER": "server", "SpanKind.PRODUCER": "producer",
+         "SpanKind.CONSUMER": "consumer"}
+
+
+class DemoError(Exception):
+    """A failure the demo reports as one line on stderr."""
+
+
+@dataclass
+class _Call:
+    label: str
+    method: str
+    seconds: float
+    result: str
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile of ``samples``, linearly interpolated between ranks.
+
+    Args:
+        samples: the values (any order, at least one).
+        p: the percentile, within 0..100.
+
+    Raises:
+        ValueError: ``samples`` is empty or ``p`` is out of range.
+    """
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {p}")
+    ordered = sorted(samples)
+    rank = p / 100 * (len(ordered) - 1)
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Start the reference server on a free loopback port, run a traced "
+                    "episode against it through the sync facade, and report latencies "
+                    "and the span tree.")
+    parser.add_argument("--steps", type=int, default=5, metavar="N",
+                        help="number of echo_message steps (default: 5)")
+    parser.add_argument("--prometheus-port", type=int, default=None, metavar="P",
+                        help="expose metrics for Prometheus on 127.0.0.1:P (0: any free port)")
+    parser.add_argument("--serve-metrics", action="store_true",
+                        help="after the episode, keep serving metrics until Ctrl-C "
+                             "(needs --prometheus-port)")
+    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                        help="also export spans and metrics over OTLP to URL "
+                             "(e.g. http://127.0.0.1:4318)")
+    parser.add_argument("--otlp-protocol", choices=("http/protobuf", "grpc"), default=None,
+                        help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, "
+                             "else http/protobuf)")
+    parser.add_argument("--json-logs", action="store_true",
+                        help="log JSON lines to stderr instead of readable console lines")
+    parser.add_argument("--log-level", default="info",
+                        choices=("debug", "info", "warning", "error"),
+                        help="minimum level of log lines on stderr (default: info)")
+    return parser
+
+
+def run_demo(argv: list[str] | None = None) -> int:
+    """Run ``envlink demo`` with command-line arguments ``argv``.
+
+    Args:
+        argv: arguments after ``demo`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 on failure (with a one-line reason on stderr), 2 on a
+        usage error.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # argparse exits on --help and on usage errors
+        return int(exc.code or 0) if isinstance(exc.code, int) else 2
+    if args.steps < 1:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(f"{_PROG}: error: --steps must be at least 1\n")
+        return 2
+    if args.serve_metrics and args.prometheus_port is None:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(f"{_PROG}: error: --serve-metrics needs --prometheus-port\n")
+        return 2
+    try:
+        _run(args, sys.stdout)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{_PROG}: interrupted\n")
+        return 130
+    except DemoError as exc:
+        sys.stderr.write(f"{_PROG}: error: {exc}\n")
+        return 1
+    except Exception as exc:  # any other failure: one line, not a traceback
+        sys.stderr.write(f"{_PROG}: error: {type(exc).__name__}: {_one_line(exc)}\n")
+        return 1
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _run(args: argparse.Namespace, out: IO[str]) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from envlink._logging import configure_logging
+    from envlink.telemetry import configure
+
+    configure_logging(json=args.json_logs, level=args.log_level)
+    spans = InMemorySpanExporter()
+    try:
+        handle = configure(
+            service_name="envlink-demo",
+            span_exporters=[SimpleSpanProcessor(spans)],
+            otlp_endpoint=args.otlp_endpoint,
+            otlp_protocol=args.otlp_protocol,
+            prometheus_port=args.prometheus_port,
+            set_global=False,
+        )
+    except (ImportError, ValueError, OSError) as exc:
+        raise DemoError(f"telemetry setup failed: {_one_line(exc)}") from exc
+    try:
+        calls, elapsed, url = _episode(args.steps, handle.tracer_provider,
+                                       handle.meter_provider)
+        handle.force_flush(5.0)
+        _report(out, calls, elapsed, url, spans.get_finished_spans())
+        if handle.prometheus_url is not None:
+            out.write(f"\nmetrics: {handle.prometheus_url}\n")
+        if args.otlp_endpoint:
+            out.write(f"OTLP: exporting to {args.otlp_endpoint} "
+                      f"({args.otlp_protocol or 'default protocol'})\n")
+        out.flush()
+        if args.serve_metrics:
+            out.write(f"serving metrics on {handle.prometheus_url}; press Ctrl-C to stop\n")
+            out.flush()
+            _wait_for_interrupt()
+    finally:
+        handle.shutdown(timeout_s=10.0)
+
+
+def _wait_for_interrupt() -> None:
+    """Block until Ctrl-C (SIGINT) or SIGTERM."""
+    stop = threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        while not stop.wait(3600):
+            pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _episode(steps: int, tracer_provider: Any,
+             meter_provider: Any) -> tuple[list[_Call], float, str]:
+    from opentelemetry.trace import SpanKind
+
+    from envlink import CallToolAction, EchoEnv, ListToolsAction
+    from envlink._logging import get_logger
+
+    try:
+        from envlink.server import ServerThread
+    except ImportError as exc:  # pragma: no cover - the server ships with envlink
+        raise DemoError(f"the reference server is not available: {exc}") from exc
+
+    log = get_logger("envlink.demo")
+    tracer = tracer_provider.get_tracer("envlink.demo")
+    calls: list[_Call] = []
+    try:
+        server = ServerThread(env="echo", tracer_provider=tracer_provider)
+        server.__enter__()
+    except Exception as exc:
+        raise DemoError(f"the reference server failed to start: {_one_line(exc)}") from exc
+    try:
+        url: str = server.url
+        client = EchoEnv(base_url=url, tracer_provider=tracer_provider,
+                         meter_provider=meter_provider)
+        started = time.perf_counter()
+        with tracer.start_as_current_span(_ROOT_SPAN, kind=SpanKind.INTERNAL), \
+                client.sync() as env:
+
+            def timed(label: str, method: str, fn: Callable[[], Any],
+                      show: Callable[[Any], str]) -> None:
+                t0 = time.perf_counter()
+                value = fn()
+                calls.append(_Call(label, method, time.perf_counter() - t0, show(value)))
+
+            timed("reset()", "reset", env.reset, lambda r: _short(r.observation))
+            def step(action: Any) -> Callable[[], Any]:
+                return lambda: env.step(action)
+
+            for i in range(steps):
+                message = f"hello {i + 1}"
+                timed(f"step echo_message({message!r})", "step",
+                      step(CallToolAction(tool_name="echo_message",
+                                          arguments={"message": message})),
+                      lambda r: repr(r.observation.result))
+            timed("step echo_with_length('envlink')", "step",
+                  step(CallToolAction(tool_name="echo_with_length",
+                                      arguments={"message": "envlink"})),
+                  lambda r: _short(r.observation.result))
+            timed("step list_tools()", "step", step(ListToolsAction()),
+                  lambda r: ", ".join(t.get("name", "?") for t in r.observation.tools or []))
+            timed("state()", "state", env.state, _short)
+            log.info("envlink.demo.episode_done", calls=len(calls))
+        elapsed = time.perf_counter() - started
+    finally:
+        server.__exit__(None, None, None)
+    return calls, elapsed, url
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    if hasattr(value, "model_dump"):
+        value = {k: v for k, v in value.model_dump().items() if v is not None}
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def _report(out: IO[str], calls: list[_Call], elapsed: float, url: str,
+            spans: Sequence[Any]) -> None:
+    out.write(f"envlink demo: echo environment at {url}\n\n")
+    out.write("calls (through the sync facade):\n")
+    width = max(len(c.label) for c in calls)
+    for c in calls:
+        out.write(f"  {c.label:<{width}}  {_ms(c.seconds):>10}  -> {c.result}\n")
+    total = sum(c.seconds for c in calls)
+    out.write(f"\ntotals: {len(calls)} calls, 0 errors, {_ms(total)} in calls, "
+              f"{_ms(elapsed)} wall (including connect)\n")
+
+    roots = [s for s in spans if s.name == _ROOT_SPAN]
+    if roots:
+        trace_id = roots[-1].context.trace_id
+        tree = [s for s in spans if s.context.trace_id == trace_id]
+        out.write(f"\nspan tree (trace {trace_id:032x}, {len(tree)} spans):\n")
+        for line in _span_tree(tree):
+            out.write(f"  {line}\n")
+
+    by_method: dict[str, list[float]] = defaultdict(list)
+    for s in spans:
+        if s.kind.name == "CLIENT" and s.name in ("reset", "step", "state"):
+            by_method[s.name].append((s.end_time - s.start_time) / 1e9)
+    if by_method:
+        out.write("\nclient call latency by method (from the recorded spans):\n")
+        out.write(f"  {'method':<8}{'n':>4}{'p50':>12}{'p90':>12}{'p99':>12}\n")
+        for method in ("reset", "step", "state"):
+            samples = by_method.get(method)
+            if samples:
+                out.write(f"  {method:<8}{len(samples):>4}"
+                          + "".join(f"{_ms(percentile(samples, p)):>12}" for p in (50, 90, 99))
+                          + "\n")
+
+
+def _span_tree(spans: Sequence[Any]) -> list[str]:
+    ids = {s.context.span_id for s in spans}
+    children: dict[int | None, list[Any]] = defaultdict(list)
+    for s in spans:
+        parent = s.parent.span_id if s.parent is not None and s.parent.span_id in ids else None
+        children[parent].append(s)
+    lines: list[str] = []
+
+    def walk(parent: int | None, depth: int) -> None:
+        for s in sorted(children.get(parent, []), key=lambda s: s.start_time):
+            kind = _KIND.get(str(s.kind), str(s.kind))
+            extra = ""
+            attrs = s.attributes or {}
+            if "error.type" in attrs:
+                extra = f" error.type={attrs['error.type']}"
+            lines.append(f"{'  ' * depth}{s.name} [{kind}] "
+                         f"{_ms((s.end_time - s.start_time) / 1e9)}{extra}")
+            walk(s.context.span_id, depth + 1)
+
+    walk(None, 0)
+    return lines

@@ -1,0 +1,476 @@
+"""envlink's public telemetry module: one-call SDK setup, log correlation, names.
+
+envlink's library code depends on the OpenTelemetry *API* only: it emits to
+whatever providers the application configured, or to the providers passed to a
+client (``tracer_provider=``, ``meter_provider=``). Applications that already
+configure the OpenTelemetry SDK need nothing from here. For scripts, notebooks
+and the demo, :func:`configure` sets up the SDK in one call::
+
+    from envlink.telemetry import configure
+
+    handle = configure(service_name="trainer", otlp_endpoint="http://127.0.0.1:4318",
+                       prometheus_port=9464)
+    ...
+    handle.shutdown()   # flushes spans and metrics
+
+The names of every span, metric and attribute envlink emits are a public
+contract, documented in ``docs/telemetry.md`` and re-exported here as constants.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+
+from envlink._logging import add_trace_context, configure_logging, trace_context
+from envlink._telemetry import (
+    ATTR_ATTEMPT,
+    ATTR_BRIDGE_QUEUE_WAIT,
+    ATTR_BRIDGE_RUN_TIME,
+    ATTR_DIRECTION,
+    ATTR_EPISODE_ID,
+    ATTR_ERROR_TYPE,
+    ATTR_OUTCOME,
+    ATTR_POLICY,
+    ATTR_REASON,
+    ATTR_RESULT,
+    ATTR_RPC_METHOD,
+    ATTR_RPC_SYSTEM,
+    ATTR_SERVER_ADDRESS,
+    ATTR_SERVER_PORT,
+    ATTR_SESSION_ID,
+    ATTR_STEP_INDEX,
+    ATTR_TRANSPARENT,
+    DURATION_BUCKETS,
+    EVENT_RECONNECT_SCHEDULED,
+    LOG_CALL_FAILED,
+    LOG_CONNECT,
+    LOG_CONNECTED,
+    LOG_DISCONNECT,
+    LOG_EVENTS,
+    LOG_RECONNECT_SCHEDULED,
+    LOG_REPLAY_DIVERGED,
+    LOG_SESSION_LOST,
+    LOG_SESSION_RECOVERED,
+    METRIC_ATTEMPTS,
+    METRIC_BRIDGE_CALL_DURATION,
+    METRIC_BRIDGE_WAIT_DURATION,
+    METRIC_CALL_DURATION,
+    METRIC_ERRORS,
+    METRIC_INFLIGHT,
+    METRIC_MESSAGE_SIZE,
+    METRIC_NAMES,
+    METRIC_RECONNECTS,
+    METRIC_RECOVERIES,
+    RPC_SYSTEM,
+    SCOPE_NAME,
+    SIZE_BUCKETS,
+    SPAN_BRIDGE_PREFIX,
+    SPAN_CONNECT,
+)
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+__all__ = [
+    "ATTR_ATTEMPT",
+    "ATTR_BRIDGE_QUEUE_WAIT",
+    "ATTR_BRIDGE_RUN_TIME",
+    "ATTR_DIRECTION",
+    "ATTR_EPISODE_ID",
+    "ATTR_ERROR_TYPE",
+    "ATTR_OUTCOME",
+    "ATTR_POLICY",
+    "ATTR_REASON",
+    "ATTR_RESULT",
+    "ATTR_RPC_METHOD",
+    "ATTR_RPC_SYSTEM",
+    "ATTR_SERVER_ADDRESS",
+    "ATTR_SERVER_PORT",
+    "ATTR_SESSION_ID",
+    "ATTR_STEP_INDEX",
+    "ATTR_TRANSPARENT",
+    "DURATION_BUCKETS",
+    "EVENT_RECONNECT_SCHEDULED",
+    "LOG_CALL_FAILED",
+    "LOG_CONNECT",
+    "LOG_CONNECTED",
+    "LOG_DISCONNECT",
+    "LOG_EVENTS",
+    "LOG_RECONNECT_SCHEDULED",
+    "LOG_REPLAY_DIVERGED",
+    "LOG_SESSION_LOST",
+    "LOG_SESSION_RECOVERED",
+    "METRIC_ATTEMPTS",
+    "METRIC_BRIDGE_CALL_DURATION",
+    "METRIC_BRIDGE_WAIT_DURATION",
+    "METRIC_CALL_DURATION",
+    "METRIC_ERRORS",
+    "METRIC_INFLIGHT",
+    "METRIC_MESSAGE_SIZE",
+    "METRIC_NAMES",
+    "METRIC_RECONNECTS",
+    "METRIC_RECOVERIES",
+    "RPC_SYSTEM",
+    "SCOPE_NAME",
+    "SIZE_BUCKETS",
+    "SPAN_BRIDGE_PREFIX",
+    "SPAN_CONNECT",
+    "OtlpProtocol",
+    "TelemetryHandle",
+    "add_trace_context",
+    "configure",
+    "configure_logging",
+    "trace_context",
+]
+
+OtlpProtocol = Literal["http/protobuf", "grpc"]
+
+_DEFAULT_SERVICE_NAME = "envlink"
+_PROTOCOLS: tuple[str, ...] = ("http/protobuf", "grpc")
+
+
+class TelemetryHandle:
+    """The SDK providers :func:`configure` built, and how to stop them.
+
+    Attributes:
+        tracer_provider: the SDK tracer provider (pass it to clients and servers
+            when ``set_global=False``).
+        meter_provider: the SDK meter provider.
+        resource: the resource (service name and attributes) on all telemetry.
+        prometheus_port: the port the Prometheus endpoint is bound to, or
+            ``None`` when no endpoint was requested.
+        prometheus_url: ``http://host:port/metrics`` of that endpoint, or ``None``.
+        is_global: whether the providers were installed as the global ones.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        *,
+        prometheus_server: WSGIServer | None = None,
+        prometheus_host: str | None = None,
+        is_global: bool = False,
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.resource: Resource = tracer_provider.resource
+        self.is_global = is_global
+        self._prometheus_server = prometheus_server
+        self.prometheus_port: int | None = (
+            int(prometheus_server.server_port) if prometheus_server is not None else None
+        )
+        self.prometheus_url: str | None = (
+            f"http://{_url_host(prometheus_host or '127.0.0.1')}:{self.prometheus_port}/metrics"
+            if prometheus_server is not None
+            else None
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        """Export every span and metric recorded so far.
+
+        Args:
+            timeout_s: the longest to wait, in seconds.
+
+        Returns:
+            ``True`` if both providers flushed within the timeout.
+        """
+        millis = int(timeout_s * 1000)
+        spans_ok = self.tracer_provider.force_flush(millis)
+        metrics_ok = self.meter_provider.force_flush(millis)
+        return bool(spans_ok and metrics_ok)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Flush and shut down both providers and stop the Prometheus endpoint.
+
+        Idempotent; later calls do nothing.
+
+        Args:
+            timeout_s: the longest to wait for each provider's final export.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.tracer_provider.shutdown()
+        finally:
+            try:
+                self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+            finally:
+                server = self._prometheus_server
+                if server is not None:
+                    server.shutdown()
+                    server.server_close()
+
+    def __enter__(self) -> TelemetryHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        name = self.resource.attributes.get(SERVICE_NAME)
+        return (
+            f"<TelemetryHandle service={name!r} prometheus_port={self.prometheus_port} "
+            f"global={self.is_global}>"
+        )
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+    console: bool = False,
+    otlp_endpoint: str | None = None,
+    otlp_protocol: OtlpProtocol | None = None,
+    prometheus_port: int | None = None,
+    prometheus_host: str = "127.0.0.1",
+    span_exporters: Sequence[SpanExporter | SpanProcessor] = (),
+    metric_readers: Sequence[MetricReader] = (),
+    metric_export_interval: float | None = None,
+    set_global: bool = True,
+) -> TelemetryHandle:
+    """Set up the OpenTelemetry SDK for envlink in one call (scripts, notebooks, demo).
+
+    The standard ``OTEL_*`` environment variables are respected: ``OTEL_SERVICE_NAME``
+    and ``OTEL_RESOURCE_ATTRIBUTES`` (explicit arguments win over them),
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` and its ``_TRACES_``/``_METRICS_`` variants
+    (which enable OTLP export when ``otlp_endpoint`` is not given),
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` (and per-signal variants), and everything the
+    exporters and processors read themselves (``OTEL_EXPORTER_OTLP_HEADERS``,
+    ``..._TIMEOUT``, ``..._COMPRESSION``, ``OTEL_BSP_*``, ``OTEL_METRIC_EXPORT_INTERVAL``,
+    ``OTEL_SDK_DISABLED``).
+
+    Args:
+        service_name: ``service.name`` of the resource. Default: from the
+            environment, else ``"envlink"``.
+        resource_attributes: more resource attributes (``deployment.environment``...).
+        console: print spans as they end and metrics at each export (and at
+            shutdown) to standard output.
+        otlp_endpoint: base URL of an OTLP receiver, such as a Collector
+            (``http://127.0.0.1:4318`` for HTTP, ``http://127.0.0.1:4317`` for
+            gRPC). For HTTP, ``/v1/traces`` and ``/v1/metrics`` are appended.
+            Needs the ``otlp`` extra.
+        otlp_protocol: ``"http/protobuf"`` or ``"grpc"``. Default: from
+            ``OTEL_EXPORTER_OTLP_PROTOCOL``, else ``"http/protobuf"``.
+        prometheus_port: serve a Prometheus scrape endpoint on this port (``0``:
+            any free port, see :attr:`TelemetryHandle.prometheus_port`). Needs
+            the ``prometheus`` extra.
+        prometheus_host: address the scrape endpoint binds to.
+        span_exporters: more span exporters, each behind a batching processor,
+            or span processors, used as they are (pass
+            ``SimpleSpanProcessor(InMemorySpanExporter())`` to read spans at once).
+        metric_readers: more metric readers (``InMemoryMetricReader``, ...).
+        metric_export_interval: seconds between periodic metric exports (console,
+            OTLP). Default: ``OTEL_METRIC_EXPORT_INTERVAL``, else 60 s. Every
+            reader also exports at :meth:`TelemetryHandle.shutdown`.
+        set_global: install the providers as OpenTelemetry's global providers,
+            so every envlink client created without explicit providers uses them.
+
+    Returns:
+        A :class:`TelemetryHandle`; call its ``shutdown()`` before exiting to flush.
+
+    Raises:
+        ImportError: OTLP or Prometheus export was requested but its extra
+            (``envlink[otlp]``, ``envlink[prometheus]``) is not installed.
+        ValueError: ``otlp_protocol`` (or ``OTEL_EXPORTER_OTLP_PROTOCOL``) is
+            not one of ``http/protobuf``, ``grpc``; or ``prometheus_port`` is
+            out of range.
+        OSError: the Prometheus endpoint could not bind its port (e.g. in use).
+    """
+    if prometheus_port is not None and not 0 <= prometheus_port <= 65535:
+        raise ValueError(f"prometheus_port must be within 0..65535, got {prometheus_port}")
+    resource = _make_resource(service_name, resource_attributes)
+    interval_ms = metric_export_interval * 1000 if metric_export_interval is not None else None
+
+    processors: list[SpanProcessor] = []
+    readers: list[MetricReader] = []
+    prometheus_server: WSGIServer | None = None
+    try:
+        if console:
+            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
+            readers.append(PeriodicExportingMetricReader(
+                ConsoleMetricExporter(), export_interval_millis=interval_ms))
+        traces_endpoint = otlp_endpoint or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                                                "OTEL_EXPORTER_OTLP_ENDPOINT")
+        metrics_endpoint = otlp_endpoint or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                                                 "OTEL_EXPORTER_OTLP_ENDPOINT")
+        if traces_endpoint:
+            protocol = _protocol(otlp_protocol, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            processors.append(BatchSpanProcessor(_otlp_span_exporter(protocol, otlp_endpoint)))
+        if metrics_endpoint:
+            protocol = _protocol(otlp_protocol, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+            readers.append(PeriodicExportingMetricReader(
+                _otlp_metric_exporter(protocol, otlp_endpoint),
+                export_interval_millis=interval_ms))
+        if prometheus_port is not None:
+            reader, prometheus_server = _start_prometheus(prometheus_host, prometheus_port)
+            readers.append(reader)
+    except BaseException:
+        # Processors and periodic readers run threads from construction: stop the
+        # ones built here before the failure (the caller's objects are untouched).
+        for processor in processors:
+            processor.shutdown()
+        for own_reader in readers:
+            own_reader.shutdown()
+        raise
+    for item in span_exporters:
+        processors.append(item if isinstance(item, SpanProcessor) else BatchSpanProcessor(item))
+    readers.extend(metric_readers)
+
+    tracer_provider = TracerProvider(resource=resource)
+    for processor in processors:
+        tracer_provider.add_span_processor(processor)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+
+    is_global = False
+    if set_global:
+        is_global = _install_global(tracer_provider, meter_provider)
+    return TelemetryHandle(
+        tracer_provider, meter_provider, prometheus_server=prometheus_server,
+        prometheus_host=prometheus_host, is_global=is_global,
+    )
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _make_resource(service_name: str | None,
+                   resource_attributes: Mapping[str, Any] | None) -> Resource:
+    attributes = dict(resource_attributes or {})
+    if service_name is not None:
+        attributes[SERVICE_NAME] = service_name
+    resource = Resource.create(attributes)
+    name = resource.attributes.get(SERVICE_NAME)
+    if SERVICE_NAME not in attributes and (
+        not isinstance(name, str) or name.startswith("unknown_service")
+    ):
+        # Neither the caller nor the environment named the service.
+        resource = resource.merge(Resource({SERVICE_NAME: _DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+def _protocol(explicit: str | None, signal_env: str) -> str:
+    protocol = explicit or _env(signal_env, "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    if protocol not in _PROTOCOLS:
+        raise ValueError(
+            f"unsupported OTLP protocol {protocol!r}; expected one of {', '.join(_PROTOCOLS)}"
+        )
+    return protocol
+
+
+def _missing_extra(extra: str, what: str, exc: ImportError) -> ImportError:
+    err = ImportError(
+        f"{what} needs the '{extra}' extra, which is not installed: "
+        f"pip install 'envlink[{extra}]' ({exc})"
+    )
+    err.name = exc.name
+    return err
+
+
+def _http_url(base: str, path: str) -> str:
+    return base.rstrip("/") + path
+
+
+def _otlp_span_exporter(protocol: str, endpoint: str | None) -> SpanExporter:
+    # endpoint None: the exporter resolves OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT itself.
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+
+            return GrpcSpanExporter(endpoint=endpoint)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpSpanExporter,
+        )
+    except ImportError as exc:
+        raise _missing_extra("otlp", f"OTLP span export over {protocol}", exc) from exc
+    return HttpSpanExporter(endpoint=_http_url(endpoint, "/v1/traces") if endpoint else None)
+
+
+def _otlp_metric_exporter(protocol: str, endpoint: str | None) -> Any:
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcMetricExporter,
+            )
+
+            return GrpcMetricExporter(endpoint=endpoint)
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as HttpMetricExporter,
+        )
+    except ImportError as exc:
+        raise _missing_extra("otlp", f"OTLP metric export over {protocol}", exc) from exc
+    return HttpMetricExporter(endpoint=_http_url(endpoint, "/v1/metrics") if endpoint else None)
+
+
+def _start_prometheus(host: str, port: int) -> tuple[MetricReader, WSGIServer]:
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as exc:
+        raise _missing_extra("prometheus", "the Prometheus endpoint", exc) from exc
+    # A registry of our own: several handles (tests, libraries) never collide on
+    # prometheus_client's global registry, and the endpoint shows envlink's metrics.
+    registry = CollectorRegistry(auto_describe=True)
+    reader = PrometheusMetricReader(registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        reader.shutdown()
+        raise OSError(
+            exc.errno,
+            f"cannot serve Prometheus metrics on {_url_host(host)}:{port}: "
+            f"{exc.strerror or exc}",
+        ) from exc
+    return reader, server
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _install_global(tracer_provider: TracerProvider, meter_provider: MeterProvider) -> bool:
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+    installed = (trace.get_tracer_provider() is tracer_provider
+                 and metrics.get_meter_provider() is meter_provider)
+    if not installed:
+        warnings.warn(
+            "envlink.telemetry.configure(): global OpenTelemetry providers were already "
+            "set, and OpenTelemetry allows setting them only once; pass "
+            "handle.tracer_provider / handle.meter_provider to clients explicitly",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return installed

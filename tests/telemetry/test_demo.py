@@ -1,0 +1,160 @@
+"""``envlink demo``: runs an episode, reports it, exports it; fails in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from envlink._demo import percentile
+
+from .conftest import Receiver
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")
+           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def _demo(*args: str, timeout: float = 25) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "envlink", "demo", *args],
+                          capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def test_percentile() -> None:
+    """Percentiles interpolate linearly between ranks and reject bad input."""
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([4.0, 1.0, 2.0, 3.0], 50) == 2.5
+    assert percentile([1.0, 2.0], 90) == pytest.approx(1.9)
+    assert percentile(list(range(101)), 99) == 99
+    with pytest.raises(ValueError, match="no samples"):
+        percentile([], 50)
+    with pytest.raises(ValueError, match=r"within 0\.\.100"):
+        percentile([1.0], 101)
+
+
+def test_demo_reports_calls_tree_and_percentiles() -> None:
+    """`python -m envlink demo` exits 0 and prints calls, totals, span tree, percentiles."""
+    result = _demo("--steps", "3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"reset\(\)\s+\d+\.\d+ ms", out)
+    assert len(re.findall(r"step echo_message\('hello \d'\)\s+\d+\.\d+ ms\s+-> 'hello \d'",
+                          out)) == 3
+    assert "step echo_with_length('envlink')" in out
+    assert "-> echo_message, echo_with_length" in out  # list_tools
+    assert re.search(r"state\(\)\s+\d+\.\d+ ms", out)
+    assert "totals: 7 calls, 0 errors" in out
+    # sync hop -> client call -> server span, nested under the episode span
+    assert re.search(r"\n    envlink\.bridge step \[internal\] [\d.]+ ms\n"
+                     r"      step \[client\] [\d.]+ ms\n"
+                     r"        step \[server\] [\d.]+ ms\n", out), out
+    assert re.search(r"^  envlink demo episode \[internal\]", out, re.M)
+    table = out.split("latency by method")[1]
+    assert re.search(r"step\s+5\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+ ms", table)
+    assert re.search(r"reset\s+1\s", table)
+
+
+def test_demo_json_logs_carry_trace_ids() -> None:
+    """--json-logs writes JSON log lines to stderr, with the episode's trace id."""
+    result = _demo("--steps", "1", "--json-logs")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    (done,) = [r for r in records if r["event"] == "envlink.demo.episode_done"]
+    trace = re.search(r"span tree \(trace ([0-9a-f]{32})", result.stdout)
+    assert trace
+    assert done["trace_id"] == trace.group(1)
+
+
+def test_demo_exports_over_otlp(otlp_http_receiver: Receiver) -> None:
+    """--otlp-endpoint exports the episode's spans (client and server) and metrics."""
+    result = _demo("--steps", "2", "--otlp-endpoint", otlp_http_receiver.endpoint)
+    assert result.returncode == 0, result.stderr
+    names = {s.name for s in otlp_http_receiver.received.spans()}
+    assert {"envlink demo episode", "envlink.bridge step", "step", "reset"} <= names
+    assert "rpc.client.call.duration" in otlp_http_receiver.received.metric_names()
+    services = {r.get("service.name") for r in otlp_http_receiver.received.resources()}
+    assert services == {"envlink-demo"}
+
+
+def test_demo_serves_metrics_until_interrupted() -> None:
+    """--prometheus-port 0 --serve-metrics serves the episode's metrics until SIGINT."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envlink", "demo", "--steps", "2", "--prometheus-port", "0",
+         "--serve-metrics"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert proc.stdout is not None
+        url = None
+        for line in proc.stdout:  # blocks until the demo says where it serves
+            match = re.match(r"serving metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url, proc.stderr.read() if proc.stderr else ""
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        assert 'rpc_client_call_duration_seconds_count{envlink_outcome="ok"' in text
+        assert 'service_name="envlink-demo"' in text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_demo_port_in_use_fails_in_one_line() -> None:
+    """A Prometheus port in use: exit 1 and a single line on stderr naming the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _demo("--prometheus-port", str(port))
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("envlink demo: error: telemetry setup failed: ")
+    assert f"127.0.0.1:{port}" in lines[0]
+
+
+def test_demo_usage_errors() -> None:
+    """Bad options exit 2: --serve-metrics without a port, --steps 0."""
+    from envlink._demo import run_demo
+
+    assert run_demo(["--serve-metrics"]) == 2
+    assert run_demo(["--steps", "0"]) == 2
+
+
+def test_demo_server_failure_fails_in_one_line() -> None:
+    """If the reference server cannot start: exit 1 and one line on stderr saying so."""
+    code = (
+        "import sys\n"
+        "from envlink.server import ServerThread\n"
+        "def broken(self, timeout=10.0):\n"
+        "    raise OSError(98, 'Address already in use')\n"
+        "ServerThread.start = broken\n"
+        "from envlink._demo import run_demo\n"
+        "sys.exit(run_demo(['--steps', '1']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=25, env=_env())
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["envlink demo: error: the reference server failed to start: "
+                     "[Errno 98] Address already in use"]

@@ -1,0 +1,202 @@
+"""docs/telemetry.md is the contract: it matches what envlink really emits."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.metrics import Counter, Histogram, UpDownCounter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    Histogram as HistogramData,
+)
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    Sum,
+)
+
+from envlink._telemetry import METRIC_NAMES, Telemetry
+
+from .conftest import Episode
+
+pytestmark = pytest.mark.timeout(30)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
+_METHODS = "connect|reset|step|state|disconnect|close"
+
+
+def _table(heading: str) -> list[list[str]]:
+    """Rows (cells) of the first markdown table after ``heading``."""
+    lines = DOCS.read_text(encoding="utf-8").splitlines()
+    start = lines.index(heading)
+    rows: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    assert rows, f"no table under {heading!r}"
+    return rows[2:]  # header and separator
+
+
+def _ticks(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _keys(cell: str) -> set[str]:
+    """Attribute keys in a cell: the backticked tokens that contain a dot."""
+    return {t for t in _ticks(cell) if "." in t}
+
+
+def _documented_metrics() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, instrument, unit, attrs, series, _desc in _table("## Metrics"):
+        (metric,) = _ticks(name)
+        out[metric] = {"instrument": instrument, "unit": _ticks(unit)[0],
+                       "attributes": _keys(attrs), "series": set(_ticks(series))}
+    return out
+
+
+def _documented_spans() -> list[tuple[re.Pattern[str], str, set[str]]]:
+    rows = []
+    for name, kind, _parent, attrs in _table("## Spans"):
+        (pattern,) = _ticks(name)
+        regex = re.escape(pattern).replace(re.escape("<method>"), rf"({_METHODS}|\w+)" if
+                                           pattern.startswith("envlink.bridge") else
+                                           f"({_METHODS})")
+        regex = regex.replace(re.escape("<frame>"), r"\w+")
+        rows.append((re.compile(regex + r"\Z"), kind, _keys(attrs)))
+    return rows
+
+
+def _kind_of(metric_data: Any) -> str:
+    if isinstance(metric_data, HistogramData):
+        return "Histogram"
+    assert isinstance(metric_data, Sum)
+    return "Counter" if metric_data.is_monotonic else "UpDownCounter"
+
+
+def _record_every_instrument(tel: Telemetry) -> list[str]:
+    """Record once into every instrument the Telemetry object created; their names."""
+    names = []
+    for value in vars(tel).values():
+        if isinstance(value, Histogram):
+            tel.record(value, 0.001)
+        elif isinstance(value, (Counter, UpDownCounter)):
+            tel.add(value, 1)
+        else:
+            continue
+        names.append(value.name)
+    return names
+
+
+def test_documented_metrics_are_exactly_the_instruments() -> None:
+    """Every instrument envlink creates is documented with its type and unit, and vice versa."""
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    try:
+        created = _record_every_instrument(Telemetry(None, mp))
+        data = reader.get_metrics_data()
+    finally:
+        mp.shutdown()
+    assert data is not None
+    emitted = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics}
+    docs = _documented_metrics()
+    assert sorted(created) == sorted(emitted) == sorted(docs) == sorted(METRIC_NAMES)
+    for name, doc in docs.items():
+        assert emitted[name].unit == doc["unit"], name
+        assert _kind_of(emitted[name].data) == doc["instrument"], name
+
+
+def test_documented_prometheus_series_match_the_exporter() -> None:
+    """The Prometheus series in the docs are those the OTel Prometheus exporter renders."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    mp = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    try:
+        _record_every_instrument(Telemetry(None, mp))
+        text = generate_latest(registry).decode()
+    finally:
+        mp.shutdown()
+    series = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+              if line and not line.startswith("#")}
+    series.discard("target_info")
+    documented = set().union(*(d["series"] for d in _documented_metrics().values()))
+    assert series == documented
+
+
+def test_emitted_metrics_are_documented(scripted_episode: Episode) -> None:
+    """Metrics of a real episode: documented names, units, types and attribute keys only."""
+    docs = _documented_metrics()
+    seen = set()
+    for metric in scripted_episode.metrics:
+        assert metric.name in docs, f"undocumented metric {metric.name}"
+        doc = docs[metric.name]
+        assert metric.unit == doc["unit"]
+        assert _kind_of(metric.data) == doc["instrument"]
+        keys = set().union(*(set(p.attributes) for p in metric.data.data_points))
+        assert keys <= doc["attributes"], (metric.name, keys - doc["attributes"])
+        seen.add(metric.name)
+    # The episode (retries, errors, recovery, the sync facade) exercises every metric.
+    assert seen == set(docs)
+
+
+def test_emitted_spans_are_documented(scripted_episode: Episode) -> None:
+    """Spans of a real episode: each matches a documented (name, kind) with documented keys."""
+    rows = _documented_spans()
+    used = set()
+    for span in scripted_episode.spans:
+        keys = set(span.attributes or {})
+        candidates = [i for i, (regex, kind, _attrs) in enumerate(rows)
+                      if regex.match(span.name) and kind == span.kind.name]
+        assert candidates, f"undocumented span {span.name!r} ({span.kind.name})"
+        fitting = [i for i in candidates if keys <= rows[i][2]]
+        assert fitting, (span.name, keys - set().union(*(rows[i][2] for i in candidates)))
+        used.update(fitting)
+    assert used == set(range(len(rows))), "a documented span was never emitted"
+
+
+def test_emitted_span_events_are_documented(scripted_episode: Episode) -> None:
+    """Span events of a real episode are documented, with documented attribute keys."""
+    docs = {_ticks(name)[0]: _keys(attrs)
+            for name, _on, attrs in _table("### Span events")}
+    seen = set()
+    for span in scripted_episode.spans:
+        for event in span.events:
+            assert event.name in docs, f"undocumented span event {event.name!r}"
+            assert set(event.attributes or {}) <= docs[event.name], event.name
+            seen.add(event.name)
+    assert seen == set(docs)
+
+
+#: Documented log events the scripted episode does not provoke, and why.
+_NOT_PROVOKED = {
+    "envlink.replay_diverged": "needs a non-deterministic environment",
+    "envlink.stale_answer_dropped": "needs a late answer to a timed-out call",
+    "envlink.connection_discarded": "needs a timed-out call or an out-of-step frame",
+}
+
+
+def test_emitted_log_events_are_documented(scripted_episode: Episode) -> None:
+    """Log events of a real episode: documented names, levels and keys; trace ids when in a span."""
+    docs = {_ticks(name)[0]: (level, set(_ticks(keys)))
+            for name, level, keys, _when in _table("## Log events")}
+    seen = set()
+    for event in scripted_episode.logs:
+        name = event["event"]
+        assert name in docs, f"undocumented log event {name!r}"
+        level, keys = docs[name]
+        assert event["log_level"] == level, name
+        extra = set(event) - {"event", "log_level", "trace_id", "span_id"}
+        assert extra <= keys, (name, extra - keys)
+        seen.add(name)
+    assert seen | set(_NOT_PROVOKED) == set(docs)
+    # Every event of the episode was logged inside a span: all carry the ids.
+    assert all(re.fullmatch(r"[0-9a-f]{32}", e.get("trace_id", "")) and
+               re.fullmatch(r"[0-9a-f]{16}", e.get("span_id", ""))
+               for e in scripted_episode.logs)

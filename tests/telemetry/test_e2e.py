@@ -1,0 +1,138 @@
+"""End to end: the sync facade against the reference server, exported for real."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import pytest
+from opentelemetry.trace import SpanKind
+from structlog.testing import capture_logs
+
+from envlink import CallToolAction, EchoEnv, ServerError
+from envlink.server import ServerThread
+from envlink.telemetry import configure
+
+from .conftest import LocalTelemetry, Receiver, _arm
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _by_id(spans: Any) -> dict[int, Any]:
+    return {s.context.span_id: s for s in spans}
+
+
+def test_step_span_tree_and_attributes(local: LocalTelemetry) -> None:
+    """A sync step: bridge span → CLIENT step → SERVER step, with exact attributes."""
+    tracer = local.tracer_provider.get_tracer("test")
+    with ServerThread(env="echo", tracer_provider=local.tracer_provider) as st:
+        client = EchoEnv(base_url=st.url, tracer_provider=local.tracer_provider,
+                         meter_provider=local.meter_provider)
+        with client.sync() as env:
+            env.reset()
+            local.spans.clear()
+            with tracer.start_as_current_span("caller"):
+                env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"}))
+            session_id, episode_id = client.session_id, client.journal.episode_id
+        port = st.port
+    (caller,) = [s for s in local.spans.get_finished_spans() if s.name == "caller"]
+    spans = [s for s in local.spans.get_finished_spans()
+             if s.context.trace_id == caller.context.trace_id]
+    ids = _by_id(spans)
+
+    def row(s: Any) -> tuple[Any, ...]:
+        parent = ids[s.parent.span_id].name if s.parent and s.parent.span_id in ids else None
+        attrs = {k: (type(v).__name__ if k.endswith("_s") else v)
+                 for k, v in (s.attributes or {}).items()}
+        if s.kind is SpanKind.SERVER:
+            # The server names its sessions itself (not the client's id): a string.
+            attrs["envlink.session.id"] = type(attrs["envlink.session.id"]).__name__
+        return (s.name, s.kind, parent, attrs)
+
+    assert sorted(map(row, spans), key=str) == sorted([
+        ("caller", SpanKind.INTERNAL, None, {}),
+        ("envlink.bridge step", SpanKind.INTERNAL, "caller", {
+            "rpc.method": "step", "envlink.bridge.queue_wait_s": "float",
+            "envlink.bridge.run_time_s": "float"}),
+        ("step", SpanKind.CLIENT, "envlink.bridge step", {
+            "rpc.system.name": "openenv", "rpc.method": "step",
+            "server.address": "127.0.0.1", "server.port": port,
+            "envlink.session.id": session_id, "envlink.episode.id": episode_id,
+            "envlink.step.index": 0, "envlink.queue_wait_s": "float"}),
+        ("step", SpanKind.SERVER, "step", {
+            "rpc.system.name": "openenv", "rpc.method": "step",
+            "envlink.session.id": "str"}),
+    ], key=str)
+
+
+def test_failed_call_log_and_span_share_the_trace(local: LocalTelemetry) -> None:
+    """A failing step marks its spans with error.type and logs call_failed in the same trace."""
+    with capture_logs() as logs, ServerThread(
+        env="echo", tracer_provider=local.tracer_provider
+    ) as st:
+        client = EchoEnv(base_url=st.url, tracer_provider=local.tracer_provider,
+                         meter_provider=local.meter_provider)
+        with client.sync() as env:
+            env.reset()
+            local.spans.clear()
+            _arm(st, error_frames=1)
+            with pytest.raises(ServerError):
+                env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"}))
+    step = next(s for s in local.spans.get_finished_spans()
+                if s.name == "step" and s.kind is SpanKind.CLIENT)
+    assert step.attributes["error.type"] == "server_error"
+    (failed,) = [e for e in logs if e["event"] == "envlink.call_failed"]
+    assert failed["trace_id"] == format(step.context.trace_id, "032x")
+    assert failed["error_type"] == "server_error"
+
+
+def _episode(tp: Any, mp: Any) -> None:
+    with ServerThread(env="echo", tracer_provider=tp) as st, \
+            EchoEnv(base_url=st.url, tracer_provider=tp, meter_provider=mp).sync() as env:
+        env.reset()
+        env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"}))
+        env.state()
+
+
+def _otlp_span_rows(receiver: Receiver) -> set[tuple[str, int, str | None]]:
+    spans = receiver.received.spans()
+    names = {s.span_id: s.name for s in spans}
+    return {(s.name, s.kind, names.get(s.parent_span_id)) for s in spans}
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_episode_exported_over_otlp(protocol: str, otlp_http_receiver: Receiver,
+                                    otlp_grpc_receiver: Receiver) -> None:
+    """A real episode's client and server spans and metrics arrive at an OTLP receiver."""
+    receiver = otlp_grpc_receiver if protocol == "grpc" else otlp_http_receiver
+    h = configure(service_name="e2e", otlp_endpoint=receiver.endpoint,
+                  otlp_protocol=protocol, set_global=False)  # type: ignore[arg-type]
+    _episode(h.tracer_provider, h.meter_provider)
+    h.shutdown()
+    internal, server, client = 1, 2, 3
+    assert {("envlink.bridge step", internal, None), ("step", client, "envlink.bridge step"),
+            ("step", server, "step"), ("reset", server, "reset"),
+            ("state", server, "state")} <= _otlp_span_rows(receiver)
+    assert {"rpc.client.call.duration", "envlink.bridge.call.duration",
+            "envlink.bridge.wait.duration", "envlink.client.attempts",
+            "envlink.client.inflight", "envlink.client.message.size"} <= (
+        receiver.received.metric_names())
+
+
+def test_episode_scraped_by_prometheus() -> None:
+    """After a real episode, the scrape endpoint serves the documented series with labels."""
+    with configure(prometheus_port=0, set_global=False) as h:
+        _episode(h.tracer_provider, h.meter_provider)
+        assert h.prometheus_url is not None
+        with urllib.request.urlopen(h.prometheus_url, timeout=10) as response:
+            text = response.read().decode()
+    for series in (
+        'rpc_client_call_duration_seconds_bucket{envlink_outcome="ok"',
+        'envlink_bridge_call_duration_seconds_count{envlink_outcome="ok"',
+        "envlink_bridge_wait_duration_seconds_sum{",
+        "envlink_client_attempts_total{envlink_retry=\"false\"",
+        "envlink_client_inflight{",
+        'envlink_client_message_size_bytes_bucket{envlink_direction="received"',
+    ):
+        assert series in text, series
+    assert 'rpc_method="step"' in text
