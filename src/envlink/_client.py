@@ -80,7 +80,6 @@ from envlink._telemetry import (
     RPC_SYSTEM,
     error_type_of,
     get_telemetry,
-    mark_error,
 )
 from envlink._transport import Connection, NotWrittenError, open_connection, parse_endpoint
 
@@ -281,6 +280,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._in_episode = False
         self._session_id: str | None = None
         self._resume_token: str | None = None
+        # Set when a call timed out but its connection was kept (request ids make a
+        # late answer harmless); the next call first checks that the peer is alive.
+        self._suspect = False
         self._last_conn_short_lived = False
         self._flap_attempts = 0
         self._request_ids = itertools.count(1)
@@ -364,9 +366,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             CallTimeoutError: the deadline expired.
             ClientClosedError: the client was closed.
         """
-        seconds = self.timeouts.connect if timeout is UNSET else timeout
-        if self.reconnect_policy.max_attempts > 1 and seconds is not None and timeout is UNSET:
-            seconds = self.timeouts.call
+        # The connect phase timeout bounds each attempt; the whole (re)connect loop is
+        # bounded like any call.
+        seconds = self._seconds(timeout)
 
         async def run(span: Span) -> None:
             async with self._serialised(span):
@@ -480,7 +482,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             active.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait({active}, timeout=seconds)
-        with self._tel.span("close", kind=SpanKind.CLIENT, attributes=self._attrs("close")):
+        with self._tel.span("close", kind=SpanKind.CLIENT,
+                            attributes=self._attrs("close")
+                            if self._tel.tracing_enabled() else None):
             await self._close_connection(graceful=True, timeout=seconds)
         _log.debug("envlink.client_closed", session_id=self._session_id)
 
@@ -528,21 +532,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         outcome = "ok"
         error_type: str | None = None
         try:
-            with tel.tracer.start_as_current_span(
-                method, kind=SpanKind.CLIENT, attributes=self._attrs(method),
-                record_exception=False, set_status_on_exception=False,
-            ) as span:
+            attributes = self._attrs(method) if tel.tracing_enabled() else None
+            with tel.span(method, kind=SpanKind.CLIENT, attributes=attributes) as span:
                 try:
                     async with _deadline(seconds, method):
                         return await run(span)
                 except asyncio.CancelledError as exc:
                     if self.closed:
-                        closed = ClientClosedError(f"the client was closed during {method}")
-                        mark_error(span, closed)
-                        raise closed from exc
-                    raise
-                except BaseException as exc:
-                    mark_error(span, exc)
+                        raise ClientClosedError(f"the client was closed during {method}") from exc
                     raise
         except BaseException as exc:
             error_type = error_type_of(exc)
@@ -622,6 +619,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         while True:
             attempt += 1
             conn = self._conn
+            if conn is not None and self._suspect:
+                self._suspect = False
+                if not await conn.probe(self._probe_timeout()):
+                    _log.info("envlink.peer_unresponsive", session_id=self._session_id)
+                    self._discard_connection()
+                    conn = None
             if conn is None or not conn.is_open:
                 self._conn = None
                 if self._in_episode and method != "reset":
@@ -640,11 +643,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     return await self._exchange(conn, method, data, request_id)
             except NotWrittenError:
                 # Provably never reached the server: resending is safe for every method.
-                self._conn = None
+                self._forget_connection()
                 if attempt >= limit:
                     raise
             except ConnectionLostError as exc:
-                self._conn = None
+                self._forget_connection()
                 if self._in_episode and method != "reset":
                     return await self._recover(method, data, span, request_id, cause=exc)
                 if method not in _IDEMPOTENT:
@@ -654,6 +657,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     ) from exc
                 if attempt >= limit:
                     raise
+
+    def _probe_timeout(self) -> float:
+        return min(self._options.ping_timeout or 2.0, 2.0)
 
     def _next_id(self) -> str:
         return f"{self._id_prefix}-{next(self._request_ids)}"
@@ -707,10 +713,26 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 self._discard_connection()
             raise
         except (asyncio.CancelledError, CallTimeoutError):
-            if sent and not (conn.extensions.enabled and request_id is not None):
-                # An answer may still arrive and would be read by the next call.
-                self._discard_connection()
+            if sent:
+                if conn.extensions.enabled and request_id is not None:
+                    self._suspect = True
+                else:
+                    # An answer may still arrive and would be read by the next call.
+                    self._discard_connection()
             raise
+
+    def _forget_connection(self) -> None:
+        """The connection failed: drop it, and remember whether it had been stable."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn.abort()
+        if time.monotonic() - conn.opened_at < self.reconnect_policy.stable_after:
+            # Flapping: the next outage continues this one's attempt count.
+            self._last_conn_short_lived = True
+        else:
+            self._last_conn_short_lived = False
+            self._flap_attempts = 0
 
     def _discard_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -726,8 +748,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             return
         seconds = self.timeouts.close if timeout is None else timeout
         if graceful and conn.is_open:
+            rid = self._next_id() if conn.extensions.enabled else None
+            frame = encode_request(self._make_request("close", None, rid))
             with contextlib.suppress(EnvlinkError, asyncio.TimeoutError, TimeoutError):
-                await asyncio.wait_for(conn.send(encode_request(CloseRequest())), seconds)
+                await asyncio.wait_for(conn.send(frame), seconds)
         await conn.close(seconds)
         _log.debug("envlink.disconnect", session_id=self._session_id)
 
@@ -752,15 +776,21 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             _log.info("envlink.reconnect_scheduled", delay_s=round(delay, 4), error_type=etype,
                       attempt=state.attempt_number, reason=reason, url=self._endpoint.display)
 
+        if used >= policy.max_attempts:
+            raise ConnectionLostError(
+                f"the connection to {self._endpoint.display} keeps dropping: {used} reconnects "
+                f"without a connection lasting {policy.stable_after:g} s"
+            )
         retrying = build_retrying(policy, sleep=_backoff_sleep, attempts_used=used,
                                   before_sleep=before_sleep)
         last_exc: BaseException | None = None
         conn: Connection | None = None
+        tries = 0
         async for attempt in retrying:
             with attempt:
-                number = attempt.retry_state.attempt_number + used
-                if attempt.retry_state.attempt_number > 1 and policy.budget is not None \
-                        and not policy.budget.try_spend():
+                tries += 1
+                number = tries + used
+                if tries > 1 and policy.budget is not None and not policy.budget.try_spend():
                     raise RetryBudgetExhaustedError(
                         "the shared retry budget refused a reconnect attempt"
                     ) from last_exc
@@ -770,6 +800,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     last_exc = exc
                     raise
         assert conn is not None
+        if self._last_conn_short_lived:
+            self._flap_attempts += tries
         if policy.budget is not None:
             policy.budget.record_success()
         return conn
@@ -885,7 +917,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     rid = self._next_id() if conn.extensions.enabled else None
                     return await self._exchange(conn, method, data, rid)
                 except ConnectionLostError:
-                    self._conn = None
+                    self._forget_connection()
                     if round_ >= limit:
                         raise
         raise AssertionError("unreachable")  # pragma: no cover

@@ -154,6 +154,17 @@ class Connection:
         except OSError as exc:
             raise ConnectionLostError(f"connection lost while sending: {exc}") from exc
 
+    async def probe(self, timeout: float) -> bool:
+        """Ping the peer; ``True`` if it answered within ``timeout``. Never raises."""
+        if self._ws.state is not State.OPEN:
+            return False
+        try:
+            waiter = await self._ws.ping()
+            await asyncio.wait_for(waiter, timeout)
+        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError, RuntimeError):
+            return False
+        return True
+
     async def take_buffered(self) -> str | bytes | None:
         """A frame the server sent before closing, if one is still buffered.
 
@@ -250,7 +261,10 @@ async def open_connection(
         "open_timeout": open_timeout,
         "ping_interval": options.ping_interval,
         "ping_timeout": options.ping_timeout,
-        "close_timeout": 1.0,
+        # websockets waits this long for the peer's close frame, also after a keepalive
+        # timeout: keep it short so a dead peer is reported within ping_interval +
+        # ping_timeout (our own graceful close has its own deadline).
+        "close_timeout": min(1.0, options.ping_timeout or 1.0),
         "max_size": options.max_message_size,
         "compression": options.compression,
         "proxy": options.proxy,

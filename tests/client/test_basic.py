@@ -245,7 +245,7 @@ async def test_extensions_are_negotiated_never_assumed(server: EnvServer,
     async with GenericEnvClient(server.url) as env:
         await env.reset()
         assert env.extensions_active
-        assert env.session_id in {s.id for s in server.sessions}
+        assert env.session_id in {s.id for s in server.sessions()}
     async with GenericEnvClient(plain_server.url) as env:
         await env.reset()
         assert not env.extensions_active
