@@ -552,7 +552,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             raise
         finally:
             tel.add(tel.inflight, -1, metric_attrs)
-            attrs: dict[str, Any] = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: outcome}
+            attrs: dict[str, Any] = {ATTR_RPC_SYSTEM: RPC_SYSTEM, ATTR_RPC_METHOD: method,
+                                     ATTR_OUTCOME: outcome}
             if error_type is not None:
                 attrs[ATTR_ERROR_TYPE] = error_type
             tel.record(tel.call_duration, time.perf_counter() - start, attrs)

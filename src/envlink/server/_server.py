@@ -21,6 +21,7 @@ import http
 import json
 import logging
 import os
+import ssl as ssl_module
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ class EnvServer:
         ping_interval: seconds between keepalive pings, ``None`` to disable.
         ping_timeout: seconds to wait for a pong before closing.
         close_timeout: seconds to wait for the client's close frame.
+        ssl: an ``ssl.SSLContext`` to serve ``wss://`` (and ``https://`` health).
     """
 
     def __init__(
@@ -169,6 +171,7 @@ class EnvServer:
         ping_interval: float | None = 20.0,
         ping_timeout: float | None = 20.0,
         close_timeout: float = 5.0,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         if isinstance(env, str):
             try:
@@ -198,6 +201,7 @@ class EnvServer:
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
         self._close_timeout = close_timeout
+        self._ssl = ssl
 
         self._ws: Server | None = None
         self._started = False
@@ -277,6 +281,7 @@ class EnvServer:
             ping_timeout=self._ping_timeout,
             close_timeout=self._close_timeout,
             logger=_REDACTING_LOGGER,
+            ssl=self._ssl,
         )
         if self.port == 0:
             self.port = int(self._ws.sockets[0].getsockname()[1])
@@ -305,8 +310,11 @@ class EnvServer:
 
     @property
     def url(self) -> str:
-        """The server's base URL, ``ws://HOST:PORT`` (the endpoint is ``url + "/ws"``)."""
-        return f"ws://{self._netloc}"
+        """The server's base URL, ``ws://HOST:PORT`` (the endpoint is ``url + "/ws"``).
+
+        ``wss://`` when the server has TLS.
+        """
+        return f"{'wss' if self._ssl else 'ws'}://{self._netloc}"
 
     @property
     def ws_url(self) -> str:
@@ -315,8 +323,8 @@ class EnvServer:
 
     @property
     def http_url(self) -> str:
-        """``http://HOST:PORT`` (``/health`` lives there)."""
-        return f"http://{self._netloc}"
+        """``http://HOST:PORT`` (``/health`` lives there); ``https://`` with TLS."""
+        return f"{'https' if self._ssl else 'http'}://{self._netloc}"
 
     @property
     def _netloc(self) -> str:
