@@ -10,6 +10,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0.dev0"
 
+from typing import TYPE_CHECKING, Any
+
+from envlink._bridge import Bridge, SyncProxy
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
@@ -32,9 +35,24 @@ from envlink._errors import (
 )
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._sync import SyncEnvClient
+
+if TYPE_CHECKING:
+    from envlink.telemetry import configure
+
+
+def __getattr__(name: str) -> Any:
+    # configure() lives with the OpenTelemetry SDK setup; import it only when asked
+    # for, so that `import envlink` stays light for applications that bring their own.
+    if name == "configure":
+        from envlink.telemetry import configure
+
+        return configure
+    raise AttributeError(f"module 'envlink' has no attribute {name!r}")
 
 __all__ = [
     "UNSET",
+    "Bridge",
     "CallTimeoutError",
     "CallToolAction",
     "CapacityReachedError",
@@ -63,7 +81,10 @@ __all__ = [
     "SessionLostError",
     "SessionLostPolicy",
     "StepResult",
+    "SyncEnvClient",
+    "SyncProxy",
     "Timeout",
     "__version__",
+    "configure",
     "set_testing",
 ]

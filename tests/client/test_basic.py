@@ -167,12 +167,12 @@ async def test_corrupt_frames_raise_protocol_error_and_never_leak(any_server: En
 
 async def test_oversize_frame_is_a_protocol_error() -> None:
     """A frame over max_message_size raises ProtocolError naming the limit; the client recovers."""
-    async with EnvServer(env="echo") as srv:
-        async with GenericEnvClient(srv.url, max_message_size=64 * 1024) as env:
+    async with (EnvServer(env="echo") as srv,
+                GenericEnvClient(srv.url, max_message_size=64 * 1024) as env):
             srv.faults.corrupt_frames = 1
             srv.faults.corrupt_kind = "oversize"
             srv.faults.oversize_bytes = 200 * 1024
-            with pytest.raises(ProtocolError, match="larger than the limit|exceeds"):
+            with pytest.raises(ProtocolError, match=r"larger than the limit|exceeds"):
                 await env.reset()
             assert (await env.reset()).observation["echoed_message"]
 

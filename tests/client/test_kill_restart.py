@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -167,4 +166,3 @@ async def test_resume_reattaches_after_restart_without_replay(servers: list[Serv
             assert counters["resume"] == 1
         finally:
             await env.close()
-    assert os.path.isdir(store)
