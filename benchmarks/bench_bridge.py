@@ -1,0 +1,139 @@
+"""Per-call overhead of envlink's sync bridge, relative to run_coroutine_threadsafe.
+
+Run: ``python benchmarks/bench_bridge.py [--rounds N] [--calls N]`` (under a minute).
+
+Every variant runs a no-op coroutine on an asyncio event loop in a daemon thread
+and blocks the calling (main) thread until it returns:
+
+* ``baseline``: ``asyncio.run_coroutine_threadsafe(noop(), loop).result()``,
+  on a plain loop thread started the same way as the bridge's;
+* ``bridge, telemetry off``: ``Bridge().call(noop, timeout=...)`` with no
+  OpenTelemetry SDK configured (the API's no-op tracer and meter);
+* ``bridge, telemetry on (batch)``: the same with an SDK ``TracerProvider``
+  (``BatchSpanProcessor`` with an exporter that drops spans, as in production)
+  and an SDK ``MeterProvider`` (``InMemoryMetricReader``): one span and two
+  histogram records per call;
+* ``bridge, telemetry on (simple)``: the same with a ``SimpleSpanProcessor``.
+
+Variants are interleaved round by round, in a rotating order (so that machine
+noise hits them all alike); the figure reported per variant is the median over
+rounds of its time per call, and the ratio is the median over rounds of
+(variant / baseline in the same round). Targets: ratio <= 1.0 with telemetry off,
+<= 1.5 with it on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from envlink._bridge import Bridge
+
+
+class _DropExporter(SpanExporter):
+    """Exports nothing: measures the cost of producing spans, not of shipping them."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+async def noop() -> None:
+    return None
+
+
+def _plain_loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=run, name="bench-baseline-loop", daemon=True)
+    thread.start()
+    ready.wait()
+    return loop, thread
+
+
+def _time_per_call(fn: Callable[[], object], calls: int) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args(argv)
+
+    loop, thread = _plain_loop_thread()
+    bridge_off = Bridge()
+    batch_provider = TracerProvider()
+    batch_provider.add_span_processor(BatchSpanProcessor(_DropExporter()))
+    simple_provider = TracerProvider()
+    simple_provider.add_span_processor(SimpleSpanProcessor(_DropExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    bridge_batch = Bridge(tracer_provider=batch_provider, meter_provider=meter_provider)
+    bridge_simple = Bridge(tracer_provider=simple_provider, meter_provider=meter_provider)
+
+    variants: dict[str, Callable[[], object]] = {
+        "baseline (run_coroutine_threadsafe)":
+            lambda: asyncio.run_coroutine_threadsafe(noop(), loop).result(),
+        "bridge, telemetry off": lambda: bridge_off.call(noop, timeout=10.0),
+        "bridge, telemetry on (batch)": lambda: bridge_batch.call(noop, timeout=10.0),
+        "bridge, telemetry on (simple)": lambda: bridge_simple.call(noop, timeout=10.0),
+    }
+    for fn in variants.values():  # warm up: threads started, caches filled
+        _time_per_call(fn, 500)
+
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_time_per_call(variants[name], args.calls))
+
+    base = times[names[0]]
+    targets = {names[1]: 1.0, names[2]: 1.5, names[3]: 1.5}
+    print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls, "
+          "no-op coroutine, median per call")
+    for name, samples in times.items():
+        ratio = statistics.median(s / b for s, b in zip(samples, base, strict=True))
+        target = targets.get(name)
+        verdict = "" if target is None else (
+            f"   (target <= {target:.1f}: {'met' if ratio <= target else 'NOT met'})")
+        print(f"  {name:<38} {statistics.median(samples) * 1e6:8.1f} us/call"
+              f"   ratio {ratio:5.2f}{verdict}")
+
+    for bridge in (bridge_off, bridge_batch, bridge_simple):
+        bridge.close()
+    batch_provider.shutdown()
+    simple_provider.shutdown()
+    meter_provider.shutdown()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

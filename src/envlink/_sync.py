@@ -1,0 +1,276 @@
+"""The blocking facade of the environment client: ``client.sync()`` → :class:`SyncEnvClient`.
+
+It runs an async :class:`~envlink.EnvClient` on a :class:`~envlink._bridge.Bridge`
+(an event loop in a daemon thread) and inherits the bridge's guarantees: the
+caller's context (OpenTelemetry span, baggage, structlog context variables) is
+the context of the async call, every call is traced and measured, and every
+blocking wait has a timeout.
+
+Timeouts: each method takes an optional keyword ``timeout=``. When it is given
+and the async method accepts ``timeout`` itself, it is passed on, so the client's
+own deadline fires (with its cleanup semantics) and the bridge waits that long
+plus a margin. When it is not given, the bridge waits for the client's default
+deadline for that method plus the margin: the client's :class:`CallTimeoutError`
+always comes first, the bridge's only if the loop itself is stuck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from envlink._bridge import Bridge, SyncProxy
+from envlink._config import UNSET, UnsetType
+from envlink._errors import ClientClosedError
+
+if TYPE_CHECKING:
+    from envlink._client import EnvClient, StepResult
+
+__all__ = ["TIMEOUT_MARGIN", "SyncEnvClient"]
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+StateT = TypeVar("StateT")
+
+#: Seconds the bridge waits beyond the client's own deadline, so that the client's
+#: timeout (which cleans up its connection properly) fires first.
+TIMEOUT_MARGIN = 0.5
+
+
+def _default_wait(client: Any, method: str, margin: float) -> float | None:
+    """How long the bridge waits for ``method`` when the caller gave no timeout."""
+    timeouts = getattr(client, "timeouts", None)
+    call = getattr(timeouts, "call", None)
+    if method == "connect":
+        # Connect may use the call deadline when reconnect attempts are allowed.
+        connect = getattr(timeouts, "connect", call)
+        seconds = None if connect is None or call is None else max(connect, call)
+    elif method == "disconnect":
+        seconds = getattr(timeouts, "close", call)
+    elif method == "close":
+        close = getattr(timeouts, "close", call)
+        # close() waits for the call in flight, then for the closing handshake.
+        seconds = None if close is None else 2 * close
+    else:
+        seconds = call
+    return None if seconds is None else seconds + margin
+
+
+_timeout_params: dict[tuple[type, str], bool] = {}
+
+
+def _accepts_timeout(client: Any, method: str, fn: Callable[..., Any]) -> bool:
+    """Whether the async method has a ``timeout`` parameter of its own (cached per class)."""
+    key = (type(client), method)
+    known = _timeout_params.get(key)
+    if known is None:
+        try:
+            param = inspect.signature(fn).parameters.get("timeout")
+        except (TypeError, ValueError):
+            param = None
+        known = param is not None and param.kind in (
+            inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        _timeout_params[key] = known
+    return known
+
+
+def _bridged(bridge: Bridge, client: Any, margin: float, method: str,
+             fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             timeout: float | UnsetType | None) -> Any:
+    if timeout is UNSET:
+        wait = _default_wait(client, method, margin)
+    elif _accepts_timeout(client, method, fn):
+        # Bridge.call keeps `timeout=` for itself: bind the client's into the callable.
+        fn = functools.partial(fn, timeout=timeout)
+        wait = None if timeout is None else timeout + margin
+    else:
+        wait = timeout
+    return bridge.call(fn, *args, timeout=wait, method=method, **kwargs)
+
+
+class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, ObsT, StateT]):
+    """Blocking facade of an async environment client; get one with ``client.sync()``.
+
+    Safe to use from many threads (calls to one session are queued FIFO by the
+    client). Any other coroutine method of the client is available in blocking
+    form too (with the same ``timeout=`` keyword), through attribute access.
+
+    Example::
+
+        with GenericEnvClient(base_url=url).sync() as env:
+            result = env.reset()
+            result = env.step({"message": "hi"})
+
+    Args:
+        client: the async client (an :class:`~envlink.EnvClient`).
+        bridge: a bridge to share with other clients (one thread for many
+            sessions); :meth:`close` then leaves it open. By default the facade
+            creates its own bridge, with the client's tracer and meter providers,
+            and closes it on :meth:`close`.
+        timeout_margin: seconds the bridge waits beyond the client's own deadline.
+    """
+
+    def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
+                 timeout_margin: float = TIMEOUT_MARGIN) -> None:
+        owns = bridge is None
+        if bridge is None:
+            bridge = Bridge(tracer_provider=getattr(client, "tracer_provider", None),
+                            meter_provider=getattr(client, "meter_provider", None))
+        super().__init__(client, bridge, timeout=_default_wait(client, "call", timeout_margin))
+        self._envlink_owns_bridge = owns
+        self._envlink_margin = float(timeout_margin)
+        self._envlink_close_lock = threading.Lock()
+        self._envlink_closed = False
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _envlink_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      timeout: float | UnsetType | None) -> Any:
+        client = self._envlink_target
+        return _bridged(self._envlink_bridge, client, self._envlink_margin, method,
+                        getattr(client, method), args, kwargs, timeout)
+
+    def _envlink_wrap(self, name: str, attr: Any) -> Callable[..., Any] | None:
+        if not inspect.iscoroutinefunction(attr):
+            return super()._envlink_wrap(name, attr)
+        # Captured by value: no reference cycle through the facade.
+        bridge, client, margin = self._envlink_bridge, self._envlink_target, self._envlink_margin
+
+        def call(*args: Any, timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
+            return _bridged(bridge, client, margin, name, attr, args, kwargs, timeout)
+
+        call.__name__ = name
+        call.__qualname__ = f"{type(self).__name__}.{name}"
+        call.__doc__ = getattr(attr, "__doc__", None)
+        call.__wrapped__ = attr  # type: ignore[attr-defined]
+        return call
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def async_client(self) -> EnvClient[ActT, ObsT, StateT]:
+        """The wrapped async client (use it only from the bridge's loop)."""
+        return self._envlink_target
+
+    @property
+    def bridge(self) -> Bridge:
+        """The bridge this facade runs on."""
+        return self._envlink_bridge
+
+    # ------------------------------------------------------------------ protocol calls
+
+    def connect(self, *, timeout: float | UnsetType | None = UNSET
+                ) -> SyncEnvClient[ActT, ObsT, StateT]:
+        """Open the connection now (otherwise the first call opens it).
+
+        Args:
+            timeout: deadline in seconds (default: the client's connect deadline).
+
+        Returns:
+            This facade.
+
+        Raises:
+            ConnectError, CallTimeoutError, ClientClosedError, ReentrantCallError.
+        """
+        self._envlink_call("connect", (), {}, timeout)
+        return self
+
+    def reset(self, *, timeout: float | UnsetType | None = UNSET,
+              **kwargs: Any) -> StepResult[ObsT]:
+        """Start a new episode.
+
+        Args:
+            timeout: deadline in seconds (default: the client's call deadline).
+            **kwargs: reset arguments for the environment (seed, episode_id, ...).
+
+        Raises:
+            ServerError, CallTimeoutError, ConnectError, ConnectionLostError,
+            ProtocolError, ClientClosedError, ReentrantCallError.
+        """
+        result: StepResult[ObsT] = self._envlink_call("reset", (), kwargs, timeout)
+        return result
+
+    def step(self, action: ActT, *, timeout: float | UnsetType | None = UNSET,
+             **kwargs: Any) -> StepResult[ObsT]:
+        """Apply one action.
+
+        Args:
+            action: the action.
+            timeout: deadline in seconds (default: the client's call deadline).
+            **kwargs: passed on to the async client's ``step``.
+
+        Raises:
+            SessionLostError, ReplayDivergedError, OutcomeUnknownError, ServerError,
+            CallTimeoutError, ProtocolError, ClientClosedError, ReentrantCallError.
+        """
+        result: StepResult[ObsT] = self._envlink_call("step", (action,), kwargs, timeout)
+        return result
+
+    def state(self, *, timeout: float | UnsetType | None = UNSET) -> StateT:
+        """Read the environment's state.
+
+        Args:
+            timeout: deadline in seconds (default: the client's call deadline).
+
+        Raises:
+            SessionLostError, ServerError, CallTimeoutError, ProtocolError,
+            ClientClosedError, ReentrantCallError.
+        """
+        result: StateT = self._envlink_call("state", (), {}, timeout)
+        return result
+
+    def disconnect(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+        """End the session and close the connection; the client stays usable.
+
+        Args:
+            timeout: deadline in seconds (default: the client's close deadline).
+
+        Raises:
+            CallTimeoutError, ClientClosedError, ReentrantCallError.
+        """
+        self._envlink_call("disconnect", (), {}, timeout)
+
+    def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+        """Close the client, and the bridge if this facade owns it. Idempotent.
+
+        Afterwards, with an owned bridge, no envlink thread is left running. A shared
+        bridge stays open.
+
+        Args:
+            timeout: deadline in seconds for the client's close (default: the
+                client's close deadline).
+
+        Raises:
+            CallTimeoutError: the client did not close in time (the bridge is
+                closed anyway when owned).
+            ReentrantCallError: called from the bridge's own loop thread.
+        """
+        with self._envlink_close_lock:
+            if self._envlink_closed:
+                return
+            self._envlink_closed = True
+        bridge = self._envlink_bridge
+        try:
+            if not bridge.closed:
+                # ClientClosedError: the shared bridge closed under us; nothing to do.
+                with contextlib.suppress(ClientClosedError):
+                    self._envlink_call("close", (), {}, timeout)
+        finally:
+            if self._envlink_owns_bridge:
+                bridge.close()
+
+    def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        return self.connect()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<SyncEnvClient of {self._envlink_target!r} on {self._envlink_bridge!r}>"

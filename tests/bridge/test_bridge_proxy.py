@@ -1,0 +1,240 @@
+"""Async iterators, async context managers and SyncProxy attribute wrapping."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+from envlink import CallTimeoutError
+from envlink._bridge import Bridge, SyncProxy
+
+pytestmark = pytest.mark.timeout(20)
+
+
+class Resource:
+    """A fake async object with every kind of member the proxy handles."""
+
+    label = "plain attribute"
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.exited: list[type[BaseException] | None] = []
+        self.gen_finally = threading.Event()
+        self.loop_thread: int | None = None
+
+    async def double(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * x
+
+    async def counter(self, n: int) -> AsyncIterator[int]:
+        self.loop_thread = threading.get_ident()
+        try:
+            for i in range(n):
+                await asyncio.sleep(0)
+                yield i
+        finally:
+            self.gen_finally.set()
+
+    async def stall(self) -> AsyncIterator[int]:
+        yield 0
+        await asyncio.Event().wait()
+        yield 1  # pragma: no cover
+
+    def sync_method(self) -> str:
+        return "sync"
+
+    async def __aenter__(self) -> Resource:
+        self.entered += 1
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        self.exited.append(exc_type)
+        return exc_type is not None and issubclass(exc_type, LookupError)
+
+    def __aiter__(self) -> AsyncIterator[int]:
+        return self.counter(3)
+
+
+# ---------------------------------------------------------------- iterate
+
+
+def test_iterate_yields_all_items(bridge: Bridge) -> None:
+    """Bridge.iterate yields every item of an async iterable, fetched on the loop thread."""
+    res = Resource()
+    assert list(bridge.iterate(lambda: res.counter(4), timeout=5)) == [0, 1, 2, 3]
+    assert res.loop_thread == bridge.thread.ident  # type: ignore[union-attr]
+    assert res.gen_finally.is_set()
+
+
+def test_iterate_break_closes_the_async_iterator(bridge: Bridge) -> None:
+    """Breaking out of the loop runs the async generator's finally (aclose on the loop)."""
+    res = Resource()
+    for item in bridge.iterate(lambda: res.counter(100), timeout=5):
+        if item == 2:
+            break
+    assert res.gen_finally.is_set()
+
+
+def test_iterate_exception_in_body_closes_the_async_iterator(bridge: Bridge) -> None:
+    """An exception in the loop body also closes the async generator."""
+    res = Resource()
+
+    def consume() -> None:
+        for _ in bridge.iterate(lambda: res.counter(100), timeout=5):
+            raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        consume()
+    assert res.gen_finally.is_set()
+
+
+def test_iterate_item_timeout(bridge: Bridge) -> None:
+    """Each item is fetched under the timeout."""
+    res = Resource()
+    it = bridge.iterate(res.stall, timeout=0.1)
+    assert next(it) == 0
+    with pytest.raises(CallTimeoutError):
+        next(it)
+
+
+def test_iterate_is_lazy(bridge: Bridge) -> None:
+    """Nothing runs on the loop until the first item is requested."""
+    called = threading.Event()
+
+    def factory() -> AsyncIterator[int]:
+        called.set()
+        return Resource().counter(1)
+
+    it = bridge.iterate(factory, timeout=5)
+    assert not called.is_set()
+    assert bridge.thread is None
+    assert list(it) == [0]
+    assert called.is_set()
+
+
+# ---------------------------------------------------------------- enter
+
+
+def test_enter_bridges_an_async_context_manager(bridge: Bridge) -> None:
+    """Bridge.enter runs __aenter__ and __aexit__ on the loop."""
+    res = Resource()
+    with bridge.enter(res, timeout=5) as value:
+        assert value is res
+        assert res.entered == 1
+    assert res.exited == [None]
+
+
+def test_enter_passes_the_exception_and_honours_suppression(bridge: Bridge) -> None:
+    """The body's exception reaches __aexit__; its return value decides suppression."""
+    res = Resource()
+    with bridge.enter(res, timeout=5):
+        raise KeyError("suppressed: KeyError is a LookupError")
+    with pytest.raises(ValueError, match="kept"), bridge.enter(res, timeout=5):
+        raise ValueError("kept")
+    assert res.exited == [KeyError, ValueError]
+
+
+def test_enter_asynccontextmanager_finally_runs(bridge: Bridge) -> None:
+    """An @asynccontextmanager's cleanup runs, also when the body raises."""
+    events: list[str] = []
+
+    @asynccontextmanager
+    async def managed() -> AsyncIterator[str]:
+        events.append("enter")
+        try:
+            yield "value"
+        finally:
+            events.append("exit")
+
+    def body() -> None:
+        with bridge.enter(managed(), timeout=5) as value:
+            assert value == "value"
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        body()
+    assert events == ["enter", "exit"]
+
+
+def test_enter_rejects_non_context_managers(bridge: Bridge) -> None:
+    """enter() of something that is not an async context manager is a TypeError."""
+    with pytest.raises(TypeError):
+        bridge.enter(object(), timeout=5)
+
+
+# ---------------------------------------------------------------- SyncProxy
+
+
+def test_proxy_wraps_coroutine_methods(bridge: Bridge) -> None:
+    """A coroutine method becomes a blocking method; timeout= is the bridge's."""
+    proxy = SyncProxy(Resource(), bridge, timeout=5)
+    assert proxy.double(21) == 42
+    assert proxy.double(1, timeout=1) == 2
+
+
+def test_proxy_caches_wrappers(bridge: Bridge) -> None:
+    """The wrapper is built once per name and cached on the proxy (no more __getattr__)."""
+    proxy = SyncProxy(Resource(), bridge, timeout=5)
+    first = proxy.double
+    assert "double" in vars(proxy)
+    assert proxy.double is first
+    assert first.__name__ == "double"
+    assert first.__wrapped__ == proxy._envlink_target.double
+
+
+def test_proxy_returns_other_attributes_as_is(bridge: Bridge) -> None:
+    """Plain attributes and sync methods are returned unwrapped and not cached."""
+    proxy = SyncProxy(Resource(), bridge)
+    assert proxy.label == "plain attribute"
+    assert proxy.sync_method() == "sync"
+    assert "label" not in vars(proxy)
+    with pytest.raises(AttributeError):
+        _ = proxy.missing
+
+
+def test_proxy_async_generator_method_becomes_iterator(bridge: Bridge) -> None:
+    """An async-generator method becomes a blocking iterator; break closes it."""
+    res = Resource()
+    proxy = SyncProxy(res, bridge, timeout=5)
+    assert list(proxy.counter(3)) == [0, 1, 2]
+    res.gen_finally.clear()
+    for _ in proxy.counter(10):
+        break
+    assert res.gen_finally.is_set()
+
+
+def test_proxy_is_a_context_manager_and_iterable(bridge: Bridge) -> None:
+    """`with proxy` bridges the object's async context manager (and returns the proxy when
+    __aenter__ returns the object); iterating the proxy iterates its __aiter__."""
+    res = Resource()
+    proxy = SyncProxy(res, bridge, timeout=5)
+    with proxy as entered:
+        assert entered is proxy
+    assert res.entered == 1
+    assert res.exited == [None]
+    assert list(proxy) == [0, 1, 2]
+
+
+def test_proxy_dir_includes_target_members(bridge: Bridge) -> None:
+    """dir(proxy) lists the wrapped object's members (for completion in a REPL)."""
+    assert {"double", "counter", "label"} <= set(dir(SyncProxy(Resource(), bridge)))
+
+
+def test_proxy_default_timeout_applies() -> None:
+    """The proxy's default timeout bounds calls made without timeout=."""
+
+    class Slow:
+        async def hang(self) -> None:
+            await asyncio.Event().wait()
+
+    with Bridge() as b:
+        proxy: Any = SyncProxy(Slow(), b, timeout=0.05)
+        with pytest.raises(CallTimeoutError):
+            proxy.hang()

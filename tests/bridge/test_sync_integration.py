@@ -1,0 +1,148 @@
+"""SyncEnvClient against the real reference server on loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from envlink import CallTimeoutError, EchoEnv, GenericEnvClient, set_testing
+from envlink._bridge import Bridge
+from envlink._telemetry import METRIC_BRIDGE_CALL_DURATION
+from envlink.server import ServerThread
+
+from .conftest import envlink_threads
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    with ServerThread(env="echo") as st:
+        yield st
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff_waits() -> Iterator[None]:
+    with set_testing():
+        yield
+
+
+def test_echo_episode_through_the_sync_facade(server: ServerThread) -> None:
+    """reset/step/state and a bridged extra coroutine method (call_tool) work end to end, and
+    closing leaves no bridge thread behind."""
+    before = envlink_threads()
+    with EchoEnv(base_url=server.url).sync() as env:
+        assert env.async_client.connected
+        reset = env.reset()
+        assert reset.observation.echoed_message == "Echo environment ready!"
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert env.state()["step_count"] == 1
+    assert envlink_threads() - before == set()
+
+
+def test_generic_client_dict_actions(server: ServerThread) -> None:
+    """GenericEnvClient(...).sync() steps with plain dict actions."""
+    env = GenericEnvClient(base_url=server.url).sync()
+    try:
+        env.reset()
+        result = env.step({"message": "plain"})
+        assert result.observation["echoed_message"] == "plain"
+    finally:
+        env.close()
+
+
+def test_client_deadline_fires_before_the_bridge(server: ServerThread) -> None:
+    """With a slow server, timeout= is the client's own deadline (its CallTimeoutError, not
+    the bridge's), and the facade stays usable afterwards."""
+    env = GenericEnvClient(base_url=server.url).sync()
+    try:
+        env.reset()
+        server.call(lambda s: setattr(s.faults, "latency", 1.0))
+        try:
+            with pytest.raises(CallTimeoutError) as info:
+                env.step({"message": "slow"}, timeout=0.3)
+        finally:
+            server.call(lambda s: setattr(s.faults, "latency", 0.0))
+        assert "bridged call" not in str(info.value)
+        env.reset()
+        assert env.step({"message": "again"}).observation["echoed_message"] == "again"
+    finally:
+        env.close()
+
+
+def test_traces_nest_caller_bridge_client(server: ServerThread) -> None:
+    """The caller's span is the parent of the bridge span, itself the parent of the client's
+    CLIENT span; the bridge histogram is recorded."""
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    env = GenericEnvClient(base_url=server.url, tracer_provider=tp, meter_provider=mp).sync()
+    try:
+        with tp.get_tracer("test").start_as_current_span("handler") as handler:
+            env.reset()
+    finally:
+        env.close()
+        tp.shutdown()
+    spans = exporter.get_finished_spans()
+    hop = next(s for s in spans if s.name == "envlink.bridge reset")
+    client = next(s for s in spans if s.name == "reset" and s.kind is SpanKind.CLIENT)
+    assert hop.parent is not None
+    assert hop.parent.span_id == handler.get_span_context().span_id
+    assert client.parent is not None
+    assert client.parent.span_id == hop.context.span_id
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics
+             for m in sm.metrics}
+    assert METRIC_BRIDGE_CALL_DURATION in names
+    mp.shutdown()
+
+
+def test_one_facade_from_many_threads(server: ServerThread) -> None:
+    """4 threads x 25 steps through one facade: every answer is the thread's own."""
+    env = GenericEnvClient(base_url=server.url).sync()
+    barrier = threading.Barrier(4)
+
+    def worker(i: int) -> int:
+        barrier.wait()
+        wrong = 0
+        for n in range(25):
+            message = f"{i}-{n}"
+            if env.step({"message": message}).observation["echoed_message"] != message:
+                wrong += 1
+        return wrong
+
+    try:
+        env.reset()
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(worker, range(4))) == [0, 0, 0, 0]
+        assert env.state()["step_count"] == 100
+    finally:
+        env.close()
+
+
+def test_many_sessions_share_one_bridge(server: ServerThread) -> None:
+    """10 sessions on one shared bridge use its single thread; closing them leaves it open."""
+    with Bridge() as shared:
+        envs = [GenericEnvClient(base_url=server.url).sync(bridge=shared) for _ in range(10)]
+        for i, env in enumerate(envs):
+            env.reset()
+            assert env.step({"message": str(i)}).observation["echoed_message"] == str(i)
+        bridge_threads = {t for t in envlink_threads() if t.name.startswith("envlink-bridge")}
+        assert shared.thread in bridge_threads
+        for env in envs:
+            env.close()
+        assert not shared.closed
+        assert shared.thread is not None
+        assert shared.thread.is_alive()
