@@ -622,7 +622,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             conn = self._conn
             if conn is not None and self._suspect:
                 self._suspect = False
-                if not await conn.probe(self._probe_timeout()):
+                if method == "reset":
+                    # A new episode need not queue behind the old one's late answer.
+                    self._discard_connection()
+                    conn = None
+                elif not await conn.probe(self._probe_timeout()):
                     _log.info("envlink.peer_unresponsive", session_id=self._session_id)
                     self._discard_connection()
                     conn = None
