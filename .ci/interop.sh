@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Interop suite: envlink against the real openenv package, and OpenEnv's client
+# against envlink's reference server.
+#
+# openenv (0.10.x) is large (FastAPI, uvicorn, FastMCP, Gradio, ...), so it lives in
+# its own virtualenv, .venv-openenv/, never in envlink's dependencies. This script
+# creates or updates that virtualenv, then runs tests/interop with envlink's own
+# interpreter, pointing the suite at the openenv one through ENVLINK_OPENENV_PYTHON.
+#
+# Environment:
+#   ENVLINK_PYTHON    interpreter with envlink[dev] installed
+#                     (default: .venv/bin/python if present, else python3)
+#   OPENENV_VENV      where to keep the openenv virtualenv (default: .venv-openenv)
+#   OPENENV_SPEC      what to install there (default: openenv==0.10.*)
+# Extra arguments are passed to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [[ -z "${ENVLINK_PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then ENVLINK_PYTHON=.venv/bin/python; else ENVLINK_PYTHON=python3; fi
+fi
+OPENENV_VENV="${OPENENV_VENV:-.venv-openenv}"
+OPENENV_SPEC="${OPENENV_SPEC:-openenv==0.10.*}"
+
+if ! "$ENVLINK_PYTHON" -c "import envlink, pytest, pytest_timeout" 2>/dev/null; then
+    echo "interop: $ENVLINK_PYTHON lacks envlink[dev]; install it first (pip install -e '.[dev]')" >&2
+    exit 2
+fi
+
+start=$SECONDS
+if [[ ! -x "$OPENENV_VENV/bin/python" ]]; then
+    echo "== interop: creating $OPENENV_VENV"
+    # The same interpreter version as envlink's (openenv needs Python >= 3.10).
+    "$ENVLINK_PYTHON" -m venv "$OPENENV_VENV"
+fi
+OPENENV_PYTHON="$(cd "$OPENENV_VENV" && pwd)/bin/python"
+echo "== interop: installing $OPENENV_SPEC into $OPENENV_VENV"
+# The servers under tests/interop/servers need only openenv and its own
+# dependencies (fastapi, uvicorn, fastmcp, pydantic, websockets).
+# (This machine's pip config names local indexes that may be absent; drop pip's
+# per-package warnings about them.)
+timeout 1200 "$OPENENV_PYTHON" -m pip install -q "$OPENENV_SPEC" \
+    2> >(grep -v "^WARNING: Location 'file:" >&2)
+"$OPENENV_PYTHON" -c \
+    "import importlib.metadata as m; print('interop: openenv', m.version('openenv'), \
+'uvicorn', m.version('uvicorn'), 'fastapi', m.version('fastapi'), 'fastmcp', m.version('fastmcp'))"
+install_seconds=$((SECONDS - start))
+
+start=$SECONDS
+echo "== interop: running tests/interop"
+status=0
+ENVLINK_OPENENV_PYTHON="$OPENENV_PYTHON" \
+    timeout 1200 "$ENVLINK_PYTHON" -m pytest tests/interop -p no:cacheprovider "$@" || status=$?
+run_seconds=$((SECONDS - start))
+echo "== interop: install ${install_seconds}s, tests ${run_seconds}s"
+
+# Exit 5 (no test collected) is a failure here: the suite must really run.
+if [[ $status -eq 5 ]]; then
+    echo "interop: no test was collected" >&2
+    exit 1
+fi
+exit "$status"

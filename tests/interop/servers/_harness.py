@@ -1,0 +1,126 @@
+"""Run an app built with OpenEnv's server API on 127.0.0.1, for the interop tests.
+
+Runs under the openenv virtualenv's python, never under envlink's. It adds no
+behaviour to the OpenEnv app: it binds the socket itself (so ``--port 0`` works
+and a restarted server can take the same port again), prints one readiness line
+once uvicorn accepts connections, and optionally wraps the app in a pure
+observer that appends every WebSocket event (upgrade headers, frames in and
+out, closes) to a JSON-lines file, so a test can prove what the client really
+put on the wire and that the server accepted it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import socket
+import sys
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The line a test waits for; the port follows the last colon.
+READY_PREFIX = "openenv serve: listening on http://127.0.0.1:"
+
+
+def parse_args(description: str,
+               configure: Callable[[argparse.ArgumentParser], None] | None = None,
+               ) -> argparse.Namespace:
+    """Parse the options every interop server takes (plus those ``configure`` adds)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--max-sessions", type=int, default=1,
+                        help="OpenEnv's max_concurrent_envs")
+    parser.add_argument("--frame-log", default=None,
+                        help="append every WebSocket event to this JSON-lines file")
+    if configure is not None:
+        configure(parser)
+    return parser.parse_args()
+
+
+class FrameRecorder:
+    """ASGI middleware that records WebSocket traffic and changes nothing."""
+
+    def __init__(self, app: ASGIApp, path: str) -> None:
+        self._app = app
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the server
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        # One flushed line per event: the server may be SIGKILLed mid-episode.
+        with self._lock:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await self._app(scope, receive, send)
+            return
+        conn = next(self._ids)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        self._write({"conn": conn, "event": "upgrade", "path": scope["path"],
+                     "headers": headers})
+
+        async def recording_receive() -> Message:
+            message = await receive()
+            if message["type"] == "websocket.receive":
+                self._write({"conn": conn, "event": "in", "text": message.get("text"),
+                             "bytes": message.get("bytes") is not None})
+            elif message["type"] == "websocket.disconnect":
+                self._write({"conn": conn, "event": "disconnect", "code": message.get("code")})
+            return message
+
+        async def recording_send(message: Message) -> None:
+            if message["type"] == "websocket.accept":
+                accept_headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                                  for k, v in message.get("headers", [])}
+                self._write({"conn": conn, "event": "accept", "headers": accept_headers})
+            elif message["type"] == "websocket.send":
+                self._write({"conn": conn, "event": "out", "text": message.get("text")})
+            elif message["type"] == "websocket.close":
+                self._write({"conn": conn, "event": "close", "code": message.get("code")})
+            await send(message)
+
+        await self._app(scope, recording_receive, recording_send)
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that prints the readiness line once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, port: int) -> None:
+        super().__init__(config)
+        self._port = port
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            print(f"{READY_PREFIX}{self._port}", flush=True)
+
+
+def serve(app: ASGIApp, args: argparse.Namespace) -> None:
+    """Serve ``app`` on 127.0.0.1 until killed."""
+    if args.frame_log:
+        app = FrameRecorder(app, args.frame_log)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # A restarted server re-binds the port its predecessor was killed on.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    server = _AnnouncingServer(config, port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    sys.exit(0)
