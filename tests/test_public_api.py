@@ -26,7 +26,7 @@ EXPECTED = {
     "EnvlinkError", "ConnectError", "HandshakeRejectedError", "ConnectionLostError",
     "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
-    "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError",
+    "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "__version__",
 }
 

@@ -32,6 +32,7 @@ from envlink._errors import (
     RetryBudgetExhaustedError,
     ServerError,
     SessionLostError,
+    ToolCallError,
 )
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
@@ -84,6 +85,7 @@ __all__ = [
     "SyncEnvClient",
     "SyncProxy",
     "Timeout",
+    "ToolCallError",
     "__version__",
     "configure",
     "set_testing",

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envlink._client import EnvClient, StepResult
+from envlink._errors import ToolCallError
 
 __all__ = ["CallToolAction", "EchoEnv", "EchoObservation", "ListToolsAction"]
 
@@ -77,13 +78,27 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, dict[str, Any]]):
         )
 
     async def call_tool(self, tool_name: str, /, **arguments: Any) -> Any:
-        """Call a tool and return its ``result`` (a step under the hood).
+        """Call a tool and return its value (a step under the hood), as OpenEnv's client does.
+
+        A FastMCP ``CallToolResult`` (what a real OpenEnv MCP server returns, with
+        ``content`` and ``data``) is unwrapped to its ``data``.
 
         Raises:
-            ServerError: the server reported the call failed.
+            ToolCallError: the server reported that the tool call failed (unknown tool,
+                invalid arguments, ...).
         """
         result = await self.step(CallToolAction(tool_name=tool_name, arguments=arguments))
-        return result.observation.result
+        obs = result.observation
+        if obs.error:
+            error = obs.error if isinstance(obs.error, dict) else {"message": str(obs.error)}
+            kind = str(error.get("error_type") or "tool_error")
+            message = str(error.get("message") or obs.error)
+            raise ToolCallError(f"tool {tool_name!r} failed: {message}", kind,
+                                tool_name=tool_name)
+        value = obs.result
+        if isinstance(value, dict) and "data" in value and "content" in value:
+            return value["data"]
+        return value
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """The environment's tools (name, description, input schema)."""

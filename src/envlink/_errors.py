@@ -11,7 +11,8 @@ as ``__cause__``)::
     │   └── OutcomeUnknownError       ... while a non-idempotent call was in flight
     ├── CallTimeoutError              a deadline expired (also a builtin TimeoutError)
     ├── ServerError                   the server answered with an error frame
-    │   └── CapacityReachedError      ... with code CAPACITY_REACHED
+    │   ├── CapacityReachedError      ... with code CAPACITY_REACHED
+    │   └── ToolCallError             an MCP tool call reported an error
     ├── ProtocolError                 the server sent something the protocol forbids
     ├── SessionLostError              the server-side session is gone mid-episode
     │   └── ReplayDivergedError       replay gave a different observation
@@ -44,6 +45,7 @@ __all__ = [
     "RetryBudgetExhaustedError",
     "ServerError",
     "SessionLostError",
+    "ToolCallError",
 ]
 
 
@@ -158,6 +160,19 @@ class CapacityReachedError(ServerError):
     """The server refused a new session: its session limit is reached."""
 
     error_type = "capacity_reached"
+
+
+class ToolCallError(ServerError):
+    """An MCP-style tool call failed on the server (unknown tool, invalid arguments, ...).
+
+    ``code`` is the server's error type (e.g. ``tool_not_found``), ``tool_name`` the tool.
+    """
+
+    error_type = "tool_call_error"
+
+    def __init__(self, message: str, code: str, *, tool_name: str) -> None:
+        super().__init__(message, code)
+        self.tool_name = tool_name
 
 
 class ProtocolError(EnvlinkError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import ipaddress
 import ssl as ssl_module
 import time
 from collections.abc import Mapping
@@ -103,6 +104,17 @@ def parse_endpoint(base_url: str) -> Endpoint:
         path = f"{path}/ws"
     ws_url = urlunsplit((scheme, netloc, path, parts.query, ""))
     return Endpoint(ws_url=ws_url, host=host, port=port, secure=secure, auth_header=auth)
+
+
+def _is_loopback(host: str) -> bool:
+    # Proxy environment variables never apply to the machine itself (as in OpenEnv's
+    # client and most HTTP clients); an explicit proxy URL still does.
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _retry_after(headers: Headers) -> float | None:
@@ -267,7 +279,7 @@ async def open_connection(
         "close_timeout": min(1.0, options.ping_timeout or 1.0),
         "max_size": options.max_message_size,
         "compression": options.compression,
-        "proxy": options.proxy,
+        "proxy": None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy,
     }
     if options.user_agent is not None:
         kwargs["user_agent_header"] = options.user_agent

@@ -20,6 +20,7 @@ from envlink import (
     ProtocolError,
     ServerError,
     StepResult,
+    ToolCallError,
 )
 from envlink.server import EnvServer
 
@@ -252,3 +253,30 @@ async def test_extensions_are_negotiated_never_assumed(server: EnvServer,
     async with GenericEnvClient(server.url, extensions=False) as env:
         await env.reset()
         assert not env.extensions_active
+
+
+async def test_call_tool_failure_raises_tool_call_error(server: EnvServer) -> None:
+    """An unknown tool or bad arguments raise ToolCallError with the server's error type."""
+    async with EchoEnv(base_url=server.url) as env:
+        await env.reset()
+        with pytest.raises(ToolCallError) as info:
+            await env.call_tool("no_such_tool", message="x")
+        assert info.value.code == "tool_not_found"
+        assert info.value.tool_name == "no_such_tool"
+        with pytest.raises(ToolCallError) as bad:
+            await env.call_tool("echo_message", wrong="x")
+        assert bad.value.code == "invalid_args"
+        assert await env.call_tool("echo_message", message="still fine") == "still fine"
+
+
+async def test_proxy_variables_never_apply_to_loopback(server: EnvServer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP(S)_PROXY pointing nowhere does not stop a client reaching a loopback server."""
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    async with GenericEnvClient(f"ws://127.0.0.1:{server.port}") as env:
+        assert (await env.reset()).observation["echoed_message"]
+    async with GenericEnvClient(f"ws://localhost:{server.port}") as env:
+        assert (await env.reset()).observation["echoed_message"]
