@@ -146,3 +146,47 @@ def test_many_sessions_share_one_bridge(server: ServerThread) -> None:
         assert not shared.closed
         assert shared.thread is not None
         assert shared.thread.is_alive()
+
+
+def test_8_threads_x_500_steps_on_one_sync_client(server: ServerThread) -> None:
+    """8 threads x 500 step() calls on one sync client: 0 wrong answers, 0 errors."""
+    env = GenericEnvClient(base_url=server.url).sync()
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> int:
+        barrier.wait()
+        wrong = 0
+        for n in range(500):
+            message = f"t{i}-{n}"
+            try:
+                got = env.step({"message": message}).observation["echoed_message"]
+            except Exception as exc:  # counted, not raised: the test reports them all
+                errors.append(exc)
+                continue
+            wrong += got != message
+        return wrong
+
+    try:
+        env.reset()
+        with ThreadPoolExecutor(8) as pool:
+            wrong = list(pool.map(worker, range(8)))
+        assert errors == []
+        assert wrong == [0] * 8
+        assert env.state()["step_count"] == 4000
+    finally:
+        env.close()
+
+
+def test_200_real_sync_clients_leave_no_envlink_thread(server: ServerThread) -> None:
+    """200 sync clients on real connections, created, used and closed: no thread left."""
+    before = envlink_threads()
+    for i in range(200):
+        with GenericEnvClient(base_url=server.url).sync() as env:
+            env.reset()
+            assert env.step({"message": str(i)}).observation["echoed_message"] == str(i)
+    assert envlink_threads() - before == set()
+    # Every connection was closed properly: the server saw each one end.
+    opened = server.call(lambda srv: srv.connections_opened)
+    server.call(lambda srv: srv.wait_for("connection.closed", opened), timeout=10)
+    assert server.call(lambda srv: srv.active_connections) == 0
