@@ -18,7 +18,8 @@ from envlink import (
     RetryBudgetExhaustedError,
     set_testing,
 )
-from envlink._policies import _Wait, build_retrying, is_retryable, testing_enabled
+from envlink import _policies
+from envlink._policies import _Wait, build_retrying, is_retryable
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -104,13 +105,13 @@ def test_retry_budget_is_thread_safe() -> None:
 
 def test_set_testing_is_a_restoring_context_manager() -> None:
     """set_testing removes waits inside its block and restores the old value after."""
-    assert not testing_enabled()
+    assert not _policies.testing_enabled()
     with set_testing():
-        assert testing_enabled()
+        assert _policies.testing_enabled()
         with set_testing(False):
-            assert not testing_enabled()
-        assert testing_enabled()
-    assert not testing_enabled()
+            assert not _policies.testing_enabled()
+        assert _policies.testing_enabled()
+    assert not _policies.testing_enabled()
 
 
 async def test_build_retrying_stops_after_max_attempts_and_reraises() -> None:
