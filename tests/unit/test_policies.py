@@ -16,9 +16,9 @@ from envlink import (
     ReconnectPolicy,
     RetryBudget,
     RetryBudgetExhaustedError,
+    _policies,
     set_testing,
 )
-from envlink import _policies
 from envlink._policies import _Wait, build_retrying, is_retryable
 
 pytestmark = pytest.mark.timeout(30)
