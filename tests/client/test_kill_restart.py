@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,13 @@ LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)")
 class ServerProcess:
     """``python -m envlink.server`` in a subprocess on 127.0.0.1."""
 
-    def __init__(self, *args: str, port: int = 0) -> None:
+    def __init__(self, *args: str, port: int = 0, events: bool = False) -> None:
+        # --events: the server announces its events on stdout (read by wait_event; a
+        # server whose stdout nobody reads must not get it, or the pipe fills up).
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "envlink.server", "--host", "127.0.0.1",
-             "--port", str(port), "--env", "deterministic", *args],
+             "--port", str(port), "--env", "deterministic",
+             *(["--events"] if events else []), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         assert self.proc.stdout is not None
@@ -42,6 +45,14 @@ class ServerProcess:
     @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
+
+    def wait_event(self, name: str) -> None:
+        """Block until the server announces ``name`` on stdout (``--events``)."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.split()[2:4] == ["event", name]:
+                return
+        raise AssertionError(f"server exited before event {name!r}")
 
     def health(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
@@ -67,14 +78,6 @@ def servers() -> Iterator[list[ServerProcess]]:
         s.stop()
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll a readiness condition (in a thread: it does blocking HTTP) with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(predicate):
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 def policy() -> ReconnectPolicy:
     # Real backoff (not the test mode): the restarted process needs a moment to listen.
     return ReconnectPolicy(max_attempts=200, initial_delay=0.02, max_delay=0.1, max_elapsed=20)
@@ -98,7 +101,8 @@ async def kill_mid_step(servers: list[ServerProcess], env: GenericEnvClient,
     for m in MOVES[:3]:
         got.append((await env.step({"move": m})).observation)
     task = asyncio.ensure_future(env.step({"move": MOVES[3]}))
-    await until(lambda: first.health()["counters"].get("stall", 0) >= 1)
+    # The server announces the stall of the 4th step (its 5th request): kill it then.
+    await asyncio.wait_for(asyncio.to_thread(first.wait_event, "stall"), 20)
     first.kill()
     servers.append(ServerProcess(*restart_args, port=first.port))
     return got, task
@@ -107,7 +111,7 @@ async def kill_mid_step(servers: list[ServerProcess], env: GenericEnvClient,
 async def test_raise_reports_session_lost_within_the_deadline(servers: list[ServerProcess]
                                                               ) -> None:
     """With 'raise', killing the server mid-step gives SessionLostError before the deadline."""
-    first = ServerProcess("--no-extensions", "--stall-after", "5")
+    first = ServerProcess("--no-extensions", "--stall-after", "5", events=True)
     servers.append(first)
     with set_testing(False):
         env = GenericEnvClient(first.url, timeout=Timeout(5.0), reconnect=policy())
@@ -129,7 +133,7 @@ async def test_replay_rebuilds_the_episode_on_the_restarted_server(
     """With 'replay', the episode continues with identical observations and exact step count."""
     expected = await control_run()
     flags = [] if extensions else ["--no-extensions"]
-    first = ServerProcess(*flags, "--stall-after", "5")
+    first = ServerProcess(*flags, "--stall-after", "5", events=True)
     servers.append(first)
     with set_testing(False):
         env = GenericEnvClient(first.url, timeout=Timeout(15.0), reconnect=policy(),
@@ -150,7 +154,7 @@ async def test_resume_reattaches_after_restart_without_replay(servers: list[Serv
     """With 'resume' and a session store, the restarted server re-attaches: no replay, no twice."""
     expected = await control_run()
     store = str(tmp_path / "sessions")
-    first = ServerProcess("--session-store", store, "--stall-after", "5")
+    first = ServerProcess("--session-store", store, "--stall-after", "5", events=True)
     servers.append(first)
     with set_testing(False):
         env = GenericEnvClient(first.url, timeout=Timeout(15.0), reconnect=policy(),

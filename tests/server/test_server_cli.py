@@ -88,3 +88,16 @@ async def test_subprocess_flags_take_effect() -> None:
         async with open_ws(proc) as ws:
             assert (await rpc(ws, STATE))["data"]["code"] == "CAPACITY_REACHED"
             assert (await rpc(ws, STATE))["type"] == "state"
+
+
+async def test_events_flag_announces_server_events() -> None:
+    """--events prints one line per server event after the listening line, in order."""
+    with ServeProcess("--port", "0", "--events") as proc:
+        async with open_ws(proc) as ws:
+            assert (await rpc(ws, STATE))["type"] == "state"
+        proc.proc.send_signal(signal.SIGTERM)
+        out, _ = proc.proc.communicate(timeout=10)
+    events = [line.split()[3:] for line in out.splitlines()]
+    assert all(line.startswith("envlink serve: event ") for line in out.splitlines())
+    assert ["connection.opened", "1"] in events
+    assert events.index(["request.state", "1"]) < events.index(["applied.state", "1"])

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a detached session stays resumable (default: %(default)s)")
     p.add_argument("--session-store", metavar="DIR", default=None,
                    help="persist extension sessions in DIR so a restart can resume them")
+    p.add_argument("--events", action="store_true",
+                   help="after the listening line, print one line per server event "
+                        "(`envlink serve: event NAME VALUE`), for tests in another process")
     faults = p.add_argument_group("fault injection")
     faults.add_argument("--latency", type=_non_negative_float, default=0.0, metavar="S",
                         help="seconds added before every answer")
@@ -107,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     options = options_from_args(args)
     try:
-        return asyncio.run(_serve(options))
+        return asyncio.run(_serve(options, events=args.events))
     except OSError as exc:
         print(f"envlink serve: {exc}", file=sys.stderr)
         return 1
@@ -115,7 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-async def _serve(options: dict[str, Any]) -> int:
+def _announce(name: str, value: int) -> None:
+    sys.stdout.write(f"envlink serve: event {name} {value}\n")
+    sys.stdout.flush()
+
+
+async def _serve(options: dict[str, Any], *, events: bool = False) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -126,6 +134,8 @@ async def _serve(options: dict[str, Any]) -> int:
     try:
         sys.stdout.write(f"{LISTENING_PREFIX}{server.url}\n")
         sys.stdout.flush()
+        if events:
+            server.add_counter_listener(_announce)
         await stop.wait()
     finally:
         await server.stop()

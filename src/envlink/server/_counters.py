@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 __all__ = ["AwaitableCounters"]
 
@@ -17,6 +18,7 @@ class AwaitableCounters:
     def __init__(self) -> None:
         self._values: Counter[str] = Counter()
         self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
+        self.listeners: list[Callable[[str, int], None]] = []
 
     def get(self, name: str) -> int:
         """The current value of ``name`` (0 if never incremented)."""
@@ -26,6 +28,8 @@ class AwaitableCounters:
         """Add ``amount`` to ``name``, wake the waiters it satisfies, return the new value."""
         self._values[name] += amount
         value = self._values[name]
+        for listener in self.listeners:
+            listener(name, value)
         waiters = self._waiters.get(name)
         if waiters:
             still = []

@@ -23,7 +23,7 @@ import logging
 import os
 import ssl as ssl_module
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -388,6 +388,14 @@ class EnvServer:
     def session_step_counts(self) -> dict[str, int]:
         """Steps applied per live session, by public session id."""
         return {s.id: s.step_count for s in self._sessions.values()}
+
+    def add_counter_listener(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(name, value)`` on the server loop whenever a counter changes.
+
+        ``envlink serve --events`` uses it to announce events on stdout, so that tests
+        driving a server in another process can wait for them without polling.
+        """
+        self._counters.listeners.append(listener)
 
     async def wait_for(self, name: str, count: int = 1) -> None:
         """Return once the counter ``name`` has reached ``count``.
