@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["EpisodeJournal", "JournalEntry"]
 
 
+def _encode(response: dict[str, Any] | str) -> str:
+    # Answers are kept as JSON text: immutable (so nothing the caller does to a returned
+    # observation can change the record) and far cheaper than a deep copy per step.
+    return response if isinstance(response, str) else json.dumps(response)
+
+
 @dataclass(frozen=True)
 class JournalEntry:
-    """One applied step: the action payload sent and the ``data`` the server answered."""
+    """One applied step: the action payload sent and the ``data`` the server answered.
+
+    Attributes:
+        action: the action payload that was sent.
+        response_json: the answer's ``data`` as JSON text.
+    """
 
     action: dict[str, Any]
-    response: dict[str, Any]
+    response_json: str
+
+    @property
+    def response(self) -> dict[str, Any]:
+        """The answer's ``data`` (a fresh copy each time)."""
+        data: dict[str, Any] = json.loads(self.response_json)
+        return data
 
 
 @dataclass
@@ -35,11 +53,19 @@ class EpisodeJournal:
     """
 
     reset_kwargs: dict[str, Any] = field(default_factory=dict)
-    reset_response: dict[str, Any] | None = None
+    reset_response_json: str | None = None
     entries: list[JournalEntry] = field(default_factory=list)
     max_steps: int = 10_000
     truncated: bool = False
     episode_id: str | None = None
+
+    @property
+    def reset_response(self) -> dict[str, Any] | None:
+        """The ``data`` of the reset's observation frame (a fresh copy each time)."""
+        if self.reset_response_json is None:
+            return None
+        data: dict[str, Any] = json.loads(self.reset_response_json)
+        return data
 
     @property
     def step_count(self) -> int:
@@ -49,28 +75,46 @@ class EpisodeJournal:
     @property
     def replayable(self) -> bool:
         """Whether the whole episode is recorded, so replay can rebuild it."""
-        return self.reset_response is not None and not self.truncated
+        return self.reset_response_json is not None and not self.truncated
 
-    def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any]) -> None:
-        """Start a new episode."""
+    def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any] | str) -> None:
+        """Start a new episode.
+
+        Args:
+            kwargs: the reset kwargs.
+            response: the answer's ``data``, as a dict or as JSON text.
+        """
         self.reset_kwargs = copy.deepcopy(kwargs)
-        self.reset_response = copy.deepcopy(response)
+        self.reset_response_json = _encode(response)
         self.entries = []
         self.truncated = False
 
-    def record_step(self, action: dict[str, Any], response: dict[str, Any]) -> None:
-        """Append one applied step (or mark the journal truncated past the bound)."""
+    def record_step(self, action: dict[str, Any], response: dict[str, Any] | str) -> None:
+        """Append one applied step (or mark the journal truncated past the bound).
+
+        Args:
+            action: the action payload sent.
+            response: the answer's ``data``, as a dict or as JSON text.
+        """
         if self.truncated:
             return
         if len(self.entries) >= self.max_steps:
             self.truncated = True
             self.entries = []
             return
-        self.entries.append(JournalEntry(copy.deepcopy(action), copy.deepcopy(response)))
+        self.entries.append(JournalEntry(copy.deepcopy(action), _encode(response)))
 
     def snapshot(self) -> EpisodeJournal:
         """An independent copy (handed to the caller inside errors)."""
-        return copy.deepcopy(self)
+        # Entries are immutable (frozen, answers as text); actions were copied on entry.
+        return EpisodeJournal(
+            reset_kwargs=copy.deepcopy(self.reset_kwargs),
+            reset_response_json=self.reset_response_json,
+            entries=list(self.entries),
+            max_steps=self.max_steps,
+            truncated=self.truncated,
+            episode_id=self.episode_id,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form, to persist or rebuild the episode elsewhere."""
