@@ -457,7 +457,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         The client stays usable: the next call opens a new connection and session.
         """
-        seconds = self.timeouts.close if timeout is UNSET else timeout
+        seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
         if self.closed:
             return
 
@@ -475,8 +475,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """
         if self._state is _State.CLOSED:
             return
+        seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
         self._state = _State.CLOSED
-        seconds = self.timeouts.close if timeout is UNSET else timeout
         active = self._active
         if active is not None and not active.done() and active is not asyncio.current_task():
             active.cancel()
@@ -509,7 +509,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     # --------------------------------------------------------------------- internals
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
-        return self.timeouts.call if timeout is UNSET else timeout
+        if timeout is UNSET:
+            return self.timeouts.call
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, "
+                             f"got {timeout!r}")
+        return timeout
 
     def _attrs(self, method: str) -> dict[str, Any]:
         attrs = dict(self._base_attrs)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from envlink._errors import ProtocolError
 
@@ -165,8 +166,15 @@ _REQUEST_TYPES = frozenset({"reset", "step", "state", "close"})
 
 
 def encode_request(frame: ResetRequest | StepRequest | StateRequest | CloseRequest) -> str:
-    """Serialise a request frame to JSON text, omitting unset extension fields."""
-    return frame.model_dump_json(exclude_none=True)
+    """Serialise a request frame to JSON text, omitting unset extension fields.
+
+    Raises:
+        TypeError: the frame's data holds a value JSON cannot represent.
+    """
+    try:
+        return frame.model_dump_json(exclude_none=True)
+    except PydanticSerializationError as exc:
+        raise TypeError(f"{frame.type} data is not JSON-serialisable: {exc}") from exc
 
 
 def decode_request(raw: str | bytes) -> ResetRequest | StepRequest | StateRequest | CloseRequest:

@@ -280,3 +280,25 @@ async def test_proxy_variables_never_apply_to_loopback(server: EnvServer,
         assert (await env.reset()).observation["echoed_message"]
     async with GenericEnvClient(f"ws://localhost:{server.port}") as env:
         assert (await env.reset()).observation["echoed_message"]
+
+
+@pytest.mark.parametrize("bad", [-1, 0, float("nan")])
+async def test_nonsense_timeouts_are_value_errors(server: EnvServer, bad: float) -> None:
+    """A negative, zero or NaN per-call timeout is refused before anything is sent."""
+    async with GenericEnvClient(server.url) as env:
+        with pytest.raises(ValueError, match="timeout must be a positive"):
+            await env.reset(timeout=bad)
+    assert server.counter("request.reset") == 0
+
+
+async def test_unserialisable_action_is_a_type_error_and_nothing_is_lost(
+        server: EnvServer) -> None:
+    """An action JSON cannot carry raises TypeError naming it; the session carries on."""
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+        with pytest.raises(TypeError, match="step data is not JSON-serialisable"):
+            await env.step({"message": object()})
+        with pytest.raises(TypeError, match="must be a dict or a pydantic model"):
+            await env.step(42)  # type: ignore[arg-type]
+        assert (await env.step({"message": "ok"})).observation["echoed_message"] == "ok"
+        assert (await env.state())["step_count"] == 1
