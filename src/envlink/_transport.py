@@ -301,8 +301,11 @@ async def open_connection(
     except (asyncio.TimeoutError, TimeoutError) as exc:
         raise ConnectError(f"timed out opening {where}", retryable=True) from exc
     except InvalidHandshake as exc:
+        # A handshake cut short (EOF, reset) is transient; a server that answers the
+        # upgrade with something that is not WebSocket is a protocol violation: fatal.
+        transient = isinstance(exc.__cause__, (EOFError, OSError))
         raise ConnectError(f"WebSocket handshake with {where} failed: {exc}",
-                           retryable=True) from exc
+                           retryable=transient) from exc
     except ConnectionClosed as exc:
         raise ConnectError(f"{where} closed the connection during the handshake",
                            retryable=True) from exc

@@ -136,3 +136,32 @@ async def test_dead_peer_is_detected_by_keepalive(server: EnvServer) -> None:
     finally:
         server.unstall_all()
         await env.close()
+
+
+async def test_a_non_websocket_answer_to_the_upgrade_is_fatal() -> None:
+    """A server that answers the upgrade with plain HTTP 200 is a protocol violation: no retry."""
+    import asyncio
+
+    hits = 0
+
+    async def http_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal hits
+        hits += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: nonsense\r\n"
+                     b"Connection: Upgrade\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(http_only, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        env = GenericEnvClient(f"ws://127.0.0.1:{port}")
+        with pytest.raises(ConnectError, match="handshake") as info:
+            await env.reset()
+        assert info.value.retryable is False
+        assert hits == 1
+        await env.close()
+    finally:
+        srv.close()
+        await srv.wait_closed()
