@@ -214,13 +214,20 @@ class Connection:
             raise ConnectionLostError(f"connection lost: {exc}") from exc
 
     async def close(self, timeout: float | None) -> None:
-        """Close gracefully, waiting at most ``timeout``; then drop. Never raises."""
+        """Close gracefully, waiting at most ``timeout``; then drop.
+
+        Raises nothing but a cancellation of the caller, which is passed on (after
+        dropping the connection) rather than swallowed.
+        """
         try:
             if timeout is None:
                 await self._ws.close()
             else:
                 await asyncio.wait_for(self._ws.close(), timeout)
-        except (Exception, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        except Exception:
             self.abort()
 
     def abort(self) -> None:
