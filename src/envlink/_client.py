@@ -696,18 +696,21 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         text = encode_request(self._make_request(method, data, request_id))
         tel = self._tel
         tel.record(tel.message_size, len(text), {ATTR_DIRECTION: "sent"})
-        sent = False
+        # From the moment send() is entered the frame may be on the wire (websockets
+        # buffers it whole, then waits for the buffer to drain): only NotWrittenError
+        # proves otherwise. A cancellation after this point must treat it as sent.
+        sent = True
         try:
             try:
                 await conn.send(text)
             except NotWrittenError:
+                sent = False
                 buffered = await conn.take_buffered()
                 if buffered is not None:
                     early = decode_response(buffered, max_size=self._options.max_message_size)
                     if isinstance(early, ErrorFrame):
                         raise ServerError.from_frame(early.data.message, early.data.code) from None
                 raise
-            sent = True
             while True:
                 raw = await conn.recv()
                 tel.record(tel.message_size, len(raw), {ATTR_DIRECTION: "received"})

@@ -136,3 +136,18 @@ async def test_call_deadline_bounds_reconnect_attempts(silent_listener: int) -> 
         await env.reset()
     assert time.perf_counter() - start < 0.35
     await env.close()
+
+
+async def test_deadline_while_sending_a_large_frame_never_shifts_answers(
+        plain_server: EnvServer) -> None:
+    """A deadline that fires while a big frame drains counts it as sent: no answer is shifted."""
+    env = GenericEnvClient(plain_server.url, on_session_lost="replay")
+    try:
+        await env.reset()
+        with pytest.raises(CallTimeoutError):
+            await env.step({"message": "x" * (12 * 1024 * 1024)}, timeout=0.01)
+        for word in ("second", "third"):
+            got = await env.step({"message": word}, timeout=10)
+            assert got.observation["echoed_message"] == word
+    finally:
+        await env.close()
