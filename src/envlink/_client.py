@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import os
 import sys
 import time
 import uuid
@@ -272,6 +273,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._tel = get_telemetry(tracer_provider, meter_provider)
 
         self._state = _State.IDLE
+        self._pid = os.getpid()
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
@@ -476,6 +478,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if self._state is _State.CLOSED:
             return
         seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        self._drop_if_inherited()
         self._state = _State.CLOSED
         active = self._active
         if active is not None and not active.done() and active is not asyncio.current_task():
@@ -579,7 +582,24 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             finally:
                 self._active = None
 
+    def _drop_if_inherited(self) -> None:
+        """In a forked child, forget the parent's connection without any I/O on it.
+
+        The socket is shared with the parent: a close frame or even a shutdown from
+        the child would end the parent's session. The child starts afresh instead.
+        """
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._conn = None
+            self._loop = None
+            self._lock = None
+            self._active = None
+            self._in_episode = False
+            self._suspect = False
+            self._resume_token = None
+
     def _bind_loop(self) -> asyncio.Lock:
+        self._drop_if_inherited()
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._lock is None:
             if (

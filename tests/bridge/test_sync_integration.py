@@ -190,3 +190,45 @@ def test_200_real_sync_clients_leave_no_envlink_thread(server: ServerThread) -> 
     opened = server.call(lambda srv: srv.connections_opened)
     server.call(lambda srv: srv.wait_for("connection.closed", opened), timeout=10)
     assert server.call(lambda srv: srv.active_connections) == 0
+
+
+def test_forked_child_never_touches_the_parents_session() -> None:
+    """A forked child's facade starts its own session; closing it leaves the parent's intact."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, sys
+        from envlink import GenericEnvClient
+        from envlink.server import ServerThread
+
+        with ServerThread(env="echo") as st:
+            env = GenericEnvClient(base_url=st.url).sync()
+            env.reset()
+            env.step({"message": "parent-1"})
+            parent_session = env.async_client.session_id
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    env.reset()
+                    ok = env.step({"message": "child"}).observation["echoed_message"] == "child"
+                    fresh = env.async_client.session_id != parent_session
+                    env.close()
+                    code = 0 if ok and fresh else 3
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+            got = env.step({"message": "parent-2"}, timeout=5).observation["echoed_message"]
+            assert got == "parent-2", got
+            assert env.state()["step_count"] == 2
+            assert env.async_client.session_id == parent_session
+            env.close()
+            print("ok", st.call(lambda srv: srv.counter("session.created")))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "2"]  # the parent's session and the child's own
