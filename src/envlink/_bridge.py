@@ -50,7 +50,7 @@ from typing import Any, Generic, Literal, TypeVar, cast
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import SpanKind, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, SpanKind, TracerProvider
 
 from envlink._errors import CallTimeoutError, ClientClosedError, ReentrantCallError
 from envlink._telemetry import (
@@ -498,7 +498,10 @@ class Bridge:
 
         # The sync hop's span starts here, in the caller's context, and is made the
         # current span of the copied context: it is the coroutine's parent.
-        span = tel.tracer.start_span(info.span_name, kind=_INTERNAL)
+        try:
+            span = tel.tracer.start_span(info.span_name, kind=_INTERNAL)
+        except Exception:  # a failing span processor must never fail the call
+            span = INVALID_SPAN
         ctx = _copy_context()
         recording = span.is_recording()
         if recording:

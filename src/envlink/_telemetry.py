@@ -318,11 +318,14 @@ class _SpanScope(contextlib.AbstractContextManager[Span]):
     def __enter__(self) -> Span:
         if not self._tel.tracing_enabled():
             return INVALID_SPAN
-        cm = self._tel.tracer.start_as_current_span(
-            self._name, kind=self._kind, attributes=self._attributes,
-            record_exception=False, set_status_on_exception=False,
-        )
-        self._span = cm.__enter__()
+        try:
+            cm = self._tel.tracer.start_as_current_span(
+                self._name, kind=self._kind, attributes=self._attributes,
+                record_exception=False, set_status_on_exception=False,
+            )
+            self._span = cm.__enter__()
+        except Exception:  # a failing span processor must never fail the call
+            return INVALID_SPAN
         self._cm = cm
         return self._span
 
@@ -334,7 +337,11 @@ class _SpanScope(contextlib.AbstractContextManager[Span]):
         self._cm = None
         if exc is not None:
             mark_error(self._span, exc)
-        cm.__exit__(exc_type, exc, tb)
+        # A span processor's on_end may fail: the caller's own outcome (result, or its
+        # exception, which still propagates) must not be replaced by that. The span's
+        # context is detached before end() runs, so nothing is left attached.
+        with contextlib.suppress(Exception):
+            cm.__exit__(exc_type, exc, tb)
 
 
 def mark_error(span: Span, exc: BaseException) -> None:
