@@ -38,6 +38,7 @@ from envlink._config import (
 from envlink._errors import (
     CallTimeoutError,
     ClientClosedError,
+    ConnectError,
     ConnectionLostError,
     EnvlinkError,
     OutcomeUnknownError,
@@ -280,12 +281,16 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._active: asyncio.Task[Any] | None = None
         self._journal = EpisodeJournal(max_steps=max_journal_steps)
         self._in_episode = False
+        # Set when an episode could not continue on any session (recovery failed or a
+        # fresh session replaced its own): step/state then raise until reset().
+        self._lost_journal: EpisodeJournal | None = None
         self._session_id: str | None = None
         self._resume_token: str | None = None
         # Set when a call timed out but its connection was kept (request ids make a
         # late answer harmless); the next call first checks that the peer is alive.
         self._suspect = False
         self._last_conn_short_lived = False
+        self._last_drop_at = 0.0
         self._flap_attempts = 0
         self._request_ids = itertools.count(1)
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -402,6 +407,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 self._journal.record_reset(data, obs.raw_data)
                 self._journal.episode_id = kwargs.get("episode_id") or uuid.uuid4().hex
                 self._in_episode = True
+                self._lost_journal = None
                 return self._parse(self._parse_result, obs.raw_data, "observation")
 
         return await self._traced("reset", run, self._seconds(timeout))
@@ -582,6 +588,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             finally:
                 self._active = None
 
+    def _lose_episode(self) -> None:
+        """The episode cannot go on: later step/state calls raise until reset()."""
+        if self._in_episode:
+            self._lost_journal = self._journal.snapshot()
+        self._in_episode = False
+
     def _drop_if_inherited(self) -> None:
         """In a forked child, forget the parent's connection without any I/O on it.
 
@@ -594,7 +606,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._loop = None
             self._lock = None
             self._active = None
-            self._in_episode = False
+            self._lose_episode()
             self._suspect = False
             self._resume_token = None
 
@@ -613,7 +625,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._loop = loop
             self._lock = asyncio.Lock()
             self._conn = None
-            self._in_episode = False
+            self._lose_episode()
         return self._lock
 
     def _expect(self, frame: _Frame, kind: type[Any], method: str) -> Any:
@@ -639,6 +651,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _exchange_reliably(self, method: str, data: dict[str, Any] | None,
                                  span: Span) -> _Frame:
         """Send one request and return its answer, reconnecting/recovering per policy."""
+        if self._lost_journal is not None and method != "reset":
+            raise SessionLostError(
+                f"the episode was lost after {self._lost_journal.step_count} steps and could "
+                f"not be recovered; call reset() to start a new one before {method}()",
+                journal=self._lost_journal.snapshot(),
+            )
         request_id: str | None = None
         attempt = 0
         limit = self.reconnect_policy.max_attempts + 1
@@ -760,7 +778,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if conn is None:
             return
         conn.abort()
-        if time.monotonic() - conn.opened_at < self.reconnect_policy.stable_after:
+        self._last_drop_at = time.monotonic()
+        if self._last_drop_at - conn.opened_at < self.reconnect_policy.stable_after:
             # Flapping: the next outage continues this one's attempt count.
             self._last_conn_short_lived = True
         else:
@@ -776,6 +795,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _close_connection(self, *, graceful: bool, timeout: float | None = None) -> None:
         conn, self._conn = self._conn, None
         self._in_episode = False
+        self._lost_journal = None
         self._resume_token = None
         if conn is None:
             return
@@ -792,6 +812,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     resume_token: str | None = None) -> Connection:
         """Open a connection under the reconnect policy (tenacity)."""
         policy = self.reconnect_policy
+        if self._last_conn_short_lived and (
+                time.monotonic() - self._last_drop_at > policy.stable_after):
+            # Quiet for long enough since the last drop: that outage is over.
+            self._last_conn_short_lived = False
+            self._flap_attempts = 0
         used = self._flap_attempts if self._last_conn_short_lived else 0
         is_reconnect = reason != "connect"
         if is_reconnect:
@@ -810,6 +835,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                       attempt=state.attempt_number, reason=reason, url=self._endpoint.display)
 
         if used >= policy.max_attempts:
+            # Report the flapping once; the next call starts a new outage.
+            self._last_conn_short_lived = False
+            self._flap_attempts = 0
             raise ConnectionLostError(
                 f"the connection to {self._endpoint.display} keeps dropping: {used} reconnects "
                 f"without a connection lasting {policy.stable_after:g} s"
@@ -868,6 +896,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             previous.abort()
         self._conn = conn
         ext = conn.extensions
+        if self._in_episode and not ext.resumed:
+            # A fresh server session cannot carry on this episode; replay rebuilds it
+            # (and says so), anything else must not run on it unnoticed.
+            self._lose_episode()
         # The resume token is a secret: telemetry gets the server's public id, or ours.
         self._session_id = ext.session_id or uuid.uuid4().hex[:16]
         self._resume_token = ext.session_token if ext.can_resume else None
@@ -888,34 +920,43 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         token = self._resume_token
         result = "failed"
         try:
-            if policy == "resume" and token is not None:
-                frame = await self._resume(method, data, token, request_id)
-                if frame is not None:
+            try:
+                if policy == "resume" and token is not None:
+                    frame = await self._resume(method, data, token, request_id)
+                    if frame is not None:
+                        result = "ok"
+                        return frame
+                elif policy == "replay" and journal.replayable:
+                    frame = await self._replay_then(method, data)
                     result = "ok"
                     return frame
-            elif policy == "replay" and journal.replayable:
-                frame = await self._replay_then(method, data)
-                result = "ok"
-                return frame
-            elif policy == "replay":
+                elif policy == "replay":
+                    raise SessionLostError(
+                        "the session was lost and cannot be replayed: the journal exceeded "
+                        f"max_journal_steps={journal.max_steps}", journal=journal.snapshot()
+                    ) from cause
+            except (ConnectError, ConnectionLostError) as exc:
                 raise SessionLostError(
-                    "the session was lost and cannot be replayed: the journal exceeded "
-                    f"max_journal_steps={journal.max_steps}", journal=journal.snapshot()
-                ) from cause
+                    f"connection lost mid-episode during {method}; {policy} recovery failed: "
+                    f"{exc}", journal=journal.snapshot(),
+                ) from exc
             reason = ("the server does not offer session resumption"
                       if policy == "resume" and token is None else
+                      "the server no longer has the session" if policy == "resume" else
                       "on_session_lost='raise'")
             if method == "step" and cause is not None:
                 reason += "; the outcome of the interrupted step is unknown"
             raise SessionLostError(
-                f"connection lost mid-episode during {method} ({reason}); the server-side "
-                f"session is gone after {journal.step_count} steps", journal=journal.snapshot(),
+                f"connection lost mid-episode during {method} ({reason}); the episode cannot "
+                f"continue after {journal.step_count} steps", journal=journal.snapshot(),
             ) from cause
-        except ReplayDivergedError:
-            result = "diverged"
-            raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, ReplayDivergedError):
+                result = "diverged"
+            # Whatever was half rebuilt is not the episode: never run a later call on it.
+            self._discard_connection()
             self._in_episode = False
+            self._lost_journal = journal.snapshot()
             raise
         finally:
             tel.add(tel.recoveries, 1, {ATTR_POLICY: policy, ATTR_RESULT: result})
@@ -925,17 +966,24 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     async def _resume(self, method: str, data: dict[str, Any] | None, token: str,
                       request_id: str | None) -> _Frame | None:
-        with self._tel.span("resume", attributes={ATTR_RPC_METHOD: method}):
-            conn = await self._open(reason="resume", resume_token=token)
-            if not conn.extensions.resumed:
-                # The server no longer has the session (grace window over): a fresh
-                # session is open but the episode is gone.
-                self._in_episode = False
-                return None
-            # Same request id: if the server applied it before the drop, its
-            # de-duplication answers from cache instead of applying it again.
-            rid = request_id or self._next_id()
-            return await self._exchange(conn, method, data, rid)
+        # Same request id on every resend: if the server applied it before a drop,
+        # its de-duplication answers from cache instead of applying it again.
+        rid = request_id or self._next_id()
+        limit = self.reconnect_policy.max_attempts
+        for round_ in range(1, limit + 1):
+            with self._tel.span("resume", attributes={ATTR_RPC_METHOD: method,
+                                                      ATTR_ATTEMPT: round_}):
+                conn = await self._open(reason="resume", resume_token=token)
+                if not conn.extensions.resumed:
+                    # The server no longer has the session (grace window over).
+                    return None
+                try:
+                    return await self._exchange(conn, method, data, rid)
+                except ConnectionLostError:
+                    self._forget_connection()
+                    if round_ >= limit:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _replay_then(self, method: str, data: dict[str, Any] | None) -> _Frame:
         journal = self._journal
@@ -977,6 +1025,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             rid = self._next_id() if conn.extensions.enabled else None
             check(index, entry.response, await self._exchange(conn, "step", entry.action, rid))
         self._in_episode = True
+        self._lost_journal = None
 
 
 async def _backoff_sleep(seconds: float) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -9,8 +11,12 @@ from typing import Any
 import pytest
 
 from envlink import (
+    CallTimeoutError,
+    ConnectionLostError,
     GenericEnvClient,
+    ReconnectPolicy,
     ReplayDivergedError,
+    ServerError,
     SessionLostError,
 )
 from envlink.server import EnvServer, StepResult
@@ -193,3 +199,125 @@ async def test_state_mid_episode_is_recovered_by_replay(det: EnvServer) -> None:
         assert state["position"] == sum(MOVES[:3])
     finally:
         await env.close()
+
+
+async def test_a_deadline_during_replay_loses_the_episode_loudly(det: EnvServer) -> None:
+    """A replay cut short by the deadline leaves nothing half-built: later calls say so."""
+    env = GenericEnvClient(det.url, on_session_lost="replay", ping_timeout=0.2)
+    try:
+        await env.reset(seed=5, max_steps=100)
+        for m in MOVES[:4]:
+            await env.step({"move": m})
+        first = det.connections[0]
+        first.faults.drop_after = first.requests + 1
+        task = asyncio.ensure_future(env.step({"move": 1}, timeout=0.5))
+        second = await det.wait_for_connection(2)
+        second.faults.stall_after = 3  # reset + 1 replayed step, then the replay stalls
+        with pytest.raises(CallTimeoutError):
+            await task
+        with pytest.raises(SessionLostError, match="call reset"):
+            await env.step({"move": 1})
+        with pytest.raises(SessionLostError):
+            await env.state()
+        assert (await env.reset(seed=5, max_steps=100)).observation["step"] == 0
+        assert (await env.step({"move": 1})).observation["step"] == 1
+    finally:
+        det.unstall_all()
+        await env.close()
+
+
+async def test_after_replay_diverged_no_call_runs_on_the_diverged_session() -> None:
+    """After ReplayDivergedError the next step raises instead of using the half-replayed session."""
+    sessions = itertools.count()
+
+    class Drifting:
+        def __init__(self) -> None:
+            self.generation = next(sessions)
+
+        def reset(self, **kwargs: Any) -> StepResult:
+            return StepResult(observation={"g": self.generation})
+
+        def step(self, action: dict[str, Any]) -> StepResult:
+            return StepResult(observation={})
+
+        def state(self) -> dict[str, Any]:
+            return {}
+
+    async with EnvServer(env=Drifting, extensions=False) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="replay")
+        try:
+            await env.reset()
+            srv.faults.drop_after = 2
+            with pytest.raises(ReplayDivergedError):
+                await env.step({})
+            with pytest.raises(SessionLostError, match="call reset"):
+                await env.step({})
+        finally:
+            await env.close()
+
+
+async def test_a_failed_reset_on_a_fresh_session_does_not_continue_the_old_episode(
+        plain_det: EnvServer) -> None:
+    """Mid-episode drop, then a reset that fails: a step must not run on the fresh session."""
+    env = GenericEnvClient(plain_det.url)
+    try:
+        await env.reset(seed=1, max_steps=100)
+        for m in MOVES[:3]:
+            await env.step({"move": m})
+        plain_det.connections[0].abort()
+        await plain_det.wait_for_disconnect(1)
+        plain_det.faults.error_frames = 1
+        with pytest.raises(ServerError):
+            await env.reset(seed=1, max_steps=100)
+        with pytest.raises(SessionLostError, match="call reset"):
+            await env.step({"move": 1})
+        assert plain_det.steps_applied == 3
+    finally:
+        await env.close()
+
+
+async def test_resume_survives_a_second_drop_while_resuming() -> None:
+    """A drop during the resumed resend is retried under the policy; applied exactly once."""
+    async with EnvServer(env="deterministic") as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="resume")
+        try:
+            await env.reset(seed=9, max_steps=100)
+            for m in MOVES[:3]:
+                await env.step({"move": m})
+            first = srv.connections[0]
+            first.faults.drop_after = first.requests + 1
+            first.faults.drop_mode = "after_apply"
+            task = asyncio.ensure_future(env.step({"move": 7}, timeout=10))
+            second = await srv.wait_for_connection(2)
+            second.faults.drop_after = 1
+            second.faults.drop_mode = "before_apply"
+            result = await task
+            assert result.observation["step"] == 4
+            assert srv.steps_applied == 4
+            assert srv.resumes == 2
+            assert (await env.state())["step_count"] == 4
+        finally:
+            await env.close()
+
+
+async def test_flapping_is_reported_once_then_the_client_recovers() -> None:
+    """After 'keeps dropping', a later call against a healthy server works again."""
+    policy = ReconnectPolicy(max_attempts=2, stable_after=60.0)
+    async with EnvServer(env="echo") as srv:
+        env = GenericEnvClient(srv.url, reconnect=policy)
+        try:
+            for _ in range(4):
+                srv.faults.drop_after = 1
+                srv.faults.drop_mode = "before_apply"
+                with contextlib.suppress(ConnectionLostError):
+                    await env.state()
+            srv.faults.clear()
+            assert (await env.state())["step_count"] == 0
+        finally:
+            await env.close()
+
+
+@pytest.fixture
+async def plain_det() -> AsyncIterator[EnvServer]:
+    async with EnvServer(env="deterministic", extensions=False) as srv:
+        yield srv
