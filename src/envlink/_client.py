@@ -752,9 +752,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             while True:
                 raw = await conn.recv()
                 tel.record(tel.message_size, len(raw), {ATTR_DIRECTION: "received"})
-                frame = decode_response(raw, max_size=self._options.max_message_size)
-                if request_id is not None and frame.id is not None and frame.id != request_id:
+                try:
+                    frame = decode_response(raw, max_size=self._options.max_message_size)
+                except ProtocolError as exc:
+                    if conn.late_answers:
+                        raise self._unattributable(conn, exc) from exc
+                    raise
+                if request_id is not None and frame.id != request_id:
+                    if frame.id is None:
+                        if conn.late_answers:
+                            raise self._unattributable(conn, None)
+                        return frame  # an answer without id can only be ours
                     # The late answer of an earlier, timed-out call: never deliver it.
+                    conn.late_answers = max(0, conn.late_answers - 1)
                     _log.debug("envlink.stale_answer_dropped", id=frame.id, expected=request_id)
                     continue
                 return frame
@@ -767,10 +777,23 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             if sent:
                 if conn.extensions.enabled and request_id is not None:
                     self._suspect = True
+                    conn.late_answers += 1
                 else:
                     # An answer may still arrive and would be read by the next call.
                     self._discard_connection()
             raise
+
+    def _unattributable(self, conn: Connection, cause: ProtocolError | None
+                        ) -> ConnectionLostError:
+        """A frame that may answer a timed-out request: the stream can't be trusted."""
+        _log.info("envlink.unattributable_frame", session_id=self._session_id,
+                  reason=cause.reason if cause else "frame without request id")
+        # Handled like a lost connection: recovery (resume with the same request id,
+        # which the server de-duplicates) finishes the current call safely.
+        return ConnectionLostError(
+            "a frame arrived that may answer an earlier, timed-out request "
+            f"({cause.reason if cause else 'no request id'}); the connection was dropped"
+        )
 
     def _forget_connection(self) -> None:
         """The connection failed: drop it, and remember whether it had been stable."""

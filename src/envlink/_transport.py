@@ -36,6 +36,7 @@ from envlink._config import ConnectionOptions
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
+    EnvlinkError,
     HandshakeRejectedError,
     ProtocolError,
 )
@@ -136,12 +137,15 @@ class Connection:
     Attributes:
         extensions: what the server advertised in its upgrade response.
         opened_at: ``time.monotonic()`` when the connection opened.
+        late_answers: answers still due to timed-out requests (kept connections only).
     """
 
     def __init__(self, ws: ClientConnection, extensions: Extensions) -> None:
         self._ws = ws
         self.extensions = extensions
         self.opened_at = time.monotonic()
+        #: Answers still due to requests whose callers gave up (request ids only).
+        self.late_answers = 0
 
     @property
     def is_open(self) -> bool:
@@ -200,14 +204,7 @@ class Connection:
         try:
             return await self._ws.recv()
         except ConnectionClosed as exc:
-            too_big = isinstance(exc.__cause__, PayloadTooBig) or (
-                exc.rcvd is None and exc.sent is not None and exc.sent.code == 1009
-            )
-            if too_big:
-                raise ProtocolError(
-                    f"server sent a frame larger than the limit ({_closed_reason(exc)})"
-                ) from exc
-            raise ConnectionLostError(f"connection lost: {_closed_reason(exc)}") from exc
+            raise _closed_error(exc) from exc
         except WsProtocolError as exc:
             raise ProtocolError(f"WebSocket protocol violation: {exc}") from exc
         except OSError as exc:
@@ -234,6 +231,30 @@ class Connection:
         """Drop the TCP connection at once, without a closing handshake."""
         with contextlib.suppress(Exception):
             self._ws.transport.abort()
+
+
+def _closed_error(exc: ConnectionClosed) -> EnvlinkError:
+    """Sort a closed connection: the peer's fault or ours is not a lost connection.
+
+    Those are not retried (a resend would fail the same way) and start no recovery.
+    """
+    sent = exc.sent.code if exc.sent is not None and exc.rcvd is None else None
+    received = exc.rcvd.code if exc.rcvd is not None else None
+    if isinstance(exc.__cause__, PayloadTooBig) or sent == _TOO_BIG:
+        return ProtocolError(f"server sent a frame larger than the limit ({_closed_reason(exc)})")
+    if sent in (_PROTOCOL_ERROR, _INVALID_DATA):
+        return ProtocolError(f"server broke the WebSocket protocol ({_closed_reason(exc)})")
+    if received == _TOO_BIG:
+        return ProtocolError(
+            f"server refused a message larger than its size limit ({_closed_reason(exc)})"
+        )
+    return ConnectionLostError(f"connection lost: {_closed_reason(exc)}")
+
+
+# WebSocket close codes (RFC 6455, section 7.4.1).
+_PROTOCOL_ERROR = 1002
+_INVALID_DATA = 1007
+_TOO_BIG = 1009
 
 
 def _closed_reason(exc: ConnectionClosed) -> str:

@@ -12,6 +12,7 @@ from envlink import (
     CallTimeoutError,
     ConnectError,
     GenericEnvClient,
+    ProtocolError,
     ReconnectPolicy,
     SessionLostError,
     Timeout,
@@ -151,3 +152,38 @@ async def test_deadline_while_sending_a_large_frame_never_shifts_answers(
             assert got.observation["echoed_message"] == word
     finally:
         await env.close()
+
+
+async def test_late_corrupt_answer_is_never_blamed_on_the_next_call(server: EnvServer) -> None:
+    """With request ids, a late unattributable frame drops the connection; resume answers."""
+    env = GenericEnvClient(server.url, on_session_lost="resume")
+    try:
+        await env.reset()
+        server.faults.latency = 0.3
+        server.faults.corrupt_frames = 1
+        server.faults.corrupt_kind = "invalid_json"
+        with pytest.raises(CallTimeoutError):
+            await env.step({"message": "late"}, timeout=0.05)
+        server.faults.latency = 0.0
+        state = await env.state(timeout=5)
+        assert state["step_count"] == 0  # the corrupt answer replaced the step: never applied
+        assert server.resumes == 1
+        got = await env.step({"message": "fine"}, timeout=5)
+        assert got.observation["echoed_message"] == "fine"
+    finally:
+        await env.close()
+
+
+async def test_a_request_over_the_servers_limit_is_a_protocol_error_not_a_storm() -> None:
+    """The server's 1009 close for our oversize message is a ProtocolError, never retried."""
+    async with EnvServer(env="echo", max_message_size=64 * 1024) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="replay")
+        try:
+            await env.reset()
+            with pytest.raises(ProtocolError, match="larger than its size limit"):
+                await env.step({"message": "x" * 100_000})
+            assert srv.connections_opened == 1
+            got = await env.step({"message": "small"})  # replayed onto a new session
+            assert got.observation["echoed_message"] == "small"
+        finally:
+            await env.close()
