@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from opentelemetry import propagate
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState
 
 from envlink import _logging
@@ -720,10 +720,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             propagate.inject(carrier)
             ext = {"id": request_id, "traceparent": carrier.get("traceparent"),
                    "tracestate": carrier.get("tracestate")}
-        if method == "reset":
-            return ResetRequest(data=data or {}, **ext)
-        if method == "step":
-            return StepRequest(data=data or {}, **ext)
+        try:
+            if method == "reset":
+                return ResetRequest(data=data or {}, **ext)
+            if method == "step":
+                return StepRequest(data=data or {}, **ext)
+        except ValidationError as exc:
+            raise TypeError(f"{method} data must be a JSON object with string keys: "
+                            f"{exc.errors(include_url=False)[0]['msg']}") from exc
         if method == "state":
             return StateRequest(**ext)
         return CloseRequest(**ext)

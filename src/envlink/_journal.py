@@ -10,10 +10,11 @@ from typing import Any
 __all__ = ["EpisodeJournal", "JournalEntry"]
 
 
-def _encode(response: dict[str, Any] | str) -> str:
-    # Answers are kept as JSON text: immutable (so nothing the caller does to a returned
-    # observation can change the record) and far cheaper than a deep copy per step.
-    return response if isinstance(response, str) else json.dumps(response)
+def _encode(value: dict[str, Any] | str) -> str:
+    # Actions and answers are kept as JSON text: immutable (nothing the caller does to
+    # an action or a returned observation can change the record, nor what replay
+    # resends) and far cheaper than a deep copy per step.
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,18 @@ class JournalEntry:
     """One applied step: the action payload sent and the ``data`` the server answered.
 
     Attributes:
-        action: the action payload that was sent.
+        action_json: the action payload that was sent, as JSON text.
         response_json: the answer's ``data`` as JSON text.
     """
 
-    action: dict[str, Any]
+    action_json: str
     response_json: str
+
+    @property
+    def action(self) -> dict[str, Any]:
+        """The action payload (a fresh copy each time)."""
+        data: dict[str, Any] = json.loads(self.action_json)
+        return data
 
     @property
     def response(self) -> dict[str, Any]:
@@ -102,11 +109,11 @@ class EpisodeJournal:
             self.truncated = True
             self.entries = []
             return
-        self.entries.append(JournalEntry(copy.deepcopy(action), _encode(response)))
+        self.entries.append(JournalEntry(_encode(action), _encode(response)))
 
     def snapshot(self) -> EpisodeJournal:
         """An independent copy (handed to the caller inside errors)."""
-        # Entries are immutable (frozen, answers as text); actions were copied on entry.
+        # Entries are immutable (frozen, JSON text): sharing them is safe.
         return EpisodeJournal(
             reset_kwargs=copy.deepcopy(self.reset_kwargs),
             reset_response_json=self.reset_response_json,

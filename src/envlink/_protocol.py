@@ -304,6 +304,8 @@ def encode_response(
 def _loads(raw: str | bytes, *, code: str) -> Any:
     try:
         return json.loads(raw)
+    except RecursionError as exc:
+        raise ProtocolError(f"{code}frame is nested too deeply to decode") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         preview = raw[:40] if isinstance(raw, str) else raw[:40].decode("utf-8", "replace")
         raise ProtocolError(f"{code}frame is not valid JSON ({exc.__class__.__name__}: "

@@ -23,6 +23,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import (
     ConnectionClosed,
     InvalidHandshake,
+    InvalidProxy,
     InvalidStatus,
     InvalidURI,
     PayloadTooBig,
@@ -125,10 +126,12 @@ def _retry_after(headers: Headers) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
-            return None
+        pass
+    try:  # an HTTP date
+        parsed = email.utils.parsedate_to_datetime(value)
         return max(0.0, parsed.timestamp() - time.time())
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None  # unreadable: ignored, as if the server had not sent one
 
 
 class Connection:
@@ -323,6 +326,10 @@ async def open_connection(
         ) from exc
     except InvalidURI as exc:
         raise ConnectError(f"invalid server URL {where}", retryable=False) from exc
+    except InvalidProxy as exc:
+        raise ConnectError(f"invalid proxy for {where}: {exc}", retryable=False) from exc
+    except ImportError as exc:  # e.g. a socks:// proxy without python-socks installed
+        raise ConnectError(f"cannot connect to {where}: {exc}", retryable=False) from exc
     except ssl_module.SSLCertVerificationError as exc:
         raise ConnectError(f"TLS verification failed for {where}: {exc.verify_message}",
                            retryable=False) from exc

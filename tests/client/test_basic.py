@@ -12,6 +12,7 @@ from envlink import (
     CallToolAction,
     CapacityReachedError,
     ClientClosedError,
+    ConnectError,
     EchoEnv,
     EnvClient,
     ErrorCode,
@@ -302,3 +303,20 @@ async def test_unserialisable_action_is_a_type_error_and_nothing_is_lost(
             await env.step(42)  # type: ignore[arg-type]
         assert (await env.step({"message": "ok"})).observation["echoed_message"] == "ok"
         assert (await env.state())["step_count"] == 1
+
+
+async def test_non_string_keys_are_a_type_error(server: EnvServer) -> None:
+    """An action with non-string keys raises TypeError, not a pydantic error."""
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+        with pytest.raises(TypeError, match="string keys"):
+            await env.step({1: "x"})  # type: ignore[dict-item]
+
+
+async def test_an_unusable_proxy_is_a_fatal_connect_error(server: EnvServer) -> None:
+    """A proxy URL of an unsupported scheme is a non-retryable ConnectError."""
+    env = GenericEnvClient(server.url, proxy="gopher://127.0.0.1:1")
+    with pytest.raises(ConnectError) as info:
+        await env.reset()
+    assert info.value.retryable is False
+    await env.close()

@@ -98,3 +98,36 @@ def test_journal_records_copies_and_bounds_itself() -> None:
     j.record_step({}, {})
     assert j.truncated and not j.replayable
     assert j.to_dict()["truncated"] is True
+
+
+def test_journal_copies_cannot_change_what_replay_resends() -> None:
+    """Mutating an action read from a journal snapshot leaves the live journal unchanged."""
+    j = EpisodeJournal()
+    j.record_reset({}, {"observation": {}})
+    j.record_step({"move": 1}, {"observation": {"n": 1}})
+    copy_ = j.snapshot()
+    copy_.entries[0].action["move"] = 99
+    copy_.entries[0].response["observation"]["n"] = 99
+    assert j.entries[0].action == {"move": 1}
+    assert j.entries[0].response == {"observation": {"n": 1}}
+
+
+@pytest.mark.parametrize("value", ["soon", "Wed, 99 Foo 2026 25:61:61 GMT", "", "-3"])
+def test_unreadable_retry_after_is_ignored(value: str) -> None:
+    """A Retry-After that is neither seconds nor an HTTP date is ignored, never raised."""
+    from websockets.datastructures import Headers
+
+    from envlink._transport import _retry_after
+
+    got = _retry_after(Headers({"Retry-After": value}))
+    assert got is None or got == 0.0
+
+
+def test_retry_after_accepts_seconds_and_dates() -> None:
+    """Retry-After in seconds or as an HTTP date in the past gives a delay >= 0."""
+    from websockets.datastructures import Headers
+
+    from envlink._transport import _retry_after
+
+    assert _retry_after(Headers({"Retry-After": "2.5"})) == 2.5
+    assert _retry_after(Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0

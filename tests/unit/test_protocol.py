@@ -148,3 +148,10 @@ def test_arbitrary_input_never_raises_anything_but_protocol_error(raw: str | byt
         decode_response(raw)
     except ProtocolError as exc:
         assert exc.reason
+
+
+def test_absurdly_nested_frame_is_a_protocol_error() -> None:
+    """A frame nested deeper than the decoder can follow is a ProtocolError, not RecursionError."""
+    raw = '{"type":"state","data":{"x":' + "[" * 100_000 + "]" * 100_000 + "}}"
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        decode_response(raw)
