@@ -32,6 +32,7 @@ import asyncio
 import atexit
 import contextlib
 import contextvars
+import functools
 import inspect
 import itertools
 import logging
@@ -212,6 +213,11 @@ def _cancel_job(job: _Job) -> None:
     job.cancel_requested = True
     if job.task is not None:
         job.task.cancel()
+        if not job.started:
+            # Cancelled before its first step: the coroutine never runs, so _run_job's
+            # finally will not wake the caller. Do it here, sparing it the grace wait.
+            job.done = True
+            job.wake()
 
 
 def _loop_main(loop: asyncio.AbstractEventLoop, ready: threading.Event,
@@ -826,8 +832,11 @@ def _wrap(proxy: SyncProxy[Any], name: str, attr: Any) -> Callable[..., Any] | N
     wrapper: Callable[..., Any]
     if inspect.iscoroutinefunction(attr):
         def call(*args: Any, timeout: float | None = _UNSET, **kwargs: Any) -> Any:
-            return bridge.call(attr, *args, timeout=default if timeout is _UNSET else timeout,
-                               method=name, **kwargs)
+            # Bound here, so that an argument of the target named `method` (or anything
+            # Bridge.call takes for itself) reaches the target, not the bridge.
+            fn = functools.partial(attr, *args, **kwargs) if args or kwargs else attr
+            return bridge.call(fn, timeout=default if timeout is _UNSET else timeout,
+                               method=name)
 
         wrapper = call
     elif inspect.isasyncgenfunction(attr):

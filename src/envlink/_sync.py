@@ -85,12 +85,13 @@ def _bridged(bridge: Bridge, client: Any, margin: float, method: str,
     if timeout is UNSET:
         wait = _default_wait(client, method, margin)
     elif _accepts_timeout(client, method, fn):
-        # Bridge.call keeps `timeout=` for itself: bind the client's into the callable.
-        fn = functools.partial(fn, timeout=timeout)
+        kwargs = {**kwargs, "timeout": timeout}
         wait = None if timeout is None else timeout + margin
     else:
         wait = timeout
-    return bridge.call(fn, *args, timeout=wait, method=method, **kwargs)
+    # The caller's arguments are bound here: Bridge.call keeps `timeout=` and `method=`
+    # for itself, and an argument of the same name must reach the client.
+    return bridge.call(functools.partial(fn, *args, **kwargs), timeout=wait, method=method)
 
 
 class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, ObsT, StateT]):

@@ -439,3 +439,32 @@ def test_8_threads_x_500_calls_on_one_proxy(bridge: Bridge) -> None:
         return wrong, errors
 
     assert in_threads(8, worker) == [(0, 0)] * 8
+
+
+def test_timeout_before_the_job_starts_skips_the_cancel_grace() -> None:
+    """A call that times out before its coroutine ever ran returns without the grace wait."""
+    import time
+
+    with Bridge(cancel_grace=3.0) as b:
+        b.call(echo, 1, timeout=5)  # the loop is running
+        loop = b.loop
+        assert loop is not None
+        # Keep the loop busy for 0.3 s so that the job is still unstarted when it times
+        # out; the cancellation then reaches a task that never ran.
+        loop.call_soon_threadsafe(time.sleep, 0.3)
+        start = time.perf_counter()
+        with pytest.raises(CallTimeoutError):
+            b.call(echo, 2, timeout=0.05)
+        assert time.perf_counter() - start < 1.5  # not the 3 s cancel grace
+
+
+def test_arguments_named_like_bridge_keywords_reach_the_target(bridge: Bridge) -> None:
+    """A target method with a `method` parameter gets it; it does not collide with the bridge's."""
+
+    class Http:
+        async def request(self, method: str, url: str) -> str:
+            return f"{method} {url}"
+
+    proxy = SyncProxy(Http(), bridge, timeout=5)
+    assert proxy.request(method="GET", url="/x") == "GET /x"
+    assert proxy.request("PUT", "/y") == "PUT /y"
