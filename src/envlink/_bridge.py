@@ -431,6 +431,10 @@ class Bridge:
 
     # ------------------------------------------------------------------ calls
 
+    def on_loop_thread(self) -> bool:
+        """Whether the calling thread is this bridge's event-loop thread."""
+        return self._thread_ident is not None and threading.get_ident() == self._thread_ident
+
     def _check_running_loop(self, running: asyncio.AbstractEventLoop) -> None:
         if running is self._loop:
             raise ReentrantCallError(

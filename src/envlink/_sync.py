@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy
 from envlink._config import UNSET, UnsetType
-from envlink._errors import ClientClosedError
+from envlink._errors import ClientClosedError, ReentrantCallError
 
 if TYPE_CHECKING:
     from envlink._client import EnvClient, StepResult
@@ -127,6 +127,7 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         self._envlink_margin = float(timeout_margin)
         self._envlink_close_lock = threading.Lock()
         self._envlink_closed = False
+        self._envlink_close_done = threading.Event()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -251,19 +252,30 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
                 closed anyway when owned).
             ReentrantCallError: called from the bridge's own loop thread.
         """
-        with self._envlink_close_lock:
-            if self._envlink_closed:
-                return
-            self._envlink_closed = True
         bridge = self._envlink_bridge
+        if bridge.on_loop_thread():
+            # Checked before claiming the close, so that a proper close() can follow.
+            raise ReentrantCallError(
+                "SyncEnvClient.close() called from its bridge's event-loop thread; "
+                "await the async client's close() instead")
+        with self._envlink_close_lock:
+            first = not self._envlink_closed
+            self._envlink_closed = True
+        if not first:
+            # Another thread is closing: return only once it has finished.
+            self._envlink_close_done.wait()
+            return
         try:
             if not bridge.closed:
                 # ClientClosedError: the shared bridge closed under us; nothing to do.
                 with contextlib.suppress(ClientClosedError):
                     self._envlink_call("close", (), {}, timeout)
         finally:
-            if self._envlink_owns_bridge:
-                bridge.close()
+            try:
+                if self._envlink_owns_bridge:
+                    bridge.close()
+            finally:
+                self._envlink_close_done.set()
 
     def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         return self.connect()

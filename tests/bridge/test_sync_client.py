@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from envlink import UNSET, ClientClosedError
+from envlink import UNSET, ClientClosedError, ReentrantCallError
 from envlink._bridge import Bridge
 from envlink._sync import TIMEOUT_MARGIN, SyncEnvClient
 
@@ -266,3 +266,49 @@ def test_200_facades_leave_no_thread_alive() -> None:
         assert env.step(i) == {"observation": i}
         env.close()
     assert envlink_threads() - before == set()
+
+
+class SlowClosingClient(FakeClient):
+    """A fake whose close() takes a while and says when it has begun."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = threading.Event()
+
+    async def close(self, *, timeout: Any = UNSET) -> None:
+        self.closing.set()
+        await asyncio.sleep(0.2)
+        self.closed = True
+
+
+def test_a_concurrent_second_close_waits_for_the_first() -> None:
+    """close() from two threads at once: both return only when the thread is gone."""
+    before = envlink_threads()
+    client = SlowClosingClient()
+    env = SyncEnvClient(client)  # type: ignore[arg-type]
+    env.step(1)
+    first = threading.Thread(target=env.close)
+    first.start()
+    assert client.closing.wait(5)
+    env.close()  # the second caller
+    assert client.closed
+    assert envlink_threads() - before == set()
+    first.join(5)
+
+
+def test_close_from_the_loop_thread_raises_and_leaves_close_possible() -> None:
+    """close() on the loop thread raises ReentrantCallError; a later close() still closes."""
+    client = FakeClient()
+    env = SyncEnvClient(client)  # type: ignore[arg-type]
+    env.step(1)
+
+    async def close_from_loop() -> BaseException | None:
+        try:
+            env.close()
+        except ReentrantCallError as exc:
+            return exc
+        return None
+
+    assert isinstance(env.bridge.call(close_from_loop, timeout=5), ReentrantCallError)
+    env.close()
+    assert client.closed
