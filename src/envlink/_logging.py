@@ -111,17 +111,23 @@ class EnvlinkLogger:
         return EnvlinkLogger(self._logger.new(**new_values))
 
     def _log(self, method: str, event: str, kw: dict[str, Any]) -> Any:
-        if method in _QUIET_UNCONFIGURED and not structlog.is_configured():
+        logger = self._logger
+        if not structlog.is_configured():
             # Like the stdlib's last-resort handler: an application that never set
-            # up structlog sees envlink's warnings and errors, not its chatter on
-            # stdout (which may be its own output channel).
-            return None
+            # up structlog sees envlink's warnings and errors, on stderr, and not its
+            # chatter on stdout (which may be its own output channel).
+            if method in _QUIET_UNCONFIGURED:
+                return None
+            logger = structlog.wrap_logger(
+                structlog.PrintLogger(sys.stderr),
+                processors=structlog.get_config()["processors"],
+            )
         ctx = trace.get_current_span().get_span_context()
         if ctx.is_valid:
             kw.setdefault(_TRACE_ID, format(ctx.trace_id, "032x"))
             kw.setdefault(_SPAN_ID, format(ctx.span_id, "016x"))
         try:
-            return getattr(self._logger, method)(event, **kw)
+            return getattr(logger, method)(event, **kw)
         except Exception:  # a broken log pipeline must never break a call
             return None
 

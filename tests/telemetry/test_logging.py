@@ -83,7 +83,7 @@ def test_logger_never_raises_from_broken_pipeline() -> None:
 
 
 def test_default_structlog_config_lines_carry_ids() -> None:
-    """Unconfigured structlog: warnings in a span show the ids; info/debug are not printed."""
+    """Unconfigured structlog: warnings go to stderr with the span's ids; info is dropped."""
     code = textwrap.dedent("""
         from opentelemetry.sdk.trace import TracerProvider
         from envlink._logging import get_logger
@@ -94,13 +94,16 @@ def test_default_structlog_config_lines_carry_ids() -> None:
             get_logger().info("envlink.connected")  # dropped: structlog not configured
             get_logger().warning("envlink.session_lost")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=20, check=True).stdout
-    expect, line = out.splitlines()[0].split(), out.splitlines()[1]
-    assert "envlink.session_lost" in line
-    assert len(out.splitlines()) == 2  # the info line was not printed
-    assert f"trace_id={expect[1]}" in line
-    assert f"span_id={expect[2]}" in line
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=20, check=True)
+    out = proc.stdout.splitlines()
+    assert len(out) == 1  # stdout is the application's: envlink printed nothing there
+    expect = out[0].split()
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1  # the info line was not printed; the warning went to stderr
+    assert "envlink.session_lost" in lines[0]
+    assert f"trace_id={expect[1]}" in lines[0]
+    assert f"span_id={expect[2]}" in lines[0]
 
 
 @pytest.mark.parametrize("as_json", [True, False])
