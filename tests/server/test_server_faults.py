@@ -258,3 +258,16 @@ async def test_wait_for_request_counts_server_wide(server: EnvServer) -> None:
         await rpc(b, step({"message": "2"}))
         await asyncio.wait_for(waiter, 5)
     assert server.counter("request.step") == 2
+
+
+async def test_stop_does_not_wait_out_injected_latency() -> None:
+    """A server stopping while an answer is delayed by injected latency stops promptly."""
+    server = EnvServer(env="echo")
+    await server.start()
+    server.faults.latency = 30.0
+    async with open_ws(server) as ws:
+        await ws.send('{"type": "state"}')
+        await server.wait_for_request("state", 1)
+        start = time.perf_counter()
+        await server.stop()
+        assert time.perf_counter() - start < 5.0

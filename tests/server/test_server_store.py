@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed
 
 from envlink._protocol import RESUMED_HEADER
 from envlink.server import DeterministicEnvironment, EnvServer
+from envlink.server._session import SessionStore
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -105,3 +106,12 @@ async def test_plain_sessions_and_snapshotless_envs_not_persisted(tmp_path: Path
 
 def _records(directory: Path) -> list[str]:
     return [name for name in os.listdir(directory) if name.endswith(".json")]
+
+
+def test_load_skips_and_removes_crash_leftovers(tmp_path: Path) -> None:
+    """A temp file left by a crash mid-save is never loaded as a session, and is removed."""
+    store = SessionStore(tmp_path)
+    (tmp_path / ".tmp-abc.json").write_text('{"version": 1, "token": "t"}')
+    (tmp_path / ".tmp-torn.json").write_text('{"vers')
+    assert store.load() == []
+    assert list(tmp_path.iterdir()) == []

@@ -564,9 +564,11 @@ class EnvServer:
         if session.timer is not None:
             session.timer.cancel()
             session.timer = None
-        self._sessions.pop(session.id, None)
-        if session.token is not None:
-            self._by_token.pop(session.token, None)
+        # Only this exact session's entries: a duplicate must never evict the live one.
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+        if session.token is not None and self._by_token.get(session.token) is session:
+            del self._by_token[session.token]
         if self._store is not None:
             self._store.delete(session)
         with contextlib.suppress(Exception):
@@ -664,11 +666,13 @@ class EnvServer:
 
     def _forget_old_handles(self) -> None:
         # A long-running server must not keep every handle; tests look at recent ones.
-        while len(self._opened) > _KEEP_HANDLES:
-            oldest = next(iter(self._opened.values()))
-            if not oldest.closed:
-                break
-            del self._opened[oldest.id]
+        excess = len(self._opened) - _KEEP_HANDLES
+        if excess <= 0:
+            return
+        # Oldest first, skipping handles still open (a long-lived connection must not
+        # pin every later one).
+        for handle_id in [h.id for h in self._opened.values() if h.closed][:excess]:
+            del self._opened[handle_id]
 
     async def _serve(self, connection: ServerConnection, handle: ConnectionHandle,
                      session: Session, plan: _Plan) -> _Outcome:
@@ -737,7 +741,16 @@ class EnvServer:
 
         latency = handle.faults.latency + self.faults.latency
         if latency > 0:
-            await asyncio.sleep(latency)
+            # Injected latency, cut short if the connection goes away (or the server
+            # stops) meanwhile: a stopping server must not wait it out.
+            delay = asyncio.ensure_future(asyncio.sleep(latency))
+            try:
+                await asyncio.wait({delay, handle.lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                delay.cancel()
+            if handle.lost.done():
+                _fail(span, "connection_lost", "connection lost during injected latency")
+                return _Outcome.LOST
         if handle.stalled and not await handle.wait_unstalled():
             _fail(span, "fault_injected", "connection lost while stalled")
             return _Outcome.LOST

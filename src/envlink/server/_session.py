@@ -140,6 +140,11 @@ class SessionStore:
         """Every readable record in the directory (unreadable files are skipped)."""
         records = []
         for path in sorted(self.directory.glob("*.json")):
+            if path.name.startswith(".tmp-"):
+                # Left by a crash in the middle of save(): never a live record.
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
             try:
                 record = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
