@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -370,7 +371,16 @@ def get_telemetry(
             tel = _cache.get(key)
             if tel is None:
                 tel = Telemetry(tracer_provider, meter_provider)
-                # Keep the providers alive so their ids are not reused by others.
-                tel._providers = (tracer_provider, meter_provider)  # type: ignore[attr-defined]
                 _cache[key] = tel
+                # Keyed by id, so the entry must go when a provider does (its id may
+                # then be reused). Nothing here keeps a provider alive: an application
+                # that drops its providers gets their memory back.
+                for provider in (tracer_provider, meter_provider):
+                    if provider is not None:
+                        weakref.finalize(provider, _evict, key)
     return tel
+
+
+def _evict(key: tuple[int, int]) -> None:
+    with _cache_lock:
+        _cache.pop(key, None)

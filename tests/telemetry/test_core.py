@@ -131,3 +131,30 @@ def test_public_module_all_is_complete() -> None:
         assert hasattr(telemetry, name), name
     assert {"configure", "TelemetryHandle", "add_trace_context", "configure_logging",
             "trace_context"} <= set(telemetry.__all__)
+
+
+def test_telemetry_cache_keeps_no_provider_alive() -> None:
+    """Providers an application drops are collected, and their cache entries go with them."""
+    import gc
+    import weakref
+
+    from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+    from envlink import _telemetry
+
+    refs = []
+    for _ in range(20):
+        tp, mp = SdkTracerProvider(), SdkMeterProvider()
+        tel = _telemetry.get_telemetry(tp, mp)
+        assert _telemetry.get_telemetry(tp, mp) is tel  # cached while alive
+        with tel.span("x"):
+            pass
+        refs.append(weakref.ref(tp))
+        key = (id(tp), id(mp))
+        tp.shutdown()
+        mp.shutdown()
+        del tp, mp, tel
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    assert key not in _telemetry._cache
