@@ -489,8 +489,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         active = self._active
         if active is not None and not active.done() and active is not asyncio.current_task():
             active.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait({active}, timeout=seconds)
+            # asyncio.wait raises nothing of the task's; a cancellation of the closer
+            # itself is passed on.
+            await asyncio.wait({active}, timeout=seconds)
         with self._tel.span("close", kind=SpanKind.CLIENT,
                             attributes=self._attrs("close")
                             if self._tel.tracing_enabled() else None):
@@ -824,6 +825,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._in_episode = False
         self._lost_journal = None
         self._resume_token = None
+        self._suspect = False
         if conn is None:
             return
         seconds = self.timeouts.close if timeout is None else timeout

@@ -47,9 +47,9 @@ def _default_wait(client: Any, method: str, margin: float) -> float | None:
     timeouts = getattr(client, "timeouts", None)
     call = getattr(timeouts, "call", None)
     if method == "connect":
-        # Connect may use the call deadline when reconnect attempts are allowed.
-        connect = getattr(timeouts, "connect", call)
-        seconds = None if connect is None or call is None else max(connect, call)
+        # The client bounds connect() by its call deadline (the connect phase bounds
+        # each attempt within it).
+        seconds = call
     elif method == "disconnect":
         seconds = getattr(timeouts, "close", call)
     elif method == "close":

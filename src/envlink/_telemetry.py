@@ -382,5 +382,6 @@ def get_telemetry(
 
 
 def _evict(key: tuple[int, int]) -> None:
-    with _cache_lock:
-        _cache.pop(key, None)
+    # No lock: this runs from the garbage collector, possibly on a thread that holds
+    # _cache_lock already (inside get_telemetry); dict.pop is atomic on its own.
+    _cache.pop(key, None)
