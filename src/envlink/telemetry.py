@@ -19,6 +19,7 @@ contract, documented in ``docs/telemetry.md`` and re-exported here as constants.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
@@ -203,22 +204,35 @@ class TelemetryHandle:
         Idempotent; later calls do nothing.
 
         Args:
-            timeout_s: the longest to wait for each provider's final export.
+            timeout_s: the longest to wait for the final exports, in all.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        try:
-            self.tracer_provider.shutdown()
-        finally:
+
+        def stop_providers() -> None:
             try:
-                self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+                self.tracer_provider.shutdown()
             finally:
-                server = self._prometheus_server
-                if server is not None:
-                    server.shutdown()
-                    server.server_close()
+                # An export that missed the deadline is reported by the SDK's own log;
+                # shutting down must not raise into the application's exit path.
+                with contextlib.suppress(Exception):
+                    self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+
+        # Exporters stuck on an unreachable collector can block far longer than
+        # timeout_s (the SDK's tracer shutdown takes no timeout, and a flush exports in
+        # the calling thread): run it on a helper thread and wait at most timeout_s.
+        stopper = threading.Thread(target=stop_providers, name="envlink-telemetry-shutdown",
+                                   daemon=True)
+        try:
+            stopper.start()
+            stopper.join(timeout_s)
+        finally:
+            server = self._prometheus_server
+            if server is not None:
+                server.shutdown()
+                server.server_close()
 
     def __enter__(self) -> TelemetryHandle:
         return self

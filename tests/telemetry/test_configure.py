@@ -187,3 +187,29 @@ def test_console_exporters_print_spans_and_metrics() -> None:
     assert '"name": "state"' in out
     assert '"kind": "SpanKind.CLIENT"' in out
     assert "rpc.client.call.duration" in out
+
+
+def test_shutdown_honours_its_timeout_with_a_hung_collector() -> None:
+    """shutdown(timeout_s=1) returns within about a second when the collector never answers."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[object] = []
+    threading.Thread(target=lambda: [held.append(listener.accept()) for _ in range(8)],
+                     daemon=True).start()
+    try:
+        handle = configure(service_name="t", set_global=False, metric_export_interval=3600,
+                           otlp_endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        tracer = handle.tracer_provider.get_tracer("t")
+        for i in range(5):
+            with tracer.start_as_current_span(f"s{i}"):
+                pass
+        start = time.monotonic()
+        handle.shutdown(timeout_s=1.0)
+        assert time.monotonic() - start < 3.0
+    finally:
+        listener.close()
