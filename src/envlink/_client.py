@@ -16,7 +16,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -289,6 +289,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         # Set when a call timed out but its connection was kept (request ids make a
         # late answer harmless); the next call first checks that the peer is alive.
         self._suspect = False
+        self._background: set[asyncio.Task[None]] = set()
         self._last_conn_short_lived = False
         self._last_drop_at = 0.0
         self._flap_attempts = 0
@@ -492,6 +493,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             # asyncio.wait raises nothing of the task's; a cancellation of the closer
             # itself is passed on.
             await asyncio.wait({active}, timeout=seconds)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=seconds)
         with self._tel.span("close", kind=SpanKind.CLIENT,
                             attributes=self._attrs("close")
                             if self._tel.tracing_enabled() else None):
@@ -610,6 +613,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._lose_episode()
             self._suspect = False
             self._resume_token = None
+            self._background = set()
 
     def _bind_loop(self) -> asyncio.Lock:
         self._drop_if_inherited()
@@ -626,6 +630,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._loop = loop
             self._lock = asyncio.Lock()
             self._conn = None
+            self._background = set()  # tasks of a previous loop are not ours to await
             self._lose_episode()
         return self._lock
 
@@ -667,9 +672,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             if conn is not None and self._suspect:
                 self._suspect = False
                 if method == "reset":
-                    # A new episode need not queue behind the old one's late answer.
+                    # A new episode need not queue behind the old one's late answer;
+                    # the old session is ended rather than left holding a server slot.
+                    token = self._resume_token
                     self._discard_connection()
                     conn = None
+                    if token is not None:
+                        await self._release_session(token)
                 elif not await conn.probe(self._probe_timeout()):
                     _log.info("envlink.peer_unresponsive", session_id=self._session_id)
                     self._discard_connection()
@@ -787,6 +796,39 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     # An answer may still arrive and would be read by the next call.
                     self._discard_connection()
             raise
+
+    async def _release_session(self, token: str) -> None:
+        """End a detached server session the client gives up on. Best effort, bounded.
+
+        Re-attaches with the resume token (taking the session over from any stalled
+        connection) and sends ``close``; the server then destroys it at once instead
+        of keeping it, and its slot, for the whole grace window.
+        """
+        seconds = min(self.timeouts.close or 5.0, 5.0)
+
+        async def release() -> None:
+            conn = await open_connection(
+                self._endpoint, self._options, extra_headers={RESUME_TOKEN_HEADER: token},
+                open_timeout=seconds,
+            )
+            try:
+                if conn.extensions.resumed:
+                    await conn.send(encode_request(CloseRequest()))
+                    with contextlib.suppress(EnvlinkError):
+                        await conn.recv()  # returns when the server has ended it
+            finally:
+                conn.abort()
+
+        try:
+            await asyncio.wait_for(release(), seconds)
+        except (EnvlinkError, asyncio.TimeoutError, TimeoutError) as exc:
+            _log.debug("envlink.session_release_failed", error=str(exc))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run housekeeping in the background; close() waits for it (bounded)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _unattributable(self, conn: Connection, cause: ProtocolError | None
                         ) -> ConnectionLostError:
@@ -948,6 +990,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             span.add_event("envlink.session_lost", {ATTR_POLICY: policy})
         token = self._resume_token
         result = "failed"
+        if token is not None and policy != "resume":
+            # The server keeps the detached session for its grace window: end it, so it
+            # does not hold a slot (replay needs one right away; "raise" does not wait).
+            self._resume_token = None
+            if policy == "replay":
+                await self._release_session(token)
+            else:
+                self._spawn(self._release_session(token))
         try:
             try:
                 if policy == "resume" and token is not None:

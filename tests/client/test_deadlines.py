@@ -187,3 +187,20 @@ async def test_a_request_over_the_servers_limit_is_a_protocol_error_not_a_storm(
             assert got.observation["echoed_message"] == "small"
         finally:
             await env.close()
+
+
+async def test_an_abandoned_session_does_not_hold_a_server_slot() -> None:
+    """A reset after a kept timeout ends the old session: a 1-session server accepts the new one."""
+    async with EnvServer(env="echo", max_sessions=1) as srv:
+        env = GenericEnvClient(srv.url)
+        try:
+            await env.reset()
+            srv.faults.latency = 0.3
+            with pytest.raises(CallTimeoutError):
+                await env.step({"message": "late"}, timeout=0.05)
+            srv.faults.latency = 0.0
+            reset = await env.reset(timeout=5)
+            assert reset.observation["echoed_message"] == "Echo environment ready!"
+            assert srv.counter("session.destroyed") == 1
+        finally:
+            await env.close()
