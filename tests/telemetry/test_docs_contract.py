@@ -179,6 +179,9 @@ _NOT_PROVOKED = {
     "envlink.replay_diverged": "needs a non-deterministic environment",
     "envlink.stale_answer_dropped": "needs a late answer to a timed-out call",
     "envlink.connection_discarded": "needs a timed-out call or an out-of-step frame",
+    "envlink.peer_unresponsive": "needs a stalled peer after a kept timeout",
+    "envlink.unattributable_frame": "needs a late corrupt answer to a timed-out call",
+    "envlink.session_release_failed": "needs a server that refuses to end a session",
 }
 
 
