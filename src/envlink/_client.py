@@ -64,13 +64,18 @@ from envlink._protocol import (
 )
 from envlink._telemetry import (
     ATTR_ATTEMPT,
+    ATTR_DELAY,
     ATTR_DIRECTION,
     ATTR_EPISODE_ID,
     ATTR_ERROR_TYPE,
+    ATTR_EXTENSIONS,
     ATTR_OUTCOME,
     ATTR_POLICY,
+    ATTR_QUEUE_WAIT,
     ATTR_REASON,
+    ATTR_REPLAY_STEPS,
     ATTR_RESULT,
+    ATTR_RETRY,
     ATTR_RPC_METHOD,
     ATTR_RPC_SYSTEM,
     ATTR_SERVER_ADDRESS,
@@ -79,6 +84,7 @@ from envlink._telemetry import (
     ATTR_STEP_INDEX,
     ATTR_TRANSPARENT,
     EVENT_RECONNECT_SCHEDULED,
+    EVENT_SESSION_LOST,
     RPC_SYSTEM,
     error_type_of,
     get_telemetry,
@@ -100,8 +106,7 @@ _Frame = ObservationFrame | StateFrame | ErrorFrame
 _Request = ResetRequest | StepRequest | StateRequest | CloseRequest
 
 _log = _logging.get_logger()
-#: Metric attribute on envlink.client.attempts: whether the attempt is a retry.
-_ATTR_RETRY = "envlink.retry"
+
 
 
 @dataclass
@@ -583,7 +588,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         queued = time.perf_counter()
         async with lock:
             if span.is_recording():
-                span.set_attribute("envlink.queue_wait_s", time.perf_counter() - queued)
+                span.set_attribute(ATTR_QUEUE_WAIT, time.perf_counter() - queued)
             if self._state is _State.CLOSED:
                 raise ClientClosedError("the client is closed")
             self._active = asyncio.current_task()
@@ -691,7 +696,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             if request_id is None and conn.extensions.enabled:
                 request_id = self._next_id()
             self._tel.add(self._tel.attempts, 1,
-                          {ATTR_RPC_METHOD: method, _ATTR_RETRY: attempt > 1})
+                          {ATTR_RPC_METHOD: method, ATTR_RETRY: attempt > 1})
             try:
                 if attempt == 1:
                     return await self._exchange(conn, method, data, request_id)
@@ -899,7 +904,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             etype = error_type_of(exc) if exc is not None else "unknown"
             if span is not None and span.is_recording():
                 span.add_event(EVENT_RECONNECT_SCHEDULED, {
-                    "envlink.delay_s": delay, ATTR_ERROR_TYPE: etype,
+                    ATTR_DELAY: delay, ATTR_ERROR_TYPE: etype,
                     ATTR_ATTEMPT: state.attempt_number,
                 })
             _log.info("envlink.reconnect_scheduled", delay_s=round(delay, 4), error_type=etype,
@@ -956,7 +961,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._on_connected(conn)
             if span.is_recording():
                 span.set_attribute(ATTR_SESSION_ID, self._session_id or "")
-                span.set_attribute("envlink.extensions", conn.extensions.enabled)
+                span.set_attribute(ATTR_EXTENSIONS, conn.extensions.enabled)
             _log.debug("envlink.connected", url=self._endpoint.display,
                        session_id=self._session_id, extensions=conn.extensions.enabled)
             return conn
@@ -987,7 +992,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                      session_id=self._session_id, steps=journal.step_count,
                      error=str(cause) if cause else None)
         if span.is_recording():
-            span.add_event("envlink.session_lost", {ATTR_POLICY: policy})
+            span.add_event(EVENT_SESSION_LOST, {ATTR_POLICY: policy})
         token = self._resume_token
         result = "failed"
         if token is not None and policy != "resume":
@@ -1069,7 +1074,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         limit = self.reconnect_policy.max_attempts
         for round_ in range(1, limit + 1):
             with self._tel.span("replay", attributes={
-                ATTR_ATTEMPT: round_, "envlink.replay.steps": journal.step_count,
+                ATTR_ATTEMPT: round_, ATTR_REPLAY_STEPS: journal.step_count,
             }):
                 conn = await self._open(reason="replay")
                 try:

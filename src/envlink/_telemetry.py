@@ -36,6 +36,11 @@ __all__ = [
     "ATTR_ATTEMPT",
     "ATTR_BRIDGE_QUEUE_WAIT",
     "ATTR_BRIDGE_RUN_TIME",
+    "ATTR_DELAY",
+    "ATTR_EXTENSIONS",
+    "ATTR_QUEUE_WAIT",
+    "ATTR_REPLAY_STEPS",
+    "ATTR_RETRY",
     "ATTR_DIRECTION",
     "ATTR_EPISODE_ID",
     "ATTR_ERROR_TYPE",
@@ -52,6 +57,7 @@ __all__ = [
     "ATTR_TRANSPARENT",
     "DURATION_BUCKETS",
     "EVENT_RECONNECT_SCHEDULED",
+    "EVENT_SESSION_LOST",
     "LOG_CALL_FAILED",
     "LOG_CONNECT",
     "LOG_CONNECTED",
@@ -103,6 +109,12 @@ ATTR_POLICY = "envlink.recovery.policy"
 ATTR_RESULT = "envlink.recovery.result"
 ATTR_BRIDGE_QUEUE_WAIT = "envlink.bridge.queue_wait_s"
 ATTR_BRIDGE_RUN_TIME = "envlink.bridge.run_time_s"
+ATTR_QUEUE_WAIT = "envlink.queue_wait_s"
+ATTR_DELAY = "envlink.delay_s"
+ATTR_EXTENSIONS = "envlink.extensions"
+ATTR_REPLAY_STEPS = "envlink.replay.steps"
+#: On envlink.client.attempts: whether the attempt is a retry.
+ATTR_RETRY = "envlink.retry"
 
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"
@@ -127,6 +139,8 @@ SPAN_CONNECT = "connect"
 SPAN_BRIDGE_PREFIX = "envlink.bridge "
 #: Span event on a call's span when a reconnect is scheduled.
 EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
+#: Span event on a call's span when its session was lost and recovery starts.
+EVENT_SESSION_LOST = "envlink.session_lost"
 
 # structlog event names (logger ``envlink``).
 LOG_CONNECT = "envlink.connect"
