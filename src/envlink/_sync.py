@@ -91,7 +91,8 @@ def _bridged(bridge: Bridge, client: Any, margin: float, method: str,
         wait = timeout
     # The caller's arguments are bound here: Bridge.call keeps `timeout=` and `method=`
     # for itself, and an argument of the same name must reach the client.
-    return bridge.call(functools.partial(fn, *args, **kwargs), timeout=wait, method=method)
+    bound = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+    return bridge.call(bound, timeout=wait, method=method)
 
 
 class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, ObsT, StateT]):
