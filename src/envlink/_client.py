@@ -641,7 +641,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def _expect(self, frame: _Frame, kind: type[Any], method: str) -> Any:
         if isinstance(frame, ErrorFrame):
-            raise ServerError.from_frame(frame.data.message, frame.data.code)
+            raise ServerError.from_frame(frame.data.message, frame.data.code,
+                                         active_sessions=frame.data.active_sessions,
+                                         max_sessions=frame.data.max_sessions)
         if not isinstance(frame, kind):
             # A valid frame of the wrong kind: the stream is out of step, which on the
             # plain protocol means it can no longer be trusted.
@@ -766,7 +768,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 if buffered is not None:
                     early = decode_response(buffered, max_size=self._options.max_message_size)
                     if isinstance(early, ErrorFrame):
-                        raise ServerError.from_frame(early.data.message, early.data.code) from None
+                        raise ServerError.from_frame(
+                            early.data.message, early.data.code,
+                            active_sessions=early.data.active_sessions,
+                            max_sessions=early.data.max_sessions) from None
                 raise
             while True:
                 raw = await conn.recv()
