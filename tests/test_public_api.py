@@ -20,6 +20,8 @@ EXPECTED = {
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
     # the bridge
     "Bridge", "SyncProxy",
+    # many sessions
+    "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
     "configure",
     # errors

@@ -36,6 +36,9 @@ from envlink._errors import (
 )
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._pool import AutoresetMode, EnvPool
+from envlink._pool_sync import SyncEnvPool
+from envlink._pool_types import Batch, EndpointView, PoolView
 from envlink._sync import SyncEnvClient
 
 if TYPE_CHECKING:
@@ -53,6 +56,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "UNSET",
+    "AutoresetMode",
+    "Batch",
     "Bridge",
     "CallTimeoutError",
     "CallToolAction",
@@ -63,7 +68,9 @@ __all__ = [
     "ConnectionOptions",
     "EchoEnv",
     "EchoObservation",
+    "EndpointView",
     "EnvClient",
+    "EnvPool",
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
@@ -72,6 +79,7 @@ __all__ = [
     "JournalEntry",
     "ListToolsAction",
     "OutcomeUnknownError",
+    "PoolView",
     "ProtocolError",
     "ReconnectPolicy",
     "ReentrantCallError",
@@ -83,6 +91,7 @@ __all__ = [
     "SessionLostPolicy",
     "StepResult",
     "SyncEnvClient",
+    "SyncEnvPool",
     "SyncProxy",
     "Timeout",
     "ToolCallError",

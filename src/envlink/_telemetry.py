@@ -55,6 +55,14 @@ __all__ = [
     "ATTR_SESSION_ID",
     "ATTR_STEP_INDEX",
     "ATTR_TRANSPARENT",
+    "ATTR_BREAKER_STATE",
+    "ATTR_PLACEMENT_RESULT",
+    "ATTR_POOL_ERRORS",
+    "ATTR_POOL_MIN_READY",
+    "ATTR_POOL_SIZE",
+    "ATTR_POOL_SLOTS",
+    "ATTR_POOL_STRAGGLERS",
+    "ATTR_SESSION_STATE",
     "DURATION_BUCKETS",
     "EVENT_RECONNECT_SCHEDULED",
     "EVENT_SESSION_LOST",
@@ -63,6 +71,9 @@ __all__ = [
     "LOG_CONNECTED",
     "LOG_DISCONNECT",
     "LOG_EVENTS",
+    "LOG_POOL_BREAKER_CHANGED",
+    "LOG_POOL_CAPACITY_WAIT",
+    "LOG_POOL_SESSION_MOVED",
     "LOG_RECONNECT_SCHEDULED",
     "LOG_REPLAY_DIVERGED",
     "LOG_SESSION_LOST",
@@ -75,6 +86,11 @@ __all__ = [
     "METRIC_INFLIGHT",
     "METRIC_MESSAGE_SIZE",
     "METRIC_NAMES",
+    "METRIC_POOL_BATCH_DURATION",
+    "METRIC_POOL_BREAKER_TRANSITIONS",
+    "METRIC_POOL_PLACEMENTS",
+    "METRIC_POOL_SESSIONS",
+    "METRIC_POOL_STRAGGLERS",
     "METRIC_RECONNECTS",
     "METRIC_RECOVERIES",
     "RPC_SYSTEM",
@@ -82,6 +98,8 @@ __all__ = [
     "SIZE_BUCKETS",
     "SPAN_BRIDGE_PREFIX",
     "SPAN_CONNECT",
+    "SPAN_POOL_PREFIX",
+    "SPAN_POOL_RECV",
     "Telemetry",
     "error_type_of",
     "get_telemetry",
@@ -115,6 +133,15 @@ ATTR_EXTENSIONS = "envlink.extensions"
 ATTR_REPLAY_STEPS = "envlink.replay.steps"
 #: On envlink.client.attempts: whether the attempt is a retry.
 ATTR_RETRY = "envlink.retry"
+# EnvPool: batch spans and pool metrics.
+ATTR_POOL_SIZE = "envlink.pool.size"
+ATTR_POOL_SLOTS = "envlink.pool.slots"
+ATTR_POOL_ERRORS = "envlink.pool.errors"
+ATTR_POOL_STRAGGLERS = "envlink.pool.stragglers"
+ATTR_POOL_MIN_READY = "envlink.pool.min_ready"
+ATTR_SESSION_STATE = "envlink.pool.session.state"
+ATTR_BREAKER_STATE = "envlink.breaker.state"
+ATTR_PLACEMENT_RESULT = "envlink.placement.result"
 
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"
@@ -126,17 +153,28 @@ METRIC_ERRORS = "envlink.client.errors"
 METRIC_INFLIGHT = "envlink.client.inflight"
 METRIC_MESSAGE_SIZE = "envlink.client.message.size"
 METRIC_RECOVERIES = "envlink.session.recoveries"
+METRIC_POOL_BATCH_DURATION = "envlink.pool.batch.duration"
+METRIC_POOL_STRAGGLERS = "envlink.pool.stragglers"
+METRIC_POOL_SESSIONS = "envlink.pool.sessions"
+METRIC_POOL_BREAKER_TRANSITIONS = "envlink.pool.breaker.transitions"
+METRIC_POOL_PLACEMENTS = "envlink.pool.placements"
 #: Every metric envlink emits (the contract documented in docs/telemetry.md).
 METRIC_NAMES: tuple[str, ...] = (
     METRIC_CALL_DURATION, METRIC_BRIDGE_WAIT_DURATION, METRIC_BRIDGE_CALL_DURATION,
     METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
-    METRIC_MESSAGE_SIZE, METRIC_RECOVERIES,
+    METRIC_MESSAGE_SIZE, METRIC_RECOVERIES, METRIC_POOL_BATCH_DURATION,
+    METRIC_POOL_STRAGGLERS, METRIC_POOL_SESSIONS, METRIC_POOL_BREAKER_TRANSITIONS,
+    METRIC_POOL_PLACEMENTS,
 )
 
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
 # a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
 SPAN_CONNECT = "connect"
 SPAN_BRIDGE_PREFIX = "envlink.bridge "
+#: A pool's batch call: ``envlink.pool reset``, ``envlink.pool step``.
+SPAN_POOL_PREFIX = "envlink.pool "
+#: A pool's ready-first receive (``EnvPool.step_recv``).
+SPAN_POOL_RECV = "envlink.pool recv"
 #: Span event on a call's span when a reconnect is scheduled.
 EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
 #: Span event on a call's span when its session was lost and recovery starts.
@@ -151,9 +189,13 @@ LOG_CALL_FAILED = "envlink.call_failed"
 LOG_SESSION_LOST = "envlink.session_lost"
 LOG_SESSION_RECOVERED = "envlink.session_recovered"
 LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
+LOG_POOL_BREAKER_CHANGED = "envlink.pool.breaker_changed"
+LOG_POOL_CAPACITY_WAIT = "envlink.pool.capacity_wait"
+LOG_POOL_SESSION_MOVED = "envlink.pool.session_moved"
 LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_RECONNECT_SCHEDULED, LOG_CALL_FAILED,
-    LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
+    LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED, LOG_POOL_BREAKER_CHANGED,
+    LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED,
 )
 
 #: Histogram boundaries in seconds. The SDK's defaults are meant for milliseconds
@@ -246,6 +288,27 @@ class Telemetry:
         self.recoveries: Counter = m.create_counter(
             METRIC_RECOVERIES, unit="{recovery}",
             description="Session recoveries after a lost connection, by policy and result.",
+        )
+        self.pool_batch_duration: Histogram = m.create_histogram(
+            METRIC_POOL_BATCH_DURATION, unit="s",
+            description="Duration of an EnvPool batch call (reset, step, ready-first recv).",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.pool_stragglers: Counter = m.create_counter(
+            METRIC_POOL_STRAGGLERS, unit="{session}",
+            description="Sessions still in flight when a ready-first receive returned.",
+        )
+        self.pool_sessions: UpDownCounter = m.create_up_down_counter(
+            METRIC_POOL_SESSIONS, unit="{session}",
+            description="EnvPool sessions placed on each endpoint, by state.",
+        )
+        self.pool_breaker_transitions: Counter = m.create_counter(
+            METRIC_POOL_BREAKER_TRANSITIONS, unit="{transition}",
+            description="Circuit-breaker transitions of EnvPool endpoints, by new state.",
+        )
+        self.pool_placements: Counter = m.create_counter(
+            METRIC_POOL_PLACEMENTS, unit="{placement}",
+            description="Attempts to place an EnvPool session on an endpoint, by result.",
         )
 
     # ------------------------------------------------------------------ helpers

@@ -1,0 +1,593 @@
+"""``EnvPool``: a batch of sessions on one event loop, spread over several servers.
+
+Batched ``reset``/``step`` with masks, a ready-first form for stragglers
+(``step_send`` then ``step_recv(min_ready=...)``), gymnasium's autoreset modes,
+and per-slot answers: a batch never fails as a whole because one session did.
+Sessions are placed on the least-loaded endpoint, moved on ``CAPACITY_REACHED``,
+kept off failing servers by a circuit breaker per endpoint, and rebuilt on
+another endpoint under ``on_session_lost="replay"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from envlink._breaker import CircuitBreaker
+from envlink._client import EnvClient, GenericEnvClient, StepResult
+from envlink._config import UNSET, UnsetType
+from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
+from envlink._placement import Placement, parse_endpoints
+from envlink._policies import ReconnectPolicy, SessionLostPolicy
+from envlink._pool_slot import Slot, SlotEngine, SlotState, same_answer
+from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
+from envlink._telemetry import (
+    ATTR_ERROR_TYPE,
+    ATTR_OUTCOME,
+    ATTR_POOL_ERRORS,
+    ATTR_POOL_MIN_READY,
+    ATTR_POOL_SIZE,
+    ATTR_POOL_SLOTS,
+    ATTR_POOL_STRAGGLERS,
+    ATTR_RPC_METHOD,
+    SPAN_POOL_PREFIX,
+    SPAN_POOL_RECV,
+    get_telemetry,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from envlink._bridge import Bridge
+    from envlink._pool_sync import SyncEnvPool
+
+__all__ = ["AutoresetMode", "EnvPool"]
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+
+AutoresetMode = Literal["next_step", "same_step", "disabled"]
+_AUTORESET = ("next_step", "same_step", "disabled")
+_POLICIES = ("raise", "replay", "resume")
+
+#: Waiting for room while every endpoint is full: many short waits, bounded.
+DEFAULT_CAPACITY_POLICY = ReconnectPolicy(max_attempts=120, initial_delay=0.05,
+                                          max_delay=1.0, max_elapsed=120.0)
+
+
+class EnvPool(Generic[ActT, ObsT]):
+    """``size`` environment sessions over one or several servers, stepped as a batch.
+
+    Every session is an :class:`~envlink.EnvClient` of the given class and keeps
+    all of its guarantees (a deadline per call, never a step applied twice); the
+    pool adds placement, a deadline per batch, and recovery on another endpoint.
+    All sessions run on the event loop of the caller (one thread for the whole
+    pool); :meth:`sync` gives a blocking facade on one bridge thread.
+
+    Autoreset modes (as gymnasium's ``AutoresetMode``), for a slot whose step
+    returned ``done=True``:
+
+    * ``"next_step"`` (default): that step returns the terminal observation. On
+      the *next* ``step`` the slot's action is ignored, the session is reset, and
+      the slot's answer is the reset's observation with ``reward=0.0`` and
+      ``done=False``; the slot is listed in ``batch.autoreset``.
+    * ``"same_step"``: the session is reset within the same ``step``; the slot's
+      answer is the reset's observation with the terminal step's ``reward``,
+      ``done=True`` and ``metadata``; the terminal step itself (its observation is
+      the episode's last) is in ``batch.final[slot]``.
+    * ``"disabled"``: nothing is reset; reset slots with ``reset(mask=...)``.
+
+    An automatic reset uses ``autoreset_kwargs(slot, episode)`` if given, else the
+    slot's last reset arguments without ``seed`` (gymnasium resets without a seed).
+
+    Args:
+        endpoints: one base URL, or several (``http(s)://`` or ``ws(s)://``).
+        size: number of sessions (slots).
+        client: an :class:`~envlink.EnvClient` subclass (default
+            :class:`~envlink.GenericEnvClient`), or a callable ``url -> client``.
+        client_options: keyword arguments for each client (``timeout``,
+            ``reconnect``, ``headers``, ...), when ``client`` is a class.
+        on_session_lost: ``"raise"`` (default: that slot's answer is
+            :class:`~envlink.SessionLostError`), ``"replay"`` (the episode is rebuilt
+            on the least-loaded endpoint from its journal, each replayed answer
+            verified, then the interrupted step is applied) or ``"resume"`` (each
+            client resumes on its own server where it offers it).
+        autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"``.
+        autoreset_kwargs: ``(slot, episode) -> reset kwargs`` for automatic resets.
+        batch_timeout: default deadline of a batch call in seconds (``None``: none;
+            each session call keeps its client's own deadline).
+        capacity: backoff, attempts, elapsed cap and :class:`~envlink.RetryBudget`
+            for waiting while every endpoint is full or its breaker open.
+        breaker_threshold: consecutive connection failures that open an
+            endpoint's circuit breaker.
+        breaker_reset_timeout: seconds a breaker stays open before one probe.
+        replay_verify: compares a recorded answer with a replayed one (default:
+            equality of the whole ``data`` object).
+        tracer_provider: OpenTelemetry tracer provider (default: the global one).
+        meter_provider: OpenTelemetry meter provider (default: the global one).
+
+    Raises:
+        ValueError: a bad endpoint, size, mode or option.
+        TypeError: ``client`` is neither an EnvClient class nor a callable.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        size: int,
+        *,
+        client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
+        = GenericEnvClient,  # type: ignore[assignment]
+        client_options: Mapping[str, Any] | None = None,
+        on_session_lost: Literal["raise", "replay", "resume"] = "raise",
+        autoreset: AutoresetMode = "next_step",
+        autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
+        batch_timeout: float | None = None,
+        capacity: ReconnectPolicy | None = None,
+        breaker_threshold: int = 3,
+        breaker_reset_timeout: float = 5.0,
+        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive integer, got {size!r}")
+        if on_session_lost not in _POLICIES:
+            raise ValueError(f"on_session_lost must be one of {_POLICIES}, "
+                             f"got {on_session_lost!r}")
+        if autoreset not in _AUTORESET:
+            raise ValueError(f"autoreset must be one of {_AUTORESET}, got {autoreset!r}")
+        if batch_timeout is not None and not batch_timeout > 0:
+            raise ValueError(f"batch_timeout must be positive or None, got {batch_timeout!r}")
+        options = dict(client_options or {})
+        if "on_session_lost" in options:
+            raise ValueError("pass on_session_lost to EnvPool, not in client_options")
+        parsed = parse_endpoints(endpoints)
+        self.size = size
+        self.on_session_lost = on_session_lost
+        self.autoreset: AutoresetMode = autoreset
+        self.batch_timeout = batch_timeout
+        self._autoreset_kwargs = autoreset_kwargs
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self._tel = get_telemetry(tracer_provider, meter_provider)
+        # The pool rebuilds lost episodes itself (on any endpoint); its clients only
+        # report the loss. "resume" belongs to the client: it needs the same server.
+        client_policy: SessionLostPolicy = "resume" if on_session_lost == "resume" else "raise"
+        options.setdefault("tracer_provider", tracer_provider)
+        options.setdefault("meter_provider", meter_provider)
+        self._factory = _client_factory(client, options, client_policy)
+        self._engine: SlotEngine | None = None
+        self._parsed = parsed
+        self._capacity = capacity or DEFAULT_CAPACITY_POLICY
+        self._breaker = (breaker_threshold, breaker_reset_timeout)
+        CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
+        self._verify = replay_verify or same_answer
+        self._slots = [Slot(i) for i in range(size)]
+        self._inflight: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+        self._send_autoreset: set[int] = set()
+        self._send_final: dict[int, StepResult[ObsT]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The endpoint URLs, in the order given."""
+        return tuple(url for url, _host, _port in self._parsed)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def clients(self) -> list[EnvClient[ActT, ObsT, Any] | None]:
+        """Each slot's current client (``None``: no session); use them on the pool's loop."""
+        return [s.client for s in self._slots]
+
+    def view(self) -> PoolView:
+        """A snapshot: sessions per endpoint and state, breaker states, each slot's state."""
+        engine = self._engine
+        eps = engine.placement.endpoints if engine is not None else []
+        counts: dict[int, dict[str, int]] = {i: {} for i in range(len(self._parsed))}
+        for slot in self._slots:
+            if slot.endpoint is not None and slot.state is not SlotState.EMPTY:
+                by_state = counts[slot.endpoint.index]
+                by_state[slot.state.value] = by_state.get(slot.state.value, 0) + 1
+        views = []
+        for i, (url, _h, _p) in enumerate(self._parsed):
+            ep = eps[i] if eps else None
+            views.append(EndpointView(
+                url=url, breaker=ep.breaker.state.value if ep else "closed",
+                consecutive_failures=ep.breaker.consecutive_failures if ep else 0,
+                sessions=ep.sessions if ep else 0,
+                server_max=ep.server_max if ep else None, states=counts[i]))
+        return PoolView(endpoints=tuple(views),
+                        slots=tuple(s.state.value for s in self._slots),
+                        slot_endpoints=tuple(s.endpoint.url if s.endpoint and s.client
+                                             else None for s in self._slots))
+
+    # ------------------------------------------------------------------ batch calls
+
+    async def reset(self, seeds: int | Sequence[int | None] | None = None, *,
+                    mask: Sequence[bool] | None = None,
+                    timeout: float | UnsetType | None = UNSET,
+                    **kwargs: Any) -> Batch[ObsT]:
+        """Start a new episode in every slot (or the masked ones).
+
+        Args:
+            seeds: ``None`` (no seed), an int ``s`` (slot ``i`` gets ``s + i``, as
+                gymnasium), or one seed (or ``None``) per slot.
+            mask: which slots to reset (default: all); the others answer ``None``.
+            timeout: this batch's deadline (default: ``batch_timeout``).
+            **kwargs: reset arguments for every slot's environment.
+
+        Returns:
+            A :class:`Batch`: per slot a :class:`~envlink.StepResult` or its error.
+
+        Raises:
+            ValueError: bad seeds or mask, or a slot still has a step in flight.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask)
+        per_slot = _seed_list(seeds, self.size)
+        engine = self._ready_engine()
+        calls = {}
+        for i in chosen:
+            args = dict(kwargs)
+            if per_slot[i] is not None:
+                args["seed"] = per_slot[i]
+            calls[i] = engine.reset(self._slots[i], args)
+        return await self._run_batch("reset", calls, timeout)
+
+    async def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
+                       **kwargs: Any) -> StepResult[ObsT]:
+        """Reset one slot on its own and return its result.
+
+        Raises:
+            EnvlinkError: that slot's error.
+            IndexError: no such slot.
+        """
+        if not 0 <= index < self.size:
+            raise IndexError(f"slot {index} out of range for a pool of {self.size}")
+        mask = [i == index for i in range(self.size)]
+        return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
+
+    async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
+                   *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
+        """Apply one action per slot (or per masked slot) and wait for every answer.
+
+        Args:
+            actions: one action per slot (entries of masked-out slots are ignored).
+            mask: which slots to step (default: all); the others answer ``None``.
+            timeout: this batch's deadline (default: ``batch_timeout``); a slot not
+                done by then answers :class:`~envlink.CallTimeoutError`.
+
+        Returns:
+            A :class:`Batch` (see the autoreset modes in the class docstring).
+
+        Raises:
+            ValueError: ``actions`` or ``mask`` has the wrong length, or a slot still
+                has a step in flight (from :meth:`step_send`).
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask, actions)
+        autoreset: set[int] = set()
+        final: dict[int, StepResult[ObsT]] = {}
+        calls = self._step_calls(chosen, actions, autoreset, final)
+        return await self._run_batch("step", calls, timeout, autoreset, final)
+
+    async def step_send(self, actions: Sequence[ActT | None],
+                        mask: Sequence[bool] | None = None, *,
+                        timeout: float | UnsetType | None = UNSET) -> None:
+        """Start one step per slot (or per masked slot) and return at once.
+
+        Collect the answers with :meth:`step_recv`. ``timeout`` (default:
+        ``batch_timeout``) bounds each slot's step from now.
+
+        Raises:
+            ValueError: as :meth:`step`.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask, actions)
+        seconds = self._seconds(timeout)
+        # Same-step autoresets are recorded by the slots' tasks as they finish.
+        calls = self._step_calls(chosen, actions, self._send_autoreset, self._send_final)
+        with self._tel.span(SPAN_POOL_PREFIX + "step", attributes=self._span_attrs(calls)):
+            for i, coro in calls.items():
+                self._inflight[i] = asyncio.ensure_future(_bounded(coro, seconds))
+
+    async def step_recv(self, min_ready: int | None = None, *,
+                        timeout: float | None = None) -> Batch[ObsT]:
+        """Collect the answers of :meth:`step_send` as soon as ``min_ready`` are in.
+
+        Args:
+            min_ready: answers to wait for (default: every slot in flight).
+            timeout: most seconds to wait; on expiry the answers in so far are
+                returned (possibly fewer than ``min_ready``), the rest stay in flight.
+
+        Returns:
+            A :class:`Batch` with the answered slots (``batch.ready``) and the slots
+            still in flight (``batch.stragglers``, collected by a later call).
+
+        Raises:
+            ValueError: ``min_ready`` is not in ``1..len(in flight)``, or nothing is
+                in flight.
+        """
+        pending = dict(self._inflight)
+        if not pending:
+            raise ValueError("no step in flight: call step_send() first")
+        want = len(pending) if min_ready is None else min_ready
+        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
+            raise ValueError(f"min_ready must be in 1..{len(pending)}, got {min_ready!r}")
+        start = time.perf_counter()
+        attrs = {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
+                 ATTR_POOL_MIN_READY: want}
+        with self._tel.span(SPAN_POOL_RECV, attributes=attrs) as span:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            done = {t for t in pending.values() if t.done()}
+            while len(done) < want:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                more, _ = await asyncio.wait(set(pending.values()) - done, timeout=left,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                done |= more
+            batch = self._collect(pending, done)
+            self._record(span, "recv", batch, start)
+        return batch
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        """Cancel what is in flight and close every session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = list(self._inflight.values())
+        self._inflight.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        engine = self._engine
+        if engine is not None:
+            for slot in self._slots:
+                engine.detach(slot)
+            await engine.drain()
+
+    async def __aenter__(self) -> EnvPool[ActT, ObsT]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def sync(self, bridge: Bridge | None = None) -> SyncEnvPool[ActT, ObsT]:
+        """A blocking facade running this pool on one bridge thread.
+
+        Args:
+            bridge: share an existing :class:`~envlink.Bridge`; by default the facade
+                owns a new one and closes it with the pool.
+        """
+        from envlink._pool_sync import SyncEnvPool
+
+        return SyncEnvPool(self, bridge=bridge)
+
+    # ------------------------------------------------------------------ internals
+
+    def _ready_engine(self) -> SlotEngine:
+        if self._closed:
+            raise ClientClosedError("the pool is closed")
+        if self._engine is None:
+            # Built on first use, on the loop that runs the pool.
+            threshold, reset_timeout = self._breaker
+            holder: list[SlotEngine] = []
+
+            def make_breaker(index: int) -> CircuitBreaker:
+                return CircuitBreaker(threshold, reset_timeout, on_change=lambda old, new: (
+                    holder[0].breaker_changed(holder[0].placement.endpoints[index], old, new)))
+
+            placement = Placement(self._parsed, make_breaker, capacity_backoff=self._capacity)
+            engine = SlotEngine(placement, self._factory, on_session_lost=self.on_session_lost,
+                                capacity=self._capacity, verify=self._verify, tel=self._tel)
+            holder.append(engine)
+            self._engine = engine
+        return self._engine
+
+    def _chosen(self, mask: Sequence[bool] | None,
+                actions: Sequence[Any] | None = None) -> list[int]:
+        self._ready_engine()
+        if actions is not None and (isinstance(actions, (str, bytes))
+                                    or len(actions) != self.size):
+            raise ValueError(f"actions must be a sequence of {self.size} (one per slot)")
+        if mask is None:
+            chosen = list(range(self.size))
+        else:
+            if isinstance(mask, (str, bytes)) or len(mask) != self.size:
+                raise ValueError(f"mask must be a sequence of {self.size} booleans")
+            chosen = [i for i, m in enumerate(mask) if m]
+        busy = [i for i in chosen if i in self._inflight]
+        if busy:
+            raise ValueError(f"slots {busy} still have a step in flight; collect it with "
+                             "step_recv() first")
+        return chosen
+
+    def _step_calls(self, chosen: list[int], actions: Sequence[ActT | None],
+                    autoreset: set[int], final: dict[int, StepResult[ObsT]]
+                    ) -> dict[int, Any]:
+        engine = self._ready_engine()
+        calls: dict[int, Any] = {}
+        for i in chosen:
+            slot = self._slots[i]
+            if self.autoreset == "next_step" and slot.needs_reset:
+                calls[i] = self._next_step_reset(engine, slot)
+                autoreset.add(i)
+            else:
+                calls[i] = self._step_one(engine, slot, actions[i], autoreset, final)
+        return calls
+
+    async def _next_step_reset(self, engine: SlotEngine, slot: Slot) -> StepResult[ObsT]:
+        result: StepResult[ObsT] = await engine.reset(slot, self._next_kwargs(slot))
+        return StepResult(observation=result.observation, reward=0.0, done=False,
+                          metadata=result.metadata)
+
+    async def _step_one(self, engine: SlotEngine, slot: Slot, action: Any,
+                        autoreset: set[int], final: dict[int, StepResult[ObsT]]
+                        ) -> StepResult[ObsT]:
+        result: StepResult[ObsT] = await engine.step(slot, action)
+        if not result.done or self.autoreset == "disabled":
+            return result
+        if self.autoreset == "next_step":
+            slot.needs_reset = True
+            return result
+        final[slot.index] = result
+        autoreset.add(slot.index)
+        fresh: StepResult[ObsT] = await engine.reset(slot, self._next_kwargs(slot))
+        return StepResult(observation=fresh.observation, reward=result.reward, done=True,
+                          metadata=result.metadata)
+
+    def _next_kwargs(self, slot: Slot) -> dict[str, Any]:
+        if self._autoreset_kwargs is not None:
+            return dict(self._autoreset_kwargs(slot.index, slot.episodes))
+        return {k: v for k, v in slot.reset_kwargs.items() if k != "seed"}
+
+    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
+        seconds = self.batch_timeout if timeout is UNSET else timeout
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
+        return seconds
+
+    def _span_attrs(self, calls: Mapping[int, Any]) -> dict[str, Any] | None:
+        if not self._tel.tracing_enabled():
+            return None
+        return {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(calls)}
+
+    async def _run_batch(self, method: str, calls: dict[int, Any],
+                         timeout: float | UnsetType | None, autoreset: set[int] | None = None,
+                         final: dict[int, StepResult[ObsT]] | None = None) -> Batch[ObsT]:
+        try:
+            seconds = self._seconds(timeout)
+        except ValueError:
+            for coro in calls.values():
+                coro.close()
+            raise
+        start = time.perf_counter()
+        with self._tel.span(SPAN_POOL_PREFIX + method,
+                            attributes=self._span_attrs(calls)) as span:
+            tasks = {i: asyncio.ensure_future(_bounded(c, seconds)) for i, c in calls.items()}
+            try:
+                if tasks:
+                    await asyncio.wait(tasks.values())
+            except BaseException:
+                for task in tasks.values():
+                    task.cancel()
+                raise
+            batch = self._collect(tasks, set(tasks.values()), autoreset, final)
+            self._record(span, method, batch, start)
+        return batch
+
+    def _collect(self, tasks: Mapping[int, asyncio.Task[Any]], done: set[asyncio.Task[Any]],
+                 autoreset: set[int] | None = None,
+                 final: dict[int, StepResult[ObsT]] | None = None) -> Batch[ObsT]:
+        items: list[SlotResult[ObsT]] = [None] * self.size
+        ready, stragglers = [], []
+        from_send = autoreset is None
+        if from_send:
+            autoreset, final = self._send_autoreset, self._send_final
+        assert autoreset is not None
+        assert final is not None
+        for i, task in tasks.items():
+            if task not in done:
+                stragglers.append(i)
+                continue
+            ready.append(i)
+            self._inflight.pop(i, None)
+            items[i] = task.result()  # re-raises a caller bug (TypeError...) as it is
+        batch = Batch(items, ready=ready, stragglers=stragglers,
+                      autoreset=[i for i in autoreset if i in ready and i not in
+                                 _failed(items)],
+                      final={i: r for i, r in final.items() if i in ready})
+        if from_send:
+            self._send_autoreset -= set(ready)
+            for i in ready:
+                self._send_final.pop(i, None)
+        return batch
+
+    def _record(self, span: Any, method: str, batch: Batch[ObsT], start: float) -> None:
+        tel = self._tel
+        errors = batch.errors
+        attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
+        tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
+        if batch.stragglers:
+            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
+        if span.is_recording():
+            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
+            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
+            if errors:
+                kinds = sorted({e.error_type for e in errors.values()})
+                span.set_attribute(ATTR_ERROR_TYPE, kinds[0] if len(kinds) == 1 else "mixed")
+
+
+async def _bounded(coro: Any, seconds: float | None) -> Any:
+    """One slot's call under the batch deadline; an envlink error becomes its answer."""
+    try:
+        if seconds is None:
+            return await coro
+        return await asyncio.wait_for(coro, seconds)
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        if isinstance(exc, EnvlinkError):
+            return exc
+        return CallTimeoutError(f"the batch deadline of {seconds:g} s expired", timeout=seconds)
+    except EnvlinkError as exc:
+        return exc
+
+
+def _failed(items: list[Any]) -> set[int]:
+    return {i for i, r in enumerate(items) if isinstance(r, EnvlinkError)}
+
+
+def _only(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:
+    result = batch[index]
+    if isinstance(result, EnvlinkError):
+        raise result
+    assert result is not None
+    return result
+
+
+def _seed_list(seeds: int | Sequence[int | None] | None, size: int) -> list[int | None]:
+    if seeds is None:
+        return [None] * size
+    if isinstance(seeds, bool):
+        raise TypeError("seeds must be None, an int, or one seed per slot")
+    if isinstance(seeds, int):
+        return [seeds + i for i in range(size)]
+    if isinstance(seeds, (str, bytes)) or len(seeds) != size:
+        raise ValueError(f"seeds must be None, an int, or a sequence of {size}")
+    return list(seeds)
+
+
+def _client_factory(client: Any, options: dict[str, Any],
+                    policy: SessionLostPolicy) -> Callable[[str], EnvClient[Any, Any, Any]]:
+    if isinstance(client, type):
+        if not issubclass(client, EnvClient):
+            raise TypeError(f"client must be an EnvClient subclass, got {client.__name__}")
+        cls = client
+
+        def build(url: str) -> EnvClient[Any, Any, Any]:
+            return cls(url, on_session_lost=policy, **options)
+
+        return build
+    if callable(client):
+        def build_custom(url: str) -> EnvClient[Any, Any, Any]:
+            made = client(url)
+            if not isinstance(made, EnvClient):
+                raise TypeError(f"the client factory returned {type(made).__name__}, "
+                                "not an EnvClient")
+            made.on_session_lost = policy
+            return made
+
+        return build_custom
+    raise TypeError("client must be an EnvClient subclass or a callable url -> client")
