@@ -10,32 +10,19 @@ another endpoint under ``on_session_lost="replay"``.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._breaker import CircuitBreaker
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
-from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
+from envlink._errors import ClientClosedError, EnvlinkError
 from envlink._placement import Placement, parse_endpoints
 from envlink._policies import ReconnectPolicy, SessionLostPolicy
+from envlink._pool_batch import BatchRunner
 from envlink._pool_slot import Slot, SlotEngine, SlotState, same_answer
-from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
-from envlink._telemetry import (
-    ATTR_ERROR_TYPE,
-    ATTR_OUTCOME,
-    ATTR_POOL_ERRORS,
-    ATTR_POOL_MIN_READY,
-    ATTR_POOL_SIZE,
-    ATTR_POOL_SLOTS,
-    ATTR_POOL_STRAGGLERS,
-    ATTR_RPC_METHOD,
-    SPAN_POOL_PREFIX,
-    SPAN_POOL_RECV,
-    get_telemetry,
-)
+from envlink._pool_types import Batch, EndpointView, PoolView
+from envlink._telemetry import get_telemetry
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -167,9 +154,7 @@ class EnvPool(Generic[ActT, ObsT]):
         CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
         self._verify = replay_verify or same_answer
         self._slots = [Slot(i) for i in range(size)]
-        self._inflight: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
-        self._send_autoreset: set[int] = set()
-        self._send_final: dict[int, StepResult[ObsT]] = {}
+        self._batches: BatchRunner[ObsT] = BatchRunner(size, self._tel)
         self._closed = False
 
     # ------------------------------------------------------------------ properties
@@ -241,7 +226,7 @@ class EnvPool(Generic[ActT, ObsT]):
             if per_slot[i] is not None:
                 args["seed"] = per_slot[i]
             calls[i] = engine.reset(self._slots[i], args)
-        return await self._run_batch("reset", calls, timeout)
+        return await self._run("reset", calls, timeout, set(), {})
 
     async def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
                        **kwargs: Any) -> StepResult[ObsT]:
@@ -278,7 +263,7 @@ class EnvPool(Generic[ActT, ObsT]):
         autoreset: set[int] = set()
         final: dict[int, StepResult[ObsT]] = {}
         calls = self._step_calls(chosen, actions, autoreset, final)
-        return await self._run_batch("step", calls, timeout, autoreset, final)
+        return await self._run("step", calls, timeout, autoreset, final)
 
     async def step_send(self, actions: Sequence[ActT | None],
                         mask: Sequence[bool] | None = None, *,
@@ -294,11 +279,9 @@ class EnvPool(Generic[ActT, ObsT]):
         """
         chosen = self._chosen(mask, actions)
         seconds = self._seconds(timeout)
-        # Same-step autoresets are recorded by the slots' tasks as they finish.
-        calls = self._step_calls(chosen, actions, self._send_autoreset, self._send_final)
-        with self._tel.span(SPAN_POOL_PREFIX + "step", attributes=self._span_attrs(calls)):
-            for i, coro in calls.items():
-                self._inflight[i] = asyncio.ensure_future(_bounded(coro, seconds))
+        batches = self._batches
+        self._batches.send(self._step_calls(chosen, actions, batches.sent_autoreset,
+                                            batches.sent_final), seconds)
 
     async def step_recv(self, min_ready: int | None = None, *,
                         timeout: float | None = None) -> Batch[ObsT]:
@@ -317,28 +300,7 @@ class EnvPool(Generic[ActT, ObsT]):
             ValueError: ``min_ready`` is not in ``1..len(in flight)``, or nothing is
                 in flight.
         """
-        pending = dict(self._inflight)
-        if not pending:
-            raise ValueError("no step in flight: call step_send() first")
-        want = len(pending) if min_ready is None else min_ready
-        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
-            raise ValueError(f"min_ready must be in 1..{len(pending)}, got {min_ready!r}")
-        start = time.perf_counter()
-        attrs = {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
-                 ATTR_POOL_MIN_READY: want}
-        with self._tel.span(SPAN_POOL_RECV, attributes=attrs) as span:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            done = {t for t in pending.values() if t.done()}
-            while len(done) < want:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                more, _ = await asyncio.wait(set(pending.values()) - done, timeout=left,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                done |= more
-            batch = self._collect(pending, done)
-            self._record(span, "recv", batch, start)
-        return batch
+        return await self._batches.recv(min_ready, timeout)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -347,12 +309,7 @@ class EnvPool(Generic[ActT, ObsT]):
         if self._closed:
             return
         self._closed = True
-        tasks = list(self._inflight.values())
-        self._inflight.clear()
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self._batches.cancel_all()
         engine = self._engine
         if engine is not None:
             for slot in self._slots:
@@ -409,7 +366,7 @@ class EnvPool(Generic[ActT, ObsT]):
             if isinstance(mask, (str, bytes)) or len(mask) != self.size:
                 raise ValueError(f"mask must be a sequence of {self.size} booleans")
             chosen = [i for i, m in enumerate(mask) if m]
-        busy = [i for i in chosen if i in self._inflight]
+        busy = self._batches.busy(chosen)
         if busy:
             raise ValueError(f"slots {busy} still have a step in flight; collect it with "
                              "step_recv() first")
@@ -460,95 +417,16 @@ class EnvPool(Generic[ActT, ObsT]):
             raise ValueError(f"timeout must be positive or None, got {seconds!r}")
         return seconds
 
-    def _span_attrs(self, calls: Mapping[int, Any]) -> dict[str, Any] | None:
-        if not self._tel.tracing_enabled():
-            return None
-        return {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(calls)}
-
-    async def _run_batch(self, method: str, calls: dict[int, Any],
-                         timeout: float | UnsetType | None, autoreset: set[int] | None = None,
-                         final: dict[int, StepResult[ObsT]] | None = None) -> Batch[ObsT]:
+    async def _run(self, method: str, calls: dict[int, Any],
+                   timeout: float | UnsetType | None, autoreset: set[int],
+                   final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
         try:
             seconds = self._seconds(timeout)
         except ValueError:
             for coro in calls.values():
                 coro.close()
             raise
-        start = time.perf_counter()
-        with self._tel.span(SPAN_POOL_PREFIX + method,
-                            attributes=self._span_attrs(calls)) as span:
-            tasks = {i: asyncio.ensure_future(_bounded(c, seconds)) for i, c in calls.items()}
-            try:
-                if tasks:
-                    await asyncio.wait(tasks.values())
-            except BaseException:
-                for task in tasks.values():
-                    task.cancel()
-                raise
-            batch = self._collect(tasks, set(tasks.values()), autoreset, final)
-            self._record(span, method, batch, start)
-        return batch
-
-    def _collect(self, tasks: Mapping[int, asyncio.Task[Any]], done: set[asyncio.Task[Any]],
-                 autoreset: set[int] | None = None,
-                 final: dict[int, StepResult[ObsT]] | None = None) -> Batch[ObsT]:
-        items: list[SlotResult[ObsT]] = [None] * self.size
-        ready, stragglers = [], []
-        from_send = autoreset is None
-        if from_send:
-            autoreset, final = self._send_autoreset, self._send_final
-        assert autoreset is not None
-        assert final is not None
-        for i, task in tasks.items():
-            if task not in done:
-                stragglers.append(i)
-                continue
-            ready.append(i)
-            self._inflight.pop(i, None)
-            items[i] = task.result()  # re-raises a caller bug (TypeError...) as it is
-        batch = Batch(items, ready=ready, stragglers=stragglers,
-                      autoreset=[i for i in autoreset if i in ready and i not in
-                                 _failed(items)],
-                      final={i: r for i, r in final.items() if i in ready})
-        if from_send:
-            self._send_autoreset -= set(ready)
-            for i in ready:
-                self._send_final.pop(i, None)
-        return batch
-
-    def _record(self, span: Any, method: str, batch: Batch[ObsT], start: float) -> None:
-        tel = self._tel
-        errors = batch.errors
-        attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
-        tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
-        if batch.stragglers:
-            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
-        if span.is_recording():
-            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
-            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
-            if errors:
-                kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_ERROR_TYPE, kinds[0] if len(kinds) == 1 else "mixed")
-
-
-async def _bounded(coro: Any, seconds: float | None) -> Any:
-    """One slot's call under the batch deadline; an envlink error becomes its answer."""
-    try:
-        if seconds is None:
-            return await coro
-        return await asyncio.wait_for(coro, seconds)
-    except (asyncio.TimeoutError, TimeoutError) as exc:
-        if isinstance(exc, EnvlinkError):
-            return exc
-        return CallTimeoutError(f"the batch deadline of {seconds:g} s expired", timeout=seconds)
-    except EnvlinkError as exc:
-        return exc
-
-
-def _failed(items: list[Any]) -> set[int]:
-    return {i for i, r in enumerate(items) if isinstance(r, EnvlinkError)}
-
-
+        return await self._batches.run(method, calls, seconds, autoreset, final)
 def _only(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:
     result = batch[index]
     if isinstance(result, EnvlinkError):

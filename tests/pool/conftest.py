@@ -1,0 +1,109 @@
+"""Fixtures for EnvPool tests: reference servers on 127.0.0.1, no backoff waits."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import pytest
+
+from envlink import GenericEnvClient, set_testing
+from envlink.server import EnvServer
+
+LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)")
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff_waits() -> Iterator[None]:
+    with set_testing():
+        yield
+
+
+@pytest.fixture
+async def det_servers() -> AsyncIterator[Callable[..., Any]]:
+    """Start deterministic servers on demand: ``await det_servers(max_sessions=...)``."""
+    async with AsyncExitStack() as stack:
+
+        async def start(**kwargs: Any) -> EnvServer:
+            kwargs.setdefault("env", "deterministic")
+            return await stack.enter_async_context(EnvServer(**kwargs))
+
+        yield start
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens (the port was bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"ws://127.0.0.1:{port}"
+
+
+async def solo_run(url: str, reset_kwargs: dict[str, Any], actions: list[Any]
+                   ) -> list[dict[str, Any]]:
+    """Observations of one client, alone, doing a reset then the actions."""
+    async with GenericEnvClient(url) as env:
+        out = [(await env.reset(**reset_kwargs)).observation]
+        for action in actions:
+            out.append((await env.step(action)).observation)
+    return out
+
+
+class ServerProcess:
+    """``python -m envlink.server`` (deterministic env, ``--events``) in a subprocess."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "envlink.server", "--host", "127.0.0.1", "--port", "0",
+             "--env", "deterministic", "--events", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        match = LISTENING.search(line)
+        assert match, f"server did not start: {line!r}"
+        self.port = int(match.group(1))
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def wait_event(self, name: str) -> None:
+        """Block until the server announces ``name`` on stdout."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.split()[2:4] == ["event", name]:
+                return
+        raise AssertionError(f"server exited before event {name!r}")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., ServerProcess]]:
+    """Start server processes on demand; all are stopped at the end."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        proc = ServerProcess(*args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
