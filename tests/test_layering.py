@@ -10,7 +10,8 @@ import pytest
 pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
-PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py"]
+PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py",
+        "_breaker.py", "_placement.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 
 
@@ -30,7 +31,7 @@ def top(names: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("module", PURE)
 def test_pure_modules_import_no_io(module: str) -> None:
-    """errors, config, protocol, policies and journal import nothing that does I/O."""
+    """errors, config, protocol, policies, journal, breaker, placement import nothing with I/O."""
     names = top(imported(SRC / module))
     assert not names & IO_MODULES, names & IO_MODULES
     internal = {n for n in names if n.startswith("envlink.")}
@@ -65,3 +66,10 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
             continue
         sdk = {n for n in imported(path) if n.startswith("opentelemetry.sdk")}
         assert not sdk, f"{path.relative_to(SRC)} imports {sdk}"
+
+
+def test_the_pool_builds_on_the_clients_public_surface() -> None:
+    """EnvPool's modules never reach below the client: no transport, protocol or server."""
+    forbidden = {"envlink._transport", "envlink._protocol", "envlink.server", "websockets"}
+    for path in sorted(SRC.glob("_pool*.py")):
+        assert not top(imported(path)) & forbidden, path.name
