@@ -86,6 +86,11 @@ class EnvPool(Generic[ActT, ObsT]):
         autoreset_kwargs: ``(slot, episode) -> reset kwargs`` for automatic resets.
         batch_timeout: default deadline of a batch call in seconds (``None``: none;
             each session call keeps its client's own deadline).
+        max_inflight: most session calls running at once (``None``: every slot of a
+            batch at once). A window keeps each call's own deadline for the server
+            and the network rather than for the pool's queue on a busy loop; a
+            batch still waits for all its slots, and the batch deadline covers
+            the time queued.
         capacity: backoff, attempts, elapsed cap and :class:`~envlink.RetryBudget`
             for waiting while every endpoint is full or its breaker open.
         breaker_threshold: consecutive connection failures that open an
@@ -113,6 +118,7 @@ class EnvPool(Generic[ActT, ObsT]):
         autoreset: AutoresetMode = "next_step",
         autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
         batch_timeout: float | None = None,
+        max_inflight: int | None = None,
         capacity: ReconnectPolicy | None = None,
         breaker_threshold: int = 3,
         breaker_reset_timeout: float = 5.0,
@@ -129,6 +135,10 @@ class EnvPool(Generic[ActT, ObsT]):
             raise ValueError(f"autoreset must be one of {_AUTORESET}, got {autoreset!r}")
         if batch_timeout is not None and not batch_timeout > 0:
             raise ValueError(f"batch_timeout must be positive or None, got {batch_timeout!r}")
+        if max_inflight is not None and (isinstance(max_inflight, bool) or
+                                         not isinstance(max_inflight, int) or max_inflight < 1):
+            raise ValueError(f"max_inflight must be a positive integer or None, "
+                             f"got {max_inflight!r}")
         options = dict(client_options or {})
         if "on_session_lost" in options:
             raise ValueError("pass on_session_lost to EnvPool, not in client_options")
@@ -154,7 +164,7 @@ class EnvPool(Generic[ActT, ObsT]):
         CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
         self._verify = replay_verify or same_answer
         self._slots = [Slot(i) for i in range(size)]
-        self._batches: BatchRunner[ObsT] = BatchRunner(size, self._tel)
+        self._batches: BatchRunner[ObsT] = BatchRunner(size, self._tel, max_inflight)
         self._closed = False
 
     # ------------------------------------------------------------------ properties

@@ -45,14 +45,23 @@ class BatchRunner(Generic[ObsT]):
         tel: telemetry.
     """
 
-    def __init__(self, size: int, tel: Telemetry) -> None:
+    def __init__(self, size: int, tel: Telemetry, max_inflight: int | None = None) -> None:
         self.size = size
         self.tel = tel
+        # Created on first use, on the loop that runs the pool.
+        self._max_inflight = max_inflight
+        self._gate: asyncio.Semaphore | None = None
         self.inflight: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
         # Autoresets and terminal steps of steps sent but not yet received (same-step
         # autoresets are added by the slots' tasks as they finish).
         self.sent_autoreset: set[int] = set()
         self.sent_final: dict[int, StepResult[ObsT]] = {}
+
+    def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
+                 seconds: float | None) -> Coroutine[Any, Any, SlotResult[Any]]:
+        if self._max_inflight is not None and self._gate is None:
+            self._gate = asyncio.Semaphore(self._max_inflight)
+        return _bounded(_gated(coro, self._gate), seconds)
 
     def busy(self, chosen: list[int]) -> list[int]:
         """The slots among ``chosen`` that still have a step in flight."""
@@ -69,7 +78,8 @@ class BatchRunner(Generic[ObsT]):
         start = time.perf_counter()
         with self.tel.span(SPAN_POOL_PREFIX + method,
                            attributes=self._span_attrs(calls)) as span:
-            tasks = {i: asyncio.ensure_future(_bounded(c, seconds)) for i, c in calls.items()}
+            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds))
+                     for i, c in calls.items()}
             try:
                 if tasks:
                     await asyncio.wait(tasks.values())
@@ -85,7 +95,7 @@ class BatchRunner(Generic[ObsT]):
         """Start every slot's step; :meth:`recv` collects them."""
         with self.tel.span(SPAN_POOL_PREFIX + "step", attributes=self._span_attrs(calls)):
             for i, coro in calls.items():
-                self.inflight[i] = asyncio.ensure_future(_bounded(coro, seconds))
+                self.inflight[i] = asyncio.ensure_future(self._bounded(coro, seconds))
 
     async def recv(self, min_ready: int | None, timeout: float | None) -> Batch[ObsT]:
         """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them."""
@@ -157,6 +167,21 @@ class BatchRunner(Generic[ObsT]):
             if errors:
                 kinds = sorted({e.error_type for e in errors.values()})
                 span.set_attribute(ATTR_ERROR_TYPE, kinds[0] if len(kinds) == 1 else "mixed")
+
+
+async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
+                 gate: asyncio.Semaphore | None) -> StepResult[Any]:
+    """Run ``coro`` once the pool's in-flight window lets it (no window: at once)."""
+    if gate is None:
+        return await coro
+    started = False
+    try:
+        async with gate:
+            started = True
+            return await coro
+    finally:
+        if not started:
+            coro.close()  # cancelled while queued: it never ran
 
 
 async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]],

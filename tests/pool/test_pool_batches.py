@@ -229,3 +229,28 @@ async def test_close_cancels_steps_in_flight(det_servers: Callable[..., Any]) ->
     # The stalled server handler notices the closed connection once it runs again.
     handle.unstall()
     await asyncio.wait_for(srv.wait_for_disconnect(2), 10)
+
+
+async def test_max_inflight_bounds_the_calls_running_at_once(
+        det_servers: Callable[..., Any]) -> None:
+    """With a window of one, a stalled call holds back the next, which is never sent."""
+    srv = await det_servers()
+    async with EnvPool(srv.url, 2, max_inflight=1) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        await _stall_slot(srv, pool, 0)
+        applied = srv.steps_applied
+        batch = await pool.step([{"move": 1}] * 2, timeout=0.3)
+        assert all(isinstance(e, CallTimeoutError) for e in batch)
+        assert srv.steps_applied == applied
+    with pytest.raises(ValueError, match="max_inflight"):
+        EnvPool(srv.url, 1, max_inflight=0)
+
+
+async def test_a_window_gives_the_same_results(det_servers: Callable[..., Any]) -> None:
+    """A window smaller than the batch changes nothing in the answers."""
+    srv = await det_servers()
+    async with EnvPool(srv.url, 5, max_inflight=2) as pool:
+        await pool.reset(seeds=20)
+        batch = await pool.step([{"move": i} for i in range(5)])
+    for i, r in enumerate(batch.results()):
+        assert r.observation == (await solo_run(srv.url, {"seed": 20 + i}, [{"move": i}]))[1]
