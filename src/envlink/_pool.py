@@ -298,7 +298,8 @@ class EnvPool(Generic[ActT, ObsT]):
         """Collect the answers of :meth:`step_send` as soon as ``min_ready`` are in.
 
         Args:
-            min_ready: answers to wait for (default: every slot in flight).
+            min_ready: answers to wait for (default: every slot in flight; with
+                nothing in flight, an empty batch is returned at once).
             timeout: most seconds to wait; on expiry the answers in so far are
                 returned (possibly fewer than ``min_ready``), the rest stay in flight.
 
@@ -307,8 +308,8 @@ class EnvPool(Generic[ActT, ObsT]):
             still in flight (``batch.stragglers``, collected by a later call).
 
         Raises:
-            ValueError: ``min_ready`` is not in ``1..len(in flight)``, or nothing is
-                in flight.
+            ValueError: ``min_ready`` is not in ``1..len(in flight)`` (nothing in
+                flight included).
         """
         return await self._batches.recv(min_ready, timeout)
 
@@ -378,8 +379,8 @@ class EnvPool(Generic[ActT, ObsT]):
             chosen = [i for i, m in enumerate(mask) if m]
         busy = self._batches.busy(chosen)
         if busy:
-            raise ValueError(f"slots {busy} still have a step in flight; collect it with "
-                             "step_recv() first")
+            raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
+                             "step with step_recv(); one batch call at a time per slot)")
         return chosen
 
     def _step_calls(self, chosen: list[int], actions: Sequence[ActT | None],

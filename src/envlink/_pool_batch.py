@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from opentelemetry.trace import Span
 
 from envlink._client import StepResult
-from envlink._errors import CallTimeoutError, EnvlinkError
+from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
 from envlink._pool_types import Batch, SlotResult
 from envlink._telemetry import (
     ATTR_ERROR_TYPE,
@@ -56,6 +56,8 @@ class BatchRunner(Generic[ObsT]):
         # autoresets are added by the slots' tasks as they finish).
         self.sent_autoreset: set[int] = set()
         self.sent_final: dict[int, StepResult[ObsT]] = {}
+        # Slots of whole-batch calls (reset, step) still running, and their tasks.
+        self.running: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
 
     def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
                  seconds: float | None) -> Coroutine[Any, Any, SlotResult[Any]]:
@@ -64,8 +66,8 @@ class BatchRunner(Generic[ObsT]):
         return _bounded(_gated(coro, self._gate), seconds)
 
     def busy(self, chosen: list[int]) -> list[int]:
-        """The slots among ``chosen`` that still have a step in flight."""
-        return [i for i in chosen if i in self.inflight]
+        """The slots among ``chosen`` that still have a call in flight."""
+        return [i for i in chosen if i in self.inflight or i in self.running]
 
     def _span_attrs(self, calls: Mapping[int, Any]) -> dict[str, Any] | None:
         if not self.tel.tracing_enabled():
@@ -80,6 +82,7 @@ class BatchRunner(Generic[ObsT]):
                            attributes=self._span_attrs(calls)) as span:
             tasks = {i: asyncio.ensure_future(self._bounded(c, seconds))
                      for i, c in calls.items()}
+            self.running.update(tasks)
             try:
                 if tasks:
                     await asyncio.wait(tasks.values())
@@ -87,6 +90,9 @@ class BatchRunner(Generic[ObsT]):
                 for task in tasks.values():
                     task.cancel()
                 raise
+            finally:
+                for i in tasks:
+                    self.running.pop(i, None)
             batch = self._collect(tasks, set(tasks.values()), autoreset, final)
             self._record(span, method, batch, start)
         return batch
@@ -100,6 +106,8 @@ class BatchRunner(Generic[ObsT]):
     async def recv(self, min_ready: int | None, timeout: float | None) -> Batch[ObsT]:
         """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them."""
         pending = dict(self.inflight)
+        if not pending and min_ready is None:
+            return Batch([None] * self.size)  # nothing left to collect
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
         want = len(pending) if min_ready is None else min_ready
@@ -129,8 +137,8 @@ class BatchRunner(Generic[ObsT]):
         return batch
 
     async def cancel_all(self) -> None:
-        """Cancel every step in flight and wait for the cancellations."""
-        tasks = list(self.inflight.values())
+        """Cancel every call in flight (sent or in a running batch) and wait for them."""
+        tasks = list(self.inflight.values()) + list(self.running.values())
         self.inflight.clear()
         for task in tasks:
             task.cancel()
@@ -148,7 +156,11 @@ class BatchRunner(Generic[ObsT]):
             ready.append(i)
             self.inflight.pop(i, None)
         for i in ready:
-            items[i] = tasks[i].result()  # re-raises a caller's bug (TypeError...) as is
+            task = tasks[i]
+            if task.cancelled():
+                items[i] = ClientClosedError("the pool was closed during the call")
+            else:
+                items[i] = task.result()  # re-raises a caller's bug (TypeError...) as is
         ok = {i for i in ready if not isinstance(items[i], EnvlinkError)}
         return Batch(items, ready=ready, stragglers=stragglers,
                      autoreset=[i for i in autoreset if i in ok],

@@ -206,7 +206,9 @@ async def test_bad_input_is_a_clear_error(det_servers: Callable[..., Any]) -> No
     with pytest.raises(ValueError, match="seeds"):
         await pool.reset(seeds=[1])
     with pytest.raises(ValueError, match="no step in flight"):
-        await pool.step_recv()
+        await pool.step_recv(min_ready=1)
+    nothing = await pool.step_recv()
+    assert list(nothing) == [None, None] and nothing.ready == ()
     with pytest.raises(ValueError, match="timeout"):
         await pool.step([{"move": 1}] * 2, timeout=-1)
     await pool.close()
@@ -254,3 +256,22 @@ async def test_a_window_gives_the_same_results(det_servers: Callable[..., Any]) 
         batch = await pool.step([{"move": i} for i in range(5)])
     for i, r in enumerate(batch.results()):
         assert r.observation == (await solo_run(srv.url, {"seed": 20 + i}, [{"move": i}]))[1]
+
+
+async def test_one_batch_call_at_a_time_per_slot(det_servers: Callable[..., Any]) -> None:
+    """A second batch on slots still running is refused; closing ends the first cleanly."""
+    srv = await det_servers()
+    pool: EnvPool[Any, Any] = EnvPool(srv.url, 2)
+    await pool.reset(seeds=0)
+    sid = pool.clients()[1].session_id  # type: ignore[union-attr]
+    (handle,) = [h for h in srv.connections if h.session_id == sid]
+    handle.faults.stall_after = handle.requests + 1  # its next request stalls on arrival
+    running = asyncio.ensure_future(pool.step([{"move": 1}] * 2))
+    await srv.wait_for("stall")
+    with pytest.raises(ValueError, match="in flight"):
+        await pool.step([{"move": 1}] * 2)
+    await pool.close()
+    batch = await asyncio.wait_for(running, 10)
+    assert isinstance(batch[1], ClientClosedError)
+    assert isinstance(batch[0], (StepResult, ClientClosedError))  # it may have answered
+    handle.unstall()
