@@ -1,7 +1,7 @@
 """EnvPool at scale: 1,000 sessions on one loop thread against reference server processes.
 
-Run: ``python benchmarks/bench_pool.py [--sessions 1000] [--servers 3] [--rounds 20]``
-(about a minute; prints a table and writes ``bench_pool.json``).
+Run: ``python benchmarks/bench_pool.py [--sessions 1000] [--servers 3] [--rounds 20]
+[--repeats 3]`` (a few minutes; prints a table and writes ``bench_pool.json``).
 
 Starts ``--servers`` reference server processes (``envlink serve --env echo``, with
 ``--max-sessions`` high enough), then measures, each variant in a fresh Python
@@ -24,6 +24,9 @@ process so that memory figures do not share an allocator:
   the stand-in is envlink's own ``GenericEnvClient(url).sync()`` per environment
   (one bridge, hence one thread, each): the same architecture as OpenEnv's
   ``EnvClient(...).sync()``, with envlink's per-call costs.
+
+Variants run interleaved, ``--repeats`` times in a rotating order; the table shows
+medians, and each ratio is the median of the ratios within a repetition.
 
 Targets (issue 13): RSS per idle session <= 100 KiB; p99 session step at N=1000
 <= 20x N=1; the pool faster per batch and far smaller than the threads. Not a
@@ -202,11 +205,22 @@ def _summary(raw: dict[str, Any], sessions: int) -> dict[str, Any]:
     }
 
 
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, float):
+            out[key] = statistics.median(r[key] for r in rows)
+    out["errors"] = sum(r["errors"] for r in rows)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved repetitions of every variant")
     parser.add_argument("--pool-threads", type=int, default=64,
                         help="ThreadPoolExecutor workers for the threads variant")
     parser.add_argument("--json", default="bench_pool.json", help="where to write results")
@@ -228,30 +242,44 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     procs, urls = _start_servers(args.servers, args.sessions + 16)
+    variants = [("pool", args.sessions), ("window", args.sessions), ("pool_n1", 1),
+                ("threads", args.sessions)]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     try:
-        # A warm-up run (imports, server JIT-less warm caches), then the measured ones.
-        _child("pool", urls, args, 1)
-        pool = _summary(_child("pool", urls, args, args.sessions), args.sessions)
-        window = _summary(_child("window", urls, args, args.sessions), args.sessions)
-        one = _summary(_child("pool", urls, args, 1), 1)
-        threads = _summary(_child("threads", urls, args, args.sessions), args.sessions)
+        _child("pool", urls, args, 1)  # warm-up: imports, server caches
+        # Variants interleaved, in a rotating order, so that noise from other work on
+        # the machine hits them alike; ratios are taken within each repetition.
+        for rep in range(args.repeats):
+            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            for name, n in order:
+                child = "pool" if name == "pool_n1" else name
+                runs[name].append(_summary(_child(child, urls, args, n), n))
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=10)
 
+    def ratio(top: str, key_top: str, bottom: str, key_bottom: str) -> float:
+        return statistics.median(
+            a[key_top] / max(b[key_bottom], 1e-9)
+            for a, b in zip(runs[top], runs[bottom], strict=True))
+
     ratios = {
-        "step_p99_n_vs_1": pool["step_p99_ms"] / one["step_p99_ms"],
-        "step_p99_n_vs_1_window": window["step_p99_ms"] / one["step_p99_ms"],
-        "threads_vs_pool_batch_p50": threads["batch_p50_ms"] / pool["batch_p50_ms"],
-        "threads_vs_pool_rss": threads["rss_per_session_kib"] / pool["rss_per_session_kib"],
-        "threads_vs_pool_vm": threads["vm_per_session_kib"] / max(
-            pool["vm_per_session_kib"], 1e-9),
+        "step_p99_n_vs_1": ratio("pool", "step_p99_ms", "pool_n1", "step_p99_ms"),
+        "step_p99_n_vs_1_window": ratio("window", "step_p99_ms", "pool_n1", "step_p99_ms"),
+        "threads_vs_pool_batch_p50": ratio("threads", "batch_p50_ms", "pool", "batch_p50_ms"),
+        "threads_vs_pool_rss": ratio("threads", "rss_per_session_kib",
+                                     "pool", "rss_per_session_kib"),
+        "threads_vs_pool_vm": ratio("threads", "vm_per_session_kib",
+                                    "pool", "vm_per_session_kib"),
     }
+    med = {name: _median_row(rows) for name, rows in runs.items()}
+    pool, window, one, threads = med["pool"], med["window"], med["pool_n1"], med["threads"]
     n = args.sessions
     print(f"python {platform.python_version()}, {os.cpu_count()} cpus, {n} sessions, "
-          f"{args.servers} server processes (echo), {args.rounds} batched steps")
+          f"{args.servers} server processes (echo), {args.rounds} batched steps; "
+          f"medians of {args.repeats} interleaved repetitions")
     head = f"{'variant':<34}{'batch p50':>11}{'batch p99':>11}{'steps/s':>10}" \
            f"{'step p50':>10}{'step p99':>10}{'RSS/sess':>11}{'errors':>8}"
     print(head)
@@ -272,20 +300,23 @@ def main(argv: list[str] | None = None) -> int:
         value = ratios[key]
         print(f"step p99, N={n} vs N=1{label}: {value:.1f}x "
               f"(target <= 20x: {'met' if value <= 20 else 'NOT met'})")
-    print(f"thread-per-env / pool, batch:  {ratios['threads_vs_pool_batch_p50']:.2f}x")
+    print(f"thread-per-env / pool, batch p50: {ratios['threads_vs_pool_batch_p50']:.2f}x "
+          f"(per repetition: " + ", ".join(
+              f"{t['batch_p50_ms'] / p['batch_p50_ms']:.2f}"
+              for t, p in zip(runs["threads"], runs["pool"], strict=True)) + ")")
     print(f"thread-per-env / pool, memory: {ratios['threads_vs_pool_rss']:.2f}x RSS, "
           f"{ratios['threads_vs_pool_vm']:.0f}x virtual "
           f"({threads['vm_per_session_kib']:.0f} vs {pool['vm_per_session_kib']:.1f} KiB "
           "of address space per session: each thread reserves a stack)")
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump({"sessions": n, "servers": args.servers, "rounds": args.rounds,
-                   "window": args.window, "pool": pool, "pool_window": window,
-                   "pool_n1": one, "threads": threads, "ratios": ratios,
+                   "repeats": args.repeats, "window": args.window, "medians": med,
+                   "runs": runs, "ratios": ratios,
                    "baseline": "envlink GenericEnvClient(...).sync() per environment "
                                "(openenv's client is not installed in this venv)"},
                   f, indent=2)
     print(f"wrote {args.json}")
-    return 0 if pool["errors"] == 0 else 1
+    return 0 if all(r["errors"] == 0 for rows in runs.values() for r in rows) else 1
 
 
 if __name__ == "__main__":
