@@ -159,3 +159,20 @@ async def test_kill_9_under_raise_gives_per_slot_errors(
         after = await pool.step(_actions(2))
         assert set(after.errors) == on_victim
         assert set(pool.view().slots) == {"active", "lost"}
+
+
+async def test_resume_keeps_the_session_on_its_server(det_servers: Callable[..., Any]) -> None:
+    """Under resume, a dropped connection re-attaches to the same server-side session."""
+    srv = await det_servers()
+    async with EnvPool(srv.url, SIZE, on_session_lost="resume") as pool:
+        await pool.reset(seeds=30, max_steps=50)
+        sid = pool.clients()[0].session_id  # type: ignore[union-attr]
+        (handle,) = [h for h in srv.connections if h.session_id == sid]
+        handle.faults.drop_after = handle.requests + 1
+        batch = await pool.step(_actions(0))
+        assert batch.ok
+        assert srv.resumes == 1
+        assert pool.clients()[0].session_id == sid  # type: ignore[union-attr]
+    for i, r in enumerate(batch.results()):
+        want = await solo_run(srv.url, {"seed": 30 + i, "max_steps": 50}, [_actions(0)[i]])
+        assert r.observation == want[1]
