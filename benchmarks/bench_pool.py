@@ -11,8 +11,9 @@ process so that memory figures do not share an allocator:
   sync facade (one bridge thread for all of them): ``reset`` once, then
   ``--rounds`` batched ``step`` calls. Reported: batch time p50/p99, aggregate
   steps per second, resident memory per idle session (RSS after the sessions are
-  open and reset, minus RSS before, divided by the sessions), and p99 of one
-  session's step latency inside a batch (the client's own ``step`` call, from its
+  open and reset, minus RSS before, divided by the sessions), the client
+  process's CPU time per batch (all its threads), and p99 of one session's step
+  latency inside a batch (the client's own ``step`` call, from its
   start to its answer).
 * ``pool, max_inflight=W``: the same with a window of ``--window`` session calls
   running at once (each session's call then measures the server and network, not
@@ -105,17 +106,19 @@ def run_pool(urls: list[str], sessions: int, rounds: int, window: int | None = N
         gc.collect()
         rss1, vm1 = _rss_kib(), _vm_kib()
         batches: list[float] = []
+        cpu: list[float] = []
         latencies.clear()
         for r in range(rounds):
             actions = [_action(i, r) for i in range(sessions)]
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.process_time()
             batch = pool.step(actions)
             batches.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu0)
             errors += len(batch.errors)
         per_endpoint = [e.sessions for e in pool.view().endpoints]
     finally:
         pool.close()
-    return {"batches": batches, "latencies": latencies, "rss_kib": rss1 - rss0,
+    return {"batches": batches, "cpu": cpu, "latencies": latencies, "rss_kib": rss1 - rss0,
             "vm_kib": vm1 - vm0, "errors": errors, "per_endpoint": per_endpoint}
 
 
@@ -143,18 +146,20 @@ def run_threads(urls: list[str], sessions: int, rounds: int, workers: int) -> di
             rss1, vm1 = _rss_kib(), _vm_kib()
             threads = sum(1 for _ in os.listdir("/proc/self/task"))
             batches: list[float] = []
+            cpu: list[float] = []
             for r in range(rounds):
-                start = time.perf_counter()
+                start, cpu0 = time.perf_counter(), time.process_time()
                 futures = [executor.submit(timed_step, env, _action(i, r))
                            for i, env in enumerate(envs)]
                 for f in futures:
                     if f.exception() is not None:
                         errors += 1
                 batches.append(time.perf_counter() - start)
+                cpu.append(time.process_time() - cpu0)
     finally:
         with ThreadPoolExecutor(max_workers=workers) as executor:
             list(executor.map(lambda e: e.close(), envs))
-    return {"batches": batches, "latencies": latencies, "rss_kib": rss1 - rss0,
+    return {"batches": batches, "cpu": cpu, "latencies": latencies, "rss_kib": rss1 - rss0,
             "vm_kib": vm1 - vm0, "errors": errors, "threads": threads}
 
 
@@ -195,6 +200,7 @@ def _summary(raw: dict[str, Any], sessions: int) -> dict[str, Any]:
         "sessions": sessions,
         "batch_p50_ms": 1e3 * statistics.median(batches),
         "batch_p99_ms": 1e3 * _pct(batches, 99),
+        "cpu_per_batch_ms": 1e3 * statistics.median(raw["cpu"]),
         "steps_per_s": sessions * len(batches) / total if total else 0.0,
         "step_p50_ms": 1e3 * statistics.median(lat),
         "step_p99_ms": 1e3 * _pct(lat, 99),
@@ -269,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_p99_n_vs_1": ratio("pool", "step_p99_ms", "pool_n1", "step_p99_ms"),
         "step_p99_n_vs_1_window": ratio("window", "step_p99_ms", "pool_n1", "step_p99_ms"),
         "threads_vs_pool_batch_p50": ratio("threads", "batch_p50_ms", "pool", "batch_p50_ms"),
+        "threads_vs_pool_cpu": ratio("threads", "cpu_per_batch_ms", "pool", "cpu_per_batch_ms"),
         "threads_vs_pool_rss": ratio("threads", "rss_per_session_kib",
                                      "pool", "rss_per_session_kib"),
         "threads_vs_pool_vm": ratio("threads", "vm_per_session_kib",
@@ -280,17 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {platform.python_version()}, {os.cpu_count()} cpus, {n} sessions, "
           f"{args.servers} server processes (echo), {args.rounds} batched steps; "
           f"medians of {args.repeats} interleaved repetitions")
-    head = f"{'variant':<34}{'batch p50':>11}{'batch p99':>11}{'steps/s':>10}" \
-           f"{'step p50':>10}{'step p99':>10}{'RSS/sess':>11}{'errors':>8}"
+    head = f"{'variant':<34}{'batch p50':>11}{'batch p99':>11}{'CPU/batch':>11}" \
+           f"{'steps/s':>9}{'step p50':>10}{'step p99':>10}{'RSS/sess':>11}{'errors':>7}"
     print(head)
     for name, row in ((f"EnvPool, 1 loop thread, N={n}", pool),
                       (f"EnvPool, max_inflight={args.window}", window),
                       ("EnvPool, N=1", one),
                       (f"sync client+thread per env, N={n}", threads)):
         print(f"{name:<34}{row['batch_p50_ms']:>9.1f}ms{row['batch_p99_ms']:>9.1f}ms"
-              f"{row['steps_per_s']:>10.0f}{row['step_p50_ms']:>8.2f}ms"
-              f"{row['step_p99_ms']:>8.2f}ms{row['rss_per_session_kib']:>7.1f}KiB"
-              f"{row['errors']:>8}")
+              f"{row['cpu_per_batch_ms']:>9.1f}ms{row['steps_per_s']:>9.0f}"
+              f"{row['step_p50_ms']:>8.2f}ms{row['step_p99_ms']:>8.2f}ms"
+              f"{row['rss_per_session_kib']:>8.1f}KiB{row['errors']:>7}")
     print(f"sessions per endpoint: {pool.get('per_endpoint')}; "
           f"threads in the thread-per-env process: {threads.get('threads')}")
     print(f"RSS per idle session:          {pool['rss_per_session_kib']:.1f} KiB "
@@ -304,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(per repetition: " + ", ".join(
               f"{t['batch_p50_ms'] / p['batch_p50_ms']:.2f}"
               for t, p in zip(runs["threads"], runs["pool"], strict=True)) + ")")
+    print(f"thread-per-env / pool, client CPU per batch: "
+          f"{ratios['threads_vs_pool_cpu']:.2f}x")
+    print(f"load average after the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     print(f"thread-per-env / pool, memory: {ratios['threads_vs_pool_rss']:.2f}x RSS, "
           f"{ratios['threads_vs_pool_vm']:.0f}x virtual "
           f"({threads['vm_per_session_kib']:.0f} vs {pool['vm_per_session_kib']:.1f} KiB "
