@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import re
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
 
+from _processes import ServerProcess
 from envlink import GenericEnvClient, set_testing
 from envlink.server import EnvServer
-
-LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)")
 
 
 @pytest.fixture(autouse=True)
@@ -55,52 +50,13 @@ async def solo_run(url: str, reset_kwargs: dict[str, Any], actions: list[Any]
     return out
 
 
-class ServerProcess:
-    """``python -m envlink.server`` (deterministic env, ``--events``) in a subprocess."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envlink.server", "--host", "127.0.0.1", "--port", "0",
-             "--env", "deterministic", "--events", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = LISTENING.search(line)
-        assert match, f"server did not start: {line!r}"
-        self.port = int(match.group(1))
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def wait_event(self, name: str) -> None:
-        """Block until the server announces ``name`` on stdout."""
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.split()[2:4] == ["event", name]:
-                return
-        raise AssertionError(f"server exited before event {name!r}")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 @pytest.fixture
 def processes() -> Iterator[Callable[..., ServerProcess]]:
     """Start server processes on demand; all are stopped at the end."""
     started: list[ServerProcess] = []
 
     def start(*args: str) -> ServerProcess:
-        proc = ServerProcess(*args)
+        proc = ServerProcess(*args, events=True)
         started.append(proc)
         return proc
 

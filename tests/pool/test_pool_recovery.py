@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from _processes import ServerProcess
 from envlink import (
     EnvPool,
     GenericEnvClient,
@@ -16,7 +17,7 @@ from envlink import (
     StepResult,
 )
 
-from .conftest import ServerProcess, solo_run
+from .conftest import solo_run
 
 pytestmark = pytest.mark.timeout(60)
 
