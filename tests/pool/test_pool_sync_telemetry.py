@@ -133,3 +133,18 @@ def test_sessions_gauge_counts_by_endpoint_and_state(server: ServerThread) -> No
             assert isinstance(pool.reset_at(1), StepResult)
     finally:
         mp.shutdown()
+
+
+def test_a_typed_client_class_gives_typed_observations() -> None:
+    """client=EchoEnv with client_options: typed actions in, EchoObservation out, per slot."""
+    from envlink import CallToolAction, EchoEnv, EchoObservation, Timeout
+
+    with ServerThread(env="echo") as st, EnvPool(
+            st.url, 3, client=EchoEnv, client_options={"timeout": Timeout(10.0)}).sync() as pool:
+        pool.reset()
+        batch = pool.step([CallToolAction(tool_name="echo_message",
+                                          arguments={"message": f"m{i}"}) for i in range(3)])
+        for result in batch.results():
+            assert isinstance(result.observation, EchoObservation)
+        assert all(isinstance(c, EchoEnv) and c.timeouts.call == 10.0
+                   for c in pool.clients())
