@@ -17,6 +17,7 @@ from envlink._breaker import CircuitBreaker
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, EnvlinkError
+from envlink._journal import EpisodeJournal
 from envlink._placement import Placement, parse_endpoints
 from envlink._policies import ReconnectPolicy, SessionLostPolicy
 from envlink._pool_batch import BatchRunner
@@ -343,6 +344,31 @@ class EnvPool(Generic[ActT, ObsT]):
         from envlink._pool_sync import SyncEnvPool
 
         return SyncEnvPool(self, bridge=bridge)
+
+    # ------------------------------------------------------------------ shards (envlink.ray)
+
+    async def _restore(self, index: int, journal: EpisodeJournal | None,
+                       actions: list[Any] | None, *, needs_reset: bool, episodes: int,
+                       reset_kwargs: dict[str, Any]) -> None:
+        """Take over a slot's episode from a pool in another process (a dead Ray shard).
+
+        With a journal, the episode is rebuilt here (placed, reset with the recorded
+        kwargs, each recorded step replayed and checked); without one, only the slot's
+        bookkeeping (autoreset pending, episode count, last reset arguments) is restored.
+
+        Raises:
+            SessionLostError: the episode could not be rebuilt (carries ``journal``).
+            ReplayDivergedError: the environment answered differently.
+        """
+        engine = self._ready_engine()
+        slot = self._slots[index]
+        if slot.client is not None or self._batches.busy([index]):
+            raise ValueError(f"slot {index} is in use; only an idle, empty slot is restored")
+        if journal is not None:
+            await engine.restore(slot, journal, actions)
+        slot.needs_reset = needs_reset
+        slot.episodes = episodes
+        slot.reset_kwargs = dict(reset_kwargs)
 
     # ------------------------------------------------------------------ internals
 

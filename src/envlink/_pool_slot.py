@@ -350,20 +350,7 @@ class SlotEngine:
         actions = slot.actions
         self.detach(slot, SlotState.RECOVERING)
         try:
-            await self._place(slot, journal.reset_kwargs)
-            client = slot.client
-            assert client is not None
-            steps: list[Any] = (list(actions) if actions is not None
-                                else [e.action for e in journal.entries])
-            for index, step_action in enumerate(steps):
-                try:
-                    await client.step(step_action)
-                except ServerError as exc:
-                    raise ReplayDivergedError(
-                        f"replay of step {index} failed on the new endpoint: {exc}",
-                        index=index, expected=journal.entries[index].response,
-                        actual=None, journal=journal) from exc
-            self._check_replay(client.journal, journal)
+            client = await self._replay_onto(slot, journal, actions)
             result = await client.step(action)
         except BaseException as exc:
             if slot.state is not SlotState.EMPTY or slot.client is not None:
@@ -380,6 +367,49 @@ class SlotEngine:
                   to_url=slot.endpoint.url if slot.endpoint else None,
                   steps=journal.step_count, error_type=cause.error_type)
         return result
+
+    async def restore(self, slot: Slot, journal: EpisodeJournal,
+                      actions: list[Any] | None) -> None:
+        """Rebuild an episode recorded elsewhere (another process) on an empty slot.
+
+        Raises:
+            SessionLostError: it could not be placed or replayed (carries ``journal``).
+            ReplayDivergedError: the environment answered differently.
+        """
+        try:
+            await self._replay_onto(slot, journal, actions)
+        except BaseException as exc:
+            if slot.client is not None:
+                self.detach(slot, SlotState.LOST)
+            else:
+                self.set_state(slot, SlotState.LOST, None)
+            if isinstance(exc, EnvlinkError) and not isinstance(exc, SessionLostError):
+                raise SessionLostError(
+                    f"slot {slot.index}: the session was lost and could not be rebuilt: "
+                    f"{exc}", journal=journal) from exc
+            raise
+        slot.reset_kwargs = dict(journal.reset_kwargs)
+
+    async def _replay_onto(self, slot: Slot, journal: EpisodeJournal,
+                           actions: list[Any] | None) -> EnvClient[Any, Any, Any]:
+        """Place a session for the slot, reset it and replay the journal, checked."""
+        await self._place(slot, journal.reset_kwargs)
+        client = slot.client
+        assert client is not None
+        steps: list[Any] = (list(actions) if actions is not None
+                            else [e.action for e in journal.entries])
+        for index, step_action in enumerate(steps):
+            try:
+                await client.step(step_action)
+            except ServerError as exc:
+                raise ReplayDivergedError(
+                    f"replay of step {index} failed on the new endpoint: {exc}",
+                    index=index, expected=journal.entries[index].response,
+                    actual=None, journal=journal) from exc
+        self._check_replay(client.journal, journal)
+        if slot.actions is not None:
+            slot.actions = list(steps)
+        return client
 
     def _check_replay(self, replayed: EpisodeJournal, recorded: EpisodeJournal) -> None:
         expected_reset = recorded.reset_response

@@ -60,6 +60,8 @@ __all__ = [
     "ATTR_POOL_ERRORS",
     "ATTR_POOL_MIN_READY",
     "ATTR_POOL_SIZE",
+    "ATTR_RAY_SHARD",
+    "ATTR_RAY_SHARDS",
     "ATTR_POOL_SLOTS",
     "ATTR_POOL_STRAGGLERS",
     "ATTR_SESSION_STATE",
@@ -74,6 +76,7 @@ __all__ = [
     "LOG_POOL_BREAKER_CHANGED",
     "LOG_POOL_CAPACITY_WAIT",
     "LOG_POOL_SESSION_MOVED",
+    "LOG_RAY_SHARD_LOST",
     "LOG_RECONNECT_SCHEDULED",
     "LOG_REPLAY_DIVERGED",
     "LOG_SESSION_LOST",
@@ -100,6 +103,7 @@ __all__ = [
     "SPAN_CONNECT",
     "SPAN_POOL_PREFIX",
     "SPAN_POOL_RECV",
+    "SPAN_RAY_SHARD_PREFIX",
     "Telemetry",
     "error_type_of",
     "get_telemetry",
@@ -192,6 +196,13 @@ LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
 LOG_POOL_BREAKER_CHANGED = "envlink.pool.breaker_changed"
 LOG_POOL_CAPACITY_WAIT = "envlink.pool.capacity_wait"
 LOG_POOL_SESSION_MOVED = "envlink.pool.session_moved"
+# envlink.ray (documented in docs/scaling.md: Ray is an optional extra, outside the
+# contract tables that the scripted single-process episode checks).
+#: A shard actor's call: ``envlink.ray.shard reset``, ``... step``, ``... recv``, ``... restore``.
+SPAN_RAY_SHARD_PREFIX = "envlink.ray.shard "
+ATTR_RAY_SHARD = "envlink.ray.shard"
+ATTR_RAY_SHARDS = "envlink.ray.shards"
+LOG_RAY_SHARD_LOST = "envlink.ray.shard_lost"
 LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_RECONNECT_SCHEDULED, LOG_CALL_FAILED,
     LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED, LOG_POOL_BREAKER_CHANGED,
