@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,5 +73,26 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
 def test_the_pool_builds_on_the_clients_public_surface() -> None:
     """EnvPool's modules never reach below the client: no transport, protocol or server."""
     forbidden = {"envlink._transport", "envlink._protocol", "envlink.server", "websockets"}
-    for path in sorted(SRC.glob("_pool*.py")):
+    for path in [*sorted(SRC.glob("_pool*.py")), SRC / "_ray_shard.py", SRC / "ray.py"]:
         assert not top(imported(path)) & forbidden, path.name
+
+
+def test_only_envlink_ray_imports_ray() -> None:
+    """Ray is an optional extra: envlink/ray.py is the only module that imports it."""
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "ray" in top(imported(p)))
+    assert users == ["ray.py"]
+
+
+def test_import_envlink_never_imports_ray() -> None:
+    """`import envlink` (pool, sync facade, telemetry included) leaves Ray unloaded."""
+    code = ("import sys, envlink, envlink.telemetry, envlink.server\n"
+            "from envlink import EnvPool\n"
+            "EnvPool('ws://127.0.0.1:9', 2).sync().close()\n"
+            "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
+            "assert not loaded, loaded\n"
+            "import envlink._ray_shard\n"
+            "assert 'ray' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=25, cwd=SRC.parents[1])
+    assert done.returncode == 0, done.stderr

@@ -161,7 +161,8 @@ class Shard:
             t = spec.telemetry
             self._handle = configure(
                 service_name=t.service_name,
-                resource_attributes={**t.resource_attributes, RESOURCE_SHARD: spec.shard},
+                resource_attributes={**t.resource_attributes,
+                                     RESOURCE_SHARD: str(spec.shard)},
                 otlp_endpoint=t.otlp_endpoint,
                 otlp_protocol=t.otlp_protocol,  # type: ignore[arg-type]
                 metric_export_interval=t.metric_export_interval, set_global=False)

@@ -185,3 +185,18 @@ async def test_idle_shard_death_and_a_callers_bug(ray_local: Any, threads: Any) 
         assert (await pool.reset(seeds=0)).ok
         with pytest.raises(TypeError):
             await pool.step([{"move": 1}, {"move": 1}, 3, {"move": 1}])
+
+
+def test_public_names_and_validation(ray_local: Any) -> None:
+    """envlink.ray exports its names; bad options raise ValueError/TypeError at once."""
+    import envlink.ray
+
+    assert set(envlink.ray.__all__) == {"RayEnvPool", "ShardTelemetry"}
+    with pytest.raises(ValueError, match="shards"):
+        RayEnvPool("ws://127.0.0.1:9", 4, shards=0)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        RayEnvPool("ws://127.0.0.1:9", 2, shards=3)
+    with pytest.raises(ValueError, match="autoreset"):
+        RayEnvPool("ws://127.0.0.1:9", 4, autoreset="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        RayEnvPool("ws://127.0.0.1:9", 4, client=int)  # type: ignore[arg-type]
