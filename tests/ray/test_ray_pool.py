@@ -155,11 +155,13 @@ async def test_killed_shard_under_replay_rebuilds_the_episodes(
     assert got == expected
 
 
-async def test_killed_shard_with_sent_steps(ray_local: Any, threads: Any) -> None:
-    """A shard killed with ready-first steps in flight: raise gives per-slot errors in recv."""
+@pytest.mark.parametrize("policy", ["raise", "replay"])
+async def test_killed_shard_with_sent_steps(ray_local: Any, threads: Any, policy: Any) -> None:
+    """A shard killed with ready-first steps in flight: per-slot errors, or replayed steps."""
     st = threads()
-    async with RayEnvPool([st.url], 4, shards=2) as pool:
+    async with RayEnvPool([st.url], 4, shards=2, on_session_lost=policy) as pool:
         await pool.reset(seeds=0)
+        assert (await pool.step([{"move": 2}] * 4)).ok
         before = _stall_next(st)
         await pool.step_send([{"move": 1}] * 4)
         await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 4))
@@ -168,9 +170,15 @@ async def test_killed_shard_with_sent_steps(ray_local: Any, threads: Any) -> Non
         st.call(lambda s: s.unstall_all())
         rest = await pool.step_recv()
         answers = {i: (first[i] if i in first.ready else rest[i]) for i in range(4)}
-        assert all(isinstance(answers[i], SessionLostError) for i in (0, 1))
-        assert all(isinstance(answers[i], StepResult) for i in (2, 3))
         assert set(first.ready) | set(rest.ready) == set(range(4))
+        for i in range(4):
+            answer = answers[i]
+            if policy == "raise" and i < 2:
+                assert isinstance(answer, SessionLostError)
+                assert answer.journal is not None and answer.journal.step_count == 1
+            else:
+                assert isinstance(answer, StepResult)
+                assert answer.observation["position"] == 3 and answer.observation["step"] == 2
 
 
 async def test_idle_shard_death_and_a_callers_bug(ray_local: Any, threads: Any) -> None:
