@@ -35,8 +35,8 @@ from envlink._telemetry import (
 if TYPE_CHECKING:
     from envlink.telemetry import TelemetryHandle
 
-__all__ = ["RaySpan", "ShardAnswer", "ShardSpec", "ShardTelemetry", "Shard", "SlotMirror",
-           "SlotRestore"]
+__all__ = ["DriverSlot", "RaySpan", "Shard", "ShardAnswer", "ShardSpec", "ShardTelemetry",
+           "SlotMirror", "SlotRestore"]
 
 #: The resource attribute naming a shard on everything its actor exports.
 RESOURCE_SHARD = "envlink.ray.shard"
@@ -119,6 +119,54 @@ class SlotRestore:
     needs_reset: bool
     episodes: int
     reset_kwargs: Mapping[str, Any]
+
+
+@dataclass
+class DriverSlot:
+    """What the driver keeps of one slot, from its shard's answers (enough to rebuild it)."""
+
+    journal: EpisodeJournal | None = None
+    actions: list[Any] | None = None
+    needs_reset: bool = False
+    episodes: int = 0
+    reset_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        """An episode is open on a session (not waiting for its automatic reset)."""
+        return self.journal is not None and not self.needs_reset
+
+    def absorb(self, m: SlotMirror) -> None:
+        """Apply a shard's mirror of this slot."""
+        self.needs_reset, self.episodes = m.needs_reset, m.episodes
+        self.reset_kwargs = dict(m.reset_kwargs)
+        if m.episode_id is None:
+            self.journal, self.actions = None, None
+            return
+        journal = self.journal
+        if (m.head is not None or journal is None or journal.episode_id != m.episode_id
+                or len(journal.entries) != m.base):
+            # A new episode, or a delta that does not fit (never expected): start from the
+            # head; without one the copy has no reset answer and is not replayable.
+            head = m.head or EpisodeJournal(episode_id=m.episode_id)
+            journal = EpisodeJournal(reset_kwargs=dict(head.reset_kwargs),
+                                     reset_response_json=head.reset_response_json,
+                                     max_steps=head.max_steps, episode_id=m.episode_id)
+            self.journal = journal
+        journal.entries.extend(m.entries)
+        journal.truncated = m.truncated
+        if m.actions is None:
+            self.actions = None
+        else:
+            base = [] if self.actions is None else self.actions[:m.actions_base]
+            self.actions = base + list(m.actions)
+
+    def restore(self, *, replay: bool) -> SlotRestore:
+        """What a new shard needs: the episode to replay (``replay``), else the flags only."""
+        return SlotRestore(journal=self.journal if replay else None,
+                           actions=self.actions if replay else None,
+                           needs_reset=self.needs_reset, episodes=self.episodes,
+                           reset_kwargs=dict(self.reset_kwargs))
 
 
 class RaySpan:

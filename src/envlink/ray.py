@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 try:
@@ -41,16 +40,15 @@ from envlink import _logging
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
-from envlink._journal import EpisodeJournal
 from envlink._policies import ReconnectPolicy
 from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list
 from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
 from envlink._ray_shard import (
+    DriverSlot,
     Shard,
     ShardAnswer,
     ShardSpec,
     ShardTelemetry,
-    SlotMirror,
     SlotRestore,
 )
 from envlink._telemetry import (
@@ -95,44 +93,6 @@ class _ShardLost(Exception):
         self.shard = shard
         self.generation = generation
         self.reason = reason
-
-
-@dataclass
-class _Mirror:
-    """What the driver keeps of one slot (from the answers of its shard)."""
-
-    journal: EpisodeJournal | None = None
-    actions: list[Any] | None = None
-    needs_reset: bool = False
-    episodes: int = 0
-    reset_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def absorb(self, m: SlotMirror) -> None:
-        self.needs_reset, self.episodes = m.needs_reset, m.episodes
-        self.reset_kwargs = dict(m.reset_kwargs)
-        if m.episode_id is None:
-            self.journal, self.actions = None, None
-            return
-        journal = self.journal
-        if m.head is not None or journal is None or journal.episode_id != m.episode_id \
-                or len(journal.entries) != m.base:
-            head = m.head or EpisodeJournal(episode_id=m.episode_id)
-            journal = EpisodeJournal(reset_kwargs=dict(head.reset_kwargs),
-                                     reset_response_json=head.reset_response_json,
-                                     max_steps=head.max_steps, episode_id=m.episode_id)
-            self.journal = journal
-        journal.entries.extend(m.entries)
-        journal.truncated = m.truncated
-        if m.actions is None:
-            self.actions = None
-        else:
-            base = [] if self.actions is None else self.actions[:m.actions_base]
-            self.actions = base + list(m.actions)
-
-    @property
-    def active(self) -> bool:
-        """An episode is open on a session (not waiting for its automatic reset)."""
-        return self.journal is not None and not self.needs_reset
 
 
 class RayEnvPool(Generic[ActT, ObsT]):
@@ -265,7 +225,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         self._recovering: dict[int, asyncio.Future[None]] = {}
         for s in range(shards):
             self._spawn(s)
-        self._mirrors = [_Mirror() for _ in range(size)]
+        self._mirrors = [DriverSlot() for _ in range(size)]
         self._views: list[PoolView | None] = [None] * shards
         #: Slots whose session went with a dead shard: their error until reset.
         self._lost: dict[int, EnvlinkError] = {}
@@ -712,10 +672,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
                       and m.journal is not None and m.journal.replayable)
             if m.active and i not in self._lost and not replay:
                 self._lost[i] = self._lose(i, lost)
-            records[i - offset] = SlotRestore(
-                journal=m.journal if replay else None,
-                actions=m.actions if replay else None, needs_reset=m.needs_reset,
-                episodes=m.episodes, reset_kwargs=m.reset_kwargs)
+            records[i - offset] = m.restore(replay=replay)
             if not replay:
                 m.journal, m.actions = None, None
         try:
