@@ -14,7 +14,7 @@ import random
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from tenacity import (
     AsyncRetrying,
@@ -84,6 +84,17 @@ class RetryBudget:
         """Earn back ``token_ratio`` tokens after a successful call or connection."""
         with self._lock:
             self._tokens = min(self.max_tokens, self._tokens + self.token_ratio)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled budget (sent to another process: a Ray shard, a worker) is an
+        # independent copy with the tokens it had; the lock is not shared.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RetryBudget(tokens={self._tokens:.2f}/{self.max_tokens})"
