@@ -675,19 +675,25 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             attempt += 1
             conn = self._conn
             if conn is not None and self._suspect:
-                self._suspect = False
                 if method == "reset":
                     # A new episode need not queue behind the old one's late answer;
                     # the old session is ended rather than left holding a server slot.
+                    self._suspect = False
                     token = self._resume_token
                     self._discard_connection()
                     conn = None
                     if token is not None:
                         await self._release_session(token)
-                elif not await conn.probe(self._probe_timeout()):
-                    _log.info("envlink.peer_unresponsive", session_id=self._session_id)
-                    self._discard_connection()
-                    conn = None
+                else:
+                    # The flag is cleared only once the probe has really answered: a
+                    # probe cut short by this call's deadline leaves the connection
+                    # suspect, so the next call probes it again.
+                    alive = await conn.probe(self._probe_timeout())
+                    self._suspect = False
+                    if not alive:
+                        _log.info("envlink.peer_unresponsive", session_id=self._session_id)
+                        self._discard_connection()
+                        conn = None
             if conn is None or not conn.is_open:
                 self._conn = None
                 if self._in_episode and method != "reset":
@@ -971,6 +977,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if previous is not None and previous is not conn:
             previous.abort()
         self._conn = conn
+        self._suspect = False  # suspicion was about the previous connection
         ext = conn.extensions
         if self._in_episode and not ext.resumed:
             # A fresh server session cannot carry on this episode; replay rebuilds it

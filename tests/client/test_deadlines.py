@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -204,3 +205,26 @@ async def test_an_abandoned_session_does_not_hold_a_server_slot() -> None:
             assert srv.counter("session.destroyed") == 1
         finally:
             await env.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "replay", "resume"])
+async def test_health_check_cut_by_a_deadline_leaves_the_connection_suspect(
+        server: EnvServer, policy: str) -> None:
+    """A probe cut short by a caller's deadline keeps the connection suspect: the next
+    call probes again and fails over after the probe time, not its whole deadline."""
+    env = GenericEnvClient(server.url, on_session_lost=policy)  # type: ignore[arg-type]
+    try:
+        await env.reset()
+        server.faults.stall_after = 2  # reset=1, this step=2: the server stops reading
+        for _ in range(2):  # the first times out on the stall, the second during the ping
+            with pytest.raises(CallTimeoutError):
+                await env.step({"message": "stalled"}, timeout=0.3)
+        start = time.perf_counter()
+        with contextlib.suppress(SessionLostError):
+            await env.step({"message": "after"}, timeout=5)
+        elapsed = time.perf_counter() - start
+        # The probe waits at most 2 s; then the dead connection is given up at once.
+        assert elapsed < 3.5, elapsed
+    finally:
+        server.unstall_all()
+        await env.close()
