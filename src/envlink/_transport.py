@@ -42,6 +42,7 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
+from envlink._timeouts import bounded
 
 __all__ = ["Connection", "Endpoint", "NotWrittenError", "open_connection", "parse_endpoint"]
 
@@ -178,9 +179,10 @@ class Connection:
         if self._ws.state is not State.OPEN:
             return False
         try:
-            waiter = await self._ws.ping()
-            await asyncio.wait_for(waiter, timeout)
-        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError, RuntimeError):
+            async with bounded(timeout):
+                waiter = await self._ws.ping()
+                await waiter
+        except (ConnectionClosed, TimeoutError, OSError, RuntimeError):
             return False
         return True
 
@@ -193,8 +195,9 @@ class Connection:
         if self._ws.state is State.OPEN:
             return None
         try:
-            return await asyncio.wait_for(self._ws.recv(), 0.05)
-        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError):
+            async with bounded(0.05):
+                return await self._ws.recv()
+        except (ConnectionClosed, TimeoutError, OSError):
             return None
 
     async def recv(self) -> str | bytes:
@@ -220,10 +223,8 @@ class Connection:
         dropping the connection) rather than swallowed.
         """
         try:
-            if timeout is None:
+            async with bounded(timeout):
                 await self._ws.close()
-            else:
-                await asyncio.wait_for(self._ws.close(), timeout)
         except asyncio.CancelledError:
             self.abort()
             raise

@@ -228,3 +228,29 @@ async def test_health_check_cut_by_a_deadline_leaves_the_connection_suspect(
     finally:
         server.unstall_all()
         await env.close()
+
+
+async def _timed_step(env: GenericEnvClient, timeout: float) -> float:
+    start = time.perf_counter()
+    with contextlib.suppress(CallTimeoutError):
+        await env.step({"message": "x"}, timeout=timeout)
+    return time.perf_counter() - start
+
+
+@pytest.mark.timeout(90)
+async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
+        server: EnvServer) -> None:
+    """Two concurrent step(timeout=0.3) against a server answering 0.5 s late: every call
+    returns within its deadline + 100 ms, run after run (no swallowed cancellation)."""
+    late: list[float] = []
+    for _ in range(60):
+        env = GenericEnvClient(server.url)
+        try:
+            await env.reset()
+            server.faults.latency = 0.5
+            times = await asyncio.gather(_timed_step(env, 0.3), _timed_step(env, 0.3))
+            late.extend(t for t in times if t > 0.4)
+        finally:
+            server.faults.latency = 0.0
+            await env.close(timeout=0.5)
+    assert late == [], late
