@@ -990,6 +990,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     f"connection lost mid-episode during {method}; {policy} recovery failed: "
                     f"{exc}", journal=journal.snapshot(),
                 ) from exc
+            except SessionLostError:
+                raise
+            except EnvlinkError as exc:
+                # A full server, a corrupt frame, a refused retry...: the episode is lost
+                # all the same (below), and the caller is told so with its journal; the
+                # reason stays the cause.
+                raise SessionLostError(
+                    f"connection lost mid-episode during {method}; {policy} recovery failed "
+                    f"({type(exc).__name__}: {exc}); the episode cannot continue after "
+                    f"{journal.step_count} steps", journal=journal.snapshot(),
+                ) from exc
             reason = ("the server does not offer session resumption"
                       if policy == "resume" and token is None else
                       "the server no longer has the session" if policy == "resume" else
@@ -1056,10 +1067,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _replay(self, conn: Connection, journal: EpisodeJournal) -> None:
         def check(index: int, recorded: dict[str, Any] | None, frame: _Frame) -> None:
             if isinstance(frame, ErrorFrame):
-                raise ReplayDivergedError(
-                    f"replay of step {index} failed on the server: [{frame.data.code}] "
-                    f"{frame.data.message}", index=index, expected=recorded,
-                    actual=frame.data.model_dump(), journal=journal.snapshot())
+                # The server refused to rebuild the episode (capacity, a failing env...):
+                # the episode is lost, but nothing diverged.
+                what = "reset" if index < 0 else f"step {index}"
+                raise SessionLostError(
+                    f"replay of {what} failed on the server: [{frame.data.code}] "
+                    f"{frame.data.message}", journal=journal.snapshot(),
+                ) from ServerError.from_frame(frame.data.message, frame.data.code)
             actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
             if recorded is None or not self._replay_verify(recorded, actual):
                 _log.error("envlink.replay_diverged", index=index, session_id=self._session_id)
