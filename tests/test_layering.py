@@ -96,3 +96,9 @@ def test_import_envlink_never_imports_ray() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=25, cwd=SRC.parents[1])
     assert done.returncode == 0, done.stderr
+
+
+def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
+    """_timeouts (used by client, transport and bridge) imports no other envlink module."""
+    internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
+    assert internal == {"envlink._errors"}, internal

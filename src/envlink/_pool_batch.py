@@ -30,6 +30,7 @@ from envlink._telemetry import (
     SPAN_POOL_RECV,
     Telemetry,
 )
+from envlink._timeouts import bounded
 
 __all__ = ["BatchRunner"]
 
@@ -199,14 +200,14 @@ async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
 async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]],
                    seconds: float | None) -> SlotResult[Any]:
     """One slot's call under the batch deadline; an envlink error becomes its answer."""
+    expiry = None
     try:
-        if seconds is None:
+        async with bounded(seconds) as expiry:
             return await coro
-        return await asyncio.wait_for(coro, seconds)
     except EnvlinkError as exc:
         return exc
-    except (asyncio.TimeoutError, TimeoutError):
-        if seconds is None:
+    except TimeoutError:
+        if expiry is None or not expiry.expired():
             raise
         return CallTimeoutError(f"the batch deadline of {seconds:g} s expired",
                                 timeout=seconds)

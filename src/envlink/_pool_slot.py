@@ -45,6 +45,7 @@ from envlink._telemetry import (
     LOG_POOL_SESSION_MOVED,
     Telemetry,
 )
+from envlink._timeouts import bounded
 
 __all__ = ["Slot", "SlotEngine", "SlotState", "same_answer"]
 
@@ -295,8 +296,9 @@ class SlotEngine:
         event = self._changed_event()
         if testing_enabled():
             delay = min(delay, 0.01)  # set_testing(): no real backoff, still yield
-        with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-            await asyncio.wait_for(event.wait(), delay)
+        with contextlib.suppress(TimeoutError):
+            async with bounded(delay):
+                await event.wait()
 
     async def _try_endpoint(self, slot: Slot, ep: Endpoint, kwargs: dict[str, Any]
                             ) -> StepResult[Any] | EnvlinkError:

@@ -90,6 +90,7 @@ class SlotMirror:
     entries: tuple[JournalEntry, ...] = ()
     head: EpisodeJournal | None = None
     truncated: bool = False
+    unknown_steps: tuple[str, ...] = ()
     actions: tuple[Any, ...] | None = None
     actions_base: int = 0
     needs_reset: bool = False
@@ -155,6 +156,10 @@ class DriverSlot:
             self.journal = journal
         journal.entries.extend(m.entries)
         journal.truncated = m.truncated
+        # Steps whose outcome the shard's client does not know: while any is left the
+        # copy is not replayable either (a replay could silently diverge).
+        journal.unknown_steps = list(m.unknown_steps)
+        journal._unknown_ids = [None] * len(m.unknown_steps)
         if m.actions is None:
             self.actions = None
         else:
@@ -322,6 +327,7 @@ class Shard:
                              len(actions) if actions is not None else 0)
         return SlotMirror(episode_id=key, base=base, entries=tuple(journal.entries[base:]),
                           head=head, truncated=journal.truncated,
+                          unknown_steps=tuple(journal.unknown_steps),
                           actions=None if actions is None else tuple(actions[abase:]),
                           actions_base=abase, needs_reset=needs_reset, episodes=episodes,
                           reset_kwargs=reset_kwargs)

@@ -66,6 +66,7 @@ from envlink._telemetry import (
     SPAN_POOL_RECV,
     get_telemetry,
 )
+from envlink._timeouts import bounded
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -393,8 +394,9 @@ class RayEnvPool(Generic[ActT, ObsT]):
                 if left is not None and left <= 0:
                     break
                 try:
-                    with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                        await asyncio.wait_for(event.wait(), left)
+                    with contextlib.suppress(TimeoutError):
+                        async with bounded(left):
+                            await event.wait()
                 finally:
                     self._waiters.discard(event)
             ready = [i for i in pending if i in self._buffer]
@@ -622,22 +624,25 @@ class RayEnvPool(Generic[ActT, ObsT]):
     async def _call(self, s: int, method: str, *args: Any, wait: float | None) -> Any:
         """Call shard ``s``; Ray's errors become :class:`_ShardLost` or the shard's own."""
         actor, generation = self._actors[s], self._generation[s]
+        expiry = None
         try:
             ref = getattr(actor, method).remote(*args)
-            if wait is None:
+            async with bounded(wait) as expiry:
                 return await ref
-            return await asyncio.wait_for(_awaited(ref), wait)
-        except (asyncio.TimeoutError, TimeoutError):
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-            raise _ShardLost(s, generation, f"no answer within {wait:g} s") from None
         except ray.exceptions.RayTaskError as exc:
+            # (Ray raises a subclass of both RayTaskError and the shard's exception.)
             cause = getattr(exc, "cause", None)
             if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
                 raise cause from None  # the shard's own error (a caller's bug)
             raise _ShardLost(s, generation, _reason(exc)) from None
         except ray.exceptions.RayError as exc:
             raise _ShardLost(s, generation, _reason(exc)) from None
+        except TimeoutError:
+            if expiry is None or not expiry.expired():
+                raise
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            raise _ShardLost(s, generation, f"no answer within {wait:g} s") from None
 
     async def _recover(self, lost: _ShardLost, carrier: dict[str, str]) -> None:
         """Replace a dead shard's actor (once per death) and take over its slots."""
@@ -759,10 +764,6 @@ def _carrier() -> dict[str, str]:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier
-
-
-async def _awaited(ref: Any) -> Any:
-    return await ref
 
 
 def _reason(exc: BaseException) -> str:

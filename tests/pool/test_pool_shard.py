@@ -68,3 +68,17 @@ async def test_restore_refuses_a_journal_the_environment_contradicts(det_servers
     finally:
         await first.close()
         await second.close()
+
+
+def test_a_step_of_unknown_outcome_makes_the_copy_unreplayable() -> None:
+    """A mirrored journal with a step of unknown outcome is not replayable on the driver."""
+    from envlink import EpisodeJournal
+    from envlink._ray_shard import SlotMirror
+
+    head = EpisodeJournal(reset_kwargs={"seed": 0}, reset_response_json="{}", episode_id="e")
+    slot = DriverSlot()
+    slot.absorb(SlotMirror(episode_id="e", head=head))
+    assert slot.journal is not None and slot.journal.replayable
+    slot.absorb(SlotMirror(episode_id="e", base=0, unknown_steps=('{"move": 1}',)))
+    assert not slot.journal.replayable and slot.journal.unknown_steps == ['{"move": 1}']
+    assert slot.restore(replay=False).journal is None
