@@ -208,3 +208,27 @@ def test_public_names_and_validation(ray_local: Any) -> None:
         RayEnvPool("ws://127.0.0.1:9", 4, autoreset="sometimes")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         RayEnvPool("ws://127.0.0.1:9", 4, client=int)  # type: ignore[arg-type]
+
+
+async def test_an_unresponsive_shard_is_replaced(ray_local: Any, threads: Any) -> None:
+    """A shard that stops answering (its loop blocked) is killed and replaced: no hang."""
+    import time
+
+    st = threads()
+    # Slot 0's automatic reset blocks its shard's event loop (a stuck actor).
+    stuck = lambda slot, episode: (time.sleep(120) if slot == 0 else None) or {}  # noqa: E731
+    async with RayEnvPool([st.url], 4, shards=2, autoreset_kwargs=stuck,
+                          shard_timeout_margin=1.0) as pool:
+        first_actor = pool.actors()[0]
+        await pool.reset(seeds=0, max_steps=1)
+        assert all(r.done for r in (await pool.step([{"move": 1}] * 4)).results())
+        started = time.monotonic()
+        batch = await pool.step([{"move": 1}] * 4, timeout=1.0)
+        # Two bounded waits at most: the call, then its retry on the new actor.
+        assert time.monotonic() - started < 30
+        assert batch.autoreset == (2, 3)
+        assert all(isinstance(batch[i], StepResult) for i in (2, 3))
+        for i in (0, 1):
+            assert isinstance(batch[i], SessionLostError)
+            assert "no answer within 2 s" in str(batch[i])
+        assert pool.actors()[0] is not first_actor
