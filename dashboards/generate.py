@@ -1,6 +1,7 @@
-"""Generate envlink's Grafana dashboards (and the copies the Kubernetes pack mounts).
+"""Generate envlink's Grafana dashboards, and the copies the Kubernetes pack mounts.
 
     python dashboards/generate.py          # write dashboards/*.json and the k8s copies
+                                           # (dashboards, rules, compose configuration)
     python dashboards/generate.py --check  # exit 1 if any written file is out of date
 
 The dashboards query the Prometheus series of envlink's telemetry contract
@@ -27,6 +28,14 @@ DASHBOARDS = ROOT / "dashboards"
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "envlink.rules.yml"
 #: Files the Kubernetes pack mounts (kustomize only reads below its own directory).
 K8S_FILES = ROOT / "deploy" / "k8s" / "telemetry" / "files"
+COMPOSE = ROOT / "deploy" / "compose"
+#: Configuration the compose stack and the Kubernetes pack share (copied to K8S_FILES).
+COMPOSE_SHARED = (
+    COMPOSE / "otel-collector.yaml",
+    COMPOSE / "tempo.yaml",
+    COMPOSE / "grafana" / "provisioning" / "datasources" / "datasources.yaml",
+    COMPOSE / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml",
+)
 
 SCHEMA_VERSION = 41  # Grafana 11.6
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -321,6 +330,8 @@ def render() -> dict[Path, str]:
         out[DASHBOARDS / name] = text
         out[K8S_FILES / name] = text
     out[K8S_FILES / RULES.name] = RULES.read_text(encoding="utf-8")
+    for source in COMPOSE_SHARED:
+        out[K8S_FILES / source.name] = source.read_text(encoding="utf-8")
     return out
 
 

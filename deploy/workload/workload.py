@@ -188,13 +188,17 @@ def run(args: argparse.Namespace, stop: threading.Event) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
-    """The reference server with the OpenTelemetry SDK on (OTEL_* variables)."""
+def serve(args: argparse.Namespace, extra: list[str]) -> int:
+    """The reference server with the OpenTelemetry SDK on (OTEL_* variables).
+
+    Arguments the workload does not know are passed to ``envlink serve``
+    (``--max-sessions``, ``--resume-grace``, ``--session-store``...).
+    """
     from envlink.server import main as serve_main
 
     handle = configure(service_name=args.service_name)
     try:
-        return serve_main(["--host", args.host, "--port", str(args.port)])
+        return serve_main(["--host", args.host, "--port", str(args.port), *extra])
     finally:
         handle.shutdown(timeout_s=10)
 
@@ -212,12 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", type=float, default=0.2, help="seconds between cycles")
     p.add_argument("--duration", type=float, default=None, help="stop after S seconds")
     p.add_argument("--serve", action="store_true",
-                   help="run the traced reference server instead (see --host/--port)")
+                   help="run the traced reference server instead (--host, --port, and "
+                        "any option of envlink serve)")
     p.add_argument("--host", default="0.0.0.0", help="with --serve: address to listen on")
     p.add_argument("--port", type=int, default=8000, help="with --serve: port")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
     if args.serve:
-        return serve(args)
+        return serve(args, extra)
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
