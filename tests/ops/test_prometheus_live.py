@@ -71,22 +71,24 @@ def _has_number(result: list[dict[str, Any]]) -> bool:
     return any(not math.isnan(float(r["value"][1])) for r in result)
 
 
-def _read_line(stream: Any, prefix: str, timeout: float) -> str:
-    """The first line of ``stream`` starting with ``prefix``, read on a helper thread."""
+def _read_line(stream: Any, prefix: str, timeout: float) -> tuple[str, threading.Thread]:
+    """The first line of ``stream`` starting with ``prefix``, and the thread reading it."""
     found: list[str] = []
     done = threading.Event()
 
     def reader() -> None:
+        # Reads to the end, so the process never blocks on a full pipe.
         for line in stream:
-            if line.startswith(prefix):
+            if not found and line.startswith(prefix):
                 found.append(line[len(prefix):].strip())
-                break
+                done.set()
         done.set()
 
-    threading.Thread(target=reader, daemon=True).start()
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
     done.wait(timeout)
     assert found, f"no {prefix!r} line within {timeout} s"
-    return found[0]
+    return found[0], thread
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -109,8 +111,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
          "--service-name", "envlink-workload"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     prom: subprocess.Popen[Any] | None = None
+    reader: threading.Thread | None = None
     try:
-        metrics_url = _read_line(workload.stdout, METRICS_PREFIX, 60)
+        metrics_url, reader = _read_line(workload.stdout, METRICS_PREFIX, 60)
         target = urllib.parse.urlparse(metrics_url).netloc
         job = "envlink-workload"
         config = {
@@ -120,11 +123,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         port = _free_port()
-        prom = subprocess.Popen(
-            [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
+        with (tmp / "prometheus.log").open("w") as log:
+            prom = subprocess.Popen(
+                [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdout=subprocess.DEVNULL, stderr=log)
         api = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + WAIT_S
         while True:  # bounded: the target is up and scraped
@@ -143,6 +147,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         if prom is not None:
             _stop(prom)
         _stop(workload)
+        if reader is not None:
+            reader.join(10)  # the workload has exited: its output ends
+        assert workload.stdout is not None
+        workload.stdout.close()
 
 
 def _dashboards() -> dict[str, dict[str, Any]]:
