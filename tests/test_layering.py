@@ -65,3 +65,9 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
             continue
         sdk = {n for n in imported(path) if n.startswith("opentelemetry.sdk")}
         assert not sdk, f"{path.relative_to(SRC)} imports {sdk}"
+
+
+def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
+    """_timeouts (used by client, transport and bridge) imports no other envlink module."""
+    internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
+    assert internal == {"envlink._errors"}, internal
