@@ -18,8 +18,8 @@ from envlink._client import StepResult
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
 from envlink._pool_types import Batch, SlotResult
 from envlink._telemetry import (
-    ATTR_ERROR_TYPE,
     ATTR_OUTCOME,
+    ATTR_POOL_ERROR_TYPE,
     ATTR_POOL_ERRORS,
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
@@ -179,7 +179,8 @@ class BatchRunner(Generic[ObsT]):
             span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
             if errors:
                 kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_ERROR_TYPE, kinds[0] if len(kinds) == 1 else "mixed")
+                span.set_attribute(ATTR_POOL_ERROR_TYPE,
+                                   kinds[0] if len(kinds) == 1 else "mixed")
 
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],

@@ -59,6 +59,7 @@ __all__ = [
     "ATTR_BREAKER_STATE",
     "ATTR_PLACEMENT_RESULT",
     "ATTR_POOL_ERRORS",
+    "ATTR_POOL_ERROR_TYPE",
     "ATTR_POOL_MIN_READY",
     "ATTR_POOL_SIZE",
     "ATTR_RAY_SHARD",
@@ -146,6 +147,9 @@ ATTR_RETRY = "envlink.retry"
 ATTR_POOL_SIZE = "envlink.pool.size"
 ATTR_POOL_SLOTS = "envlink.pool.slots"
 ATTR_POOL_ERRORS = "envlink.pool.errors"
+#: On a batch span: the failed slots' error type (or ``mixed``); not ``error.type``, since
+#: a batch whose slots failed did not fail itself.
+ATTR_POOL_ERROR_TYPE = "envlink.pool.error_type"
 ATTR_POOL_STRAGGLERS = "envlink.pool.stragglers"
 ATTR_POOL_MIN_READY = "envlink.pool.min_ready"
 ATTR_SESSION_STATE = "envlink.pool.session.state"

@@ -52,8 +52,8 @@ from envlink._ray_shard import (
     SlotRestore,
 )
 from envlink._telemetry import (
-    ATTR_ERROR_TYPE,
     ATTR_OUTCOME,
+    ATTR_POOL_ERROR_TYPE,
     ATTR_POOL_ERRORS,
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
@@ -752,7 +752,8 @@ class RayEnvPool(Generic[ActT, ObsT]):
             span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
             if errors:
                 kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_ERROR_TYPE, kinds[0] if len(kinds) == 1 else "mixed")
+                span.set_attribute(ATTR_POOL_ERROR_TYPE,
+                                   kinds[0] if len(kinds) == 1 else "mixed")
 
     def __repr__(self) -> str:
         return (f"<RayEnvPool size={self.size} shards={self.shards} "

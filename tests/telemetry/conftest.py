@@ -194,6 +194,8 @@ class Episode:
     logs: list[dict[str, Any]]
     server_port: int
     session_ids: list[str]
+    #: Ports of the endpoints the scripted EnvPool finds dead (nothing listens).
+    dead_ports: tuple[int, ...] = ()
 
 
 def _arm(st: Any, **faults: Any) -> None:
@@ -260,18 +262,18 @@ def run_scripted_episode() -> Episode:
                 _arm(st, drop_after=1)
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "s"}))
                 session_ids.append(resuming.session_id or "")
-            _run_scripted_pool(st, tp, mp)
+            dead_port = _run_scripted_pool(st, tp, mp)
         data = reader.get_metrics_data()
         metrics = [m for rm in data.resource_metrics for sm in rm.scope_metrics
                    for m in sm.metrics] if data is not None else []
         return Episode(list(spans.get_finished_spans()), metrics, list(logs), port,
-                       session_ids)
+                       session_ids, (dead_port,))
     finally:
         tp.shutdown()
         mp.shutdown()
 
 
-def _run_scripted_pool(st: Any, tp: TracerProvider, mp: MeterProvider) -> None:
+def _run_scripted_pool(st: Any, tp: TracerProvider, mp: MeterProvider) -> int:
     """An EnvPool over the server and a dead endpoint: breaker, replay elsewhere, stragglers."""
     import socket
 
@@ -298,6 +300,7 @@ def _run_scripted_pool(st: Any, tp: TracerProvider, mp: MeterProvider) -> None:
                  capacity=ReconnectPolicy(max_attempts=1, initial_delay=0.001)).sync() as pool:
         (error,) = pool.reset()
         assert isinstance(error, ConnectError)
+    return int(dead.rsplit(":", 1)[1])
 
 
 @pytest.fixture(scope="module")
