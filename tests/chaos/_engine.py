@@ -680,28 +680,33 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
                protocol: str, seed: int, stats: Stats) -> list[_Segment]:
     """``calls`` concurrent steps on one async client, with faults armed as they run.
 
-    A helper thread waits (on the server's own request counter, no polling) for the
-    step requests to reach fixed milestones and arms a fault at each: a drop after
-    apply, an error frame, a corrupt frame, a slow answer.
+    A helper thread waits (on the server's own request counter) for the step requests
+    to reach fixed milestones and arms a fault at each: with the extensions a drop after
+    apply, an error frame, a corrupt frame and slow answers; on the plain protocol,
+    where a drop under a step in flight ends the episode by design, an error frame,
+    slow answers and an oversize frame (replayed from).
     """
     client = _client(servers.url(protocol), policy, protocol)
     seg = _Segment(seed)
-    milestones = [(calls // 5, "drop_after_apply"), (2 * calls // 5, "error"),
-                  (3 * calls // 5, "corrupt"), (4 * calls // 5, "slow")]
+    if protocol == "ext":
+        kinds = ["drop_after_apply", "error", "corrupt", "slow"]
+    else:
+        # The replay after the corrupt frame resends every step so far (and counts as
+        # step requests): it comes last, so that no other milestone lands in it.
+        kinds = ["error", "slow", "oversize"]
+    milestones = [((i + 1) * calls // (len(kinds) + 1), kind) for i, kind in enumerate(kinds)]
     rng = random.Random(seed)
     runner = _Runner(ChaosConfig(seed=seed), stats, servers, ledger)
+    done = threading.Event()
 
     def inject(base: int) -> None:
         for count, kind in milestones:
-            servers.call(protocol, lambda s, n=base + count: s.wait_for_request("step", n))
+            if not servers.wait_requests(protocol, base + count, done):
+                return
             stats.armed[kind] += 1
             arming = servers.arm(protocol, kind, latency=0.02, variant=rng.randrange(12))
-            if kind == "slow":
-                servers.call(protocol,
-                             lambda s, n=base + count + 20: s.wait_for_request("step", n))
-            else:
-                servers.call(protocol,
-                             lambda s, n=base + count + 1: s.wait_for_request("step", n))
+            # Slow answers for 20 requests; the one-shot faults for the next one.
+            servers.wait_requests(protocol, base + count + (20 if kind == "slow" else 1), done)
             runner._disarm(protocol, arming)
 
     async def main() -> None:
@@ -711,8 +716,11 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
         base = servers.call(protocol, lambda s: s.counter("request.step"))
         batch = [Call(i, "step", seed, 1 << i, 60.0, 0, 0) for i in range(1, calls + 1)]
         injector = asyncio.get_running_loop().run_in_executor(runner.caller, inject, base)
-        await asyncio.gather(*(_arecord(c, lambda c=c: _invoke(client, c)) for c in batch))
-        # The injector may still wait for a milestone that a failed episode never reached.
+        try:
+            await asyncio.gather(*(_arecord(c, lambda c=c: _invoke(client, c)) for c in batch))
+        finally:
+            done.set()
+        await injector
         servers.call(protocol, lambda s: s.faults.clear())
         seg.calls.extend(batch)
         final = Call(calls + 1, "state", seed, None, 10.0, 0, 0)
@@ -722,10 +730,6 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
             seg.final_state = final.answer
             seg.final_journal = client.journal.to_dict()
         await client.close()
-        try:
-            await asyncio.wait_for(injector, 30)
-        except asyncio.TimeoutError:
-            stats.violation("load: the fault injector never saw its milestones")
         current = asyncio.current_task()
         pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
         if pending:
@@ -746,8 +750,12 @@ def load_threads(servers: InProcessServers, ledger: Ledger, *, waves: int, polic
     config = ChaosConfig(seed=seed, calls=waves * 4)
     runner = _Runner(config, stats, servers, ledger)
     rng = random.Random(seed)
-    kinds = list(IN_PROCESS_KINDS)
-    faults: list[str | None] = [kinds[i % len(kinds)] if i % 2 else None for i in range(waves)]
+    # On the plain protocol a connection lost under a step in flight ends the episode
+    # by design (its outcome cannot be known): keep to faults that leave it running.
+    kinds = list(IN_PROCESS_KINDS) if protocol == "ext" else [
+        "error", "corrupt", "oversize", "slow", "stall"]
+    faults: list[str | None] = [kinds[i // 2 % len(kinds)] if i % 2 else None
+                                for i in range(waves)]
     plan = _Plan(seed, "threads", policy, protocol, rng, faults)
     try:
         segments = runner.threads_episode(plan)

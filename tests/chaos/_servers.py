@@ -96,6 +96,21 @@ class InProcessServers:
     def call(self, protocol: str, fn: Callable[[EnvServer], Any]) -> Any:
         return self._threads[protocol].call(fn)
 
+    def wait_requests(self, protocol: str, count: int, stop: threading.Event) -> bool:
+        """Wait for the server's ``count``-th step request; ``False`` once ``stop`` is set.
+
+        The wait is the server's own counter (an event, not polling); the 0.5 s bound
+        only lets the waiter notice that the load it watches has ended.
+        """
+        while True:
+            try:
+                self._threads[protocol].call(lambda s: s.wait_for_request("step", count),
+                                             timeout=0.5)
+                return True
+            except TimeoutError:
+                if stop.is_set():
+                    return False
+
     def counters(self, protocol: str) -> dict[str, int]:
         return dict(self.call(protocol, lambda s: {n: s.counter(n) for n in _COUNTERS}))
 

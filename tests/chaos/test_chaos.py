@@ -95,7 +95,7 @@ def test_load_2000_concurrent_calls_on_one_async_client(
     chaos_summary(format_summary(report))
     _assert_clean(report)
     assert report["calls"]["step"] == 2000
-    assert sum(report["faults"].values()) >= 2
+    assert sum(report["faults"].values()) >= 3, report["faults"]
     answered = [c for c in segment.calls if c.method == "step" and c.ok]
     # Most calls succeed (the faults touch a handful), each with its own bit set.
     assert len(answered) >= 1500
@@ -105,7 +105,7 @@ def test_load_2000_concurrent_calls_on_one_async_client(
 @pytest.mark.timeout(180)
 @pytest.mark.usefixtures("bounded")
 @pytest.mark.parametrize(("policy", "protocol"),
-                         [("resume", "ext"), ("replay", "plain"), ("raise", "ext")])
+                         [("resume", "ext"), ("replay", "plain"), ("replay", "ext")])
 def test_load_8_threads_share_one_sync_client(
         policy: str, protocol: str, chaos_summary: Callable[[str], None]) -> None:
     """8 caller threads on one sync facade, 30 waves, faults in half: no violation, no leak."""
@@ -117,7 +117,7 @@ def test_load_8_threads_share_one_sync_client(
     chaos_summary(format_summary(report))
     _assert_clean(report)
     assert sum(report["calls"].values()) >= 8 * 30
-    assert sum(report["faults"].values()) >= 5
+    assert sum(report["faults"].values()) >= 5, report["faults"]
 
 
 @pytest.mark.timeout(3600)
