@@ -525,6 +525,7 @@ class _Runner:
             await loop.run_in_executor(self.caller, facade.close)
         else:
             await client.close()
+        self.servers.release_stalled(plan.protocol)
         return segments
 
     # -------------------------------------------------------------- threads
@@ -592,6 +593,7 @@ class _Runner:
                 seg.final_state = final.answer
                 seg.final_journal = client.journal.to_dict()
         facade.close()
+        self.servers.release_stalled(plan.protocol)
         return [seg]
 
     # -------------------------------------------------------------- kill -9

@@ -111,6 +111,14 @@ class InProcessServers:
                 if stop.is_set():
                     return False
 
+    def release_stalled(self, protocol: str) -> None:
+        """Un-stall every connection once its episode is over.
+
+        A stalled server connection does not read, so it never notices that the client
+        went away; un-stalling it lets the server see the close and free it.
+        """
+        self.call(protocol, lambda s: s.unstall_all())
+
     def counters(self, protocol: str) -> dict[str, int]:
         return dict(self.call(protocol, lambda s: {n: s.counter(n) for n in _COUNTERS}))
 
