@@ -42,6 +42,7 @@ from _servers import (
 
 import envlink
 from envlink import (
+    CallTimeoutError,
     EnvlinkError,
     GenericEnvClient,
     ReconnectPolicy,
@@ -331,6 +332,8 @@ def _record_result(call: Call, result: Any) -> None:
 
 def _record_error(call: Call, exc: Exception) -> None:
     call.error = type(exc).__name__
+    if isinstance(exc, CallTimeoutError) and getattr(exc, "outcome_unknown", True) is False:
+        call.error = "CallTimeoutError(not sent)"
     call.error_module = "envlink" if isinstance(exc, EnvlinkError) else None
     call.message = str(exc)[:300]
     if isinstance(exc, SessionLostError):

@@ -48,9 +48,11 @@ UNKNOWN_OUTCOME = frozenset({
     "ReplayDivergedError",
 })
 #: Errors that say the call definitely failed: its step must not have been applied.
+#: ``CallTimeoutError(not sent)`` is a ``CallTimeoutError`` whose ``outcome_unknown``
+#: is false.
 DEFINITE_FAILURES = frozenset({
-    "ServerError", "CapacityReachedError", "ToolCallError", "ConnectError",
-    "HandshakeRejectedError", "ConnectionLostError", "RetryBudgetExhaustedError",
+    "CallTimeoutError(not sent)", "ServerError", "CapacityReachedError", "ToolCallError",
+    "ConnectError", "HandshakeRejectedError", "ConnectionLostError", "RetryBudgetExhaustedError",
     "ClientClosedError", "ReentrantCallError",
 })
 
@@ -346,15 +348,24 @@ def check_segment(seed: int, calls: Sequence[Call], servers: Sequence[ServerSegm
                     v.append(f"seed {seed}: answered step {call.move} is missing from the "
                              f"episode's final state {final_state}")
             if final_journal is not None and not final_journal.get("truncated"):
-                moves = [m for m, _ in _journal_moves(final_journal)]
-                if sum(moves) != pos or len(moves) != count:
-                    v.append(f"seed {seed}: client.journal {moves} does not describe what the "
-                             f"server applied (position {pos}, {count} steps)")
+                entries = _journal_moves(final_journal)
+                moves = [m for m, _ in entries]
+                # Steps still listed as of unknown outcome may or may not be applied.
+                unknown = {int(a["move"]) for a in final_journal.get("unknown_steps", [])}
+                rest = pos - sum(moves)
+                if set(moves) & unknown or rest < 0 or rest & sum(moves) \
+                        or any(rest & (1 << b) and (1 << b) not in unknown
+                               for b in range(rest.bit_length())):
+                    v.append(f"seed {seed}: client.journal {moves} (unknown: {sorted(unknown)}) "
+                             f"does not describe what the server applied (position {pos}, "
+                             f"{count} steps)")
                 if servers:
                     latest = servers[-1]
-                    if latest.steps != _journal_moves(final_journal):
-                        v.append(f"seed {seed}: client.journal {moves} differs from the serving "
-                                 f"session's applied steps {latest.moves}")
+                    if latest.steps[:len(entries)] != entries \
+                            or not set(latest.moves[len(entries):]) <= unknown:
+                        v.append(f"seed {seed}: client.journal {moves} (unknown: "
+                                 f"{sorted(unknown)}) differs from the serving session's "
+                                 f"applied steps {latest.moves}")
         if sequential and policy in ("replay", "resume") and steps \
                 and all(c.ok for c in steps):
             expected = reference_answers(seed, [c.move or 0 for c in steps])
