@@ -847,13 +847,20 @@ def run_chaos(config: ChaosConfig) -> ChaosRun:
 
 
 def _numbers(config: ChaosConfig, minimum: int, short: Callable[[], bool]) -> Any:
-    """Episode numbers of this shard: ``minimum`` in all, more while ``short()``."""
+    """Episode numbers of this shard: its share of ``minimum``, more while ``short()``.
+
+    Episodes are dealt to shards by a seeded draw per episode number, not by the number
+    modulo the shard count, which would give a shard only one face (the face is the
+    number modulo 3).
+    """
     index, count = config.shard
     done = 0
-    number = index
+    number = -1
     while done < config.max_episodes and (done < _share(minimum, config.shard) or short()):
+        number += 1
+        if count > 1 and random.Random(f"{config.seed}:shard:{number}").randrange(count) != index:
+            continue
         yield number
-        number += count
         done += 1
 
 
