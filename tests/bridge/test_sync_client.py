@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from envlink import UNSET, ClientClosedError, ReentrantCallError
+from envlink import UNSET, ClientClosedError, EnvClient, ReentrantCallError
 from envlink._bridge import Bridge
 from envlink._sync import TIMEOUT_MARGIN, SyncEnvClient
 
@@ -28,6 +28,8 @@ class FakeTimeouts:
 
 class FakeClient:
     """Shaped like envlink.EnvClient: coroutine methods with a keyword ``timeout``."""
+
+    call_deadline = EnvClient.call_deadline  # the real mapping, on these timeouts
 
     def __init__(self) -> None:
         self.timeouts = FakeTimeouts()
@@ -83,6 +85,7 @@ class DuckClient:
     """The minimal duck type: methods without a ``timeout`` parameter of their own."""
 
     timeouts = FakeTimeouts()
+    call_deadline = EnvClient.call_deadline
 
     def __init__(self) -> None:
         self.kwargs: list[dict[str, Any]] = []
