@@ -102,3 +102,24 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
             continue
         sdk = {n for n in imported(path) if n.startswith("opentelemetry.sdk")}
         assert not sdk, f"{path.relative_to(SRC)} imports {sdk}"
+
+
+SERVER = SRC / "server"
+
+
+def test_the_server_dispatch_is_pure() -> None:
+    """What a frame means and what to answer is decided without sockets, asyncio, websockets
+    or telemetry, so conformance tests drive it directly; fault decisions are pure too."""
+    for name in ("_dispatch.py", "_faults.py", "_environment.py"):
+        names = top(runtime_imports(SERVER / name))
+        assert not names & (IO_MODULES | {"opentelemetry", "threading"}), (name, names)
+        internal = {n for n in names if n.startswith("envlink.")}
+        assert internal <= {"envlink._errors", "envlink._protocol", "envlink.server._environment",
+                            "envlink.server._faults", "envlink.server._session"}, (name, internal)
+
+
+def test_only_the_server_io_layers_import_websockets() -> None:
+    """In the server, websockets is imported by the listener, the handshake, the connection
+    handle and the observation mixin only."""
+    users = sorted(p.name for p in SERVER.glob("*.py") if "websockets" in top(imported(p)))
+    assert users == ["_connection.py", "_handshake.py", "_observe.py", "_server.py"]
