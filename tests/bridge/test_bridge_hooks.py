@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from _otel_support import Otel
 from envlink import (
     Bridge,
     BridgeCallFinished,
@@ -17,8 +18,6 @@ from envlink import (
     ClientClosedError,
 )
 from envlink.telemetry import BridgeTelemetryHook
-
-from .conftest import Otel
 
 pytestmark = pytest.mark.timeout(20)
 
