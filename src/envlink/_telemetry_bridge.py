@@ -86,18 +86,22 @@ class BridgeTelemetryHook:
         meter_provider: OpenTelemetry meter provider (default: the global one).
     """
 
-    __slots__ = ("_tel",)
+    __slots__ = ("_call_duration", "_tracer", "_wait_duration")
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None) -> None:
-        self._tel = get_telemetry(tracer_provider, meter_provider)
+        tel = get_telemetry(tracer_provider, meter_provider)
+        # Held directly: this runs twice per bridged call.
+        self._tracer = tel.tracer
+        self._wait_duration = tel.bridge_wait_duration
+        self._call_duration = tel.bridge_call_duration
 
     def call_started(self, call: BridgeCallStarted) -> Span:
         """Start the sync hop's span and make it the coroutine's current span."""
         method = call.method
         info = _method_infos.get(method) or _method_info(method)
         try:
-            span = self._tel.tracer.start_span(info.span_name, kind=_INTERNAL)
+            span = self._tracer.start_span(info.span_name, kind=_INTERNAL)
         except Exception:  # a failing span processor must never fail the call
             return INVALID_SPAN
         if span.is_recording():
@@ -108,19 +112,15 @@ class BridgeTelemetryHook:
     def call_finished(self, call: BridgeCallFinished, token: Span) -> None:
         """Record both histograms and end the span."""
         try:
-            tel = self._tel
-            method = call.method
+            method, outcome, wait, run_time, duration, error = call
             info = _method_infos.get(method) or _method_info(method)
-            error = call.error
-            attrs = info.attributes(call.outcome,
-                                    None if error is None else error_type_of(error))
-            wait = call.queue_wait
-            tel.bridge_wait_duration.record(wait, attrs)
-            tel.bridge_call_duration.record(call.duration, attrs)
+            attrs = info.attributes(outcome, None if error is None else error_type_of(error))
+            self._wait_duration.record(wait, attrs)
+            self._call_duration.record(duration, attrs)
             if token.is_recording():
                 token.set_attribute(ATTR_BRIDGE_QUEUE_WAIT, wait)
-                if call.run_time is not None:
-                    token.set_attribute(ATTR_BRIDGE_RUN_TIME, call.run_time)
+                if run_time is not None:
+                    token.set_attribute(ATTR_BRIDGE_RUN_TIME, run_time)
                 if error is not None:
                     mark_error(token, error)
             token.end()
