@@ -13,7 +13,6 @@ import contextlib
 import enum
 import itertools
 import os
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -34,6 +33,8 @@ from envlink._config import (
     Timeout,
     TimeoutTypes,
     UnsetType,
+    check_count,
+    check_timeout,
 )
 from envlink._errors import (
     CallTimeoutError,
@@ -89,6 +90,7 @@ from envlink._telemetry import (
     error_type_of,
     get_telemetry,
 )
+from envlink._timeouts import bounded, deadline
 from envlink._transport import Connection, NotWrittenError, open_connection, parse_endpoint
 
 if TYPE_CHECKING:
@@ -134,54 +136,6 @@ class _State(enum.Enum):
 # Methods that may be resent after a connection failure whatever happened to the
 # first request: reset starts the episode over, state only reads.
 _IDEMPOTENT = frozenset({"reset", "state"})
-
-if sys.version_info >= (3, 11):
-
-    @contextlib.asynccontextmanager
-    async def _deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
-        if seconds is None:
-            yield
-            return
-        try:
-            async with asyncio.timeout(seconds) as cm:
-                yield
-        except TimeoutError as exc:
-            if cm.expired():
-                raise CallTimeoutError(
-                    f"{method} did not complete within {seconds:g} s", method=method,
-                    timeout=seconds,
-                ) from exc
-            raise
-else:  # pragma: no cover - exercised on Python 3.10 only
-
-    @contextlib.asynccontextmanager
-    async def _deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
-        if seconds is None:
-            yield
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        fired = False
-
-        def expire() -> None:
-            nonlocal fired
-            fired = True
-            task.cancel()
-
-        handle = loop.call_later(seconds, expire)
-        try:
-            yield
-        except asyncio.CancelledError as exc:
-            if fired:
-                raise CallTimeoutError(
-                    f"{method} did not complete within {seconds:g} s", method=method,
-                    timeout=seconds,
-                ) from exc
-            raise
-        finally:
-            handle.cancel()
-
 
 class EnvClient(Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
@@ -261,6 +215,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             ping_interval = websocket_ping_interval_s
         if websocket_ping_timeout_s is not UNSET:
             ping_timeout = websocket_ping_timeout_s
+        ping_interval = check_timeout(ping_interval, "ping_interval")
+        ping_timeout = check_timeout(ping_timeout, "ping_timeout")
+        max_journal_steps = check_count(max_journal_steps, "max_journal_steps")
+        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+            raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
+                            f"got {type(reconnect).__name__}")
         self._options = ConnectionOptions(
             headers=tuple((headers or {}).items()),
             ping_interval=ping_interval,
@@ -551,10 +511,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         if timeout is UNSET:
             return self.timeouts.call
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, "
-                             f"got {timeout!r}")
-        return timeout
+        return check_timeout(timeout)
 
     def _attrs(self, method: str) -> dict[str, Any]:
         attrs = dict(self._base_attrs)
@@ -580,7 +537,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             attributes = self._attrs(method) if tel.tracing_enabled() else None
             with tel.span(method, kind=SpanKind.CLIENT, attributes=attributes) as span:
                 try:
-                    async with _deadline(seconds, method):
+                    async with deadline(seconds, method):
                         return await run(span)
                 except asyncio.CancelledError as exc:
                     if self.closed:
@@ -697,19 +654,25 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             attempt += 1
             conn = self._conn
             if conn is not None and self._suspect:
-                self._suspect = False
                 if method == "reset":
                     # A new episode need not queue behind the old one's late answer;
                     # the old session is ended rather than left holding a server slot.
+                    self._suspect = False
                     token = self._resume_token
                     self._discard_connection()
                     conn = None
                     if token is not None:
                         await self._release_session(token)
-                elif not await conn.probe(self._probe_timeout()):
-                    _log.info("envlink.peer_unresponsive", session_id=self._session_id)
-                    self._discard_connection()
-                    conn = None
+                else:
+                    # The flag is cleared only once the probe has really answered: a
+                    # probe cut short by this call's deadline leaves the connection
+                    # suspect, so the next call probes it again.
+                    alive = await conn.probe(self._probe_timeout())
+                    self._suspect = False
+                    if not alive:
+                        _log.info("envlink.peer_unresponsive", session_id=self._session_id)
+                        self._discard_connection()
+                        conn = None
             if conn is None or not conn.is_open:
                 self._conn = None
                 if self._in_episode and method != "reset":
@@ -847,8 +810,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 conn.abort()
 
         try:
-            await asyncio.wait_for(release(), seconds)
-        except (EnvlinkError, asyncio.TimeoutError, TimeoutError) as exc:
+            async with bounded(seconds):
+                await release()
+        except (EnvlinkError, TimeoutError) as exc:
             _log.debug("envlink.session_release_failed", error=str(exc))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -901,8 +865,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if graceful and conn.is_open:
             rid = self._next_id() if conn.extensions.enabled else None
             frame = encode_request(self._make_request("close", None, rid))
-            with contextlib.suppress(EnvlinkError, asyncio.TimeoutError, TimeoutError):
-                await asyncio.wait_for(conn.send(frame), seconds)
+            with contextlib.suppress(EnvlinkError, TimeoutError):
+                async with bounded(seconds):
+                    await conn.send(frame)
         await conn.close(seconds)
         _log.debug("envlink.disconnect", session_id=self._session_id)
 
@@ -993,6 +958,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if previous is not None and previous is not conn:
             previous.abort()
         self._conn = conn
+        self._suspect = False  # suspicion was about the previous connection
         ext = conn.extensions
         if self._in_episode and not ext.resumed:
             # A fresh server session cannot carry on this episode; replay rebuilds it
@@ -1045,6 +1011,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 raise SessionLostError(
                     f"connection lost mid-episode during {method}; {policy} recovery failed: "
                     f"{exc}", journal=journal.snapshot(),
+                ) from exc
+            except SessionLostError:
+                raise
+            except EnvlinkError as exc:
+                # A full server, a corrupt frame, a refused retry...: the episode is lost
+                # all the same (below), and the caller is told so with its journal; the
+                # reason stays the cause.
+                raise SessionLostError(
+                    f"connection lost mid-episode during {method}; {policy} recovery failed "
+                    f"({type(exc).__name__}: {exc}); the episode cannot continue after "
+                    f"{journal.step_count} steps", journal=journal.snapshot(),
                 ) from exc
             reason = ("the server does not offer session resumption"
                       if policy == "resume" and token is None else
@@ -1112,10 +1089,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _replay(self, conn: Connection, journal: EpisodeJournal) -> None:
         def check(index: int, recorded: dict[str, Any] | None, frame: _Frame) -> None:
             if isinstance(frame, ErrorFrame):
-                raise ReplayDivergedError(
-                    f"replay of step {index} failed on the server: [{frame.data.code}] "
-                    f"{frame.data.message}", index=index, expected=recorded,
-                    actual=frame.data.model_dump(), journal=journal.snapshot())
+                # The server refused to rebuild the episode (capacity, a failing env...):
+                # the episode is lost, but nothing diverged.
+                what = "reset" if index < 0 else f"step {index}"
+                raise SessionLostError(
+                    f"replay of {what} failed on the server: [{frame.data.code}] "
+                    f"{frame.data.message}", journal=journal.snapshot(),
+                ) from ServerError.from_frame(frame.data.message, frame.data.code)
             actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
             if recorded is None or not self._replay_verify(recorded, actual):
                 _log.error("envlink.replay_diverged", index=index, session_id=self._session_id)

@@ -42,6 +42,7 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
+from envlink._timeouts import bounded
 
 __all__ = ["Connection", "Endpoint", "NotWrittenError", "open_connection", "parse_endpoint"]
 
@@ -78,8 +79,12 @@ def parse_endpoint(base_url: str) -> Endpoint:
     """Turn an ``http(s)://`` or ``ws(s)://`` base URL into the ``/ws`` endpoint.
 
     Raises:
+        TypeError: ``base_url`` is not a string.
         ValueError: for another scheme or a URL without a host.
     """
+    if not isinstance(base_url, str):
+        raise TypeError(f"base_url must be a str such as 'http://127.0.0.1:8000', "
+                        f"got {type(base_url).__name__} {base_url!r}")
     parts = urlsplit(base_url.strip())
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if scheme is None:
@@ -178,9 +183,10 @@ class Connection:
         if self._ws.state is not State.OPEN:
             return False
         try:
-            waiter = await self._ws.ping()
-            await asyncio.wait_for(waiter, timeout)
-        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError, RuntimeError):
+            async with bounded(timeout):
+                waiter = await self._ws.ping()
+                await waiter
+        except (ConnectionClosed, TimeoutError, OSError, RuntimeError):
             return False
         return True
 
@@ -193,8 +199,9 @@ class Connection:
         if self._ws.state is State.OPEN:
             return None
         try:
-            return await asyncio.wait_for(self._ws.recv(), 0.05)
-        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError):
+            async with bounded(0.05):
+                return await self._ws.recv()
+        except (ConnectionClosed, TimeoutError, OSError):
             return None
 
     async def recv(self) -> str | bytes:
@@ -220,10 +227,8 @@ class Connection:
         dropping the connection) rather than swallowed.
         """
         try:
-            if timeout is None:
+            async with bounded(timeout):
                 await self._ws.close()
-            else:
-                await asyncio.wait_for(self._ws.close(), timeout)
         except asyncio.CancelledError:
             self.abort()
             raise
