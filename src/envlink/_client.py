@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import itertools
 import os
@@ -126,6 +127,20 @@ class StepResult(Generic[ObsT]):
     reward: float | None = None
     done: bool = False
     metadata: dict[str, Any] | None = None
+
+
+@dataclass
+class _CallState:
+    """What one public call's own request went through (kept per task)."""
+
+    #: The request frame may be on the wire and no answer to it was read.
+    unanswered: bool = False
+    #: Its request id, when the connection uses them.
+    request_id: str | None = None
+
+
+_CALL: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
+    "envlink_call", default=None)
 
 
 class _State(enum.Enum):
@@ -254,7 +269,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         # Set when a call timed out but its connection was kept (request ids make a
         # late answer harmless); the next call first checks that the peer is alive.
         self._suspect = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self._last_conn_short_lived = False
         self._last_drop_at = 0.0
         self._flap_attempts = 0
@@ -368,7 +383,15 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         async def run(span: Span) -> StepResult[ObsT]:
             async with self._serialised(span):
-                frame = await self._exchange_reliably("reset", data, span)
+                try:
+                    frame = await self._exchange_reliably("reset", data, span)
+                except asyncio.CancelledError:
+                    call = _CALL.get()
+                    if call is not None and call.unanswered:
+                        # The server may have started the new episode: the old one
+                        # cannot be carried on (later calls say so until a reset).
+                        self._lose_episode()
+                    raise
                 obs = self._expect(frame, ObservationFrame, "reset")
                 self._journal.record_reset(data, obs.raw_data)
                 self._journal.episode_id = kwargs.get("episode_id") or uuid.uuid4().hex
@@ -400,7 +423,16 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             async with self._serialised(span):
                 if span.is_recording():
                     span.set_attribute(ATTR_STEP_INDEX, self._journal.step_count)
-                frame = await self._exchange_reliably("step", payload, span)
+                try:
+                    frame = await self._exchange_reliably("step", payload, span)
+                except asyncio.CancelledError:
+                    # A deadline or a cancellation once the frame may be on the wire:
+                    # the server may have applied it. The journal says so until the
+                    # client learns the outcome (a late answer, the server's count).
+                    call = _CALL.get()
+                    if call is not None and call.unanswered and self._in_episode:
+                        self._journal.record_unknown(payload, call.request_id)
+                    raise
                 obs = self._expect(frame, ObservationFrame, "step")
                 if self._in_episode:
                     self._journal.record_step(payload, obs.raw_data)
@@ -533,6 +565,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         start = time.perf_counter()
         outcome = "ok"
         error_type: str | None = None
+        call = _CallState()
+        token = _CALL.set(call)
         try:
             attributes = self._attrs(method) if tel.tracing_enabled() else None
             with tel.span(method, kind=SpanKind.CLIENT, attributes=attributes) as span:
@@ -542,6 +576,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 except asyncio.CancelledError as exc:
                     if self.closed:
                         raise ClientClosedError(f"the client was closed during {method}") from exc
+                    raise
+                except CallTimeoutError as exc:
+                    if call.unanswered:
+                        exc.outcome_unknown = True
+                        exc.args = (f"{exc.args[0]}; the request was sent, so the server may "
+                                    "or may not have applied it (see journal.unknown_steps)",)
                     raise
         except BaseException as exc:
             error_type = error_type_of(exc)
@@ -553,6 +593,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                           error=str(exc), session_id=self._session_id)
             raise
         finally:
+            _CALL.reset(token)
             tel.add(tel.inflight, -1, metric_attrs)
             attrs: dict[str, Any] = {ATTR_RPC_SYSTEM: RPC_SYSTEM, ATTR_RPC_METHOD: method,
                                      ATTR_OUTCOME: outcome}
@@ -733,20 +774,30 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return CloseRequest(**ext)
 
     async def _exchange(self, conn: Connection, method: str, data: dict[str, Any] | None,
-                        request_id: str | None) -> _Frame:
-        """One request, one answer, on one connection. No retry here."""
+                        request_id: str | None, *, own: bool = True) -> _Frame:
+        """One request, one answer, on one connection. No retry here.
+
+        ``own``: the request is the public call's own (not a replayed one), whose
+        outcome the call reports.
+        """
         text = encode_request(self._make_request(method, data, request_id))
+        call = _CALL.get() if own else None
         tel = self._tel
         tel.record(tel.message_size, len(text), {ATTR_DIRECTION: "sent"})
         # From the moment send() is entered the frame may be on the wire (websockets
         # buffers it whole, then waits for the buffer to drain): only NotWrittenError
         # proves otherwise. A cancellation after this point must treat it as sent.
         sent = True
+        if call is not None:
+            call.unanswered = True
+            call.request_id = request_id
         try:
             try:
                 await conn.send(text)
             except NotWrittenError:
                 sent = False
+                if call is not None:
+                    call.unanswered = False
                 buffered = await conn.take_buffered()
                 if buffered is not None:
                     early = decode_response(buffered, max_size=self._options.max_message_size)
@@ -766,11 +817,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     if frame.id is None:
                         if conn.late_answers:
                             raise self._unattributable(conn, None)
+                        if call is not None:
+                            call.unanswered = False
                         return frame  # an answer without id can only be ours
-                    # The late answer of an earlier, timed-out call: never deliver it.
+                    # The late answer of an earlier, timed-out call: never deliver it,
+                    # but if it was a step of this episode, the journal learns its outcome.
                     conn.late_answers = max(0, conn.late_answers - 1)
+                    self._settle_late_answer(frame)
                     _log.debug("envlink.stale_answer_dropped", id=frame.id, expected=request_id)
                     continue
+                if call is not None:
+                    call.unanswered = False
                 return frame
         except ProtocolError:
             if not conn.extensions.enabled:
@@ -787,22 +844,44 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     self._discard_connection()
             raise
 
-    async def _release_session(self, token: str) -> None:
+    def _settle_late_answer(self, frame: _Frame) -> None:
+        """A late answer (by request id) settles a step of unknown outcome, if it was one."""
+        if not self._in_episode or frame.id is None or not self._journal.unknown_steps:
+            return
+        if isinstance(frame, ObservationFrame):
+            settled = self._journal.settle(frame.id, frame.raw_data)
+        elif isinstance(frame, ErrorFrame):
+            settled = self._journal.settle(frame.id, None)
+        else:
+            return
+        if settled:
+            _log.info("envlink.unknown_step_settled", session_id=self._session_id,
+                      applied=isinstance(frame, ObservationFrame), source="late_answer")
+
+    async def _release_session(self, token: str, *, count_steps: bool = False) -> int | None:
         """End a detached server session the client gives up on. Best effort, bounded.
 
         Re-attaches with the resume token (taking the session over from any stalled
         connection) and sends ``close``; the server then destroys it at once instead
         of keeping it, and its slot, for the whole grace window.
+
+        Returns:
+            with ``count_steps``, the session's ``step_count`` read from its state
+            just before closing it, when the server reported one; else ``None``.
         """
         seconds = min(self.timeouts.close or 5.0, 5.0)
+        count: int | None = None
 
         async def release() -> None:
+            nonlocal count
             conn = await open_connection(
                 self._endpoint, self._options, extra_headers={RESUME_TOKEN_HEADER: token},
                 open_timeout=seconds,
             )
             try:
                 if conn.extensions.resumed:
+                    if count_steps:
+                        count = await self._count_steps(conn)
                     await conn.send(encode_request(CloseRequest()))
                     with contextlib.suppress(EnvlinkError):
                         await conn.recv()  # returns when the server has ended it
@@ -814,8 +893,22 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 await release()
         except (EnvlinkError, TimeoutError) as exc:
             _log.debug("envlink.session_release_failed", error=str(exc))
+        return count
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def _count_steps(self, conn: Connection) -> int | None:
+        """The session's ``step_count`` from its state, if the server reports one."""
+        rid = self._next_id()
+        await conn.send(encode_request(StateRequest(id=rid)))
+        while True:
+            frame = decode_response(await conn.recv(), max_size=self._options.max_message_size)
+            if frame.id in (rid, None):
+                break
+        if not isinstance(frame, StateFrame):
+            return None
+        value = frame.data.get("step_count")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         """Run housekeeping in the background; close() waits for it (bounded)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
@@ -988,7 +1081,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             # does not hold a slot (replay needs one right away; "raise" does not wait).
             self._resume_token = None
             if policy == "replay":
-                await self._release_session(token)
+                # Steps of unknown outcome are settled from the old session's own count
+                # first, where it can tell (the session still exists and reports one).
+                count = await self._release_session(
+                    token, count_steps=bool(journal.unknown_steps))
+                if count is not None and journal.settle_count(count):
+                    _log.info("envlink.unknown_step_settled", session_id=self._session_id,
+                              applied=False, source="step_count")
             else:
                 self._spawn(self._release_session(token))
         try:
@@ -1002,6 +1101,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     frame = await self._replay_then(method, data)
                     result = "ok"
                     return frame
+                elif policy == "replay" and journal.unknown_steps:
+                    raise SessionLostError(
+                        "the session was lost and cannot be replayed faithfully: the journal "
+                        f"has {len(journal.unknown_steps)} step(s) of unknown outcome (sent, "
+                        "then cut by a deadline or a cancellation; the server may have "
+                        "applied them), see journal.unknown_steps", journal=journal.snapshot()
+                    ) from cause
                 elif policy == "replay":
                     raise SessionLostError(
                         "the session was lost and cannot be replayed: the journal exceeded "
@@ -1061,12 +1167,33 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     # The server no longer has the session (grace window over).
                     return None
                 try:
-                    return await self._exchange(conn, method, data, rid)
+                    frame = await self._exchange(conn, method, data, rid)
                 except ConnectionLostError:
                     self._forget_connection()
                     if round_ >= limit:
                         raise
+                    continue
+                if self._journal.unknown_steps:
+                    await self._settle_from_count(conn, method, frame)
+                return frame
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _settle_from_count(self, conn: Connection, method: str, frame: _Frame) -> None:
+        """After a resume, settle steps of unknown outcome from the session's step count."""
+        call = _CALL.get()
+        if call is not None:
+            # Until the call returns, a cut here leaves its own (applied) step unknown.
+            call.unanswered = True
+        with contextlib.suppress(EnvlinkError):
+            count = await self._count_steps(conn)
+            if count is not None:
+                # The count includes the call's own step if the server applied it.
+                own = 1 if method == "step" and isinstance(frame, ObservationFrame) else 0
+                if self._journal.settle_count(count - own):
+                    _log.info("envlink.unknown_step_settled", session_id=self._session_id,
+                              applied=False, source="step_count")
+        if call is not None:
+            call.unanswered = False
 
     async def _replay_then(self, method: str, data: dict[str, Any] | None) -> _Frame:
         journal = self._journal
@@ -1106,10 +1233,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         rid = self._next_id() if conn.extensions.enabled else None
         check(-1, journal.reset_response,
-              await self._exchange(conn, "reset", journal.reset_kwargs, rid))
+              await self._exchange(conn, "reset", journal.reset_kwargs, rid, own=False))
         for index, entry in enumerate(journal.entries):
             rid = self._next_id() if conn.extensions.enabled else None
-            check(index, entry.response, await self._exchange(conn, "step", entry.action, rid))
+            check(index, entry.response,
+                  await self._exchange(conn, "step", entry.action, rid, own=False))
         self._in_episode = True
         self._lost_journal = None
 

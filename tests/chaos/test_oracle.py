@@ -136,3 +136,13 @@ def test_replayed_episode_must_equal_its_fault_free_run() -> None:
     violations = _check(calls, [server, other], final_state=_state(other),
                         final_journal=_journal(other))
     assert any("differs from its fault-free run" in v for v in violations)
+
+
+def test_lateness_is_excused_only_by_measured_cpu_starvation() -> None:
+    """A late call passes only if the CPU starvation measured during it explains the excess."""
+    calls, server = _episode([1, 2])
+    calls[1].ended = calls[1].started + calls[1].timeout + 0.25
+    calls[1].starved = 0.2  # 0.25 late - 0.1 tolerance = 0.15 <= 0.2: the machine's doing
+    assert _check(calls, [server]) == []
+    calls[1].starved = 0.1  # 0.05 s of the lateness is the client's
+    assert any("deadline" in v for v in _check(calls, [server]))
