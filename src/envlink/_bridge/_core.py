@@ -241,7 +241,6 @@ class Bridge(LoopThread):
         # Break the cycle exception -> traceback -> _run_job frame -> job -> exception.
         job.exc = None
         job = None  # type: ignore[assignment]
-        token = None
         try:
             raise error
         finally:
