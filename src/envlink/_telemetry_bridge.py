@@ -86,18 +86,21 @@ class BridgeTelemetryHook:
         meter_provider: OpenTelemetry meter provider (default: the global one).
     """
 
-    __slots__ = ("_call_duration", "_tracer", "_wait_duration")
+    __slots__ = ("_call_duration", "_tracer", "_tracing_enabled", "_wait_duration")
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None) -> None:
         tel = get_telemetry(tracer_provider, meter_provider)
         # Held directly: this runs twice per bridged call.
         self._tracer = tel.tracer
+        self._tracing_enabled = tel.tracing_enabled
         self._wait_duration = tel.bridge_wait_duration
         self._call_duration = tel.bridge_call_duration
 
     def call_started(self, call: BridgeCallStarted) -> Span:
         """Start the sync hop's span and make it the coroutine's current span."""
+        if not self._tracing_enabled():
+            return INVALID_SPAN  # no SDK: no span to start (as for the client's spans)
         method = call.method
         info = _method_infos.get(method) or _method_info(method)
         try:
