@@ -126,6 +126,7 @@ def test_only_the_server_io_layers_import_websockets() -> None:
                    if "websockets" in top(runtime_imports(p)))
     assert users == ["_connection.py", "_handshake.py", "_server.py"]
 
+
 def test_the_chaos_suite_uses_the_public_api_only() -> None:
     """tests/chaos imports envlink and envlink.server public names only (survives refactors)."""
     import envlink
@@ -146,3 +147,9 @@ def test_the_chaos_suite_uses_the_public_api_only() -> None:
                 assert node.module in public, (path.name, node.module)
                 names = {a.name for a in node.names}
                 assert names <= public[node.module], (path.name, names - public[node.module])
+
+
+def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
+    """_timeouts (used by client, transport and bridge) imports no other envlink module."""
+    internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
+    assert internal == {"envlink._errors"}, internal
