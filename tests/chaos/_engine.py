@@ -749,8 +749,8 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
                 return
             stats.armed[kind] += 1
             arming = servers.arm(protocol, kind, latency=0.02, variant=rng.randrange(12))
-            # Slow answers for 20 requests; the one-shot faults for the next one.
-            servers.wait_requests(protocol, base + count + (20 if kind == "slow" else 1), done)
+            # Slow answers for 50 requests; a one-shot fault fires within them.
+            servers.wait_requests(protocol, base + count + 50, done)
             runner._disarm(protocol, arming)
 
     async def main() -> None:
@@ -794,10 +794,10 @@ def load_threads(servers: InProcessServers, ledger: Ledger, *, waves: int, polic
     config = ChaosConfig(seed=seed, calls=waves * 4)
     runner = _Runner(config, stats, servers, ledger)
     rng = random.Random(seed)
-    # On the plain protocol a connection lost under a step in flight ends the episode
-    # by design (its outcome cannot be known): keep to faults that leave it running.
-    kinds = list(IN_PROCESS_KINDS) if protocol == "ext" else [
-        "error", "corrupt", "oversize", "slow", "stall"]
+    # On the plain protocol a step whose outcome cannot be known (connection lost or
+    # deadline expired with it in flight) ends the episode by design: keep to faults
+    # that leave it running.
+    kinds = list(IN_PROCESS_KINDS) if protocol == "ext" else ["error", "corrupt", "oversize"]
     faults: list[str | None] = [kinds[i // 2 % len(kinds)] if i % 2 else None
                                 for i in range(waves)]
     plan = _Plan(seed, "threads", policy, protocol, rng, faults)
@@ -847,13 +847,20 @@ def run_chaos(config: ChaosConfig) -> ChaosRun:
 
 
 def _numbers(config: ChaosConfig, minimum: int, short: Callable[[], bool]) -> Any:
-    """Episode numbers of this shard: ``minimum`` in all, more while ``short()``."""
+    """Episode numbers of this shard: its share of ``minimum``, more while ``short()``.
+
+    Episodes are dealt to shards by a seeded draw per episode number, not by the number
+    modulo the shard count, which would give a shard only one face (the face is the
+    number modulo 3).
+    """
     index, count = config.shard
     done = 0
-    number = index
+    number = -1
     while done < config.max_episodes and (done < _share(minimum, config.shard) or short()):
+        number += 1
+        if count > 1 and random.Random(f"{config.seed}:shard:{number}").randrange(count) != index:
+            continue
         yield number
-        number += count
         done += 1
 
 

@@ -4,8 +4,9 @@
     python tests/chaos/run_chaos.py --episodes 200 --kill-episodes 40 --workers 2
     python tests/chaos/run_chaos.py --soak --seed 7 --report /tmp/soak.json
 
-The in-process episodes are sharded over ``--workers - 1`` processes (episode numbers
-modulo the shard count, so a seed gives the same episodes whatever the worker count);
+The in-process episodes are sharded over ``--workers - 1`` processes (each episode number
+dealt to a shard by a seeded draw; an episode's plan depends only on the seed and its
+number);
 one more worker runs the kill -9 episodes. Each worker checks its own episodes, leaks
 and memory; the reports are merged, the summary table is printed and the JSON written.
 Exit status 1 if any violation or leak was found, or a soak target was missed.
