@@ -20,7 +20,7 @@ EXPECTED = {
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
     # the bridge
-    "Bridge", "SyncProxy",
+    "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
     # many sessions
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry

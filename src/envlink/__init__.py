@@ -12,7 +12,14 @@ __version__ = "0.1.0.dev0"
 
 from typing import TYPE_CHECKING, Any
 
-from envlink._bridge import Bridge, SyncProxy
+from envlink._bridge import (
+    Bridge,
+    BridgeCallFinished,
+    BridgeCallStarted,
+    BridgeHook,
+    SyncProxy,
+    set_default_hooks,
+)
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
@@ -40,9 +47,13 @@ from envlink._pool import AutoresetMode, EnvPool
 from envlink._pool_sync import SyncEnvPool
 from envlink._pool_types import Batch, EndpointView, PoolView
 from envlink._sync import SyncEnvClient
+from envlink._telemetry_bridge import default_bridge_hooks
 
 if TYPE_CHECKING:
     from envlink.telemetry import configure
+
+# The generic bridge imports no telemetry: envlink gives it its OpenTelemetry emitter.
+set_default_hooks(default_bridge_hooks)
 
 
 def __getattr__(name: str) -> Any:
@@ -59,6 +70,9 @@ __all__ = [
     "AutoresetMode",
     "Batch",
     "Bridge",
+    "BridgeCallFinished",
+    "BridgeCallStarted",
+    "BridgeHook",
     "CallTimeoutError",
     "CallToolAction",
     "CapacityReachedError",

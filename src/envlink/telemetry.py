@@ -115,6 +115,7 @@ from envlink._telemetry import (
     SPAN_POOL_RECV,
     SPAN_RAY_SHARD_PREFIX,
 )
+from envlink._telemetry_bridge import BridgeTelemetryHook
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -195,6 +196,7 @@ __all__ = [
     "SPAN_POOL_PREFIX",
     "SPAN_POOL_RECV",
     "SPAN_RAY_SHARD_PREFIX",
+    "BridgeTelemetryHook",
     "OtlpProtocol",
     "TelemetryHandle",
     "add_trace_context",
