@@ -24,7 +24,6 @@ from opentelemetry import propagate
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 from pydantic import BaseModel, ValidationError
-from tenacity import RetryCallState
 
 from envlink import _logging
 from envlink._config import (
@@ -44,12 +43,11 @@ from envlink._errors import (
     OutcomeUnknownError,
     ProtocolError,
     ReplayDivergedError,
-    RetryBudgetExhaustedError,
     ServerError,
     SessionLostError,
 )
 from envlink._journal import EpisodeJournal
-from envlink._policies import ReconnectPolicy, SessionLostPolicy, build_retrying, testing_enabled
+from envlink._policies import ReconnectPolicy, SessionLostPolicy
 from envlink._protocol import (
     RESUME_TOKEN_HEADER,
     CloseRequest,
@@ -62,6 +60,7 @@ from envlink._protocol import (
     decode_response,
     encode_request,
 )
+from envlink._retry import BackoffDetails, Retry
 from envlink._telemetry import (
     ATTR_ATTEMPT,
     ATTR_DELAY,
@@ -898,17 +897,16 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if is_reconnect:
             self._tel.add(self._tel.reconnects, 1, {ATTR_REASON: reason})
 
-        async def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            delay = state.upcoming_sleep
-            etype = error_type_of(exc) if exc is not None else "unknown"
+        def before_sleep(details: BackoffDetails) -> None:
+            etype = error_type_of(details.error) if details.error is not None else "unknown"
             if span is not None and span.is_recording():
                 span.add_event(EVENT_RECONNECT_SCHEDULED, {
-                    ATTR_DELAY: delay, ATTR_ERROR_TYPE: etype,
-                    ATTR_ATTEMPT: state.attempt_number,
+                    ATTR_DELAY: details.delay, ATTR_ERROR_TYPE: etype,
+                    ATTR_ATTEMPT: details.attempt,
                 })
-            _log.info("envlink.reconnect_scheduled", delay_s=round(delay, 4), error_type=etype,
-                      attempt=state.attempt_number, reason=reason, url=self._endpoint.display)
+            _log.info("envlink.reconnect_scheduled", delay_s=round(details.delay, 4),
+                      error_type=etype, attempt=details.attempt, reason=reason,
+                      url=self._endpoint.display)
 
         if used >= policy.max_attempts:
             # Report the flapping once; the next call starts a new outage.
@@ -918,29 +916,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 f"the connection to {self._endpoint.display} keeps dropping: {used} reconnects "
                 f"without a connection lasting {policy.stable_after:g} s"
             )
-        retrying = build_retrying(policy, sleep=_backoff_sleep, attempts_used=used,
-                                  before_sleep=before_sleep)
-        last_exc: BaseException | None = None
-        conn: Connection | None = None
-        tries = 0
-        async for attempt in retrying:
-            with attempt:
-                tries += 1
-                number = tries + used
-                if tries > 1 and policy.budget is not None and not policy.budget.try_spend():
-                    raise RetryBudgetExhaustedError(
-                        "the shared retry budget refused a reconnect attempt"
-                    ) from last_exc
-                try:
-                    conn = await self._open_once(number, reason, resume_token)
-                except EnvlinkError as exc:
-                    last_exc = exc
-                    raise
-        assert conn is not None
+        retry = Retry(policy, operation="connect", sleep=asyncio.sleep, attempts_used=used,
+                      on_backoff=before_sleep)
+        conn = await retry.run(lambda number: self._open_once(number, reason, resume_token))
         if self._last_conn_short_lived:
-            self._flap_attempts += tries
-        if policy.budget is not None:
-            policy.budget.record_success()
+            self._flap_attempts += retry.tries
         return conn
 
     async def _open_once(self, attempt: int, reason: str, resume_token: str | None) -> Connection:
@@ -1110,11 +1090,6 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             check(index, entry.response, await self._exchange(conn, "step", entry.action, rid))
         self._in_episode = True
         self._lost_journal = None
-
-
-async def _backoff_sleep(seconds: float) -> None:
-    if seconds > 0 and not testing_enabled():
-        await asyncio.sleep(seconds)
 
 
 def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
