@@ -38,14 +38,15 @@ def test_pure_modules_import_no_io(module: str) -> None:
 
 
 def test_only_the_transport_imports_websockets() -> None:
-    """Outside the reference server (an I/O layer of its own), only _transport.py imports it."""
+    """Outside the reference server (an I/O layer of its own), only _websocket.py imports it."""
     users = sorted(p.name for p in SRC.glob("*.py") if "websockets" in top(imported(p)))
-    assert users == ["_transport.py"]
+    assert users == ["_websocket.py"]
 
 
 def test_telemetry_never_imports_the_client() -> None:
     """Telemetry and logging modules depend on nothing that talks to a server."""
-    forbidden = {"envlink._client", "envlink._sync", "envlink._transport", "envlink._echo"}
+    forbidden = {"envlink._client", "envlink._sync", "envlink._transport", "envlink._echo",
+                 "envlink._websocket"}
     for name in ["_telemetry.py", "_logging.py", "telemetry.py"]:
         assert not imported(SRC / name) & forbidden, name
 
@@ -53,6 +54,7 @@ def test_telemetry_never_imports_the_client() -> None:
 def test_the_bridge_knows_nothing_of_environments() -> None:
     """The generic bridge imports no client, protocol or transport module."""
     forbidden = {"envlink._client", "envlink._protocol", "envlink._transport", "envlink._echo",
+                 "envlink._websocket",
                  "envlink._sync", "envlink.server"}
     assert not imported(SRC / "_bridge.py") & forbidden
 

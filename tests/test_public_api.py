@@ -18,6 +18,8 @@ EXPECTED = {
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
+    # testing without a server
+    "MockTransport",
     # the bridge
     "Bridge", "SyncProxy",
     # telemetry

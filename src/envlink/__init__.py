@@ -35,6 +35,7 @@ from envlink._errors import (
     ToolCallError,
 )
 from envlink._journal import EpisodeJournal, JournalEntry
+from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sync import SyncEnvClient
 
@@ -71,6 +72,7 @@ __all__ = [
     "HandshakeRejectedError",
     "JournalEntry",
     "ListToolsAction",
+    "MockTransport",
     "OutcomeUnknownError",
     "ProtocolError",
     "ReconnectPolicy",

@@ -88,7 +88,8 @@ from envlink._telemetry import (
     error_type_of,
     get_telemetry,
 )
-from envlink._transport import Connection, NotWrittenError, open_connection, parse_endpoint
+from envlink._transport import Connection, NotWrittenError, Transport, parse_endpoint
+from envlink._websocket import WebSocketTransport
 
 if TYPE_CHECKING:
     from envlink._bridge import Bridge
@@ -213,6 +214,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         max_message_size_mb: OpenEnv-compatible alias for ``max_message_size``.
         websocket_ping_interval_s: OpenEnv-compatible alias for ``ping_interval``.
         websocket_ping_timeout_s: OpenEnv-compatible alias for ``ping_timeout``.
+        transport: how connections are opened (default: ``websockets``); pass a
+            :class:`~envlink.MockTransport` to test code without a server.
+        options: every connection option as one :class:`ConnectionOptions`, instead
+            of ``headers``, ``ping_interval``, ... (which must then be left out).
 
     Raises:
         ValueError: for a malformed URL or option.
@@ -242,6 +247,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         max_message_size_mb: float | None = None,
         websocket_ping_interval_s: float | UnsetType | None = UNSET,
         websocket_ping_timeout_s: float | UnsetType | None = UNSET,
+        transport: Transport | None = None,
+        options: ConnectionOptions | None = None,
     ) -> None:
         if on_session_lost not in ("raise", "replay", "resume"):
             raise ValueError(
@@ -252,7 +259,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self.timeouts: Timeout = Timeout(
             connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
             call=message_timeout_s if message_timeout_s is not None else base.call,
-            close=base.close,
+            close=base.close, probe=base.probe, release=base.release,
         )
         if max_message_size_mb is not None:
             max_message_size = int(max_message_size_mb * 1024 * 1024)
@@ -260,7 +267,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             ping_interval = websocket_ping_interval_s
         if websocket_ping_timeout_s is not UNSET:
             ping_timeout = websocket_ping_timeout_s
-        self._options = ConnectionOptions(
+        built = ConnectionOptions(
             headers=tuple((headers or {}).items()),
             ping_interval=ping_interval,
             ping_timeout=ping_timeout,
@@ -269,6 +276,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             ssl=ssl,
             proxy=proxy,
         )
+        if options is not None:
+            if built != ConnectionOptions():
+                raise ValueError("pass connection options either as options= or as keyword "
+                                 "arguments (headers, ping_interval, ...), not both")
+            built = options
+        self._options: ConnectionOptions = built
+        self._transport: Transport = transport if transport is not None else WebSocketTransport()
         self.reconnect_policy: ReconnectPolicy = reconnect or ReconnectPolicy()
         self.on_session_lost: SessionLostPolicy = on_session_lost
         self._replay_verify = replay_verify or _same_answer
@@ -295,6 +309,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._suspect = False
         self._background: set[asyncio.Task[None]] = set()
         self._last_conn_short_lived = False
+        self._opened_at = 0.0
+        #: Answers still due on this connection to requests whose callers gave up.
+        self._late_answers = 0
         self._last_drop_at = 0.0
         self._flap_attempts = 0
         self._request_ids = itertools.count(1)
@@ -721,7 +738,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     raise
 
     def _probe_timeout(self) -> float:
-        return min(self._options.ping_timeout or 2.0, 2.0)
+        probe, ping = self.timeouts.probe, self._options.ping_timeout
+        return probe if ping is None else min(probe, ping)
 
     def _next_id(self) -> str:
         return f"{self._id_prefix}-{next(self._request_ids)}"
@@ -773,16 +791,16 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 try:
                     frame = decode_response(raw, max_size=self._options.max_message_size)
                 except ProtocolError as exc:
-                    if conn.late_answers:
+                    if self._late_answers:
                         raise self._unattributable(conn, exc) from exc
                     raise
                 if request_id is not None and frame.id != request_id:
                     if frame.id is None:
-                        if conn.late_answers:
+                        if self._late_answers:
                             raise self._unattributable(conn, None)
                         return frame  # an answer without id can only be ours
                     # The late answer of an earlier, timed-out call: never deliver it.
-                    conn.late_answers = max(0, conn.late_answers - 1)
+                    self._late_answers = max(0, self._late_answers - 1)
                     _log.debug("envlink.stale_answer_dropped", id=frame.id, expected=request_id)
                     continue
                 return frame
@@ -795,7 +813,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             if sent:
                 if conn.extensions.enabled and request_id is not None:
                     self._suspect = True
-                    conn.late_answers += 1
+                    self._late_answers += 1
                 else:
                     # An answer may still arrive and would be read by the next call.
                     self._discard_connection()
@@ -808,12 +826,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         connection) and sends ``close``; the server then destroys it at once instead
         of keeping it, and its slot, for the whole grace window.
         """
-        seconds = min(self.timeouts.close or 5.0, 5.0)
+        limit, close = self.timeouts.release, self.timeouts.close
+        seconds = limit if close is None else min(limit, close)
 
         async def release() -> None:
-            conn = await open_connection(
-                self._endpoint, self._options, extra_headers={RESUME_TOKEN_HEADER: token},
-                open_timeout=seconds,
+            conn = await self._transport.connect(
+                self._endpoint, self._options, headers={RESUME_TOKEN_HEADER: token},
+                timeout=seconds,
             )
             try:
                 if conn.extensions.resumed:
@@ -853,7 +872,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             return
         conn.abort()
         self._last_drop_at = time.monotonic()
-        if self._last_drop_at - conn.opened_at < self.reconnect_policy.stable_after:
+        if self._last_drop_at - self._opened_at < self.reconnect_policy.stable_after:
             # Flapping: the next outage continues this one's attempt count.
             self._last_conn_short_lived = True
         else:
@@ -934,9 +953,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 headers[RESUME_TOKEN_HEADER] = resume_token
             _log.debug("envlink.connect", url=self._endpoint.display, attempt=attempt,
                        reason=reason)
-            conn = await open_connection(
-                self._endpoint, self._options, extra_headers=headers,
-                open_timeout=self.timeouts.connect, offer_extensions=self._offer_extensions,
+            conn = await self._transport.connect(
+                self._endpoint, self._options, headers=headers,
+                timeout=self.timeouts.connect, offer_extensions=self._offer_extensions,
             )
             self._on_connected(conn)
             if span.is_recording():
@@ -951,6 +970,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if previous is not None and previous is not conn:
             previous.abort()
         self._conn = conn
+        self._opened_at = time.monotonic()
+        self._late_answers = 0
         ext = conn.extensions
         if self._in_episode and not ext.resumed:
             # A fresh server session cannot carry on this episode; replay rebuilds it
