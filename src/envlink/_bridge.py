@@ -65,6 +65,7 @@ from envlink._telemetry import (
     get_telemetry,
     mark_error,
 )
+from envlink._timeouts import bounded
 
 __all__ = [
     "OUTCOME_CANCELLED",
@@ -261,7 +262,8 @@ def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
 
 async def _bounded(aw: Awaitable[None], timeout: float) -> None:
     try:
-        await asyncio.wait_for(aw, timeout)
+        async with bounded(timeout):
+            await aw
     except Exception:
         _log.warning("envlink bridge: loop cleanup did not finish in time", exc_info=True)
 

@@ -13,7 +13,6 @@ import contextlib
 import enum
 import itertools
 import os
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -88,6 +87,7 @@ from envlink._telemetry import (
     error_type_of,
     get_telemetry,
 )
+from envlink._timeouts import bounded, deadline
 from envlink._transport import Connection, NotWrittenError, Transport, parse_endpoint
 from envlink._websocket import WebSocketTransport
 
@@ -134,54 +134,6 @@ class _State(enum.Enum):
 # Methods that may be resent after a connection failure whatever happened to the
 # first request: reset starts the episode over, state only reads.
 _IDEMPOTENT = frozenset({"reset", "state"})
-
-if sys.version_info >= (3, 11):
-
-    @contextlib.asynccontextmanager
-    async def _deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
-        if seconds is None:
-            yield
-            return
-        try:
-            async with asyncio.timeout(seconds) as cm:
-                yield
-        except TimeoutError as exc:
-            if cm.expired():
-                raise CallTimeoutError(
-                    f"{method} did not complete within {seconds:g} s", method=method,
-                    timeout=seconds,
-                ) from exc
-            raise
-else:  # pragma: no cover - exercised on Python 3.10 only
-
-    @contextlib.asynccontextmanager
-    async def _deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
-        if seconds is None:
-            yield
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        fired = False
-
-        def expire() -> None:
-            nonlocal fired
-            fired = True
-            task.cancel()
-
-        handle = loop.call_later(seconds, expire)
-        try:
-            yield
-        except asyncio.CancelledError as exc:
-            if fired:
-                raise CallTimeoutError(
-                    f"{method} did not complete within {seconds:g} s", method=method,
-                    timeout=seconds,
-                ) from exc
-            raise
-        finally:
-            handle.cancel()
-
 
 class EnvClient(Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
@@ -574,7 +526,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             attributes = self._attrs(method) if tel.tracing_enabled() else None
             with tel.span(method, kind=SpanKind.CLIENT, attributes=attributes) as span:
                 try:
-                    async with _deadline(seconds, method):
+                    async with deadline(seconds, method):
                         return await run(span)
                 except asyncio.CancelledError as exc:
                     if self.closed:
@@ -691,19 +643,25 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             attempt += 1
             conn = self._conn
             if conn is not None and self._suspect:
-                self._suspect = False
                 if method == "reset":
                     # A new episode need not queue behind the old one's late answer;
                     # the old session is ended rather than left holding a server slot.
+                    self._suspect = False
                     token = self._resume_token
                     self._discard_connection()
                     conn = None
                     if token is not None:
                         await self._release_session(token)
-                elif not await conn.probe(self._probe_timeout()):
-                    _log.info("envlink.peer_unresponsive", session_id=self._session_id)
-                    self._discard_connection()
-                    conn = None
+                else:
+                    # The flag is cleared only once the probe has really answered: a
+                    # probe cut short by this call's deadline leaves the connection
+                    # suspect, so the next call probes it again.
+                    alive = await conn.probe(self._probe_timeout())
+                    self._suspect = False
+                    if not alive:
+                        _log.info("envlink.peer_unresponsive", session_id=self._session_id)
+                        self._discard_connection()
+                        conn = None
             if conn is None or not conn.is_open:
                 self._conn = None
                 if self._in_episode and method != "reset":
@@ -843,8 +801,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 conn.abort()
 
         try:
-            await asyncio.wait_for(release(), seconds)
-        except (EnvlinkError, asyncio.TimeoutError, TimeoutError) as exc:
+            async with bounded(seconds):
+                await release()
+        except (EnvlinkError, TimeoutError) as exc:
             _log.debug("envlink.session_release_failed", error=str(exc))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -897,8 +856,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if graceful and conn.is_open:
             rid = self._next_id() if conn.extensions.enabled else None
             frame = encode_request(self._make_request("close", None, rid))
-            with contextlib.suppress(EnvlinkError, asyncio.TimeoutError, TimeoutError):
-                await asyncio.wait_for(conn.send(frame), seconds)
+            with contextlib.suppress(EnvlinkError, TimeoutError):
+                async with bounded(seconds):
+                    await conn.send(frame)
         await conn.close(seconds)
         _log.debug("envlink.disconnect", session_id=self._session_id)
 
@@ -972,6 +932,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._conn = conn
         self._opened_at = time.monotonic()
         self._late_answers = 0
+        self._suspect = False  # suspicion was about the previous connection
         ext = conn.extensions
         if self._in_episode and not ext.resumed:
             # A fresh server session cannot carry on this episode; replay rebuilds it

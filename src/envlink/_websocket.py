@@ -41,6 +41,7 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
+from envlink._timeouts import bounded
 from envlink._transport import Endpoint, NotWrittenError
 
 __all__ = ["WebSocketConnection", "WebSocketTransport", "open_connection"]
@@ -113,9 +114,10 @@ class WebSocketConnection:
         if self._ws.state is not State.OPEN:
             return False
         try:
-            waiter = await self._ws.ping()
-            await asyncio.wait_for(waiter, timeout)
-        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError, RuntimeError):
+            async with bounded(timeout):
+                waiter = await self._ws.ping()
+                await waiter
+        except (ConnectionClosed, TimeoutError, OSError, RuntimeError):
             return False
         return True
 
@@ -128,8 +130,9 @@ class WebSocketConnection:
         if self._ws.state is State.OPEN:
             return None
         try:
-            return await asyncio.wait_for(self._ws.recv(), self._last_frame_wait)
-        except (ConnectionClosed, asyncio.TimeoutError, TimeoutError, OSError):
+            async with bounded(self._last_frame_wait):
+                return await self._ws.recv()
+        except (ConnectionClosed, TimeoutError, OSError):
             return None
 
     async def recv(self) -> str | bytes:
@@ -155,10 +158,8 @@ class WebSocketConnection:
         dropping the connection) rather than swallowed.
         """
         try:
-            if timeout is None:
+            async with bounded(timeout):
                 await self._ws.close()
-            else:
-                await asyncio.wait_for(self._ws.close(), timeout)
         except asyncio.CancelledError:
             self.abort()
             raise
