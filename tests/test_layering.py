@@ -10,7 +10,8 @@ import pytest
 pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
-PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py"]
+PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py",
+        "_retry.py", "_session.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 
 
@@ -30,11 +31,17 @@ def top(names: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("module", PURE)
 def test_pure_modules_import_no_io(module: str) -> None:
-    """errors, config, protocol, policies and journal import nothing that does I/O."""
+    """errors, config, protocol, policies, journal, retry and session import no I/O."""
     names = top(imported(SRC / module))
     assert not names & IO_MODULES, names & IO_MODULES
     internal = {n for n in names if n.startswith("envlink.")}
     assert internal <= {f"envlink.{p[:-3]}" for p in PURE}, internal
+
+
+def test_the_session_core_is_sans_io() -> None:
+    """The session core imports neither asyncio, websockets nor opentelemetry."""
+    names = top(imported(SRC / "_session.py"))
+    assert not names & {"asyncio", "websockets", "opentelemetry", "trio", "anyio"}, names
 
 
 def test_only_the_transport_imports_websockets() -> None:
