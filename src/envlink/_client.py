@@ -32,6 +32,8 @@ from envlink._config import (
     Timeout,
     TimeoutTypes,
     UnsetType,
+    check_count,
+    check_timeout,
 )
 from envlink._errors import (
     CallTimeoutError,
@@ -219,6 +221,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             ping_interval = websocket_ping_interval_s
         if websocket_ping_timeout_s is not UNSET:
             ping_timeout = websocket_ping_timeout_s
+        ping_interval = check_timeout(ping_interval, "ping_interval")
+        ping_timeout = check_timeout(ping_timeout, "ping_timeout")
+        max_journal_steps = check_count(max_journal_steps, "max_journal_steps")
+        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+            raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
+                            f"got {type(reconnect).__name__}")
         built = ConnectionOptions(
             headers=tuple((headers or {}).items()),
             ping_interval=ping_interval,
@@ -497,10 +505,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         if timeout is UNSET:
             return self.timeouts.call
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, "
-                             f"got {timeout!r}")
-        return timeout
+        return check_timeout(timeout)
 
     def _attrs(self, method: str) -> dict[str, Any]:
         attrs = dict(self._base_attrs)

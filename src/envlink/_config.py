@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -13,6 +15,8 @@ __all__ = [
     "Timeout",
     "TimeoutTypes",
     "UnsetType",
+    "check_count",
+    "check_timeout",
 ]
 
 
@@ -26,6 +30,50 @@ class UnsetType(enum.Enum):
 
 
 UNSET: Final = UnsetType.UNSET
+
+
+def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = False
+                  ) -> float | None:
+    """Validate a duration in seconds given by a caller; ``None`` means no limit.
+
+    Args:
+        value: what the caller passed.
+        name: the parameter's name, for the message.
+        allow_zero: accept ``0`` (e.g. a grace period), not only positive values.
+
+    Returns:
+        the duration as a float, or ``None``.
+
+    Raises:
+        TypeError: not a real number (``"5"``, ``True``: a bool is not a duration).
+        ValueError: NaN, negative, or zero unless ``allow_zero``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None, "
+                        f"got {type(value).__name__} {value!r}")
+    seconds = float(value)
+    ok = seconds >= 0 if allow_zero else seconds > 0
+    if math.isnan(seconds) or not ok:
+        bound = ">= 0" if allow_zero else "positive"
+        raise ValueError(f"{name} must be a {bound} number of seconds or None, got {value!r}")
+    return seconds
+
+
+def check_count(value: object, name: str, *, minimum: int = 0) -> int:
+    """Validate a whole number given by a caller (a bool is not a count).
+
+    Raises:
+        TypeError: not an ``int``.
+        ValueError: below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
 
 _DEFAULT_CONNECT = 10.0
 _DEFAULT_CALL = 60.0
@@ -80,9 +128,7 @@ class Timeout:
                 chosen = default
             else:
                 chosen = fallback
-            if chosen is not None and not chosen > 0:
-                raise ValueError(f"timeouts must be positive or None, got {chosen!r}")
-            return None if chosen is None else float(chosen)
+            return check_timeout(chosen, "timeout")
 
         self.connect: float | None = pick(connect, _DEFAULT_CONNECT)
         self.call: float | None = pick(call, _DEFAULT_CALL)

@@ -19,6 +19,7 @@ from typing import Literal
 from tenacity import RetryCallState, wait_exponential, wait_random_exponential
 from tenacity.wait import wait_base
 
+from envlink._config import check_count, check_timeout
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -53,8 +54,11 @@ class RetryBudget:
     """
 
     def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1) -> None:
-        if max_tokens <= 0 or token_ratio <= 0:
-            raise ValueError("max_tokens and token_ratio must be positive")
+        for name, value in (("max_tokens", max_tokens), ("token_ratio", token_ratio)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         self.max_tokens = float(max_tokens)
         self.token_ratio = float(token_ratio)
         self._tokens = float(max_tokens)
@@ -113,10 +117,20 @@ class ReconnectPolicy:
     budget: RetryBudget | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1:
-            raise ValueError("delays must be >= 0 and multiplier >= 1")
+        check_count(self.max_attempts, "max_attempts", minimum=1)
+        check_timeout(self.max_elapsed, "max_elapsed")
+        for name in ("initial_delay", "max_delay", "stable_after"):
+            if check_timeout(getattr(self, name), name, allow_zero=True) is None:
+                raise TypeError(f"{name} must be a number of seconds, got None")
+        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, (int, float)):
+            raise TypeError(f"multiplier must be a number, got {type(self.multiplier).__name__}")
+        if not self.multiplier >= 1:
+            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
+        if self.jitter not in ("full", "none"):
+            raise ValueError(f"jitter must be 'full' or 'none', got {self.jitter!r}")
+        if self.budget is not None and not isinstance(self.budget, RetryBudget):
+            raise TypeError(f"budget must be a RetryBudget or None, "
+                            f"got {type(self.budget).__name__}")
 
     def wait(self, rng: random.Random | None = None) -> wait_base:
         """This policy's backoff as a tenacity wait strategy.

@@ -4,51 +4,21 @@
 inner result when the caller's cancellation (or an enclosing deadline, which is a
 cancellation too) arrives in the same loop iteration as that result, and the
 cancellation is lost. :func:`bounded` is the replacement (``asyncio.timeout`` on
-3.11+, an equivalent on 3.10), :func:`deadline` the per-call form raising
-:class:`~envlink.CallTimeoutError`, and :func:`check_timeout` the one validation of
-every ``timeout=`` envlink accepts.
+3.11+, an equivalent on 3.10) and :func:`deadline` the per-call form raising
+:class:`~envlink.CallTimeoutError`. (The one validation of every ``timeout=`` envlink
+accepts is :func:`envlink._config.check_timeout`.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import sys
 from collections.abc import AsyncIterator
 
 from envlink._errors import CallTimeoutError
 
-__all__ = ["bounded", "check_timeout", "deadline"]
-
-
-def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = False
-                  ) -> float | None:
-    """Validate a duration in seconds given by a caller; ``None`` means no limit.
-
-    Args:
-        value: what the caller passed.
-        name: the parameter's name, for the message.
-        allow_zero: accept ``0`` (e.g. a grace period), not only positive values.
-
-    Returns:
-        the duration as a float, or ``None``.
-
-    Raises:
-        TypeError: not a real number (``"5"``, ``True``: a bool is not a duration).
-        ValueError: NaN, negative, or zero unless ``allow_zero``.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, "
-                        f"got {type(value).__name__} {value!r}")
-    seconds = float(value)
-    ok = seconds >= 0 if allow_zero else seconds > 0
-    if math.isnan(seconds) or not ok:
-        bound = ">= 0" if allow_zero else "positive"
-        raise ValueError(f"{name} must be a {bound} number of seconds or None, got {value!r}")
-    return seconds
+__all__ = ["bounded", "deadline"]
 
 
 class _Expiry:

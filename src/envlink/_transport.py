@@ -133,8 +133,12 @@ def parse_endpoint(base_url: str) -> Endpoint:
     """Turn an ``http(s)://`` or ``ws(s)://`` base URL into the ``/ws`` endpoint.
 
     Raises:
+        TypeError: ``base_url`` is not a string.
         ValueError: for another scheme or a URL without a host.
     """
+    if not isinstance(base_url, str):
+        raise TypeError(f"base_url must be a str such as 'http://127.0.0.1:8000', "
+                        f"got {type(base_url).__name__} {base_url!r}")
     parts = urlsplit(base_url.strip())
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if scheme is None:
