@@ -77,6 +77,7 @@ from envlink._telemetry import (
     ATTR_RESULT,
     ATTR_RETRY,
     ATTR_RPC_METHOD,
+    ATTR_RPC_STATUS_CODE,
     ATTR_RPC_SYSTEM,
     ATTR_SERVER_ADDRESS,
     ATTR_SERVER_PORT,
@@ -108,6 +109,13 @@ _Frame = ObservationFrame | StateFrame | ErrorFrame
 _Request = ResetRequest | StepRequest | StateRequest | CloseRequest
 
 _log = _logging.get_logger()
+
+
+def _outcome_of(exc: BaseException) -> str:
+    """``envlink.outcome`` of a failed call or connection attempt."""
+    if isinstance(exc, CallTimeoutError):
+        return "timeout"
+    return "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
 
 
 
@@ -364,7 +372,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 if not self.connected:
                     await self._open(reason="connect", span=span)
 
-        await self._traced("connect", run, seconds)
+        await self._traced("connect", run, seconds, rpc=False)
         return self
 
     async def reset(self, *, timeout: float | UnsetType | None = UNSET,
@@ -517,19 +525,30 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return attrs
 
     async def _traced(self, method: str, run: Callable[[Span], Awaitable[_R]],
-                      seconds: float | None) -> _R:
-        """Run one public call under its span, deadline and metrics."""
+                      seconds: float | None, *, rpc: bool = True) -> _R:
+        """Run one public call under its span, deadline and metrics.
+
+        ``rpc=False`` (``connect()``): not an RPC method, so an INTERNAL span and no
+        RPC metrics; its connection attempts have their own span and histogram.
+        """
         if self._state is _State.CLOSED:
             raise ClientClosedError("the client is closed")
         tel = self._tel
         metric_attrs = {ATTR_RPC_METHOD: method}
-        tel.add(tel.inflight, 1, metric_attrs)
+        if rpc:
+            tel.add(tel.inflight, 1, metric_attrs)
         start = time.perf_counter()
         outcome = "ok"
         error_type: str | None = None
+        status_code: str | None = None
         try:
-            attributes = self._attrs(method) if tel.tracing_enabled() else None
-            with tel.span(method, kind=SpanKind.CLIENT, attributes=attributes) as span:
+            attributes = None
+            if tel.tracing_enabled():
+                attributes = self._attrs(method) if rpc else {
+                    ATTR_SERVER_ADDRESS: self._endpoint.host,
+                    ATTR_SERVER_PORT: self._endpoint.port}
+            with tel.span(method, kind=SpanKind.CLIENT if rpc else SpanKind.INTERNAL,
+                          attributes=attributes) as span:
                 try:
                     async with deadline(seconds, method):
                         return await run(span)
@@ -539,20 +558,27 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     raise
         except BaseException as exc:
             error_type = error_type_of(exc)
-            outcome = "timeout" if isinstance(exc, CallTimeoutError) else (
-                "cancelled" if isinstance(exc, asyncio.CancelledError) else "error")
+            outcome = _outcome_of(exc)
+            if isinstance(exc, ServerError):
+                status_code = str(getattr(exc.code, "value", exc.code))
             if isinstance(exc, Exception):
-                tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method, ATTR_ERROR_TYPE: error_type})
+                if rpc:
+                    tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method,
+                                            ATTR_ERROR_TYPE: error_type})
                 _log.info("envlink.call_failed", method=method, error_type=error_type,
                           error=str(exc), session_id=self._session_id)
             raise
         finally:
-            tel.add(tel.inflight, -1, metric_attrs)
-            attrs: dict[str, Any] = {ATTR_RPC_SYSTEM: RPC_SYSTEM, ATTR_RPC_METHOD: method,
-                                     ATTR_OUTCOME: outcome}
-            if error_type is not None:
-                attrs[ATTR_ERROR_TYPE] = error_type
-            tel.record(tel.call_duration, time.perf_counter() - start, attrs)
+            if rpc:
+                tel.add(tel.inflight, -1, metric_attrs)
+                attrs = dict(self._base_attrs)
+                attrs[ATTR_RPC_METHOD] = method
+                attrs[ATTR_OUTCOME] = outcome
+                if error_type is not None:
+                    attrs[ATTR_ERROR_TYPE] = error_type
+                if status_code is not None:
+                    attrs[ATTR_RPC_STATUS_CODE] = status_code
+                tel.record(tel.call_duration, time.perf_counter() - start, attrs)
 
     @contextlib.asynccontextmanager
     async def _serialised(self, span: Span) -> AsyncIterator[None]:
@@ -908,9 +934,29 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return conn
 
     async def _open_once(self, attempt: int, reason: str, resume_token: str | None) -> Connection:
-        attrs = dict(self._base_attrs)
-        attrs[ATTR_ATTEMPT] = attempt
-        attrs[ATTR_REASON] = reason
+        # A connection attempt (the WebSocket opening handshake) is not an RPC: its
+        # span carries no rpc.* attribute and it has its own duration histogram.
+        tel = self._tel
+        metric_attrs: dict[str, Any] = {ATTR_SERVER_ADDRESS: self._endpoint.host,
+                                        ATTR_SERVER_PORT: self._endpoint.port,
+                                        ATTR_REASON: reason}
+        start = time.perf_counter()
+        try:
+            conn = await self._open_attempt(attempt, reason, resume_token)
+        except BaseException as exc:
+            metric_attrs[ATTR_OUTCOME] = _outcome_of(exc)
+            metric_attrs[ATTR_ERROR_TYPE] = error_type_of(exc)
+            tel.record(tel.connect_duration, time.perf_counter() - start, metric_attrs)
+            raise
+        metric_attrs[ATTR_OUTCOME] = "ok"
+        tel.record(tel.connect_duration, time.perf_counter() - start, metric_attrs)
+        return conn
+
+    async def _open_attempt(self, attempt: int, reason: str,
+                            resume_token: str | None) -> Connection:
+        attrs: dict[str, Any] = {ATTR_SERVER_ADDRESS: self._endpoint.host,
+                                 ATTR_SERVER_PORT: self._endpoint.port,
+                                 ATTR_ATTEMPT: attempt, ATTR_REASON: reason}
         with self._tel.span("connect", kind=SpanKind.CLIENT, attributes=attrs) as span:
             headers: dict[str, str] = {}
             propagate.inject(headers)

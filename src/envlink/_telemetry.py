@@ -49,6 +49,7 @@ __all__ = [
     "ATTR_REASON",
     "ATTR_RESULT",
     "ATTR_RPC_METHOD",
+    "ATTR_RPC_STATUS_CODE",
     "ATTR_RPC_SYSTEM",
     "ATTR_SERVER_ADDRESS",
     "ATTR_SERVER_PORT",
@@ -71,12 +72,14 @@ __all__ = [
     "METRIC_BRIDGE_CALL_DURATION",
     "METRIC_BRIDGE_WAIT_DURATION",
     "METRIC_CALL_DURATION",
+    "METRIC_CONNECT_DURATION",
     "METRIC_ERRORS",
     "METRIC_INFLIGHT",
     "METRIC_MESSAGE_SIZE",
     "METRIC_NAMES",
     "METRIC_RECONNECTS",
     "METRIC_RECOVERIES",
+    "RPC_DURATION_BUCKETS",
     "RPC_SYSTEM",
     "SCOPE_NAME",
     "SIZE_BUCKETS",
@@ -94,6 +97,8 @@ RPC_SYSTEM = "openenv"
 # Span and metric attribute names (OpenTelemetry semantic conventions where one exists).
 ATTR_RPC_SYSTEM = "rpc.system.name"
 ATTR_RPC_METHOD = "rpc.method"
+#: The status a failed call's server answered with (its error frame's code).
+ATTR_RPC_STATUS_CODE = "rpc.response.status_code"
 ATTR_SERVER_ADDRESS = "server.address"
 ATTR_SERVER_PORT = "server.port"
 ATTR_ERROR_TYPE = "error.type"
@@ -118,6 +123,8 @@ ATTR_RETRY = "envlink.retry"
 
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"
+#: Connection attempts (WebSocket upgrades); connecting is not an RPC method.
+METRIC_CONNECT_DURATION = "envlink.client.connect.duration"
 METRIC_BRIDGE_WAIT_DURATION = "envlink.bridge.wait.duration"
 METRIC_BRIDGE_CALL_DURATION = "envlink.bridge.call.duration"
 METRIC_ATTEMPTS = "envlink.client.attempts"
@@ -128,8 +135,8 @@ METRIC_MESSAGE_SIZE = "envlink.client.message.size"
 METRIC_RECOVERIES = "envlink.session.recoveries"
 #: Every metric envlink emits (the contract documented in docs/telemetry.md).
 METRIC_NAMES: tuple[str, ...] = (
-    METRIC_CALL_DURATION, METRIC_BRIDGE_WAIT_DURATION, METRIC_BRIDGE_CALL_DURATION,
-    METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
+    METRIC_CALL_DURATION, METRIC_CONNECT_DURATION, METRIC_BRIDGE_WAIT_DURATION,
+    METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
     METRIC_MESSAGE_SIZE, METRIC_RECOVERIES,
 )
 
@@ -156,8 +163,14 @@ LOG_EVENTS: tuple[str, ...] = (
     LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
 )
 
-#: Histogram boundaries in seconds. The SDK's defaults are meant for milliseconds
-#: and would put every envlink call in the first bucket.
+#: Boundaries of ``rpc.client.call.duration``: the semantic conventions' advisory
+#: buckets for RPC durations (seconds).
+RPC_DURATION_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)
+#: Histogram boundaries in seconds of envlink's own durations (bridge hops, connection
+#: attempts), which reach well below a millisecond. The SDK's defaults are meant for
+#: milliseconds and would put every envlink call in the first bucket.
 DURATION_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
@@ -210,6 +223,11 @@ class Telemetry:
         self.call_duration: Histogram = m.create_histogram(
             METRIC_CALL_DURATION, unit="s",
             description="Duration of envlink protocol calls, from the caller's view.",
+            explicit_bucket_boundaries_advisory=list(RPC_DURATION_BUCKETS),
+        )
+        self.connect_duration: Histogram = m.create_histogram(
+            METRIC_CONNECT_DURATION, unit="s",
+            description="Duration of connection attempts (WebSocket opening handshakes).",
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
         )
         self.bridge_wait_duration: Histogram = m.create_histogram(

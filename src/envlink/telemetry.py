@@ -55,6 +55,7 @@ from envlink._telemetry import (
     ATTR_RESULT,
     ATTR_RETRY,
     ATTR_RPC_METHOD,
+    ATTR_RPC_STATUS_CODE,
     ATTR_RPC_SYSTEM,
     ATTR_SERVER_ADDRESS,
     ATTR_SERVER_PORT,
@@ -77,12 +78,14 @@ from envlink._telemetry import (
     METRIC_BRIDGE_CALL_DURATION,
     METRIC_BRIDGE_WAIT_DURATION,
     METRIC_CALL_DURATION,
+    METRIC_CONNECT_DURATION,
     METRIC_ERRORS,
     METRIC_INFLIGHT,
     METRIC_MESSAGE_SIZE,
     METRIC_NAMES,
     METRIC_RECONNECTS,
     METRIC_RECOVERIES,
+    RPC_DURATION_BUCKETS,
     RPC_SYSTEM,
     SCOPE_NAME,
     SIZE_BUCKETS,
@@ -110,6 +113,7 @@ __all__ = [
     "ATTR_REASON",
     "ATTR_RESULT",
     "ATTR_RPC_METHOD",
+    "ATTR_RPC_STATUS_CODE",
     "ATTR_RPC_SYSTEM",
     "ATTR_SERVER_ADDRESS",
     "ATTR_SERVER_PORT",
@@ -132,12 +136,14 @@ __all__ = [
     "METRIC_BRIDGE_CALL_DURATION",
     "METRIC_BRIDGE_WAIT_DURATION",
     "METRIC_CALL_DURATION",
+    "METRIC_CONNECT_DURATION",
     "METRIC_ERRORS",
     "METRIC_INFLIGHT",
     "METRIC_MESSAGE_SIZE",
     "METRIC_NAMES",
     "METRIC_RECONNECTS",
     "METRIC_RECOVERIES",
+    "RPC_DURATION_BUCKETS",
     "RPC_SYSTEM",
     "SCOPE_NAME",
     "SIZE_BUCKETS",
@@ -466,10 +472,58 @@ def _start_prometheus(host: str, port: int) -> tuple[MetricReader, WSGIServer]:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as exc:
         raise _missing_extra("prometheus", "the Prometheus endpoint", exc) from exc
+
+    class _ScrapeOnlyReader(PrometheusMetricReader):
+        """The exporter's reader, collected by one scrape at a time and by scrapes only.
+
+        The exporter queues every collection it receives and renders each queued
+        snapshot as a full set of families, so a collection that no scrape asked for
+        (``force_flush()``, which collects every reader) or two scrapes collecting at
+        once (an HA pair of Prometheus servers) would put every family twice into
+        one exposition. Here a scrape holds a lock for its whole collection and only
+        the collection made by the scraping thread reaches the exporter; others are
+        dropped, which loses nothing: temporality is cumulative, so the next scrape's
+        snapshot contains everything.
+        """
+
+        def __init__(self) -> None:
+            # The exporter's collector lives in a registry of its own, read only by
+            # :meth:`scrape`; the served registry holds the serialising collector.
+            self._exporter_registry = CollectorRegistry()
+            self._scrape_lock = threading.Lock()
+            self._scraping_thread: int | None = None
+            super().__init__(registry=self._exporter_registry)
+
+        def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000,
+                             **kwargs: Any) -> None:
+            if self._scraping_thread == threading.get_ident():
+                super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
+
+        def collect_for_scrape(self) -> list[Any]:
+            with self._scrape_lock:
+                self._scraping_thread = threading.get_ident()
+                try:
+                    return list(self._exporter_registry.collect())
+                finally:
+                    self._scraping_thread = None
+
+    class _SerialisedCollector:
+        """What the served registry collects: the reader, one scrape at a time."""
+
+        def __init__(self, reader: _ScrapeOnlyReader) -> None:
+            self._reader = reader
+
+        def describe(self) -> list[Any]:
+            return []  # no collection when registered: nothing is set up yet
+
+        def collect(self) -> list[Any]:
+            return self._reader.collect_for_scrape()
+
     # A registry of our own: several handles (tests, libraries) never collide on
     # prometheus_client's global registry, and the endpoint shows envlink's metrics.
-    registry = CollectorRegistry(auto_describe=True)
-    reader = PrometheusMetricReader(registry=registry)
+    registry = CollectorRegistry()
+    reader = _ScrapeOnlyReader()
+    registry.register(_SerialisedCollector(reader))
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
