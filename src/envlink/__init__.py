@@ -34,6 +34,14 @@ from envlink._errors import (
     SessionLostError,
     ToolCallError,
 )
+from envlink._hooks import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
+)
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
@@ -55,10 +63,14 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "UNSET",
     "Bridge",
+    "CallFinished",
+    "CallStarted",
     "CallTimeoutError",
     "CallToolAction",
     "CapacityReachedError",
     "ClientClosedError",
+    "ClientEvent",
+    "ClientHook",
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
@@ -74,6 +86,8 @@ __all__ = [
     "ListToolsAction",
     "MockTransport",
     "OutcomeUnknownError",
+    "PhaseFinished",
+    "PhaseStarted",
     "ProtocolError",
     "ReconnectPolicy",
     "ReentrantCallError",

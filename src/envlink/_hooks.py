@@ -106,6 +106,8 @@ class CallFinished(NamedTuple):
             (``None`` if it never got its turn).
         step_index: for ``step``, the index of the step in its episode.
         session_id: the session's public id when the call ended.
+        server_address: the server's host.
+        server_port: the server's port.
     """
 
     method: str
@@ -115,6 +117,8 @@ class CallFinished(NamedTuple):
     queue_wait: float | None
     step_index: int | None
     session_id: str | None
+    server_address: str
+    server_port: int
 
 
 class PhaseStarted(NamedTuple):
@@ -128,6 +132,8 @@ class PhaseStarted(NamedTuple):
         attempt: the phase's try number, from 1.
         reason: for ``connect``: ``connect``, ``retry``, ``resume``, ``replay``.
         replay_steps: for ``replay``: steps to replay.
+        server_address: the server's host.
+        server_port: the server's port.
     """
 
     phase: str
@@ -135,6 +141,8 @@ class PhaseStarted(NamedTuple):
     attempt: int = 1
     reason: str | None = None
     replay_steps: int | None = None
+    server_address: str = ""
+    server_port: int = 0
 
 
 class PhaseFinished(NamedTuple):

@@ -43,6 +43,7 @@ from envlink._errors import HandshakeRejectedError, RetryBudgetExhaustedError
 from envlink._policies import ReconnectPolicy, is_retryable, testing_enabled
 
 __all__ = [
+    "Again",
     "BackoffDetails",
     "Clock",
     "Retry",
@@ -55,6 +56,23 @@ _T = TypeVar("_T")
 Sleep = Callable[[float], Awaitable[None]]
 #: A monotonic clock in seconds.
 Clock = Callable[[], float]
+
+
+class Again(Exception):
+    """Raised by an attempt to ask for another try because of ``error``.
+
+    For operations whose retry rule is decided case by case (the session core's
+    idempotency rules): :class:`Retry` retries it, and when the tries are used
+    up raises ``error`` itself, never this wrapper.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _again(exc: BaseException) -> bool:
+    return isinstance(exc, Again)
 
 
 @dataclass(frozen=True)
@@ -114,7 +132,8 @@ class Retry:
             reported in :class:`BackoffDetails`.
         sleep: the async sleep to wait with.
         clock: the monotonic clock the elapsed-time cap is measured on.
-        retry_on: whether a failure may be retried (default: ``is_retryable``).
+        retry_on: whether a failure may be retried (default: ``is_retryable``);
+            :class:`Again` is always retried.
         attempts_used: tries of this operation already spent (a flapping
             connection continues its outage's count).
         backoff: wait between tries; ``False`` retries at once (an operation whose
@@ -160,7 +179,7 @@ class Retry:
         return AsyncRetrying(
             stop=stop,
             wait=wait,
-            retry=retry_if_exception(self._retry_on),
+            retry=retry_if_exception(_again) | retry_if_exception(self._retry_on),
             sleep=self._wait,
             reraise=True,
             before_sleep=self._before_sleep,
@@ -177,10 +196,17 @@ class Retry:
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
         self.tries = 0
-        async for state in self.retrying():
-            with state:
-                self.tries += 1
-                result = await attempt(self.tries + self.attempts_used)
+        try:
+            async for state in self.retrying():
+                with state:
+                    self.tries += 1
+                    result = await attempt(self.tries + self.attempts_used)
+        except Again as again:
+            error: BaseException | None = again.error
+        else:
+            error = None
+        if error is not None:
+            raise error  # outside the handler: its context stays the original one
         budget = self.policy.budget
         if budget is not None:
             budget.record_success()
@@ -193,6 +219,8 @@ class Retry:
     def _before_sleep(self, state: RetryCallState) -> None:
         outcome = state.outcome
         exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, Again):
+            exc = exc.error
         budget = self.policy.budget
         if budget is not None and not budget.try_spend():
             raise RetryBudgetExhaustedError(

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -53,6 +53,7 @@ __all__ = [
     "IDEMPOTENT",
     "Action",
     "Decision",
+    "Dropped",
     "Episode",
     "Frame",
     "Link",
@@ -130,6 +131,16 @@ class Decision:
     action: Action
     strategy: str | None = None
     error: EnvlinkError | None = None
+
+
+class Dropped(NamedTuple):
+    """A frame that answers an earlier request whose caller gave up: never delivered.
+
+    Attributes:
+        id: its request id.
+    """
+
+    id: str
 
 
 _RESEND = Decision(Action.RESEND)
@@ -255,12 +266,12 @@ class SessionCore:
     # ------------------------------------------------------------------ frames in
 
     def receive(self, raw: str | bytes, request_id: str | None,
-                max_size: int | None = None) -> Frame | None:
+                max_size: int | None = None) -> Frame | Dropped:
         """Decode a frame received while waiting for ``request_id``'s answer.
 
         Returns:
-            the answer, or ``None`` for the late answer of an earlier, timed-out
-            request (dropped: it is never delivered to this call).
+            the answer, or :class:`Dropped` for the late answer of an earlier,
+            timed-out request (it is never delivered to this call).
 
         Raises:
             ProtocolError: the frame is malformed (and could answer nothing late).
@@ -280,7 +291,7 @@ class SessionCore:
                 raise self._unattributable("frame without request id")
             return frame  # an answer without id can only be ours
         self.late_answer(frame)
-        return None
+        return Dropped(frame.id)
 
     def late_answer(self, frame: Frame) -> None:
         """The answer of a request whose caller gave up arrived: it settles that request."""

@@ -149,3 +149,21 @@ def test_policy_wait_is_tenacitys_full_jitter() -> None:
 
     assert type(ReconnectPolicy().wait()) is wait_random_exponential
     assert type(ReconnectPolicy(jitter="none").wait()) is wait_exponential
+
+
+async def test_again_is_retried_and_the_original_error_is_raised_at_the_end() -> None:
+    """An attempt asks for another try with Again(error); when tries run out, error is raised."""
+    from envlink._retry import Again
+
+    lost = ConnectionLostError("dropped")
+    numbers: list[int] = []
+
+    async def attempt(number: int) -> None:
+        numbers.append(number)
+        raise Again(lost)
+
+    with pytest.raises(ConnectionLostError) as info:
+        await Retry(ReconnectPolicy(max_attempts=3), operation="resend", sleep=FakeTime().sleep,
+                    retry_on=lambda exc: False, backoff=False).run(attempt)
+    assert info.value is lost
+    assert numbers == [1, 2, 3]

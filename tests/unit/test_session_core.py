@@ -16,7 +16,7 @@ from envlink import (
     SessionLostError,
 )
 from envlink._protocol import Extensions, ObservationFrame, StateFrame
-from envlink._session import Action, Episode, Link, Preflight, SessionCore
+from envlink._session import Action, Dropped, Episode, Link, Preflight, SessionCore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -49,7 +49,7 @@ def core(policy: str = "raise", ext: Extensions = PLAIN, *, episode: bool = Fals
     c.connected(ext)
     if episode:
         reset = c.receive(obs_text(), None)
-        assert reset is not None
+        assert not isinstance(reset, Dropped)
         c.answered("reset", {"seed": 1}, reset)
     return c
 
@@ -171,7 +171,7 @@ def test_with_ids_the_late_answer_is_dropped_and_the_next_answer_delivered() -> 
     c.probed(True)
     second = c.next_request_id()
     assert second != first
-    assert c.receive(obs_text(first, n=1), second) is None  # dropped
+    assert c.receive(obs_text(first, n=1), second) == Dropped(first)  # never delivered
     assert not c.late
     frame = c.receive(obs_text(second, n=2), second)
     assert isinstance(frame, ObservationFrame) and frame.data.observation == {"n": 2}
@@ -212,7 +212,7 @@ def test_unattributable_frames_while_answers_are_due_drop_the_stream() -> None:
 def test_without_late_answers_a_frame_without_id_is_ours_and_garbage_a_protocol_error() -> None:
     """Nothing due: an id-less answer can only be this call's; garbage is a ProtocolError."""
     c = core(ext=EXTENDED)
-    assert c.receive(obs_text(None, n=1), "p-1") is not None
+    assert isinstance(c.receive(obs_text(None, n=1), "p-1"), ObservationFrame)
     with pytest.raises(ProtocolError):
         c.receive("[1, 2]", "p-1")
     assert c.protocol_error() is False  # ids keep the stream aligned: the link stays
@@ -249,7 +249,7 @@ def test_a_fresh_server_session_mid_episode_loses_the_episode() -> None:
     """Reconnecting without resumption mid-episode: step/state raise until reset()."""
     c = core(episode=True)
     step = c.receive(obs_text(n=1), None)
-    assert step is not None
+    assert not isinstance(step, Dropped)
     c.answered("step", {"a": 1}, step)
     c.connected(PLAIN)  # a new connection, not resumed
     assert c.episode is Episode.LOST
@@ -258,7 +258,7 @@ def test_a_fresh_server_session_mid_episode_loses_the_episode() -> None:
     assert info.value.journal is not None and info.value.journal.step_count == 1
     c.check_call("reset")  # reset is allowed
     reset = c.receive(obs_text(), None)
-    assert reset is not None
+    assert not isinstance(reset, Dropped)
     c.answered("reset", {}, reset)
     assert c.episode is Episode.ACTIVE
     c.check_call("step")
@@ -295,7 +295,7 @@ def test_the_journal_follows_answers_only_inside_an_episode() -> None:
     """Steps are recorded only in an episode; state's episode id is adopted."""
     c = core()
     step = c.receive(obs_text(n=1), None)
-    assert step is not None
+    assert not isinstance(step, Dropped)
     c.answered("step", {"a": 1}, step)
     assert c.journal.step_count == 0
     c = core(episode=True)
