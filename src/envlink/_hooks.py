@@ -32,6 +32,7 @@ from envlink.names import (
     LOG_SESSION_RELEASE_FAILED,
     LOG_STALE_ANSWER_DROPPED,
     LOG_UNATTRIBUTABLE_FRAME,
+    LOG_UNKNOWN_STEP_SETTLED,
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
     OUTCOME_OK,
@@ -73,6 +74,7 @@ EVENTS: Mapping[str, tuple[str, ...]] = {
     LOG_DISCONNECT: (),
     LOG_CLIENT_CLOSED: (),
     LOG_SESSION_RELEASE_FAILED: ("error",),
+    LOG_UNKNOWN_STEP_SETTLED: ("applied", "source"),
 }
 
 

@@ -83,6 +83,7 @@ _LEVELS: Mapping[str, str] = {
     "envlink.disconnect": "debug",
     "envlink.client_closed": "debug",
     "envlink.session_release_failed": "debug",
+    "envlink.unknown_step_settled": "info",
 }
 _SENT = {ATTR_DIRECTION: "sent"}
 
