@@ -118,6 +118,9 @@ class ClientTelemetryHook(ClientHook):
         url: the server URL shown in log events (never with credentials).
     """
 
+    #: Every method swallows its own failures: no chain is needed around it.
+    never_raises = True
+
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, *, url: str = "") -> None:
         self.tel: Telemetry = get_telemetry(tracer_provider, meter_provider)
