@@ -111,10 +111,10 @@ class _HonourRetryAfter(wait_base):
 class _OnClock(stop_base):
     """Evaluate a time-based tenacity stop against an injected clock."""
 
-    def __init__(self, inner: stop_base, clock: Clock) -> None:
+    def __init__(self, inner: stop_base, clock: Clock, start: float | None = None) -> None:
         self._inner = inner
         self._clock = clock
-        self._start = clock()
+        self._start = clock() if start is None else start
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         view = copy.copy(retry_state)
@@ -167,13 +167,18 @@ class Retry:
         self._on_backoff = on_backoff
         self._rng = rng
 
-    def retrying(self) -> AsyncRetrying:
-        """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``)."""
+    def retrying(self, start: float | None = None) -> AsyncRetrying:
+        """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``).
+
+        Args:
+            start: when the operation began on :attr:`clock` (default: now); the
+                elapsed-time cap counts from it.
+        """
         policy = self.policy
         remaining = max(1, policy.max_attempts - self.attempts_used)
         stop: stop_base = stop_after_attempt(remaining)
         if policy.max_elapsed is not None:
-            stop = stop | _OnClock(stop_before_delay(policy.max_elapsed), self._clock)
+            stop = stop | _OnClock(stop_before_delay(policy.max_elapsed), self._clock, start)
         wait: wait_base = (_HonourRetryAfter(policy.wait(self._rng))
                            if self._backoff else wait_none())
         return AsyncRetrying(
@@ -195,10 +200,22 @@ class Retry:
             The last failure when it is not retryable or the tries are used up;
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
-        self.tries = 0
+        start = self._clock()
+        self.tries = 1
+        # Most operations succeed at once: the first try runs outside tenacity, whose
+        # loop (a few dozen function calls) is only entered once it has failed.
         try:
-            async for state in self.retrying():
+            result = await attempt(1 + self.attempts_used)
+        except BaseException as exc:
+            first: BaseException | None = exc
+        else:
+            return self._succeeded(result)
+        try:
+            async for state in self.retrying(start):
                 with state:
+                    if first is not None:
+                        failed, first = first, None
+                        raise failed  # tenacity decides from the first try's outcome
                     self.tries += 1
                     result = await attempt(self.tries + self.attempts_used)
         except Again as again:
@@ -207,6 +224,9 @@ class Retry:
             error = None
         if error is not None:
             raise error  # outside the handler: its context stays the original one
+        return self._succeeded(result)
+
+    def _succeeded(self, result: _T) -> _T:
         budget = self.policy.budget
         if budget is not None:
             budget.record_success()
