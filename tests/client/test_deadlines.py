@@ -259,7 +259,8 @@ async def _timed_step(env: GenericEnvClient, timeout: float) -> float:
 async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
         server: EnvServer) -> None:
     """Two concurrent step(timeout=0.3) against a server answering 0.5 s late: every call
-    returns within its deadline + 100 ms, run after run (no swallowed cancellation)."""
+    returns near its deadline, run after run (a swallowed cancellation made the call send
+    its step anyway and return after about 1 s)."""
     late: list[float] = []
     for _ in range(60):
         env = GenericEnvClient(server.url)
@@ -267,7 +268,10 @@ async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
             await env.reset()
             server.faults.latency = 0.5
             times = await asyncio.gather(_timed_step(env, 0.3), _timed_step(env, 0.3))
-            late.extend(t for t in times if t > 0.4)
+            # deadline + 100 ms is the target; 200 ms of slack here absorbs scheduling
+            # delays on a loaded machine (the server shares this event loop), far
+            # below the 0.7 s a swallowed cancellation costs.
+            late.extend(t for t in times if t > 0.5)
         finally:
             server.faults.latency = 0.0
             await env.close(timeout=0.5)
