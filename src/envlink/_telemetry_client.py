@@ -18,6 +18,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider, get_current_span
 
 from envlink import _logging
+from envlink._errors import ServerError
 from envlink._hooks import (
     CallFinished,
     CallStarted,
@@ -175,9 +176,8 @@ class ClientTelemetryHook(ClientHook):
                                      ATTR_RPC_METHOD: call.method, ATTR_OUTCOME: call.outcome}
             if error_type is not None:
                 attrs[ATTR_ERROR_TYPE] = error_type
-                code = getattr(error, "code", None)
-                if code is not None:
-                    attrs[ATTR_RPC_STATUS_CODE] = str(getattr(code, "value", code))
+                if isinstance(error, ServerError):  # the status the server answered with
+                    attrs[ATTR_RPC_STATUS_CODE] = str(getattr(error.code, "value", error.code))
             tel.record(tel.call_duration, call.duration, attrs)
 
     # ----------------------------------------------------------------- phases
