@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import Span, SpanKind, TracerProvider, get_current_span
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from envlink import _logging
 from envlink._errors import ServerError
@@ -97,14 +98,21 @@ def outcome_of(exc: BaseException) -> str:
 _RECEIVED = {ATTR_DIRECTION: "received"}
 
 
+#: The span of the call in progress in this task, while it records: span events of
+#: the call (``reconnect_scheduled``, ``envlink.session_lost``) go on it.
+_CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
+    "envlink_call_span", default=None)
+
+
 class _CallToken:
-    __slots__ = ("metric_attrs", "scope", "span")
+    __slots__ = ("metric_attrs", "reset", "scope", "span")
 
     def __init__(self, scope: contextlib.AbstractContextManager[Span], span: Span,
                  metric_attrs: dict[str, Any] | None) -> None:
         self.scope = scope
         self.span = span
         self.metric_attrs = metric_attrs
+        self.reset = _CALL_SPAN.set(span) if span.is_recording() else None
 
 
 class ClientTelemetryHook(ClientHook):
@@ -167,6 +175,8 @@ class ClientTelemetryHook(ClientHook):
                 tel.add(tel.errors, 1, {ATTR_RPC_METHOD: call.method, ATTR_ERROR_TYPE: error_type})
             _log.info(LOG_CALL_FAILED, method=call.method, error_type=error_type,
                       error=str(error), session_id=call.session_id)
+        if token.reset is not None:
+            _CALL_SPAN.reset(token.reset)
         token.scope.__exit__(None if error is None else type(error), error, None)
         if rpc:
             tel.add(tel.inflight, -1, token.metric_attrs)
@@ -258,8 +268,10 @@ class ClientTelemetryHook(ClientHook):
             error = fields.get("error")
             etype = error_type_of(error) if error is not None else "unknown"
             delay = fields["delay"]
-            span = get_current_span()
-            if span.is_recording():
+            span = _CALL_SPAN.get()
+            # On the call's span, for the call's own (re)connects; recovery rounds have
+            # spans of their own and report there by logs only, as documented.
+            if span is not None and fields["reason"] not in ("resume", "replay"):
                 span.add_event(EVENT_RECONNECT_SCHEDULED, {
                     ATTR_DELAY: delay, ATTR_ERROR_TYPE: etype, ATTR_ATTEMPT: fields["attempt"]})
             _log.info(LOG_RECONNECT_SCHEDULED, delay_s=round(delay, 4), error_type=etype,
@@ -268,8 +280,8 @@ class ClientTelemetryHook(ClientHook):
             _log.warning(LOG_SESSION_LOST, method=fields["method"], policy=fields["policy"],
                          session_id=event.session_id, steps=fields["steps"],
                          error=fields["error"])
-            span = get_current_span()
-            if span.is_recording():
+            span = _CALL_SPAN.get()
+            if span is not None:
                 span.add_event(EVENT_SESSION_LOST, {ATTR_POLICY: fields["policy"]})
         elif name == HOOK_RECOVERY_FINISHED:
             tel.add(tel.recoveries, 1, {ATTR_POLICY: fields["policy"],
