@@ -42,7 +42,16 @@ from envlink._hooks import (
 from envlink._protocol import ErrorFrame, decode_response
 from envlink._recovery import recover
 from envlink._retry import Again, Retry
-from envlink._session import Action, Call, Dropped, Episode, Frame, Preflight, SessionCore
+from envlink._session import (
+    Action,
+    Call,
+    Dropped,
+    Episode,
+    Frame,
+    Link,
+    Preflight,
+    SessionCore,
+)
 from envlink._timeouts import deadline
 from envlink._transport import Connection, NotWrittenError
 from envlink.names import (
@@ -226,9 +235,12 @@ class SessionDriver:
 
         async def attempt(number: int) -> Frame:
             nonlocal request_id
-            conn = await self._connection_for(method, number)
-            if conn is None:
-                return await recover(self, call, data, request_id, cause=None)
+            conn: Connection | None = self.connector.conn
+            if conn is None or core.link is not Link.OPEN or not conn.is_open:
+                # Anything but a trusted open connection: ask the core what to do.
+                conn = await self._connection_for(method, number)
+                if conn is None:
+                    return await recover(self, call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
             phase = PhaseStarted("attempt", method, number)
