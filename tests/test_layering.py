@@ -140,3 +140,15 @@ def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
     """_timeouts (used by client, transport and bridge) imports no other envlink module."""
     internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
     assert internal == {"envlink._errors"}, internal
+
+
+@pytest.mark.parametrize("module", [*CLIENT, "_telemetry_client.py", "names.py", "_websocket.py",
+                                    "_config.py", "_policies.py", "_protocol.py", "_journal.py"])
+def test_client_modules_stay_small(module: str) -> None:
+    """A client module stays under 600 lines and each of its classes under 400."""
+    text = (SRC / module).read_text()
+    assert len(text.splitlines()) <= 600, module
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            assert node.end_lineno is not None
+            assert node.end_lineno - node.lineno + 1 <= 400, f"{module}: {node.name}"
