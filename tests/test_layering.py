@@ -136,6 +136,28 @@ def test_client_modules_point_one_way() -> None:
         assert not imported(SRC / module) & later, module
 
 
+def test_the_chaos_suite_uses_the_public_api_only() -> None:
+    """tests/chaos imports envlink and envlink.server public names only (survives refactors)."""
+    import envlink
+    import envlink.server
+
+    public = {"envlink": set(envlink.__all__), "envlink.server": set(envlink.server.__all__)}
+    chaos = SRC.parents[1] / "tests" / "chaos"
+    files = sorted(chaos.glob("*.py"))
+    assert files
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("envlink"):
+                        assert alias.name in public, (path.name, alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("envlink"):
+                assert node.module in public, (path.name, node.module)
+                names = {a.name for a in node.names}
+                assert names <= public[node.module], (path.name, names - public[node.module])
+
+
 def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
     """_timeouts (used by client, transport and bridge) imports no other envlink module."""
     internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}

@@ -71,7 +71,7 @@ from envlink.server._environment import (
     StepResult,
     accepted_kwargs,
 )
-from envlink.server._faults import Faults, corrupt_frame
+from envlink.server._faults import CorruptKind, Faults, corrupt_frame
 from envlink.server._session import (
     Session,
     SessionInfo,
@@ -511,6 +511,9 @@ class EnvServer:
         session.expires_at = None
         previous = session.connection
         session.connection = connection
+        # Attached again: no deadline on disk until it is detached (or the process
+        # dies, when the next start gives it one window).
+        self._persist(session)
         if isinstance(previous, ServerConnection):
             previous.transport.abort()
 
@@ -602,14 +605,20 @@ class EnvServer:
                 _log.warning("envlink.server.store_record_invalid", exc_info=True)
                 store.delete_record(record)
                 continue
-            # A session that was attached when the process died gets a full grace window.
-            remaining = (expires_at - now) if isinstance(expires_at, (int, float)) \
-                else self.resume_grace
-            session.expires_at = now + remaining
-            session.timer = loop.call_later(remaining, self._expire, session)
+            # A session that was attached when the process died gets one grace window,
+            # and its deadline is persisted at once: a crash loop must not hand an
+            # abandoned session a fresh window on every restart.
+            fresh = not isinstance(expires_at, (int, float))
+            if isinstance(expires_at, (int, float)):
+                session.expires_at = float(expires_at)
+            else:
+                session.expires_at = now + self.resume_grace
+            session.timer = loop.call_later(session.expires_at - now, self._expire, session)
             assert session.token is not None
             self._sessions[session.id] = session
             self._by_token[session.token] = session
+            if fresh:
+                store.save(session)
             self._counters.incr("session.loaded")
 
     # ------------------------------------------------------------------ connection
@@ -718,11 +727,11 @@ class EnvServer:
                 request_id=frame.request_id,
             )
             _fail(span, code, "injected error frame")
-        elif (kind := handle.faults.take_corrupt() or self.faults.take_corrupt()) is not None:
+        elif (corrupt := _take_corrupt(handle.faults, self.faults)) is not None:
+            kind, oversize_bytes = corrupt
             answer = corrupt_frame(
                 kind, request_type=frame.kind, request_id=frame.request_id,
-                oversize_bytes=handle.faults.oversize_bytes if handle.faults.corrupt_frames
-                else self.faults.oversize_bytes,
+                oversize_bytes=oversize_bytes,
             )
             _fail(span, "fault_injected", f"corrupt frame: {kind}")
         elif frame.error is not None:
@@ -911,6 +920,19 @@ def _result_data(result: StepResult) -> dict[str, Any]:
     data = result.to_wire()
     json.dumps(data)  # fail here (EXECUTION_ERROR) rather than while sending
     return data
+
+
+def _take_corrupt(*candidates: Faults) -> tuple[CorruptKind, int] | None:
+    """The corrupt-frame kind and oversize setting of the first instance whose fault fires.
+
+    The size is read from the instance that fired (the connection's own first), not
+    guessed afterwards from what is left of its count.
+    """
+    for faults in candidates:
+        kind = faults.take_corrupt()
+        if kind is not None:
+            return kind, faults.oversize_bytes
+    return None
 
 
 def _fail(span: Span | None, error_type: str, description: str) -> None:
