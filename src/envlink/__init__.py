@@ -41,7 +41,16 @@ from envlink._errors import (
     SessionLostError,
     ToolCallError,
 )
+from envlink._hooks import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
+)
 from envlink._journal import EpisodeJournal, JournalEntry
+from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._pool import AutoresetMode, EnvPool
 from envlink._pool_sync import SyncEnvPool
@@ -70,6 +79,8 @@ __all__ = [
     "AutoresetMode",
     "Batch",
     "Bridge",
+    "CallFinished",
+    "CallStarted",
     "BridgeCallFinished",
     "BridgeCallStarted",
     "BridgeHook",
@@ -77,6 +88,8 @@ __all__ = [
     "CallToolAction",
     "CapacityReachedError",
     "ClientClosedError",
+    "ClientEvent",
+    "ClientHook",
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
@@ -92,7 +105,10 @@ __all__ = [
     "HandshakeRejectedError",
     "JournalEntry",
     "ListToolsAction",
+    "MockTransport",
     "OutcomeUnknownError",
+    "PhaseFinished",
+    "PhaseStarted",
     "PoolView",
     "ProtocolError",
     "ReconnectPolicy",

@@ -265,3 +265,21 @@ def test_failed_spans_record_an_exception_event(scripted_episode: Episode) -> No
         events = [e for e in span.events if e.name == "exception"]
         assert events, f"{span.name}: no exception event"
         assert {"exception.type", "exception.message"} <= set(events[0].attributes or {})
+
+
+def test_the_names_module_is_the_documented_list() -> None:
+    """envlink.names lists exactly the documented metrics, log events and span events,
+    and envlink.telemetry re-exports it rather than keeping a copy."""
+    import envlink._telemetry
+    import envlink.telemetry
+    from envlink import names
+
+    assert set(names.METRIC_NAMES) == set(_documented_metrics())
+    logs = {_ticks(name)[0] for name, _level, _keys, _when in _table("## Log events")}
+    assert set(names.LOG_EVENTS) == logs
+    span_events = {_ticks(name)[0] for name, _on, _attrs in _table("### Span events")}
+    assert set(names.SPAN_EVENTS) == span_events
+    for module in (envlink.telemetry, envlink._telemetry):
+        assert set(names.__all__) <= set(module.__all__)
+        for name in names.__all__:
+            assert getattr(module, name) is getattr(names, name)

@@ -12,7 +12,7 @@ from websockets.protocol import State
 from envlink import CallTimeoutError
 from envlink._protocol import Extensions
 from envlink._timeouts import bounded, deadline
-from envlink._transport import Connection
+from envlink._websocket import WebSocketConnection as Connection
 
 pytestmark = pytest.mark.timeout(10)
 
