@@ -19,7 +19,7 @@ EXPECTED = {
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
     # the bridge
-    "Bridge", "SyncProxy",
+    "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
     # telemetry
     "configure",
     # errors

@@ -524,6 +524,28 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         return SyncEnvClient(self, bridge=bridge)
 
+    def call_deadline(self, method: str,
+                      timeout: float | UnsetType | None = UNSET) -> float | None:
+        """Seconds a call of ``method`` with this ``timeout`` may last at most (None: no limit).
+
+        The sync facade waits this long, plus a margin, so that the client's own
+        deadline (which cleans up properly) always fires before the bridge's.
+
+        Args:
+            method: ``connect``, ``reset``, ``step``, ``state``, ``disconnect``,
+                ``close`` or any other coroutine method (bounded by the call deadline).
+            timeout: the ``timeout=`` the call gets; ``UNSET`` for the default.
+        """
+        if method in ("disconnect", "close"):
+            seconds = self.timeouts.close if timeout is UNSET else timeout
+            # close() waits for the call in flight, then for the closing handshake.
+            if method == "close" and seconds is not None:
+                return 2 * seconds
+            return seconds
+        # connect() is bounded by the call deadline too (the connect phase bounds each
+        # attempt within it).
+        return self.timeouts.call if timeout is UNSET else timeout
+
     # --------------------------------------------------------------------- internals
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:

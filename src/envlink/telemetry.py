@@ -89,6 +89,7 @@ from envlink._telemetry import (
     SPAN_BRIDGE_PREFIX,
     SPAN_CONNECT,
 )
+from envlink._telemetry_bridge import BridgeTelemetryHook
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -143,6 +144,7 @@ __all__ = [
     "SIZE_BUCKETS",
     "SPAN_BRIDGE_PREFIX",
     "SPAN_CONNECT",
+    "BridgeTelemetryHook",
     "OtlpProtocol",
     "TelemetryHandle",
     "add_trace_context",

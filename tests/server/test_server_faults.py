@@ -208,6 +208,20 @@ async def test_corrupt_oversize_exceeds_client_limit(server: EnvServer) -> None:
         assert info.value.sent.code == 1009
 
 
+async def test_connection_oversize_bytes_is_its_own(server: EnvServer) -> None:
+    """A connection's own oversize fault sends about the size it asked for, not the server's."""
+    server.faults.oversize_bytes = 3 * 1024 * 1024  # must not be used for this connection
+    async with open_ws(server, max_size=None) as ws:
+        handle = await server.wait_for_connection(1)
+        handle.faults.corrupt_frames = 1
+        handle.faults.corrupt_kind = "oversize"
+        handle.faults.oversize_bytes = 200_000
+        await ws.send(json.dumps(STATE))
+        raw = await ws.recv()
+        assert 200_000 <= len(raw) < 200_000 + 1024
+        assert (await rpc(ws, STATE))["type"] == "state"  # one-shot, then answers resume
+
+
 async def test_refuse_next_upgrades(server: EnvServer) -> None:
     """The next N upgrades are refused with the status and Retry-After; then accepted."""
     server.faults.refuse = 2
