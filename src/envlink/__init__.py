@@ -41,7 +41,16 @@ from envlink._errors import (
     SessionLostError,
     ToolCallError,
 )
+from envlink._hooks import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
+)
 from envlink._journal import EpisodeJournal, JournalEntry
+from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sync import SyncEnvClient
 from envlink._telemetry_bridge import default_bridge_hooks
@@ -68,10 +77,14 @@ __all__ = [
     "BridgeCallFinished",
     "BridgeCallStarted",
     "BridgeHook",
+    "CallFinished",
+    "CallStarted",
     "CallTimeoutError",
     "CallToolAction",
     "CapacityReachedError",
     "ClientClosedError",
+    "ClientEvent",
+    "ClientHook",
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
@@ -85,7 +98,10 @@ __all__ = [
     "HandshakeRejectedError",
     "JournalEntry",
     "ListToolsAction",
+    "MockTransport",
     "OutcomeUnknownError",
+    "PhaseFinished",
+    "PhaseStarted",
     "ProtocolError",
     "ReconnectPolicy",
     "ReentrantCallError",

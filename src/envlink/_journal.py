@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from envlink._config import check_count
+
 __all__ = ["EpisodeJournal", "JournalEntry"]
 
 
@@ -83,6 +85,9 @@ class EpisodeJournal:
     def replayable(self) -> bool:
         """Whether the whole episode is recorded, so replay can rebuild it."""
         return self.reset_response_json is not None and not self.truncated
+
+    def __post_init__(self) -> None:
+        self.max_steps = check_count(self.max_steps, "max_steps")
 
     def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any] | str) -> None:
         """Start a new episode.

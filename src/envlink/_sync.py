@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import DEFAULT_TIMEOUT, Bridge, Invoke, SyncProxy
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 from envlink._telemetry_bridge import BridgeTelemetryHook
 
@@ -68,6 +68,8 @@ def _bridged(bridge: Bridge, client: EnvClient[Any, Any, Any], margin: float, me
     if timeout is UNSET or timeout is DEFAULT_TIMEOUT:
         deadline = client.call_deadline(method)
     elif _accepts_timeout(client, method, fn):
+        # Validated before the margin is added: the error names the caller's value.
+        timeout = check_timeout(timeout)
         kwargs = {**kwargs, "timeout": timeout}
         deadline = client.call_deadline(method, timeout)
     else:
@@ -104,6 +106,10 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
 
     def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN) -> None:
+        margin = check_timeout(timeout_margin, "timeout_margin", allow_zero=True)
+        if margin is None:
+            raise TypeError("timeout_margin must be a number of seconds, not None")
+        timeout_margin = margin
         owns = bridge is None
         if bridge is None:
             # The bridge's telemetry goes where the client's goes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -204,3 +205,52 @@ async def test_an_abandoned_session_does_not_hold_a_server_slot() -> None:
             assert srv.counter("session.destroyed") == 1
         finally:
             await env.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "replay", "resume"])
+async def test_health_check_cut_by_a_deadline_leaves_the_connection_suspect(
+        server: EnvServer, policy: str) -> None:
+    """A probe cut short by a caller's deadline keeps the connection suspect: the next
+    call probes again and fails over after the probe time, not its whole deadline."""
+    env = GenericEnvClient(server.url, on_session_lost=policy)  # type: ignore[arg-type]
+    try:
+        await env.reset()
+        server.faults.stall_after = 2  # reset=1, this step=2: the server stops reading
+        for _ in range(2):  # the first times out on the stall, the second during the ping
+            with pytest.raises(CallTimeoutError):
+                await env.step({"message": "stalled"}, timeout=0.3)
+        start = time.perf_counter()
+        with contextlib.suppress(SessionLostError):
+            await env.step({"message": "after"}, timeout=5)
+        elapsed = time.perf_counter() - start
+        # The probe waits at most 2 s; then the dead connection is given up at once.
+        assert elapsed < 3.5, elapsed
+    finally:
+        server.unstall_all()
+        await env.close()
+
+
+async def _timed_step(env: GenericEnvClient, timeout: float) -> float:
+    start = time.perf_counter()
+    with contextlib.suppress(CallTimeoutError):
+        await env.step({"message": "x"}, timeout=timeout)
+    return time.perf_counter() - start
+
+
+@pytest.mark.timeout(90)
+async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
+        server: EnvServer) -> None:
+    """Two concurrent step(timeout=0.3) against a server answering 0.5 s late: every call
+    returns within its deadline + 100 ms, run after run (no swallowed cancellation)."""
+    late: list[float] = []
+    for _ in range(60):
+        env = GenericEnvClient(server.url)
+        try:
+            await env.reset()
+            server.faults.latency = 0.5
+            times = await asyncio.gather(_timed_step(env, 0.3), _timed_step(env, 0.3))
+            late.extend(t for t in times if t > 0.4)
+        finally:
+            server.faults.latency = 0.0
+            await env.close(timeout=0.5)
+    assert late == [], late

@@ -22,6 +22,7 @@ from envlink._bridge._hooks import (
     default_hooks,
 )
 from envlink._bridge._loop import LoopThread
+from envlink._config import check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ class Bridge(LoopThread):
             ClientClosedError: the bridge is closed, or was closed during the call.
             ReentrantCallError: called from the bridge's own loop thread (or from a
                 thread running another loop, with ``on_foreign_loop="raise"``).
+            TypeError: ``timeout`` is not a number (a bool is not a duration).
             ValueError: ``timeout`` is negative or NaN.
             BaseException: whatever the coroutine raised.
         """
@@ -169,8 +171,7 @@ class Bridge(LoopThread):
         running = _get_running_loop()
         if running is not None:
             self._check_running_loop(running)
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 or None, not {timeout!r}")
+        timeout = check_timeout(timeout, allow_zero=True)
         loop = self._loop
         if loop is None:
             loop = self._ensure_started()

@@ -22,7 +22,9 @@ from collections.abc import Awaitable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._config import check_timeout
 from envlink._errors import ClientClosedError
+from envlink._timeouts import bounded
 
 __all__ = ["LoopThread"]
 
@@ -44,11 +46,13 @@ class LoopThread:
     """
 
     def __init__(self, *, name: str, cancel_grace: float, join_timeout: float) -> None:
-        if not (cancel_grace >= 0 and join_timeout >= 0):
-            raise ValueError("cancel_grace and join_timeout must be >= 0")
+        grace = check_timeout(cancel_grace, "cancel_grace", allow_zero=True)
+        join = check_timeout(join_timeout, "join_timeout", allow_zero=True)
+        if grace is None or join is None:
+            raise TypeError("cancel_grace and join_timeout must be numbers of seconds, not None")
         self._name = name
-        self._cancel_grace = float(cancel_grace)
-        self._join_timeout = float(join_timeout)
+        self._cancel_grace = grace
+        self._join_timeout = join
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -115,6 +119,7 @@ class LoopThread:
         Args:
             timeout: seconds to wait for the thread to end (default: ``join_timeout``).
         """
+        timeout = check_timeout(timeout, allow_zero=True)
         with self._lock:
             if self._closed:
                 return
@@ -207,7 +212,8 @@ def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
 
 async def _bounded(aw: Awaitable[None], timeout: float) -> None:
     try:
-        await asyncio.wait_for(aw, timeout)
+        async with bounded(timeout):
+            await aw
     except Exception:
         _log.warning("envlink bridge: loop cleanup did not finish in time", exc_info=True)
 

@@ -9,6 +9,8 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
+from envlink._config import check_timeout
+
 if TYPE_CHECKING:
     from envlink._bridge._core import Bridge
 
@@ -71,7 +73,7 @@ class SyncProxy(Generic[ObjT]):
     def __init__(self, target: ObjT, bridge: Bridge, *, timeout: float | None = None) -> None:
         self._envlink_target = target
         self._envlink_bridge = bridge
-        self._envlink_timeout = timeout
+        self._envlink_timeout = check_timeout(timeout, allow_zero=True)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_envlink_"):  # not yet set (during __init__ / unpickling)
