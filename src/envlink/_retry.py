@@ -111,10 +111,10 @@ class _HonourRetryAfter(wait_base):
 class _OnClock(stop_base):
     """Evaluate a time-based tenacity stop against an injected clock."""
 
-    def __init__(self, inner: stop_base, clock: Clock) -> None:
+    def __init__(self, inner: stop_base, clock: Clock, start: float | None = None) -> None:
         self._inner = inner
         self._clock = clock
-        self._start = clock()
+        self._start = clock() if start is None else start
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         view = copy.copy(retry_state)
@@ -167,13 +167,17 @@ class Retry:
         self._on_backoff = on_backoff
         self._rng = rng
 
-    def retrying(self) -> AsyncRetrying:
-        """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``)."""
+    def retrying(self, start: float | None = None) -> AsyncRetrying:
+        """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``).
+
+        Args:
+            start: the clock reading the elapsed-time cap counts from (default: now).
+        """
         policy = self.policy
         remaining = max(1, policy.max_attempts - self.attempts_used)
         stop: stop_base = stop_after_attempt(remaining)
         if policy.max_elapsed is not None:
-            stop = stop | _OnClock(stop_before_delay(policy.max_elapsed), self._clock)
+            stop = stop | _OnClock(stop_before_delay(policy.max_elapsed), self._clock, start)
         wait: wait_base = (_HonourRetryAfter(policy.wait(self._rng))
                            if self._backoff else wait_none())
         return AsyncRetrying(
@@ -195,18 +199,35 @@ class Retry:
             The last failure when it is not retryable or the tries are used up;
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
-        self.tries = 0
+        # The first try runs without tenacity: a call that succeeds at once (nearly
+        # every one) builds no retry machinery. A failure enters the tenacity loop as
+        # its first outcome, so stops, waits, budget and reports are the loop's own.
+        start = self._clock() if self.policy.max_elapsed is not None else None
+        self.tries = 1
         try:
-            async for state in self.retrying():
-                with state:
-                    self.tries += 1
-                    result = await attempt(self.tries + self.attempts_used)
-        except Again as again:
-            error: BaseException | None = again.error
+            result = await attempt(1 + self.attempts_used)
+        except BaseException as exc:
+            first: BaseException | None = exc
         else:
-            error = None
-        if error is not None:
-            raise error  # outside the handler: its context stays the original one
+            first = None
+        if first is not None:
+            if not isinstance(first, Again) and not self._retry_on(first):
+                raise first  # what the loop would re-raise at once
+            self.tries = 0
+            try:
+                async for state in self.retrying(start):
+                    with state:
+                        self.tries += 1
+                        if first is not None:
+                            replay, first = first, None
+                            raise replay
+                        result = await attempt(self.tries + self.attempts_used)
+            except Again as again:
+                error: BaseException | None = again.error
+            else:
+                error = None
+            if error is not None:
+                raise error  # outside the handler: its context stays the original one
         budget = self.policy.budget
         if budget is not None:
             budget.record_success()
