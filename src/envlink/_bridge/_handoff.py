@@ -92,7 +92,14 @@ def start_job(owner: LoopThread, job: Job) -> None:
     job.task = _create_task(cast(asyncio.AbstractEventLoop, owner._loop), job)
 
 
-if sys.version_info >= (3, 11):
+if sys.version_info >= (3, 12):
+    # Eager start: the coroutine runs at once, inside this callback, up to its first
+    # real suspension (for a client call: waiting for the answer), instead of one
+    # loop iteration later. One loop iteration fewer per bridged call.
+    def _create_task(loop: asyncio.AbstractEventLoop, job: Job) -> asyncio.Task[None]:
+        return asyncio.Task(_run_job(job), loop=loop, context=job.ctx,  # type: ignore[call-arg]
+                            eager_start=True)
+elif sys.version_info >= (3, 11):
     def _create_task(loop: asyncio.AbstractEventLoop, job: Job) -> asyncio.Task[None]:
         return loop.create_task(_run_job(job), context=job.ctx)
 else:  # pragma: no cover - Python 3.10
