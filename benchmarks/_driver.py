@@ -70,8 +70,9 @@ class _TelemetrySetup:
         self.prometheus_url: str | None = None
         if mode == "off":
             return
-        if mode == "sdk-noexemplar":
-            os.environ["OTEL_METRICS_EXEMPLAR_FILTER"] = "always_off"
+        if mode == "sdk-exemplars":
+            # The SDK's own default filter, which configure() turns off unless asked.
+            os.environ["OTEL_METRICS_EXEMPLAR_FILTER"] = "trace_based"
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -83,7 +84,7 @@ class _TelemetrySetup:
             def export(self, spans: Any) -> SpanExportResult:
                 return SpanExportResult.SUCCESS
 
-        if mode in ("sdk", "sdk-noexemplar"):
+        if mode in ("sdk", "sdk-exemplars", "sdk-nested"):
             self.handle = envlink.telemetry.configure(
                 service_name="bench", span_exporters=[DropExporter()],
                 metric_readers=[InMemoryMetricReader()])
@@ -120,7 +121,7 @@ class _TelemetrySetup:
 class SyncRunner:
     """A blocking client: ``step()`` is one synchronous step."""
 
-    def __init__(self, client: str, url: str) -> None:
+    def __init__(self, client: str, url: str, nested: bool = False) -> None:
         self.client = client
         if client == "floor":
             from websockets.sync.client import connect
@@ -142,7 +143,8 @@ class SyncRunner:
         elif client == "envlink":
             from envlink import GenericEnvClient
 
-            env = GenericEnvClient(base_url=url).sync()
+            env = (GenericEnvClient(base_url=url).sync(nested_spans=True) if nested
+                   else GenericEnvClient(base_url=url).sync())
             env.reset()
             self.step = lambda: env.step(ACTION)
             self._close = env.close
@@ -320,7 +322,7 @@ def main() -> int:
 
     telemetry = _TelemetrySetup(args.telemetry, args.otlp_endpoint)
     if args.mode == "sync":
-        runner = SyncRunner(args.client, args.url)
+        runner = SyncRunner(args.client, args.url, nested=args.telemetry == "sdk-nested")
         answer({"ready": True, "rss": rss_bytes()})
         for line in sys.stdin:
             cmd = json.loads(line)

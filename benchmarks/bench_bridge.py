@@ -14,9 +14,12 @@ and blocks the calling (main) thread until it returns:
   OpenTelemetry SDK configured (the API's no-op tracer and meter);
 * ``bridge, telemetry on (batch)``: the same with an SDK ``TracerProvider``
   (``BatchSpanProcessor`` with an exporter that drops spans, as in production)
-  and an SDK ``MeterProvider`` (``InMemoryMetricReader``): one span and two
-  histogram records per call;
-* ``bridge, telemetry on (simple)``: the same with a ``SimpleSpanProcessor``.
+  and an SDK ``MeterProvider`` (``InMemoryMetricReader``, exemplars off as
+  ``envlink.telemetry.configure()`` sets them): one span and two histogram
+  records per call (a bare bridge has no client span to merge its span into);
+* ``bridge, telemetry on (batch, SDK-default exemplars)``: the same with the
+  SDK's default ``trace_based`` exemplar filter;
+* ``bridge, telemetry on (simple)``: the batch variant with a ``SimpleSpanProcessor``.
 
 Variants are interleaved round by round, in a rotating order (so that machine
 noise hits them all alike); the figure reported per variant is the median over
@@ -38,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -99,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     batch_provider.add_span_processor(BatchSpanProcessor(_DropExporter()))
     simple_provider = TracerProvider()
     simple_provider.add_span_processor(SimpleSpanProcessor(_DropExporter()))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()],
+                                   exemplar_filter=AlwaysOffExemplarFilter())
+    exemplar_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     bridge_batch = Bridge(tracer_provider=batch_provider, meter_provider=meter_provider)
+    bridge_exemplars = Bridge(tracer_provider=batch_provider, meter_provider=exemplar_provider)
     bridge_simple = Bridge(tracer_provider=simple_provider, meter_provider=meter_provider)
 
     stack = contextlib.ExitStack()
@@ -118,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     variants.update({
         "bridge, telemetry off": lambda: bridge_off.call(noop, timeout=10.0),
         "bridge, telemetry on (batch)": lambda: bridge_batch.call(noop, timeout=10.0),
+        "bridge, telemetry on (batch, SDK-default exemplars)":
+            lambda: bridge_exemplars.call(noop, timeout=10.0),
         "bridge, telemetry on (simple)": lambda: bridge_simple.call(noop, timeout=10.0),
     })
     for fn in variants.values():  # warm up: threads started, caches filled
@@ -152,11 +160,12 @@ def main(argv: list[str] | None = None) -> int:
                       indent=1)
 
     stack.close()
-    for bridge in (bridge_off, bridge_batch, bridge_simple):
+    for bridge in (bridge_off, bridge_batch, bridge_exemplars, bridge_simple):
         bridge.close()
     batch_provider.shutdown()
     simple_provider.shutdown()
     meter_provider.shutdown()
+    exemplar_provider.shutdown()
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
     return 0

@@ -216,7 +216,7 @@ def summarise(samples: dict[str, list[dict[str, Any]]], baselines: dict[str, str
 def section_bridge(python: str, quick: bool) -> dict[str, Any]:
     log("section 1: bridge")
     out_json = LOG_DIR / "bridge.json"
-    rounds, calls = (7, 1000) if quick else (15, 2000)
+    rounds, calls = (7, 1000) if quick else (11, 2000)
     subprocess.run([python, str(HERE / "bench_bridge.py"), "--rounds", str(rounds),
                     "--calls", str(calls), "--json", str(out_json)],
                    cwd=ROOT, check=True, stdout=sys.stderr)
@@ -236,7 +236,8 @@ STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
     "envlink async +SDK": ("envlink", "async", "sdk"),
 }
 TELEMETRY_VARIANTS: dict[str, tuple[str, str, str]] = {
-    "envlink sync +SDK, exemplars off": ("envlink", "sync", "sdk-noexemplar"),
+    "envlink sync +SDK, nested spans": ("envlink", "sync", "sdk-nested"),
+    "envlink sync +SDK, SDK-default exemplars": ("envlink", "sync", "sdk-exemplars"),
     "envlink sync +Prometheus": ("envlink", "sync", "prometheus"),
     "envlink sync +OTLP/HTTP": ("envlink", "sync", "otlp"),
 }
@@ -248,7 +249,7 @@ def section_steps(server_kind: str, pythons: dict[str, str], quick: bool,
     variants = dict(STEP_VARIANTS)
     if server_kind == "envlink":
         variants.update(TELEMETRY_VARIANTS)
-    rounds, steps = (3, 300) if quick else (7, 1000)
+    rounds, steps = (3, 200) if quick else (5, 600)
     if server_kind == "openenv":
         server = openenv_server("echo", pythons["openenv"], LOG_DIR,
                                 max_sessions=len(variants) + 2, name="openenv-echo")
@@ -290,8 +291,8 @@ SCALE_LEVELS = (1, 10, 100, 1000)
 
 def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
     log("section 5: scale (sessions on one event loop)")
-    rounds = 2 if quick else 3
-    total_steps = 1000 if quick else 3000
+    rounds = 2
+    total_steps = 1000 if quick else 2000
     server = envlink_server(pythons["envlink"], max_sessions=2 * max(SCALE_LEVELS) + 10,
                             name="envlink-scale")
     drivers: dict[str, Driver] = {}
@@ -337,7 +338,7 @@ IMPORTS = {
 
 def section_imports(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
     log("section 6: import time")
-    rounds = 5 if quick else 9
+    rounds = 5 if quick else 7
 
     def run(name: str) -> dict[str, Any]:
         which, stmt = IMPORTS[name]
