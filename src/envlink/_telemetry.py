@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import (
     CallbackOptions,
@@ -320,9 +321,13 @@ _ENV_AT_IMPORT = frozenset(os.environ)
 
 
 class _SpanScope(contextlib.AbstractContextManager[Span]):
-    """What :meth:`Telemetry.span` returns; a class rather than a generator for speed."""
+    """What :meth:`Telemetry.span` returns; a class rather than a generator for speed.
 
-    __slots__ = ("_attributes", "_cm", "_kind", "_name", "_span", "_start_time", "_tel")
+    It starts the span and attaches it to the current context itself (the SDK's
+    ``start_as_current_span`` goes through two generator-based context managers).
+    """
+
+    __slots__ = ("_attributes", "_kind", "_name", "_span", "_start_time", "_tel", "_token")
 
     def __init__(self, tel: Telemetry, name: str, kind: SpanKind,
                  attributes: Mapping[str, Any] | None, start_time: int | None = None) -> None:
@@ -331,37 +336,49 @@ class _SpanScope(contextlib.AbstractContextManager[Span]):
         self._name = name
         self._kind = kind
         self._attributes = attributes
-        self._cm: contextlib.AbstractContextManager[Span] | None = None
+        self._token: object = None
         self._span: Span = INVALID_SPAN
 
     def __enter__(self) -> Span:
         if not self._tel.tracing_enabled():
             return INVALID_SPAN
         try:
-            cm = self._tel.tracer.start_as_current_span(
+            span = self._tel.tracer.start_span(
                 self._name, kind=self._kind, attributes=self._attributes,
                 start_time=self._start_time,
-                record_exception=False, set_status_on_exception=False,
             )
-            self._span = cm.__enter__()
         except Exception:  # a failing span processor must never fail the call
             return INVALID_SPAN
-        self._cm = cm
-        return self._span
+        try:
+            self._token = _attach(_set_span_in_context(span))
+        except Exception:  # pragma: no cover - the context API does not fail
+            with contextlib.suppress(Exception):
+                span.end()
+            return INVALID_SPAN
+        self._span = span
+        return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        cm = self._cm
-        if cm is None:
+        token = self._token
+        if token is None:
             return
-        self._cm = None
+        self._token = None
+        span = self._span
         if exc is not None:
-            mark_error(self._span, exc)
-        # A span processor's on_end may fail: the caller's own outcome (result, or its
-        # exception, which still propagates) must not be replaced by that. The span's
-        # context is detached before end() runs, so nothing is left attached.
+            mark_error(span, exc)
+        # The span's context is detached before end() runs, so nothing is left
+        # attached; a span processor's on_end may fail: the caller's own outcome
+        # (result, or its exception, which still propagates) must not be replaced.
         with contextlib.suppress(Exception):
-            cm.__exit__(exc_type, exc, tb)
+            _detach(token)  # type: ignore[arg-type]
+        with contextlib.suppress(Exception):
+            span.end()
+
+
+_attach = otel_context.attach
+_detach = otel_context.detach
+_set_span_in_context = trace.set_span_in_context
 
 
 def mark_error(span: Span, exc: BaseException) -> None:
