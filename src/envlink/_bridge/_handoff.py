@@ -82,6 +82,10 @@ async def _run_job(job: Job) -> None:
 
 def start_job(owner: LoopThread, job: Job) -> None:
     """Runs on the loop thread: turn a submitted job into a task."""
+    if job.cancel_sent:
+        # The caller stopped waiting and its cancellation is queued behind us: the
+        # coroutine must not start (an eager task would run it right here).
+        job.cancel_requested = True
     if job.cancel_requested or owner._closed:
         # Timed out, interrupted or closed before the loop got to it: never start it.
         if not job.cancel_requested:
