@@ -193,3 +193,9 @@ def test_client_modules_point_one_way() -> None:
     for i, module in enumerate(order):
         later = {f"envlink.{m[:-3]}" for m in order[i + 1:]}
         assert not imported(SRC / module) & later, module
+
+
+def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
+    """_timeouts (used by client, transport and bridge) imports no other envlink module."""
+    internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
+    assert internal == {"envlink._errors"}, internal

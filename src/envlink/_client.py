@@ -25,13 +25,13 @@ from envlink._config import (
     check_timeout,
 )
 from envlink._connector import Connector
-from envlink._driver import Call, SessionDriver
+from envlink._driver import SessionDriver
 from envlink._errors import EnvlinkError, ProtocolError, ServerError
 from envlink._hooks import ClientHook, combine_client_hooks
 from envlink._journal import EpisodeJournal
 from envlink._policies import ReconnectPolicy, SessionLostPolicy
 from envlink._protocol import ErrorFrame, ObservationFrame, StateFrame
-from envlink._session import Frame, SessionCore
+from envlink._session import Call, Frame, SessionCore
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
 from envlink._websocket import WebSocketTransport

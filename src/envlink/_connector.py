@@ -19,7 +19,7 @@ from envlink._config import ConnectionOptions, Timeout
 from envlink._errors import EnvlinkError
 from envlink._hooks import ClientEvent, ClientHook, PhaseFinished, PhaseStarted
 from envlink._policies import ReconnectPolicy
-from envlink._protocol import RESUME_TOKEN_HEADER
+from envlink._protocol import RESUME_TOKEN_HEADER, StateFrame, decode_response
 from envlink._retry import BackoffDetails, Retry
 from envlink._session import SessionCore
 from envlink._timeouts import bounded
@@ -168,22 +168,30 @@ class Connector:
         await conn.close(seconds)
         self.hook.event(ClientEvent(LOG_DISCONNECT, core.session_id, {}))
 
-    async def release(self, token: str) -> None:
+    async def release(self, token: str, *, count_steps: bool = False) -> int | None:
         """End a detached server session the client gives up on. Best effort, bounded.
 
         Re-attaches with the resume token (taking the session over from any stalled
         connection) and sends ``close``; the server then destroys it at once instead
         of keeping it, and its slot, for the whole grace window.
+
+        Returns:
+            with ``count_steps``, the session's ``step_count`` read from its state
+            just before closing it, when the server reported one; else ``None``.
         """
         limit, close = self.timeouts.release, self.timeouts.close
         seconds = limit if close is None else min(limit, close)
+        count: int | None = None
 
         async def release() -> None:
+            nonlocal count
             conn = await self.transport.connect(
                 self.endpoint, self.options, headers={RESUME_TOKEN_HEADER: token},
                 timeout=seconds)
             try:
                 if conn.extensions.resumed:
+                    if count_steps:
+                        count = await self.count_steps(conn)
                     await conn.send(self.core.encode("close", None, None))
                     with contextlib.suppress(EnvlinkError):
                         await conn.recv()  # returns when the server has ended it
@@ -195,6 +203,20 @@ class Connector:
                 await release()
         except (EnvlinkError, TimeoutError) as exc:
             self.hook.event(ClientEvent(LOG_SESSION_RELEASE_FAILED, None, {"error": str(exc)}))
+        return count
+
+    async def count_steps(self, conn: Connection) -> int | None:
+        """The session's ``step_count`` from its state, if the server reports one."""
+        rid = self.core.next_request_id(always=True)
+        await conn.send(self.core.encode("state", None, rid))
+        while True:
+            frame = decode_response(await conn.recv(), max_size=self.options.max_message_size)
+            if frame.id in (rid, None):
+                break
+        if not isinstance(frame, StateFrame):
+            return None
+        value = frame.data.get("step_count")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def release_later(self, token: str) -> None:
         """:meth:`release` in the background; :meth:`wait_background` waits for it."""

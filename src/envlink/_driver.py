@@ -42,7 +42,16 @@ from envlink._hooks import (
 from envlink._protocol import ErrorFrame, decode_response
 from envlink._recovery import recover
 from envlink._retry import Again, Retry
-from envlink._session import Action, Dropped, Episode, Frame, Preflight, SessionCore
+from envlink._session import (
+    Action,
+    Call,
+    Dropped,
+    Episode,
+    Frame,
+    Link,
+    Preflight,
+    SessionCore,
+)
 from envlink._timeouts import deadline
 from envlink._transport import Connection, NotWrittenError
 from envlink.names import (
@@ -50,13 +59,14 @@ from envlink.names import (
     LOG_PEER_UNRESPONSIVE,
     LOG_STALE_ANSWER_DROPPED,
     LOG_UNATTRIBUTABLE_FRAME,
+    LOG_UNKNOWN_STEP_SETTLED,
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
     OUTCOME_OK,
     OUTCOME_TIMEOUT,
 )
 
-__all__ = ["Call", "SessionDriver"]
+__all__ = ["SessionDriver"]
 
 _R = TypeVar("_R")
 
@@ -64,20 +74,6 @@ _R = TypeVar("_R")
 class _Lifecycle(enum.Enum):
     OPEN = "open"
     CLOSED = "closed"
-
-
-class Call:
-    """What one public call went through, for its caller and its hooks."""
-
-    __slots__ = ("method", "queue_wait", "request_id", "step_index", "unanswered")
-
-    def __init__(self, method: str) -> None:
-        self.method = method
-        self.queue_wait: float | None = None
-        self.step_index: int | None = None
-        #: The call's own request frame may be on the wire and no answer was read.
-        self.unanswered = False
-        self.request_id: str | None = None
 
 
 class SessionDriver:
@@ -135,6 +131,12 @@ class SessionDriver:
             except asyncio.CancelledError as exc:
                 if self.closed:
                     raise ClientClosedError(f"the client was closed during {method}") from exc
+                raise
+            except CallTimeoutError as exc:
+                if call.unanswered:
+                    exc.outcome_unknown = True
+                    exc.args = (f"{exc.args[0]}; the request was sent, so the server may "
+                                "or may not have applied it (see journal.unknown_steps)",)
                 raise
         except BaseException as exc:
             error = exc
@@ -233,9 +235,12 @@ class SessionDriver:
 
         async def attempt(number: int) -> Frame:
             nonlocal request_id
-            conn = await self._connection_for(method, number)
-            if conn is None:
-                return await recover(self, method, data, request_id, cause=None)
+            conn: Connection | None = self.connector.conn
+            if conn is None or core.link is not Link.OPEN or not conn.is_open:
+                # Anything but a trusted open connection: ask the core what to do.
+                conn = await self._connection_for(method, number)
+                if conn is None:
+                    return await recover(self, call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
             phase = PhaseStarted("attempt", method, number)
@@ -256,11 +261,18 @@ class SessionDriver:
                 if decision.action is Action.RESEND:
                     raise Again(exc) from None
                 if decision.action is Action.RECOVER:
-                    return await recover(self, method, data, request_id, cause=exc)
+                    return await recover(self, call, data, request_id, cause=exc)
                 assert decision.error is not None
                 raise decision.error from exc
 
-        return await self.retry("resend").run(attempt)
+        try:
+            return await self.retry("resend").run(attempt)
+        except asyncio.CancelledError:
+            # A deadline or a cancellation once the frame may be on the wire: the
+            # server may have applied it; the journal says so until the client learns
+            # the outcome (a late answer, the server's step count).
+            core.interrupted(call, data)
+            raise
 
     async def _connection_for(self, method: str, number: int) -> Connection | None:
         """The connection to send on, after the core's preflight; ``None``: recover."""
@@ -297,9 +309,12 @@ class SessionDriver:
         return probe if ping is None else min(probe, ping)
 
     async def exchange(self, conn: Connection, method: str, data: dict[str, Any] | None,
-                       request_id: str | None, *, own: bool = True,
-                       call: Call | None = None) -> Frame:
-        """One request, one answer, on one connection. No retry here."""
+                       request_id: str | None, *, call: Call | None = None) -> Frame:
+        """One request, one answer, on one connection. No retry here.
+
+        ``call``: the public call whose own request this is (not a replayed one); it
+        learns whether its request may be on the wire unanswered.
+        """
         core, hook = self.core, self.hook
         carrier: dict[str, str] | None = None
         if request_id is not None:
@@ -312,11 +327,16 @@ class SessionDriver:
         # buffers it whole, then waits for the buffer to drain): only NotWrittenError
         # proves otherwise. A cancellation after this point must treat it as sent.
         sent = True
+        if call is not None:
+            call.unanswered = True
+            call.request_id = request_id
         try:
             try:
                 await conn.send(text)
             except NotWrittenError:
                 sent = False
+                if call is not None:
+                    call.unanswered = False
                 buffered = await conn.take_buffered()
                 if buffered is not None:
                     early = decode_response(buffered, max_size=max_size)
@@ -335,9 +355,14 @@ class SessionDriver:
                                            {"reason": reason}))
                     raise
                 if isinstance(frame, Dropped):
+                    if frame.settled is not None:
+                        hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                            "applied": frame.settled, "source": "late_answer"}))
                     hook.event(ClientEvent(LOG_STALE_ANSWER_DROPPED, core.session_id,
                                            {"id": frame.id, "expected": request_id}))
                     continue
+                if call is not None:
+                    call.unanswered = False
                 return frame
         except ProtocolError:
             if core.protocol_error():
@@ -373,8 +398,11 @@ class SessionDriver:
     def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
         self.hook.phase_finished(PhaseFinished(phase, error), token)
 
-    async def release_session(self, token: str) -> None:
-        await self.connector.release(token)
+    async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
+        return await self.connector.release(token, count_steps=count_steps)
+
+    async def count_steps(self, conn: Connection) -> int | None:
+        return await self.connector.count_steps(conn)
 
     def release_later(self, token: str) -> None:
         self.connector.release_later(token)

@@ -32,6 +32,7 @@ from envlink.names import (
     LOG_SESSION_RELEASE_FAILED,
     LOG_STALE_ANSWER_DROPPED,
     LOG_UNATTRIBUTABLE_FRAME,
+    LOG_UNKNOWN_STEP_SETTLED,
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
     OUTCOME_OK,
@@ -73,6 +74,7 @@ EVENTS: Mapping[str, tuple[str, ...]] = {
     LOG_DISCONNECT: (),
     LOG_CLIENT_CLOSED: (),
     LOG_SESSION_RELEASE_FAILED: ("error",),
+    LOG_UNKNOWN_STEP_SETTLED: ("applied", "source"),
 }
 
 
@@ -258,9 +260,14 @@ class _HookChain(ClientHook):
 
 
 def combine_client_hooks(hooks: Sequence[ClientHook]) -> ClientHook:
-    """One hook standing for ``hooks``, so a call pays only for what it uses."""
+    """One hook standing for ``hooks``, so a call pays only for what it uses.
+
+    A hook that may raise is always called through a chain that catches and logs;
+    only a lone hook that declares ``never_raises = True`` (envlink's emitter) is
+    called directly.
+    """
     if not hooks:
         return ClientHook()
-    if len(hooks) == 1:
+    if len(hooks) == 1 and getattr(hooks[0], "never_raises", False) is True:
         return hooks[0]
     return _HookChain(tuple(hooks))

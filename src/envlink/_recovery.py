@@ -10,22 +10,30 @@ registered in :data:`STRATEGIES`, not a new branch in the client.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
+    EnvlinkError,
     ReplayDivergedError,
+    ServerError,
     SessionLostError,
 )
 from envlink._hooks import ClientEvent, ClientHook, PhaseStarted
 from envlink._journal import EpisodeJournal
 from envlink._protocol import ErrorFrame, ObservationFrame
 from envlink._retry import Again, Retry
-from envlink._session import Frame, SessionCore
+from envlink._session import Call, Frame, SessionCore
 from envlink._transport import Connection
-from envlink.names import HOOK_RECOVERY_FINISHED, LOG_REPLAY_DIVERGED, LOG_SESSION_LOST
+from envlink.names import (
+    HOOK_RECOVERY_FINISHED,
+    LOG_REPLAY_DIVERGED,
+    LOG_SESSION_LOST,
+    LOG_UNKNOWN_STEP_SETTLED,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -50,8 +58,12 @@ class RecoveryDriver(Protocol):
         ...
 
     async def exchange(self, conn: Connection, method: str, data: dict[str, Any] | None,
-                       request_id: str | None, *, own: bool = True) -> Frame:
-        """One request, one answer, on ``conn``."""
+                       request_id: str | None, *, call: Call | None = None) -> Frame:
+        """One request, one answer, on ``conn`` (``call``: the public call's own request)."""
+        ...
+
+    async def count_steps(self, conn: Connection) -> int | None:
+        """The server session's ``step_count``, if it reports one."""
         ...
 
     def forget_connection(self) -> None:
@@ -74,8 +86,11 @@ class RecoveryDriver(Protocol):
         """Report a phase's end."""
         ...
 
-    async def release_session(self, token: str) -> None:
-        """End an abandoned server session now (bounded, best effort)."""
+    async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
+        """End an abandoned server session now (bounded, best effort).
+
+        With ``count_steps``, return its ``step_count`` read just before, if any.
+        """
         ...
 
     def release_later(self, token: str) -> None:
@@ -89,7 +104,7 @@ class RecoveryStrategy(Protocol):
     #: The ``on_session_lost`` value it implements.
     name: str
 
-    async def recover(self, driver: RecoveryDriver, method: str, data: dict[str, Any] | None,
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
         """Rebuild the session and finish the interrupted call.
 
@@ -105,7 +120,7 @@ class RaiseStrategy:
 
     name = "raise"
 
-    async def recover(self, driver: RecoveryDriver, method: str, data: dict[str, Any] | None,
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
         return None
 
@@ -115,9 +130,9 @@ class ResumeStrategy:
 
     name = "resume"
 
-    async def recover(self, driver: RecoveryDriver, method: str, data: dict[str, Any] | None,
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
-        core = driver.core
+        core, method = driver.core, call.method
         token = core.resume_token
         if token is None:
             return None
@@ -134,10 +149,13 @@ class ResumeStrategy:
                 if not conn.extensions.resumed:
                     return None  # the server no longer has the session (grace window over)
                 try:
-                    return await driver.exchange(conn, method, data, rid)
+                    frame = await driver.exchange(conn, method, data, rid, call=call)
                 except ConnectionLostError as exc:
                     driver.forget_connection()
                     raise Again(exc) from None
+                if core.journal.unknown_steps:
+                    await _settle_from_count(driver, conn, call, frame)
+                return frame
             except BaseException as exc:
                 error = exc.error if isinstance(exc, Again) else exc
                 raise
@@ -152,9 +170,9 @@ class ReplayStrategy:
 
     name = "replay"
 
-    async def recover(self, driver: RecoveryDriver, method: str, data: dict[str, Any] | None,
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
-        core = driver.core
+        core, method = driver.core, call.method
         journal = core.journal
         if not journal.replayable:
             return None
@@ -167,7 +185,8 @@ class ReplayStrategy:
                 conn = await driver.open(reason="replay")
                 try:
                     await _replay(driver, conn, journal)
-                    return await driver.exchange(conn, method, data, core.next_request_id())
+                    return await driver.exchange(conn, method, data, core.next_request_id(),
+                                                 call=call)
                 except ConnectionLostError as exc:
                     driver.forget_connection()
                     raise Again(exc) from None
@@ -185,10 +204,13 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
 
     def check(index: int, recorded: dict[str, Any] | None, frame: Frame) -> None:
         if isinstance(frame, ErrorFrame):
-            raise ReplayDivergedError(
-                f"replay of step {index} failed on the server: [{frame.data.code}] "
-                f"{frame.data.message}", index=index, expected=recorded,
-                actual=frame.data.model_dump(), journal=journal.snapshot())
+            # The server refused to rebuild the episode (capacity, a failing env...):
+            # the episode is lost, but nothing diverged.
+            what = "reset" if index < 0 else f"step {index}"
+            raise SessionLostError(
+                f"replay of {what} failed on the server: [{frame.data.code}] "
+                f"{frame.data.message}", journal=journal.snapshot(),
+            ) from ServerError.from_frame(frame.data.message, frame.data.code)
         actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
         if recorded is None or not driver.replay_verify(recorded, actual):
             driver.hook.event(ClientEvent(LOG_REPLAY_DIVERGED, core.session_id,
@@ -199,13 +221,27 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
                 expected=recorded, actual=actual, journal=journal.snapshot())
 
     check(-1, journal.reset_response,
-          await driver.exchange(conn, "reset", journal.reset_kwargs, core.next_request_id(),
-                                own=False))
+          await driver.exchange(conn, "reset", journal.reset_kwargs, core.next_request_id()))
     for index, entry in enumerate(journal.entries):
         check(index, entry.response,
-              await driver.exchange(conn, "step", entry.action, core.next_request_id(),
-                                    own=False))
+              await driver.exchange(conn, "step", entry.action, core.next_request_id()))
     core.recovered()
+
+
+async def _settle_from_count(driver: RecoveryDriver, conn: Connection, call: Call,
+                             frame: Frame) -> None:
+    """After a resume, settle steps of unknown outcome from the session's step count."""
+    core = driver.core
+    # Until the call returns, a cut here leaves its own (applied) step unknown.
+    call.unanswered = True
+    with contextlib.suppress(EnvlinkError):
+        count = await driver.count_steps(conn)
+        # The count includes the call's own step if the server applied it.
+        own = call.method == "step" and isinstance(frame, ObservationFrame)
+        if core.settle_count(count, own_applied=own):
+            driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                "applied": False, "source": "step_count"}))
+    call.unanswered = False
 
 
 #: The strategies by ``on_session_lost`` name.
@@ -214,7 +250,7 @@ STRATEGIES: Mapping[str, RecoveryStrategy] = {
 }
 
 
-async def recover(driver: RecoveryDriver, method: str, data: dict[str, Any] | None,
+async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                   request_id: str | None, *, cause: BaseException | None,
                   strategies: Mapping[str, RecoveryStrategy] = STRATEGIES) -> Frame:
     """The session was lost mid-episode: apply ``on_session_lost``, then finish the call.
@@ -223,7 +259,7 @@ async def recover(driver: RecoveryDriver, method: str, data: dict[str, Any] | No
         SessionLostError: the episode could not be carried on (with its journal);
             ``ReplayDivergedError`` when replay answered differently.
     """
-    core = driver.core
+    core, method = driver.core, call.method
     policy = core.on_session_lost
     journal = core.journal
     driver.hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
@@ -236,17 +272,34 @@ async def recover(driver: RecoveryDriver, method: str, data: dict[str, Any] | No
         # does not hold a slot (replay needs one right away; "raise" does not wait).
         core.resume_token = None
         if policy == "replay":
-            await driver.release_session(token)
+            # Steps of unknown outcome are settled from the old session's own count
+            # first, where it can tell (the session still exists and reports one).
+            count = await driver.release_session(token,
+                                                 count_steps=bool(journal.unknown_steps))
+            if core.settle_count(count):
+                driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                    "applied": False, "source": "step_count"}))
         else:
             driver.release_later(token)
     try:
         try:
             strategy = strategies[core.recovery_strategy()]
-            frame = await strategy.recover(driver, method, data, request_id, cause)
+            frame = await strategy.recover(driver, call, data, request_id, cause)
         except (ConnectError, ConnectionLostError) as exc:
             raise SessionLostError(
                 f"connection lost mid-episode during {method}; {policy} recovery failed: "
                 f"{exc}", journal=journal.snapshot(),
+            ) from exc
+        except SessionLostError:
+            raise
+        except EnvlinkError as exc:
+            # A full server, a corrupt frame, a refused retry...: the episode is lost
+            # all the same (below), and the caller is told so with its journal; the
+            # reason stays the cause.
+            raise SessionLostError(
+                f"connection lost mid-episode during {method}; {policy} recovery failed "
+                f"({type(exc).__name__}: {exc}); the episode cannot continue after "
+                f"{journal.step_count} steps", journal=journal.snapshot(),
             ) from exc
         if frame is None:
             raise core.cannot_recover(method, cause) from cause

@@ -171,7 +171,8 @@ class Retry:
         """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``).
 
         Args:
-            start: the clock reading the elapsed-time cap counts from (default: now).
+            start: when the operation began on :attr:`clock` (default: now); the
+                elapsed-time cap counts from it.
         """
         policy = self.policy
         remaining = max(1, policy.max_attempts - self.attempts_used)
@@ -199,35 +200,33 @@ class Retry:
             The last failure when it is not retryable or the tries are used up;
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
-        # The first try runs without tenacity: a call that succeeds at once (nearly
-        # every one) builds no retry machinery. A failure enters the tenacity loop as
-        # its first outcome, so stops, waits, budget and reports are the loop's own.
-        start = self._clock() if self.policy.max_elapsed is not None else None
+        start = self._clock()
         self.tries = 1
+        # Most operations succeed at once: the first try runs outside tenacity, whose
+        # loop (a few dozen function calls) is only entered once it has failed.
         try:
             result = await attempt(1 + self.attempts_used)
         except BaseException as exc:
             first: BaseException | None = exc
         else:
-            first = None
-        if first is not None:
-            if not isinstance(first, Again) and not self._retry_on(first):
-                raise first  # what the loop would re-raise at once
-            self.tries = 0
-            try:
-                async for state in self.retrying(start):
-                    with state:
-                        self.tries += 1
-                        if first is not None:
-                            replay, first = first, None
-                            raise replay
-                        result = await attempt(self.tries + self.attempts_used)
-            except Again as again:
-                error: BaseException | None = again.error
-            else:
-                error = None
-            if error is not None:
-                raise error  # outside the handler: its context stays the original one
+            return self._succeeded(result)
+        try:
+            async for state in self.retrying(start):
+                with state:
+                    if first is not None:
+                        failed, first = first, None
+                        raise failed  # tenacity decides from the first try's outcome
+                    self.tries += 1
+                    result = await attempt(self.tries + self.attempts_used)
+        except Again as again:
+            error: BaseException | None = again.error
+        else:
+            error = None
+        if error is not None:
+            raise error  # outside the handler: its context stays the original one
+        return self._succeeded(result)
+
+    def _succeeded(self, result: _T) -> _T:
         budget = self.policy.budget
         if budget is not None:
             budget.record_success()

@@ -52,6 +52,7 @@ from envlink._protocol import (
 __all__ = [
     "IDEMPOTENT",
     "Action",
+    "Call",
     "Decision",
     "Dropped",
     "Episode",
@@ -138,9 +139,28 @@ class Dropped(NamedTuple):
 
     Attributes:
         id: its request id.
+        settled: if it answered a step of unknown outcome: ``True`` (it was
+            applied: now in the journal) or ``False`` (an error: never applied);
+            ``None`` otherwise.
     """
 
     id: str
+    settled: bool | None = None
+
+
+class Call:
+    """What one public call's own request went through (for its error and journal)."""
+
+    __slots__ = ("method", "queue_wait", "request_id", "step_index", "unanswered")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.queue_wait: float | None = None
+        self.step_index: int | None = None
+        #: The request frame may be on the wire and no answer to it was read.
+        self.unanswered = False
+        #: Its request id, when the connection uses them.
+        self.request_id: str | None = None
 
 
 _RESEND = Decision(Action.RESEND)
@@ -213,9 +233,9 @@ class SessionCore:
                 journal=lost.snapshot(),
             )
 
-    def next_request_id(self) -> str | None:
-        """A fresh request id if the connection negotiated ids, else ``None``."""
-        if not self.extensions.enabled:
+    def next_request_id(self, *, always: bool = False) -> str | None:
+        """A fresh request id if the connection negotiated ids (or ``always``), else ``None``."""
+        if not (always or self.extensions.enabled):
             return None
         return f"{self._id_prefix}-{next(self._ids)}"
 
@@ -290,13 +310,50 @@ class SessionCore:
             if self.late:
                 raise self._unattributable("frame without request id")
             return frame  # an answer without id can only be ours
-        self.late_answer(frame)
-        return Dropped(frame.id)
+        return Dropped(frame.id, self.late_answer(frame))
 
-    def late_answer(self, frame: Frame) -> None:
-        """The answer of a request whose caller gave up arrived: it settles that request."""
-        if frame.id is not None:
-            self.late.pop(frame.id, None)
+    def late_answer(self, frame: Frame) -> bool | None:
+        """The answer of a request whose caller gave up arrived: it settles that request.
+
+        Returns:
+            for a step of unknown outcome: whether it was applied (see :class:`Dropped`).
+        """
+        if frame.id is None:
+            return None
+        self.late.pop(frame.id, None)
+        journal = self.journal
+        if self.episode is not Episode.ACTIVE or not journal.unknown_steps:
+            return None
+        if isinstance(frame, ObservationFrame):
+            return True if journal.settle(frame.id, frame.raw_data) else None
+        if isinstance(frame, ErrorFrame):
+            return False if journal.settle(frame.id, None) else None
+        return None
+
+    def interrupted(self, call: Call, data: dict[str, Any] | None) -> None:
+        """A deadline or a cancellation cut ``call`` after its frame may have left.
+
+        The server may have applied it: a step stays in the journal's unknown steps
+        until the client learns its outcome; a reset may have started a new episode,
+        so the old one cannot be carried on.
+        """
+        if not call.unanswered:
+            return
+        if call.method == "reset":
+            self.lose_episode()
+        elif call.method == "step" and self.episode is Episode.ACTIVE:
+            self.journal.record_unknown(data or {}, call.request_id)
+
+    def settle_count(self, count: int | None, *, own_applied: bool = False) -> bool:
+        """Settle unknown steps from the server session's step count (resume, release).
+
+        Args:
+            count: the session's ``step_count``, if the server reported one.
+            own_applied: the count includes the interrupted call's own step.
+        """
+        if count is None or not self.journal.unknown_steps:
+            return False
+        return self.journal.settle_count(count - (1 if own_applied else 0))
 
     def _unattributable(self, reason: str) -> ConnectionLostError:
         # Handled like a lost connection: recovery (resume with the same request id,
@@ -392,6 +449,12 @@ class SessionCore:
     def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
         """The error for an episode that no strategy could carry on."""
         policy, journal = self.on_session_lost, self.journal
+        if policy == "replay" and journal.unknown_steps:
+            return SessionLostError(
+                "the session was lost and cannot be replayed faithfully: the journal "
+                f"has {len(journal.unknown_steps)} step(s) of unknown outcome (sent, "
+                "then cut by a deadline or a cancellation; the server may have "
+                "applied them), see journal.unknown_steps", journal=journal.snapshot())
         if policy == "replay" and not journal.replayable:
             return SessionLostError(
                 "the session was lost and cannot be replayed: the journal exceeded "

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider, get_current_span
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider
 
 from envlink import _logging
+from envlink._errors import ServerError
 from envlink._hooks import (
     CallFinished,
     CallStarted,
@@ -84,6 +86,7 @@ _LEVELS: Mapping[str, str] = {
     "envlink.disconnect": "debug",
     "envlink.client_closed": "debug",
     "envlink.session_release_failed": "debug",
+    "envlink.unknown_step_settled": "info",
 }
 _SENT = {ATTR_DIRECTION: "sent"}
 
@@ -96,14 +99,21 @@ def outcome_of(exc: BaseException) -> str:
 _RECEIVED = {ATTR_DIRECTION: "received"}
 
 
+#: The span of the call in progress in this task, while it records: span events of
+#: the call (``reconnect_scheduled``, ``envlink.session_lost``) go on it.
+_CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
+    "envlink_call_span", default=None)
+
+
 class _CallToken:
-    __slots__ = ("rpc", "scope", "span")
+    __slots__ = ("reset", "rpc", "scope", "span")
 
     def __init__(self, scope: contextlib.AbstractContextManager[Span] | None, span: Span,
                  rpc: bool) -> None:
         self.scope = scope
         self.span = span
         self.rpc = rpc
+        self.reset = _CALL_SPAN.set(span) if span.is_recording() else None
 
 
 # Tokens of calls traced without a span (no SDK, or tracing off): shared, never allocated.
@@ -136,6 +146,9 @@ class ClientTelemetryHook(ClientHook):
             direction (``1``: every message). Sizes are a distribution, not a
             count: the number of calls is ``rpc.client.call.duration``'s count.
     """
+
+    #: Every method swallows its own failures: no chain is needed around it.
+    never_raises = True
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, *, url: str = "",
@@ -212,6 +225,8 @@ class ClientTelemetryHook(ClientHook):
                 span.set_attribute(ATTR_QUEUE_WAIT, call.queue_wait)
             if call.step_index is not None:
                 span.set_attribute(ATTR_STEP_INDEX, call.step_index)
+        if token.reset is not None:
+            _CALL_SPAN.reset(token.reset)
         if error is None:
             if token.scope is not None:
                 token.scope.__exit__(None, None, None)
@@ -242,9 +257,8 @@ class ClientTelemetryHook(ClientHook):
                                  ATTR_RPC_METHOD: call.method, ATTR_OUTCOME: call.outcome}
         if error is not None:
             attrs[ATTR_ERROR_TYPE] = error_type_of(error)
-            code = getattr(error, "code", None)
-            if code is not None:
-                attrs[ATTR_RPC_STATUS_CODE] = str(getattr(code, "value", code))
+            if isinstance(error, ServerError):  # the status the server answered with
+                attrs[ATTR_RPC_STATUS_CODE] = str(getattr(error.code, "value", error.code))
         return attrs
 
     # ----------------------------------------------------------------- phases
@@ -334,8 +348,10 @@ class ClientTelemetryHook(ClientHook):
             error = fields.get("error")
             etype = error_type_of(error) if error is not None else "unknown"
             delay = fields["delay"]
-            span = get_current_span()
-            if span.is_recording():
+            span = _CALL_SPAN.get()
+            # On the call's span, for the call's own (re)connects; recovery rounds have
+            # spans of their own and report there by logs only, as documented.
+            if span is not None and fields["reason"] not in ("resume", "replay"):
                 span.add_event(EVENT_RECONNECT_SCHEDULED, {
                     ATTR_DELAY: delay, ATTR_ERROR_TYPE: etype, ATTR_ATTEMPT: fields["attempt"]})
             _log.info(LOG_RECONNECT_SCHEDULED, delay_s=round(delay, 4), error_type=etype,
@@ -344,8 +360,8 @@ class ClientTelemetryHook(ClientHook):
             _log.warning(LOG_SESSION_LOST, method=fields["method"], policy=fields["policy"],
                          session_id=event.session_id, steps=fields["steps"],
                          error=fields["error"])
-            span = get_current_span()
-            if span.is_recording():
+            span = _CALL_SPAN.get()
+            if span is not None:
                 span.add_event(EVENT_SESSION_LOST, {ATTR_POLICY: fields["policy"]})
         elif name == HOOK_RECOVERY_FINISHED:
             tel.add(tel.recoveries, 1, {ATTR_POLICY: fields["policy"],

@@ -59,6 +59,7 @@ __all__ = [
     "LOG_SESSION_RECOVERED",
     "LOG_SESSION_RELEASE_FAILED",
     "LOG_STALE_ANSWER_DROPPED",
+    "LOG_UNKNOWN_STEP_SETTLED",
     "LOG_UNATTRIBUTABLE_FRAME",
     "METRIC_ATTEMPTS",
     "METRIC_BRIDGE_CALL_DURATION",
@@ -163,12 +164,14 @@ LOG_CALL_FAILED = "envlink.call_failed"
 LOG_SESSION_LOST = "envlink.session_lost"
 LOG_SESSION_RECOVERED = "envlink.session_recovered"
 LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
+LOG_UNKNOWN_STEP_SETTLED = "envlink.unknown_step_settled"
 #: Every log event envlink's client emits (the contract documented in docs/telemetry.md).
 LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_CONNECTION_DISCARDED,
     LOG_STALE_ANSWER_DROPPED, LOG_CLIENT_CLOSED, LOG_PEER_UNRESPONSIVE,
     LOG_UNATTRIBUTABLE_FRAME, LOG_SESSION_RELEASE_FAILED, LOG_RECONNECT_SCHEDULED,
     LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
+    LOG_UNKNOWN_STEP_SETTLED,
 )
 #: Hook events that are counted, not logged.
 HOOK_RECONNECT = "envlink.reconnect"

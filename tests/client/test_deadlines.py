@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -37,12 +38,23 @@ async def test_deadline_during_a_stall_is_prompt_and_next_call_is_clean(
         elapsed = time.perf_counter() - start
         assert isinstance(info.value, TimeoutError)
         assert info.value.method == "step"
+        assert info.value.outcome_unknown  # the frame was sent: the server may have run it
         assert 0.2 <= elapsed < 0.25, elapsed
-        # The stalled step never ran; the next step gets its own answer (replayed
-        # onto a new session on the plain protocol, same session with extensions).
+        if not any_server.extensions:
+            # The plain protocol cannot learn whether the stalled step ran: replaying
+            # without it could silently diverge, so the episode is lost, and says why.
+            with pytest.raises(SessionLostError, match="unknown outcome") as lost:
+                await env.step({"message": "two"}, timeout=5)
+            assert lost.value.journal is not None
+            assert [json.loads(a) for a in lost.value.journal.unknown_steps] == [
+                {"message": "stalled"}]
+            return
+        # With extensions the old session's own count shows the stalled step never ran;
+        # the next step gets its own answer, replayed onto a new session.
         got = await env.step({"message": "two"}, timeout=5)
         assert got.observation["echoed_message"] == "two"
         assert (await env.state())["step_count"] == 2
+        assert env.journal.unknown_steps == []
     finally:
         any_server.unstall_all()
         await env.close()
@@ -146,8 +158,14 @@ async def test_deadline_while_sending_a_large_frame_never_shifts_answers(
     env = GenericEnvClient(plain_server.url, on_session_lost="replay")
     try:
         await env.reset()
-        with pytest.raises(CallTimeoutError):
+        with pytest.raises(CallTimeoutError) as info:
             await env.step({"message": "x" * (12 * 1024 * 1024)}, timeout=0.01)
+        assert info.value.outcome_unknown
+        # The big step may have run: replay would be a guess, so the episode is lost
+        # (loudly); the next episode gets its own answers, none shifted.
+        with pytest.raises(SessionLostError, match="unknown outcome"):
+            await env.step({"message": "second"}, timeout=10)
+        await env.reset(timeout=10)
         for word in ("second", "third"):
             got = await env.step({"message": word}, timeout=10)
             assert got.observation["echoed_message"] == word
@@ -241,7 +259,8 @@ async def _timed_step(env: GenericEnvClient, timeout: float) -> float:
 async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
         server: EnvServer) -> None:
     """Two concurrent step(timeout=0.3) against a server answering 0.5 s late: every call
-    returns within its deadline + 100 ms, run after run (no swallowed cancellation)."""
+    returns near its deadline, run after run (a swallowed cancellation made the call send
+    its step anyway and return after about 1 s)."""
     late: list[float] = []
     for _ in range(60):
         env = GenericEnvClient(server.url)
@@ -249,7 +268,10 @@ async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
             await env.reset()
             server.faults.latency = 0.5
             times = await asyncio.gather(_timed_step(env, 0.3), _timed_step(env, 0.3))
-            late.extend(t for t in times if t > 0.4)
+            # deadline + 100 ms is the target; 200 ms of slack here absorbs scheduling
+            # delays on a loaded machine (the server shares this event loop), far
+            # below the 0.7 s a swallowed cancellation costs.
+            late.extend(t for t in times if t > 0.5)
         finally:
             server.faults.latency = 0.0
             await env.close(timeout=0.5)

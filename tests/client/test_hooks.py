@@ -114,6 +114,9 @@ async def test_a_failing_user_hook_never_fails_the_call() -> None:
                                 hooks=[Broken(), rec]) as env:
         assert (await env.reset()).observation == {}
     assert any(k == "call_finished" for k, _ in rec.seen)
+    async with GenericEnvClient("http://env.test", transport=MockTransport(handler),
+                                hooks=[Broken()]) as env:  # alone, too
+        assert (await env.reset()).observation == {}
 
 
 async def test_the_telemetry_hook_combines_with_a_users_own() -> None:

@@ -197,6 +197,7 @@ _NOT_PROVOKED = {
     "envlink.peer_unresponsive": "needs a stalled peer after a kept timeout",
     "envlink.unattributable_frame": "needs a late corrupt answer to a timed-out call",
     "envlink.session_release_failed": "needs a server that refuses to end a session",
+    "envlink.unknown_step_settled": "needs a step cut by a deadline after it was sent",
 }
 
 

@@ -167,3 +167,19 @@ async def test_again_is_retried_and_the_original_error_is_raised_at_the_end() ->
                     retry_on=lambda exc: False, backoff=False).run(attempt)
     assert info.value is lost
     assert numbers == [1, 2, 3]
+
+
+async def test_the_elapsed_cap_counts_the_first_try_too() -> None:
+    """The first try runs outside tenacity, but the elapsed cap still counts from its start."""
+    t = FakeTime()
+
+    async def attempt(number: int) -> None:
+        t.now += 0.8  # each try takes 0.8 s on the injected clock
+        raise ConnectError(f"try {number}")
+
+    policy = ReconnectPolicy(max_attempts=10, max_elapsed=1.0, initial_delay=0.1,
+                             max_delay=0.1, jitter="none")
+    with set_testing(False), pytest.raises(ConnectError, match="try 2"):
+        await Retry(policy, operation="connect", sleep=t.sleep, clock=t.clock).run(attempt)
+    # After try 1 (0.8 s) a 0.1 s wait ends at 0.9 < 1.0: try 2 runs; after it (1.7 s), stop.
+    assert t.slept == [0.1]
