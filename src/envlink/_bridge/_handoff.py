@@ -153,8 +153,9 @@ def wait_for(owner: LoopThread, job: Job, loop: asyncio.AbstractEventLoop,
         # It finished before the cancellation reached the loop: its own outcome stands.
         return job.exc
     exc = job.exc
+    # The bridge cannot tell whether the coroutine's work reached its destination.
     err = CallTimeoutError(f"bridged call {method!r} timed out after {timeout}s",
-                           method=method, timeout=timeout)
+                           method=method, timeout=timeout, outcome_unknown=True)
     if exc is not None and not isinstance(exc, asyncio.CancelledError):
         err.__cause__ = exc  # it failed while being cancelled: keep that visible
     else:
