@@ -90,10 +90,10 @@ def test_the_bridge_knows_nothing_of_environments(path: Path) -> None:
 @pytest.mark.parametrize("path", BRIDGE, ids=lambda p: p.name)
 def test_the_bridge_imports_no_telemetry(path: Path) -> None:
     """The generic bridge reports to hooks: it imports neither envlink's telemetry nor
-    OpenTelemetry (outside type annotations), nor logging helpers of envlink."""
+    OpenTelemetry (outside type annotations); of envlink, only errors and the pure timeout
+    helpers."""
     names = imported(path)
     envlink = {n for n in names if n.startswith("envlink.") and not n.startswith("envlink._bridge")}
-    # Generic helpers only: errors, timeout validation, bounded waits.
     assert envlink <= {"envlink._errors", "envlink._config", "envlink._timeouts"}, envlink
     assert not {n for n in runtime_imports(path) if n.startswith("opentelemetry")}
 
@@ -129,10 +129,11 @@ def test_the_server_dispatch_is_pure() -> None:
 
 
 def test_only_the_server_io_layers_import_websockets() -> None:
-    """In the server, websockets is imported by the listener, the handshake, the connection
-    handle and the observation mixin only."""
-    users = sorted(p.name for p in SERVER.glob("*.py") if "websockets" in top(imported(p)))
-    assert users == ["_connection.py", "_handshake.py", "_observe.py", "_server.py"]
+    """In the server, websockets is used by the listener, the handshake and the connection
+    handle only (others name its types in annotations at most)."""
+    users = sorted(p.name for p in SERVER.glob("*.py")
+                   if "websockets" in top(runtime_imports(p)))
+    assert users == ["_connection.py", "_handshake.py", "_server.py"]
 
 
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
@@ -193,6 +194,28 @@ def test_client_modules_point_one_way() -> None:
     for i, module in enumerate(order):
         later = {f"envlink.{m[:-3]}" for m in order[i + 1:]}
         assert not imported(SRC / module) & later, module
+
+
+def test_the_chaos_suite_uses_the_public_api_only() -> None:
+    """tests/chaos imports envlink and envlink.server public names only (survives refactors)."""
+    import envlink
+    import envlink.server
+
+    public = {"envlink": set(envlink.__all__), "envlink.server": set(envlink.server.__all__)}
+    chaos = SRC.parents[1] / "tests" / "chaos"
+    files = sorted(chaos.glob("*.py"))
+    assert files
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("envlink"):
+                        assert alias.name in public, (path.name, alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("envlink"):
+                assert node.module in public, (path.name, node.module)
+                names = {a.name for a in node.names}
+                assert names <= public[node.module], (path.name, names - public[node.module])
 
 
 def test_the_deadline_module_depends_on_the_error_tree_only() -> None:

@@ -37,6 +37,9 @@ ForeignLoopPolicy = Literal["allow", "warn", "raise"]
 _log = logging.getLogger("envlink.bridge")
 _get_running_loop = asyncio._get_running_loop
 _copy_context = contextvars.copy_context
+# Builds a NamedTuple record in C: the generated ``__new__`` is a Python function, and
+# this runs twice per bridged call.
+_record = tuple.__new__
 
 
 class Bridge(LoopThread):
@@ -68,6 +71,7 @@ class Bridge(LoopThread):
             ``()`` for none.
 
     Raises:
+        TypeError: a duration is not a number.
         ValueError: for an unknown ``on_foreign_loop``, a negative duration, or
             providers given together with ``hooks`` (they configure the default hooks).
     """
@@ -185,7 +189,7 @@ class Bridge(LoopThread):
             # In the caller's thread, before the hand-off: a hook may make its span the
             # current span of the copied context, i.e. the coroutine's parent.
             try:
-                token = hook.call_started(BridgeCallStarted(method, ctx))
+                token = hook.call_started(_record(BridgeCallStarted, (method, ctx)))
             except Exception:
                 _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
                 hook = None
@@ -228,11 +232,11 @@ class Bridge(LoopThread):
                 # Hooks never raise into the caller. The record is not bound to a
                 # name: it holds the error, whose traceback holds this frame.
                 try:
-                    hook.call_finished(BridgeCallFinished(
+                    hook.call_finished(_record(BridgeCallFinished, (
                         method, outcome,
                         (started - submitted) if started else (end - submitted),
                         ((job.ended or end) - started) if started else None,
-                        end - submitted, error), token)
+                        end - submitted, error)), token)
                 except Exception:
                     _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
         if error is None:
@@ -240,7 +244,6 @@ class Bridge(LoopThread):
         # Break the cycle exception -> traceback -> _run_job frame -> job -> exception.
         job.exc = None
         job = None  # type: ignore[assignment]
-        token = None
         try:
             raise error
         finally:

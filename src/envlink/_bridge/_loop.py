@@ -42,7 +42,8 @@ class LoopThread:
         join_timeout: seconds :meth:`close` waits for the loop thread to end.
 
     Raises:
-        ValueError: for a negative duration.
+        TypeError: a duration is not a number.
+        ValueError: a duration is negative or NaN.
     """
 
     def __init__(self, *, name: str, cancel_grace: float, join_timeout: float) -> None:

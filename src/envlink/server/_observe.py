@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
-from websockets.asyncio.server import ServerConnection
 
 from envlink import __version__
 from envlink._telemetry import (
@@ -31,6 +31,9 @@ from envlink.server._counters import AwaitableCounters
 from envlink.server._dispatch import Frame
 from envlink.server._registry import SessionRegistry
 from envlink.server._session import SessionInfo
+
+if TYPE_CHECKING:
+    from websockets.asyncio.server import ServerConnection
 
 __all__ = ["ATTR_SERVER_DEDUP", "Observable", "ServerTelemetry", "fail"]
 
