@@ -114,28 +114,6 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
         assert not sdk, f"{path.relative_to(SRC)} imports {sdk}"
 
 
-SERVER = SRC / "server"
-
-
-def test_the_server_dispatch_is_pure() -> None:
-    """What a frame means and what to answer is decided without sockets, asyncio, websockets
-    or telemetry, so conformance tests drive it directly; fault decisions are pure too."""
-    for name in ("_dispatch.py", "_faults.py", "_environment.py"):
-        names = top(runtime_imports(SERVER / name))
-        assert not names & (IO_MODULES | {"opentelemetry", "threading"}), (name, names)
-        internal = {n for n in names if n.startswith("envlink.")}
-        assert internal <= {"envlink._errors", "envlink._protocol", "envlink.server._environment",
-                            "envlink.server._faults", "envlink.server._session"}, (name, internal)
-
-
-def test_only_the_server_io_layers_import_websockets() -> None:
-    """In the server, websockets is used by the listener, the handshake and the connection
-    handle only (others name its types in annotations at most)."""
-    users = sorted(p.name for p in SERVER.glob("*.py")
-                   if "websockets" in top(runtime_imports(p)))
-    assert users == ["_connection.py", "_handshake.py", "_server.py"]
-
-
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
 CLIENT = ["_session.py", "_retry.py", "_recovery.py", "_hooks.py", "_driver.py",
           "_connector.py", "_client.py", "_mock.py", "_transport.py"]
@@ -196,6 +174,28 @@ def test_client_modules_point_one_way() -> None:
         assert not imported(SRC / module) & later, module
 
 
+SERVER = SRC / "server"
+
+
+def test_the_server_dispatch_is_pure() -> None:
+    """What a frame means and what to answer is decided without sockets, asyncio, websockets
+    or telemetry, so conformance tests drive it directly; fault decisions are pure too."""
+    for name in ("_dispatch.py", "_faults.py", "_environment.py"):
+        names = top(runtime_imports(SERVER / name))
+        assert not names & (IO_MODULES | {"opentelemetry", "threading"}), (name, names)
+        internal = {n for n in names if n.startswith("envlink.")}
+        assert internal <= {"envlink._errors", "envlink._protocol", "envlink.server._environment",
+                            "envlink.server._faults", "envlink.server._session"}, (name, internal)
+
+
+def test_only_the_server_io_layers_import_websockets() -> None:
+    """In the server, websockets is used by the listener, the handshake and the connection
+    handle only (others name its types in annotations at most)."""
+    users = sorted(p.name for p in SERVER.glob("*.py")
+                   if "websockets" in top(runtime_imports(p)))
+    assert users == ["_connection.py", "_handshake.py", "_server.py"]
+
+
 def test_the_chaos_suite_uses_the_public_api_only() -> None:
     """tests/chaos imports envlink and envlink.server public names only (survives refactors)."""
     import envlink
@@ -222,3 +222,15 @@ def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
     """_timeouts (used by client, transport and bridge) imports no other envlink module."""
     internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
     assert internal == {"envlink._errors"}, internal
+
+
+@pytest.mark.parametrize("module", [*CLIENT, "_telemetry_client.py", "names.py", "_websocket.py",
+                                    "_config.py", "_policies.py", "_protocol.py", "_journal.py"])
+def test_client_modules_stay_small(module: str) -> None:
+    """A client module stays under 600 lines and each of its classes under 400."""
+    text = (SRC / module).read_text()
+    assert len(text.splitlines()) <= 600, module
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            assert node.end_lineno is not None
+            assert node.end_lineno - node.lineno + 1 <= 400, f"{module}: {node.name}"

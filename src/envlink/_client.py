@@ -26,12 +26,12 @@ from envlink._config import (
 )
 from envlink._connector import Connector
 from envlink._driver import SessionDriver
-from envlink._errors import EnvlinkError, ProtocolError, ServerError
+from envlink._errors import EnvlinkError, ProtocolError
 from envlink._hooks import ClientHook, combine_client_hooks
 from envlink._journal import EpisodeJournal
 from envlink._policies import ReconnectPolicy, SessionLostPolicy
-from envlink._protocol import ErrorFrame, ObservationFrame, StateFrame
-from envlink._session import Call, Frame, SessionCore
+from envlink._protocol import ObservationFrame, StateFrame
+from envlink._session import Call, SessionCore
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
 from envlink._websocket import WebSocketTransport
@@ -179,7 +179,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             built = options
         self._options: ConnectionOptions = built
         self._transport: Transport = transport if transport is not None else WebSocketTransport()
-        self.reconnect_policy: ReconnectPolicy = reconnect or ReconnectPolicy()
+        policy = reconnect or ReconnectPolicy()
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         if hooks is None:
@@ -187,14 +187,26 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                                                    url=self._endpoint.display)
         else:
             hook = combine_client_hooks(list(hooks))
-        self._core = SessionCore(policy=self.reconnect_policy, on_session_lost=on_session_lost,
+        self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
                                  max_journal_steps=max_journal_steps)
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
-                              self.reconnect_policy, extensions, self._core, hook)
+                              policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def reconnect_policy(self) -> ReconnectPolicy:
+        """The :class:`ReconnectPolicy` for opening connections and every retry."""
+        return self._core.policy
+
+    @reconnect_policy.setter
+    def reconnect_policy(self, policy: ReconnectPolicy) -> None:
+        if not isinstance(policy, ReconnectPolicy):
+            raise TypeError(f"reconnect_policy must be a ReconnectPolicy, "
+                            f"got {type(policy).__name__}")
+        self._core.policy = self._driver.connector.policy = policy
 
     @property
     def on_session_lost(self) -> SessionLostPolicy:
@@ -314,9 +326,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         async def run(call: Call) -> StepResult[ObsT]:
             async with driver.turn(call):
-                frame = self._expect(await driver.request(call, data), ObservationFrame, "reset")
+                frame = driver.expect(await driver.request(call, data), ObservationFrame, "reset")
                 self._core.answered("reset", data, frame, episode_id=kwargs.get("episode_id"))
-                return self._parse(self._parse_result, frame.raw_data, "observation")
+                return _parse(self._parse_result, frame.raw_data, "observation")
 
         return await driver.call("reset", self._seconds(timeout), run)
 
@@ -342,10 +354,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         async def run(call: Call) -> StepResult[ObsT]:
             async with driver.turn(call):
                 call.step_index = self._core.journal.step_count
-                frame = self._expect(await driver.request(call, payload), ObservationFrame,
+                frame = driver.expect(await driver.request(call, payload), ObservationFrame,
                                      "step")
                 self._core.answered("step", payload, frame)
-                return self._parse(self._parse_result, frame.raw_data, "observation")
+                return _parse(self._parse_result, frame.raw_data, "observation")
 
         return await driver.call("step", self._seconds(timeout), run)
 
@@ -360,9 +372,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         async def run(call: Call) -> StateT:
             async with driver.turn(call):
-                frame = self._expect(await driver.request(call, None), StateFrame, "state")
+                frame = driver.expect(await driver.request(call, None), StateFrame, "state")
                 self._core.answered("state", None, frame)
-                return self._parse(self._parse_state, frame.data, "state")
+                return _parse(self._parse_state, frame.data, "state")
 
         return await driver.call("state", self._seconds(timeout), run)
 
@@ -443,25 +455,15 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             return self.timeouts.call
         return check_timeout(timeout)
 
-    def _expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
-        if isinstance(frame, ErrorFrame):
-            raise ServerError.from_frame(frame.data.message, frame.data.code)
-        if not isinstance(frame, kind):
-            # A valid frame of the wrong kind: the stream is out of step, which on the
-            # plain protocol means it can no longer be trusted.
-            error = self._core.unexpected_frame(frame, kind, method)
-            self._driver.connector.discard()
-            raise error
-        return frame
 
-    def _parse(self, hook: Callable[[dict[str, Any]], _R], data: dict[str, Any],
-               what: str) -> _R:
-        try:
-            return hook(data)
-        except EnvlinkError:
-            raise
-        except Exception as exc:
-            raise ProtocolError(f"could not parse the server's {what}: {exc}") from exc
+def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str) -> _R:
+    """Run an OpenEnv parsing hook; its failure is the server's ``ProtocolError``."""
+    try:
+        return hook(data)
+    except EnvlinkError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"could not parse the server's {what}: {exc}") from exc
 
 
 def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:

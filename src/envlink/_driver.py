@@ -39,7 +39,7 @@ from envlink._hooks import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._protocol import ErrorFrame, decode_response
+from envlink._protocol import ErrorFrame, ObservationFrame, StateFrame, decode_response
 from envlink._recovery import recover
 from envlink._retry import Again, Retry
 from envlink._session import (
@@ -69,6 +69,7 @@ from envlink.names import (
 __all__ = ["SessionDriver"]
 
 _R = TypeVar("_R")
+_F = TypeVar("_F", ObservationFrame, StateFrame)
 
 
 class _Lifecycle(enum.Enum):
@@ -302,6 +303,20 @@ class SessionDriver:
         if todo is Preflight.RECOVER:
             return None
         return await connector.open(method, reason="connect" if number == 1 else "retry")
+
+    def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
+        """The answer as ``kind``; an error frame raises ``ServerError``.
+
+        A valid frame of the wrong kind means the stream is out of step, which on
+        the plain protocol means it can no longer be trusted.
+        """
+        if isinstance(frame, ErrorFrame):
+            raise ServerError.from_frame(frame.data.message, frame.data.code)
+        if not isinstance(frame, kind):
+            error = self.core.unexpected_frame(frame, kind, method)
+            self.connector.discard()
+            raise error
+        return frame
 
     def probe_timeout(self) -> float:
         """The health-check wait: ``Timeout.probe``, never longer than ``ping_timeout``."""

@@ -285,3 +285,23 @@ async def test_stop_does_not_wait_out_injected_latency() -> None:
         start = time.perf_counter()
         await server.stop()
         assert time.perf_counter() - start < 5.0
+
+
+async def test_closed_connections_are_not_kept_alive_by_their_handles(server: EnvServer) -> None:
+    """The handles the server remembers do not keep closed connections (and buffers) alive."""
+    import gc
+
+    from websockets.asyncio.server import ServerConnection
+
+    for _ in range(20):
+        async with open_ws(server) as ws:
+            await rpc(ws, STATE)
+    await server.wait_for_disconnect(20)
+    handle = await server.wait_for_connection(20)
+    assert handle.closed and handle.lost.done()
+    handle.abort()  # harmless once closed
+    handle.stall()
+    handle.unstall()
+    gc.collect()
+    alive = [o for o in gc.get_objects() if isinstance(o, ServerConnection)]
+    assert len(alive) <= 1, len(alive)
