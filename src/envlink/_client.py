@@ -412,16 +412,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def sync(self, bridge: Bridge | None = None) -> SyncEnvClient[ActT, ObsT, StateT]:
+    def sync(self, bridge: Bridge | None = None, *,
+             nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
             bridge: share an existing :class:`~envlink.Bridge` (one thread for many
                 clients); by default the facade owns a new one.
+            nested_spans: a span of the bridge's as the parent of each call's
+                client span (default: one span per call; see :class:`SyncEnvClient`).
         """
         from envlink._sync import SyncEnvClient
 
-        return SyncEnvClient(self, bridge=bridge)
+        return SyncEnvClient(self, bridge=bridge, nested_spans=nested_spans)
 
     def call_deadline(self, method: str,
                       timeout: float | UnsetType | None = UNSET) -> float | None:
