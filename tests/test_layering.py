@@ -10,7 +10,8 @@ import pytest
 pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
-PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py"]
+PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py",
+        "_retry.py", "_session.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 
 
@@ -30,22 +31,29 @@ def top(names: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("module", PURE)
 def test_pure_modules_import_no_io(module: str) -> None:
-    """errors, config, protocol, policies and journal import nothing that does I/O."""
+    """errors, config, protocol, policies, journal, retry and session import no I/O."""
     names = top(imported(SRC / module))
     assert not names & IO_MODULES, names & IO_MODULES
     internal = {n for n in names if n.startswith("envlink.")}
     assert internal <= {f"envlink.{p[:-3]}" for p in PURE}, internal
 
 
+def test_the_session_core_is_sans_io() -> None:
+    """The session core imports neither asyncio, websockets nor opentelemetry."""
+    names = top(imported(SRC / "_session.py"))
+    assert not names & {"asyncio", "websockets", "opentelemetry", "trio", "anyio"}, names
+
+
 def test_only_the_transport_imports_websockets() -> None:
-    """Outside the reference server (an I/O layer of its own), only _transport.py imports it."""
+    """Outside the reference server (an I/O layer of its own), only _websocket.py imports it."""
     users = sorted(p.name for p in SRC.glob("*.py") if "websockets" in top(imported(p)))
-    assert users == ["_transport.py"]
+    assert users == ["_websocket.py"]
 
 
 def test_telemetry_never_imports_the_client() -> None:
     """Telemetry and logging modules depend on nothing that talks to a server."""
-    forbidden = {"envlink._client", "envlink._sync", "envlink._transport", "envlink._echo"}
+    forbidden = {"envlink._client", "envlink._sync", "envlink._transport", "envlink._echo",
+                 "envlink._websocket"}
     for name in ["_telemetry.py", "_logging.py", "telemetry.py"]:
         assert not imported(SRC / name) & forbidden, name
 
@@ -53,6 +61,7 @@ def test_telemetry_never_imports_the_client() -> None:
 def test_the_bridge_knows_nothing_of_environments() -> None:
     """The generic bridge imports no client, protocol or transport module."""
     forbidden = {"envlink._client", "envlink._protocol", "envlink._transport", "envlink._echo",
+                 "envlink._websocket",
                  "envlink._sync", "envlink.server"}
     assert not imported(SRC / "_bridge.py") & forbidden
 
@@ -65,3 +74,69 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
             continue
         sdk = {n for n in imported(path) if n.startswith("opentelemetry.sdk")}
         assert not sdk, f"{path.relative_to(SRC)} imports {sdk}"
+
+
+#: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
+CLIENT = ["_session.py", "_retry.py", "_recovery.py", "_hooks.py", "_driver.py",
+          "_connector.py", "_client.py", "_mock.py", "_transport.py"]
+
+
+def runtime_import_froms(path: Path) -> set[tuple[str, str]]:
+    """(module, name) of every ``from module import name`` outside ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+               and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+               for n in ast.walk(node)}
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update((node.module, a.name) for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update((a.name, "") for a in node.names)
+    return found
+
+
+@pytest.mark.parametrize("module", CLIENT)
+def test_the_client_emits_telemetry_only_through_its_hooks(module: str) -> None:
+    """No client module creates spans, records metrics or logs: the emitter does.
+
+    The only OpenTelemetry API the client itself uses is ``propagate`` (the trace
+    context it sends to the server); structlog and envlink's telemetry modules are
+    imported only by the emitter, ``_telemetry_client.py``, which the client's
+    constructor installs.
+    """
+    froms = runtime_import_froms(SRC / module)
+    otel = {(m, n) for m, n in froms if m.split(".")[0] == "opentelemetry"}
+    assert otel <= {("opentelemetry", "propagate")}, otel
+    modules = {m for m, _ in froms}
+    forbidden = {"structlog", "logging", "envlink._logging", "envlink._telemetry",
+                 "envlink._telemetry_client"}
+    if module == "_client.py":
+        forbidden.discard("envlink._telemetry_client")  # wires the default hook, see below
+    if module == "_hooks.py":
+        forbidden.discard("logging")  # a user's hook that raises is reported, as the bridge does
+    assert not modules & forbidden, module
+
+
+def test_only_the_client_module_knows_the_emitter() -> None:
+    """The default telemetry hook is wired in one place: the client's constructor."""
+    users = sorted(p.name for p in SRC.glob("*.py")
+                   if "envlink._telemetry_client" in imported(p))
+    assert users == ["_client.py", "telemetry.py"]
+
+
+def test_client_modules_point_one_way() -> None:
+    """core <- retry/recovery <- connector <- driver <- client: nothing imports upward."""
+    order = ["_session.py", "_retry.py", "_hooks.py", "_recovery.py", "_connector.py",
+             "_driver.py", "_client.py"]
+    for i, module in enumerate(order):
+        later = {f"envlink.{m[:-3]}" for m in order[i + 1:]}
+        assert not imported(SRC / module) & later, module
+
+
+def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
+    """_timeouts (used by client, transport and bridge) imports no other envlink module."""
+    internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
+    assert internal == {"envlink._errors"}, internal

@@ -18,6 +18,9 @@ EXPECTED = {
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
+    # testing without a server; observing a client
+    "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
+    "PhaseFinished", "ClientEvent",
     # the bridge
     "Bridge", "SyncProxy",
     # telemetry

@@ -34,7 +34,16 @@ from envlink._errors import (
     SessionLostError,
     ToolCallError,
 )
+from envlink._hooks import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
+)
 from envlink._journal import EpisodeJournal, JournalEntry
+from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sync import SyncEnvClient
 
@@ -54,10 +63,14 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "UNSET",
     "Bridge",
+    "CallFinished",
+    "CallStarted",
     "CallTimeoutError",
     "CallToolAction",
     "CapacityReachedError",
     "ClientClosedError",
+    "ClientEvent",
+    "ClientHook",
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
@@ -71,7 +84,10 @@ __all__ = [
     "HandshakeRejectedError",
     "JournalEntry",
     "ListToolsAction",
+    "MockTransport",
     "OutcomeUnknownError",
+    "PhaseFinished",
+    "PhaseStarted",
     "ProtocolError",
     "ReconnectPolicy",
     "ReentrantCallError",

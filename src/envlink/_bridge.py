@@ -53,6 +53,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import INVALID_SPAN, SpanKind, TracerProvider
 
+from envlink._config import check_timeout
 from envlink._errors import CallTimeoutError, ClientClosedError, ReentrantCallError
 from envlink._telemetry import (
     ATTR_BRIDGE_QUEUE_WAIT,
@@ -65,6 +66,7 @@ from envlink._telemetry import (
     get_telemetry,
     mark_error,
 )
+from envlink._timeouts import bounded
 
 __all__ = [
     "OUTCOME_CANCELLED",
@@ -261,7 +263,8 @@ def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
 
 async def _bounded(aw: Awaitable[None], timeout: float) -> None:
     try:
-        await asyncio.wait_for(aw, timeout)
+        async with bounded(timeout):
+            await aw
     except Exception:
         _log.warning("envlink bridge: loop cleanup did not finish in time", exc_info=True)
 
@@ -305,12 +308,14 @@ class Bridge:
         if on_foreign_loop not in ("allow", "warn", "raise"):
             raise ValueError(f"on_foreign_loop must be allow, warn or raise, "
                              f"not {on_foreign_loop!r}")
-        if not (cancel_grace >= 0 and join_timeout >= 0):
-            raise ValueError("cancel_grace and join_timeout must be >= 0")
+        grace = check_timeout(cancel_grace, "cancel_grace", allow_zero=True)
+        join = check_timeout(join_timeout, "join_timeout", allow_zero=True)
+        if grace is None or join is None:
+            raise TypeError("cancel_grace and join_timeout must be numbers of seconds, not None")
         self._name = name
         self._on_foreign_loop = on_foreign_loop
-        self._cancel_grace = float(cancel_grace)
-        self._join_timeout = float(join_timeout)
+        self._cancel_grace = grace
+        self._join_timeout = join
         self._tel: Telemetry = get_telemetry(tracer_provider, meter_provider)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -377,6 +382,7 @@ class Bridge:
         Args:
             timeout: seconds to wait for the thread to end (default: ``join_timeout``).
         """
+        timeout = check_timeout(timeout, allow_zero=True)
         with self._lock:
             if self._closed:
                 return
@@ -488,6 +494,7 @@ class Bridge:
             ClientClosedError: the bridge is closed, or was closed during the call.
             ReentrantCallError: called from the bridge's own loop thread (or from a
                 thread running another loop, with ``on_foreign_loop="raise"``).
+            TypeError: ``timeout`` is not a number (a bool is not a duration).
             ValueError: ``timeout`` is negative or NaN.
             BaseException: whatever the coroutine raised.
         """
@@ -496,8 +503,7 @@ class Bridge:
         running = _get_running_loop()
         if running is not None:
             self._check_running_loop(running)
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 or None, not {timeout!r}")
+        timeout = check_timeout(timeout, allow_zero=True)
         loop = self._loop
         if loop is None:
             loop = self._ensure_started()
@@ -598,8 +604,9 @@ class Bridge:
             # It finished before the cancellation reached the loop: its own outcome stands.
             return job.exc
         exc = job.exc
+        # The bridge cannot tell whether the coroutine's work reached its destination.
         err = CallTimeoutError(f"bridged call {method!r} timed out after {timeout}s",
-                               method=method, timeout=timeout)
+                               method=method, timeout=timeout, outcome_unknown=True)
         if exc is not None and not isinstance(exc, asyncio.CancelledError):
             err.__cause__ = exc  # it failed while being cancelled: keep that visible
         else:
@@ -777,7 +784,7 @@ class SyncProxy(Generic[ObjT]):
     def __init__(self, target: ObjT, bridge: Bridge, *, timeout: float | None = None) -> None:
         self._envlink_target = target
         self._envlink_bridge = bridge
-        self._envlink_timeout = timeout
+        self._envlink_timeout = check_timeout(timeout, allow_zero=True)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_envlink_"):  # not yet set (during __init__ / unpickling)

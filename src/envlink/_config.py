@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -13,6 +15,8 @@ __all__ = [
     "Timeout",
     "TimeoutTypes",
     "UnsetType",
+    "check_count",
+    "check_timeout",
 ]
 
 
@@ -27,29 +31,85 @@ class UnsetType(enum.Enum):
 
 UNSET: Final = UnsetType.UNSET
 
+
+def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = False
+                  ) -> float | None:
+    """Validate a duration in seconds given by a caller; ``None`` means no limit.
+
+    Args:
+        value: what the caller passed.
+        name: the parameter's name, for the message.
+        allow_zero: accept ``0`` (e.g. a grace period), not only positive values.
+
+    Returns:
+        the duration as a float, or ``None``.
+
+    Raises:
+        TypeError: not a real number (``"5"``, ``True``: a bool is not a duration).
+        ValueError: NaN, negative, or zero unless ``allow_zero``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None, "
+                        f"got {type(value).__name__} {value!r}")
+    seconds = float(value)
+    ok = seconds >= 0 if allow_zero else seconds > 0
+    if math.isnan(seconds) or not ok:
+        bound = ">= 0" if allow_zero else "positive"
+        raise ValueError(f"{name} must be a {bound} number of seconds or None, got {value!r}")
+    return seconds
+
+
+def check_count(value: object, name: str, *, minimum: int = 0) -> int:
+    """Validate a whole number given by a caller (a bool is not a count).
+
+    Raises:
+        TypeError: not an ``int``.
+        ValueError: below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
 _DEFAULT_CONNECT = 10.0
 _DEFAULT_CALL = 60.0
 _DEFAULT_CLOSE = 5.0
+_DEFAULT_PROBE = 2.0
+_DEFAULT_RELEASE = 5.0
 
 
 class Timeout:
     """Deadlines per phase, httpx-style: one default plus per-phase overrides.
 
-    ``Timeout(5.0)`` sets every phase to 5 s; ``Timeout(5.0, connect=10.0)`` overrides
-    one phase; ``None`` means no limit. Phases:
+    ``Timeout(5.0)`` sets every call phase to 5 s; ``Timeout(5.0, connect=10.0)``
+    overrides one phase; ``None`` means no limit. Call phases:
 
     - ``connect``: opening the WebSocket (TCP, TLS, upgrade handshake), per attempt;
     - ``call``: a whole protocol call (queue wait, reconnects, recovery, the answer);
     - ``close``: the closing handshake.
+
+    Housekeeping waits, with defaults of their own (``default`` does not set them,
+    and ``None`` is not allowed: they must end):
+
+    - ``probe``: the health-check ping sent before reusing a connection on which a
+      call timed out (never longer than ``ConnectionOptions.ping_timeout``);
+    - ``release``: ending, in the background, a detached server session the client
+      gives up on (so it does not hold a server slot for its whole grace window).
 
     Args:
         default: value for every phase not given explicitly.
         connect: connect phase override.
         call: call phase override.
         close: close phase override.
+        probe: the probe wait (default 2 s).
+        release: the release wait (default 5 s).
     """
 
-    __slots__ = ("call", "close", "connect")
+    __slots__ = ("call", "close", "connect", "probe", "release")
 
     def __init__(
         self,
@@ -58,6 +118,8 @@ class Timeout:
         connect: float | UnsetType | None = UNSET,
         call: float | UnsetType | None = UNSET,
         close: float | UnsetType | None = UNSET,
+        probe: float = _DEFAULT_PROBE,
+        release: float = _DEFAULT_RELEASE,
     ) -> None:
         def pick(value: float | UnsetType | None, fallback: float) -> float | None:
             if value is not UNSET:
@@ -66,13 +128,16 @@ class Timeout:
                 chosen = default
             else:
                 chosen = fallback
-            if chosen is not None and not chosen > 0:
-                raise ValueError(f"timeouts must be positive or None, got {chosen!r}")
-            return None if chosen is None else float(chosen)
+            return check_timeout(chosen, "timeout")
 
         self.connect: float | None = pick(connect, _DEFAULT_CONNECT)
         self.call: float | None = pick(call, _DEFAULT_CALL)
         self.close: float | None = pick(close, _DEFAULT_CLOSE)
+        for name, wait in (("probe", probe), ("release", release)):
+            if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {wait!r}")
+        self.probe: float = float(probe)
+        self.release: float = float(release)
 
     @classmethod
     def coerce(cls, value: TimeoutTypes) -> Timeout:
@@ -81,16 +146,18 @@ class Timeout:
             return value
         return cls(value)
 
+    def _key(self) -> tuple[float | None, ...]:
+        return (self.connect, self.call, self.close, self.probe, self.release)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Timeout) and (
-            (self.connect, self.call, self.close) == (other.connect, other.call, other.close)
-        )
+        return isinstance(other, Timeout) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.connect, self.call, self.close))
+        return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Timeout(connect={self.connect}, call={self.call}, close={self.close})"
+        return (f"Timeout(connect={self.connect}, call={self.call}, close={self.close}, "
+                f"probe={self.probe}, release={self.release})")
 
 
 TimeoutTypes = Timeout | float | None
@@ -115,6 +182,14 @@ class ConnectionOptions:
         ssl: an ``ssl.SSLContext`` for ``wss://``; by default a verifying one.
         proxy: ``True`` to honour proxy environment variables, ``None`` for none, or a URL.
         user_agent: the ``User-Agent`` header.
+        close_timeout: seconds to wait for the peer's close frame once a close has
+            started (also after a keepalive timeout): short, so a dead peer is
+            reported within ``ping_interval + ping_timeout`` plus this; never longer
+            than ``ping_timeout``. The client's own graceful close is bounded by
+            ``Timeout.close``.
+        last_frame_wait: seconds to wait for a frame the server sent just before
+            closing (a server at capacity sends an error frame, then closes): it
+            explains the close and must not be lost.
     """
 
     headers: tuple[tuple[str, str], ...] = ()
@@ -125,8 +200,12 @@ class ConnectionOptions:
     ssl: Any = None
     proxy: str | bool | None = True
     user_agent: str | None = None
+    close_timeout: float = 1.0
+    last_frame_wait: float = 0.05
 
     def __post_init__(self) -> None:
+        if not self.close_timeout > 0 or not self.last_frame_wait >= 0:
+            raise ValueError("close_timeout must be positive and last_frame_wait >= 0")
         if self.compression not in (None, "deflate"):
             raise ValueError(f"compression must be None or 'deflate', got {self.compression!r}")
         if self.max_message_size <= 0:

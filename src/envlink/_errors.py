@@ -112,20 +112,29 @@ class OutcomeUnknownError(ConnectionLostError):
 
 
 class CallTimeoutError(EnvlinkError, TimeoutError):
-    """A call's deadline expired; the in-flight work was cancelled.
+    """A call's deadline expired; the client stopped waiting and cancelled its work.
+
+    If the request frame may already have reached the server (``outcome_unknown``),
+    the server may or may not have applied it: a deadline cannot take back a frame
+    on the wire. The client never delivers the late answer to another call, and the
+    episode's journal keeps such a step in ``unknown_steps`` until its outcome is
+    known.
 
     Attributes:
         method: the protocol method (``reset``, ``step``, ...), if known.
         timeout: the deadline in seconds that expired.
+        outcome_unknown: ``True`` when the request may have been applied by the
+            server; ``False`` when it provably was not sent (or was answered).
     """
 
     error_type = "timeout"
 
     def __init__(self, message: str, *, method: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, outcome_unknown: bool = False) -> None:
         super().__init__(message)
         self.method = method
         self.timeout = timeout
+        self.outcome_unknown = outcome_unknown
 
 
 class ServerError(EnvlinkError):

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from envlink._config import check_count
+
 __all__ = ["EpisodeJournal", "JournalEntry"]
 
 
@@ -50,6 +52,13 @@ class EpisodeJournal:
     no longer be replayed (the episode is still usable; only ``replay`` recovery is
     lost).
 
+    Steps of unknown outcome: a step whose deadline expired (or that was cancelled)
+    after its frame may have reached the server is kept in ``unknown_steps``, after
+    ``entries``, until the client learns what the server did: its late answer
+    (matched by request id) moves it into ``entries``; an error answer, or the
+    server's step count showing it was never applied, removes it. While any is
+    left, the journal is not ``replayable``: a replay could silently diverge.
+
     Attributes:
         reset_kwargs: the kwargs of the reset that began the episode.
         reset_response: the ``data`` of the reset's observation frame.
@@ -57,6 +66,8 @@ class EpisodeJournal:
         max_steps: the bound on ``entries``.
         truncated: whether steps were dropped because of the bound.
         episode_id: the episode id, when known.
+        unknown_steps: action payloads (JSON text) of steps sent whose outcome the
+            client does not know yet, in the order they were sent.
     """
 
     reset_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -65,6 +76,10 @@ class EpisodeJournal:
     max_steps: int = 10_000
     truncated: bool = False
     episode_id: str | None = None
+    unknown_steps: list[str] = field(default_factory=list)
+    # The request id of each unknown step (None on the plain protocol), to match its
+    # late answer.
+    _unknown_ids: list[str | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def reset_response(self) -> dict[str, Any] | None:
@@ -82,7 +97,11 @@ class EpisodeJournal:
     @property
     def replayable(self) -> bool:
         """Whether the whole episode is recorded, so replay can rebuild it."""
-        return self.reset_response_json is not None and not self.truncated
+        return (self.reset_response_json is not None and not self.truncated
+                and not self.unknown_steps)
+
+    def __post_init__(self) -> None:
+        self.max_steps = check_count(self.max_steps, "max_steps")
 
     def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any] | str) -> None:
         """Start a new episode.
@@ -95,6 +114,62 @@ class EpisodeJournal:
         self.reset_response_json = _encode(response)
         self.entries = []
         self.truncated = False
+        self.unknown_steps = []
+        self._unknown_ids = []
+
+    def record_unknown(self, action: dict[str, Any], request_id: str | None) -> None:
+        """A step was sent but its outcome is unknown (deadline or cancellation).
+
+        Args:
+            action: the action payload sent.
+            request_id: its request id, to recognise its late answer (``None``: none).
+        """
+        self.unknown_steps.append(_encode(action))
+        self._unknown_ids.append(request_id)
+
+    def settle(self, request_id: str, response: dict[str, Any] | str | None) -> bool:
+        """The late answer of an unknown step arrived: record it or forget the step.
+
+        Args:
+            request_id: the answer's request id.
+            response: the observation's ``data`` (the step was applied), or ``None``
+                (the server answered with an error: it was not applied).
+
+        Returns:
+            whether ``request_id`` was one of the unknown steps.
+        """
+        try:
+            index = self._unknown_ids.index(request_id)
+        except ValueError:
+            return False
+        action = self.unknown_steps[index]
+        # The server answers in order: earlier unknown steps without an answer by now
+        # never got one (they cannot have been applied after this one).
+        del self.unknown_steps[:index + 1]
+        del self._unknown_ids[:index + 1]
+        if response is not None:
+            self.record_step(json.loads(action), response)
+        return True
+
+    def settle_count(self, applied: int) -> bool:
+        """Settle the unknown steps from the server's count of steps in this episode.
+
+        Args:
+            applied: steps the server says it applied since the reset.
+
+        Returns:
+            ``True`` if no unknown step is left: the count showed that none of them
+            was applied, so they are dropped. ``False`` if some were applied (their
+            answers are lost, so the journal still cannot be replayed) or the count
+            does not fit the journal.
+        """
+        if self.truncated or not self.unknown_steps:
+            return not self.unknown_steps
+        if applied == len(self.entries):
+            self.unknown_steps = []
+            self._unknown_ids = []
+            return True
+        return False
 
     def record_step(self, action: dict[str, Any], response: dict[str, Any] | str) -> None:
         """Append one applied step (or mark the journal truncated past the bound).
@@ -121,6 +196,8 @@ class EpisodeJournal:
             max_steps=self.max_steps,
             truncated=self.truncated,
             episode_id=self.episode_id,
+            unknown_steps=list(self.unknown_steps),
+            _unknown_ids=list(self._unknown_ids),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,4 +208,5 @@ class EpisodeJournal:
             "reset_response": self.reset_response,
             "steps": [{"action": e.action, "response": e.response} for e in self.entries],
             "truncated": self.truncated,
+            "unknown_steps": [json.loads(a) for a in self.unknown_steps],
         }

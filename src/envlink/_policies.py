@@ -1,10 +1,10 @@
 """Reconnect, retry-budget and session-recovery policies. No I/O.
 
-The reconnect loop is built on tenacity; delays come from a pure function of the
-attempt number (exponential backoff with full jitter), the server's
-``Retry-After`` is honoured, and a shared :class:`RetryBudget` (gRPC-style token
-bucket) stops a fleet of clients from stampeding a recovering server.
-:func:`set_testing` removes every wait, for tests.
+What a retry may do is decided here; how it is done is ``_retry.py`` (the one
+retry primitive, on tenacity). Delays are tenacity's exponential backoff with
+full jitter (``wait_random_exponential``), and a shared :class:`RetryBudget`
+(gRPC-style token bucket) stops a fleet of clients from stampeding a recovering
+server. :func:`set_testing` removes every wait, for tests.
 """
 
 from __future__ import annotations
@@ -12,19 +12,14 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-)
-from tenacity.stop import stop_base
+from tenacity import RetryCallState, wait_exponential, wait_random_exponential
+from tenacity.wait import wait_base
 
+from envlink._config import check_count, check_timeout
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -36,7 +31,6 @@ __all__ = [
     "ReconnectPolicy",
     "RetryBudget",
     "SessionLostPolicy",
-    "build_retrying",
     "is_retryable",
     "set_testing",
     "testing_enabled",
@@ -60,8 +54,11 @@ class RetryBudget:
     """
 
     def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1) -> None:
-        if max_tokens <= 0 or token_ratio <= 0:
-            raise ValueError("max_tokens and token_ratio must be positive")
+        for name, value in (("max_tokens", max_tokens), ("token_ratio", token_ratio)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         self.max_tokens = float(max_tokens)
         self.token_ratio = float(token_ratio)
         self._tokens = float(max_tokens)
@@ -94,7 +91,10 @@ class ReconnectPolicy:
     """How and how long to try (re)connecting.
 
     Attributes:
-        max_attempts: connection attempts per outage, the first included.
+        max_attempts: the most tries of any one retried operation, the first
+            included: opening a connection (per outage), sending one request,
+            resuming or replaying a session. Every try after the first is a retry
+            and spends a token of ``budget``.
         max_elapsed: give up after this many seconds of trying (``None``: no cap).
         initial_delay: cap of the first backoff delay, in seconds.
         max_delay: cap of any single delay.
@@ -117,22 +117,62 @@ class ReconnectPolicy:
     budget: RetryBudget | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1:
-            raise ValueError("delays must be >= 0 and multiplier >= 1")
+        check_count(self.max_attempts, "max_attempts", minimum=1)
+        check_timeout(self.max_elapsed, "max_elapsed")
+        for name in ("initial_delay", "max_delay", "stable_after"):
+            if check_timeout(getattr(self, name), name, allow_zero=True) is None:
+                raise TypeError(f"{name} must be a number of seconds, got None")
+        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, (int, float)):
+            raise TypeError(f"multiplier must be a number, got {type(self.multiplier).__name__}")
+        if not self.multiplier >= 1:
+            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
+        if self.jitter not in ("full", "none"):
+            raise ValueError(f"jitter must be 'full' or 'none', got {self.jitter!r}")
+        if self.budget is not None and not isinstance(self.budget, RetryBudget):
+            raise TypeError(f"budget must be a RetryBudget or None, "
+                            f"got {type(self.budget).__name__}")
+
+    def wait(self, rng: random.Random | None = None) -> wait_base:
+        """This policy's backoff as a tenacity wait strategy.
+
+        Full jitter is tenacity's ``wait_random_exponential`` (a delay drawn in
+        ``[0, min(max_delay, initial_delay * multiplier ** (n - 1))]`` before try
+        ``n + 1``); ``jitter="none"`` is ``wait_exponential`` (the cap itself).
+        ``rng`` draws the jitter from a given generator (reproducible delays).
+        """
+        cap: dict[str, float] = {"multiplier": self.initial_delay, "max": self.max_delay,
+                                 "exp_base": self.multiplier}
+        if self.jitter == "none":
+            return wait_exponential(**cap)
+        if rng is None:
+            return wait_random_exponential(**cap)
+        return _SeededJitter(rng, **cap)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Backoff before connection attempt ``attempt + 1`` (``attempt`` >= 1)."""
-        cap = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
-        if self.jitter == "none":
-            return cap
-        return (rng or random).uniform(0.0, cap)
+        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = attempt
+        return float(self.wait(rng)(state))
 
     def delays(self, rng: random.Random | None = None) -> Iterator[float]:
         """The successive delays of one outage (pure; for inspection and tests)."""
+        wait = self.wait(rng)
+        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         for attempt in range(1, self.max_attempts):
-            yield self.delay(attempt, rng)
+            state.attempt_number = attempt
+            yield float(wait(state))
+
+
+class _SeededJitter(wait_random_exponential):
+    """``wait_random_exponential`` drawing from a given ``random.Random``."""
+
+    def __init__(self, rng: random.Random, **cap: float) -> None:
+        super().__init__(**cap)
+        self._rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        high = wait_exponential.__call__(self, retry_state)
+        return self._rng.uniform(self.min, high)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -171,56 +211,3 @@ def set_testing(enabled: bool = True) -> Iterator[None]:
 def testing_enabled() -> bool:
     """Whether :func:`set_testing` currently removes backoff waits."""
     return _testing
-
-
-class _Wait:
-    def __init__(self, policy: ReconnectPolicy) -> None:
-        self.policy = policy
-
-    def __call__(self, state: RetryCallState) -> float:
-        delay = self.policy.delay(state.attempt_number)
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, HandshakeRejectedError) and exc.retry_after is not None:
-            # The server said when to come back; never earlier than that.
-            delay = max(delay, exc.retry_after)
-        return delay
-
-
-class _StopAfterElapsed(stop_base):
-    def __init__(self, max_elapsed: float) -> None:
-        self.max_elapsed = max_elapsed
-
-    def __call__(self, state: RetryCallState) -> bool:
-        # Also stop if the next wait would cross the cap, rather than sleeping
-        # past it only to give up.
-        upcoming = state.upcoming_sleep or 0.0
-        return (state.seconds_since_start or 0.0) + upcoming >= self.max_elapsed
-
-
-def build_retrying(
-    policy: ReconnectPolicy,
-    *,
-    sleep: Callable[[float], Awaitable[None]],
-    attempts_used: int = 0,
-    before_sleep: Callable[[RetryCallState], Awaitable[None] | None] | None = None,
-) -> AsyncRetrying:
-    """A tenacity ``AsyncRetrying`` for one outage under ``policy``.
-
-    Args:
-        policy: the reconnect policy.
-        sleep: the async sleep (the caller's I/O layer supplies it; this module has none).
-        attempts_used: attempts already spent on this outage (a flapping connection).
-        before_sleep: hook called before each backoff sleep (telemetry, logs).
-    """
-    remaining = max(1, policy.max_attempts - attempts_used)
-    stop: stop_base = stop_after_attempt(remaining)
-    if policy.max_elapsed is not None:
-        stop = stop | _StopAfterElapsed(policy.max_elapsed) | stop_after_delay(policy.max_elapsed)
-    return AsyncRetrying(
-        stop=stop,
-        wait=_Wait(policy),
-        retry=retry_if_exception(is_retryable),
-        sleep=sleep,
-        reraise=True,
-        before_sleep=before_sleep,
-    )

@@ -123,7 +123,9 @@ class Extensions:
 class _Request(BaseModel):
     # A vanilla OpenEnv server forbids extra envelope fields; these are only set
     # (and so only serialised) when the server negotiated the extension.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinities are serialised as the JavaScript constants here only so that
+    # encode_request can find and refuse them (pydantic's default would send null).
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     id: str | None = None
     traceparent: str | None = None
@@ -170,11 +172,22 @@ def encode_request(frame: ResetRequest | StepRequest | StateRequest | CloseReque
 
     Raises:
         TypeError: the frame's data holds a value JSON cannot represent.
+        ValueError: the frame's data holds NaN or an infinity (refused as
+            ``json.dumps(..., allow_nan=False)`` does, rather than sent as ``null``).
     """
     try:
-        return frame.model_dump_json(exclude_none=True)
+        text = frame.model_dump_json(exclude_none=True)
     except PydanticSerializationError as exc:
         raise TypeError(f"{frame.type} data is not JSON-serialisable: {exc}") from exc
+    if "NaN" in text or "Infinity" in text:
+        # Usually inside a string; parsing tells a real constant from text.
+        json.loads(text, parse_constant=lambda name: _refuse_constant(frame.type, name))
+    return text
+
+
+def _refuse_constant(frame_type: str, name: str) -> None:
+    raise ValueError(f"{frame_type} data holds {name}, which JSON cannot represent; "
+                     "replace it before sending (it would arrive as null)")
 
 
 def decode_request(raw: str | bytes) -> ResetRequest | StepRequest | StateRequest | CloseRequest:

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 
 if TYPE_CHECKING:
@@ -85,6 +85,8 @@ def _bridged(bridge: Bridge, client: Any, margin: float, method: str,
     if timeout is UNSET:
         wait = _default_wait(client, method, margin)
     elif _accepts_timeout(client, method, fn):
+        # Validated before the margin is added: the error names the caller's value.
+        timeout = check_timeout(timeout)
         kwargs = {**kwargs, "timeout": timeout}
         wait = None if timeout is None else timeout + margin
     else:
@@ -119,6 +121,10 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
 
     def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN) -> None:
+        margin = check_timeout(timeout_margin, "timeout_margin", allow_zero=True)
+        if margin is None:
+            raise TypeError("timeout_margin must be a number of seconds, not None")
+        timeout_margin = margin
         owns = bridge is None
         if bridge is None:
             bridge = Bridge(tracer_provider=getattr(client, "tracer_provider", None),

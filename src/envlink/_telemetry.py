@@ -1,4 +1,4 @@
-"""The one module that owns envlink's telemetry: names, tracer, meter, instruments.
+"""envlink's OpenTelemetry plumbing: tracer, meter and instruments, created once.
 
 Library code uses the OpenTelemetry *API* only. Tracer, meter and instruments are
 created once per (tracer provider, meter provider) pair and cached; with no SDK
@@ -6,8 +6,8 @@ configured they are the API's no-op (proxy) objects and cost close to nothing.
 Nothing here raises into the caller: a failing exporter or a bad attribute is
 swallowed, the caller's own exception always propagates untouched.
 
-The names below are a public contract (``docs/telemetry.md``): dashboards, alert
-rules and documentation refer to them.
+The names are a public contract and live in :mod:`envlink.names` (re-exported
+here for envlink's own modules).
 """
 
 from __future__ import annotations
@@ -32,140 +32,33 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from envlink import names
+from envlink.names import *  # noqa: F403 - the single list of names, re-exported
+from envlink.names import (
+    ATTR_ERROR_TYPE,
+    DURATION_BUCKETS,
+    METRIC_ATTEMPTS,
+    METRIC_BRIDGE_CALL_DURATION,
+    METRIC_BRIDGE_WAIT_DURATION,
+    METRIC_CALL_DURATION,
+    METRIC_CONNECT_DURATION,
+    METRIC_ERRORS,
+    METRIC_INFLIGHT,
+    METRIC_MESSAGE_SIZE,
+    METRIC_RECONNECTS,
+    METRIC_RECOVERIES,
+    RPC_DURATION_BUCKETS,
+    SCOPE_NAME,
+    SIZE_BUCKETS,
+)
+
 __all__ = [
-    "ATTR_ATTEMPT",
-    "ATTR_BRIDGE_QUEUE_WAIT",
-    "ATTR_BRIDGE_RUN_TIME",
-    "ATTR_DELAY",
-    "ATTR_EXTENSIONS",
-    "ATTR_QUEUE_WAIT",
-    "ATTR_REPLAY_STEPS",
-    "ATTR_RETRY",
-    "ATTR_DIRECTION",
-    "ATTR_EPISODE_ID",
-    "ATTR_ERROR_TYPE",
-    "ATTR_OUTCOME",
-    "ATTR_POLICY",
-    "ATTR_REASON",
-    "ATTR_RESULT",
-    "ATTR_RPC_METHOD",
-    "ATTR_RPC_SYSTEM",
-    "ATTR_SERVER_ADDRESS",
-    "ATTR_SERVER_PORT",
-    "ATTR_SESSION_ID",
-    "ATTR_STEP_INDEX",
-    "ATTR_TRANSPARENT",
-    "DURATION_BUCKETS",
-    "EVENT_RECONNECT_SCHEDULED",
-    "EVENT_SESSION_LOST",
-    "LOG_CALL_FAILED",
-    "LOG_CONNECT",
-    "LOG_CONNECTED",
-    "LOG_DISCONNECT",
-    "LOG_EVENTS",
-    "LOG_RECONNECT_SCHEDULED",
-    "LOG_REPLAY_DIVERGED",
-    "LOG_SESSION_LOST",
-    "LOG_SESSION_RECOVERED",
-    "METRIC_ATTEMPTS",
-    "METRIC_BRIDGE_CALL_DURATION",
-    "METRIC_BRIDGE_WAIT_DURATION",
-    "METRIC_CALL_DURATION",
-    "METRIC_ERRORS",
-    "METRIC_INFLIGHT",
-    "METRIC_MESSAGE_SIZE",
-    "METRIC_NAMES",
-    "METRIC_RECONNECTS",
-    "METRIC_RECOVERIES",
-    "RPC_SYSTEM",
-    "SCOPE_NAME",
-    "SIZE_BUCKETS",
-    "SPAN_BRIDGE_PREFIX",
-    "SPAN_CONNECT",
+    *names.__all__,
     "Telemetry",
     "error_type_of",
     "get_telemetry",
     "mark_error",
 ]
-
-SCOPE_NAME = "envlink"
-RPC_SYSTEM = "openenv"
-
-# Span and metric attribute names (OpenTelemetry semantic conventions where one exists).
-ATTR_RPC_SYSTEM = "rpc.system.name"
-ATTR_RPC_METHOD = "rpc.method"
-ATTR_SERVER_ADDRESS = "server.address"
-ATTR_SERVER_PORT = "server.port"
-ATTR_ERROR_TYPE = "error.type"
-ATTR_SESSION_ID = "envlink.session.id"
-ATTR_EPISODE_ID = "envlink.episode.id"
-ATTR_STEP_INDEX = "envlink.step.index"
-ATTR_ATTEMPT = "envlink.attempt"
-ATTR_TRANSPARENT = "envlink.retry.transparent"
-ATTR_OUTCOME = "envlink.outcome"
-ATTR_REASON = "envlink.reason"
-ATTR_DIRECTION = "envlink.direction"
-ATTR_POLICY = "envlink.recovery.policy"
-ATTR_RESULT = "envlink.recovery.result"
-ATTR_BRIDGE_QUEUE_WAIT = "envlink.bridge.queue_wait_s"
-ATTR_BRIDGE_RUN_TIME = "envlink.bridge.run_time_s"
-ATTR_QUEUE_WAIT = "envlink.queue_wait_s"
-ATTR_DELAY = "envlink.delay_s"
-ATTR_EXTENSIONS = "envlink.extensions"
-ATTR_REPLAY_STEPS = "envlink.replay.steps"
-#: On envlink.client.attempts: whether the attempt is a retry.
-ATTR_RETRY = "envlink.retry"
-
-# Metric names.
-METRIC_CALL_DURATION = "rpc.client.call.duration"
-METRIC_BRIDGE_WAIT_DURATION = "envlink.bridge.wait.duration"
-METRIC_BRIDGE_CALL_DURATION = "envlink.bridge.call.duration"
-METRIC_ATTEMPTS = "envlink.client.attempts"
-METRIC_RECONNECTS = "envlink.client.reconnects"
-METRIC_ERRORS = "envlink.client.errors"
-METRIC_INFLIGHT = "envlink.client.inflight"
-METRIC_MESSAGE_SIZE = "envlink.client.message.size"
-METRIC_RECOVERIES = "envlink.session.recoveries"
-#: Every metric envlink emits (the contract documented in docs/telemetry.md).
-METRIC_NAMES: tuple[str, ...] = (
-    METRIC_CALL_DURATION, METRIC_BRIDGE_WAIT_DURATION, METRIC_BRIDGE_CALL_DURATION,
-    METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
-    METRIC_MESSAGE_SIZE, METRIC_RECOVERIES,
-)
-
-# Span names: a protocol call's span is named for its method (``reset``, ``step``...),
-# a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
-SPAN_CONNECT = "connect"
-SPAN_BRIDGE_PREFIX = "envlink.bridge "
-#: Span event on a call's span when a reconnect is scheduled.
-EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
-#: Span event on a call's span when its session was lost and recovery starts.
-EVENT_SESSION_LOST = "envlink.session_lost"
-
-# structlog event names (logger ``envlink``).
-LOG_CONNECT = "envlink.connect"
-LOG_CONNECTED = "envlink.connected"
-LOG_DISCONNECT = "envlink.disconnect"
-LOG_RECONNECT_SCHEDULED = "envlink.reconnect_scheduled"
-LOG_CALL_FAILED = "envlink.call_failed"
-LOG_SESSION_LOST = "envlink.session_lost"
-LOG_SESSION_RECOVERED = "envlink.session_recovered"
-LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
-LOG_EVENTS: tuple[str, ...] = (
-    LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_RECONNECT_SCHEDULED, LOG_CALL_FAILED,
-    LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
-)
-
-#: Histogram boundaries in seconds. The SDK's defaults are meant for milliseconds
-#: and would put every envlink call in the first bucket.
-DURATION_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)
-#: Histogram boundaries in bytes for message sizes.
-SIZE_BUCKETS: tuple[float, ...] = (
-    64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 104857600,
-)
-
 
 def error_type_of(exc: BaseException) -> str:
     """Low-cardinality ``error.type`` for an exception.
@@ -210,6 +103,11 @@ class Telemetry:
         self.call_duration: Histogram = m.create_histogram(
             METRIC_CALL_DURATION, unit="s",
             description="Duration of envlink protocol calls, from the caller's view.",
+            explicit_bucket_boundaries_advisory=list(RPC_DURATION_BUCKETS),
+        )
+        self.connect_duration: Histogram = m.create_histogram(
+            METRIC_CONNECT_DURATION, unit="s",
+            description="Duration of connection attempts (WebSocket opening handshakes).",
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
         )
         self.bridge_wait_duration: Histogram = m.create_histogram(

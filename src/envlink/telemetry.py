@@ -37,112 +37,17 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 
+from envlink import names
 from envlink._logging import add_trace_context, configure_logging, trace_context
-from envlink._telemetry import (
-    ATTR_ATTEMPT,
-    ATTR_BRIDGE_QUEUE_WAIT,
-    ATTR_BRIDGE_RUN_TIME,
-    ATTR_DELAY,
-    ATTR_DIRECTION,
-    ATTR_EPISODE_ID,
-    ATTR_ERROR_TYPE,
-    ATTR_EXTENSIONS,
-    ATTR_OUTCOME,
-    ATTR_POLICY,
-    ATTR_QUEUE_WAIT,
-    ATTR_REASON,
-    ATTR_REPLAY_STEPS,
-    ATTR_RESULT,
-    ATTR_RETRY,
-    ATTR_RPC_METHOD,
-    ATTR_RPC_SYSTEM,
-    ATTR_SERVER_ADDRESS,
-    ATTR_SERVER_PORT,
-    ATTR_SESSION_ID,
-    ATTR_STEP_INDEX,
-    ATTR_TRANSPARENT,
-    DURATION_BUCKETS,
-    EVENT_RECONNECT_SCHEDULED,
-    EVENT_SESSION_LOST,
-    LOG_CALL_FAILED,
-    LOG_CONNECT,
-    LOG_CONNECTED,
-    LOG_DISCONNECT,
-    LOG_EVENTS,
-    LOG_RECONNECT_SCHEDULED,
-    LOG_REPLAY_DIVERGED,
-    LOG_SESSION_LOST,
-    LOG_SESSION_RECOVERED,
-    METRIC_ATTEMPTS,
-    METRIC_BRIDGE_CALL_DURATION,
-    METRIC_BRIDGE_WAIT_DURATION,
-    METRIC_CALL_DURATION,
-    METRIC_ERRORS,
-    METRIC_INFLIGHT,
-    METRIC_MESSAGE_SIZE,
-    METRIC_NAMES,
-    METRIC_RECONNECTS,
-    METRIC_RECOVERIES,
-    RPC_SYSTEM,
-    SCOPE_NAME,
-    SIZE_BUCKETS,
-    SPAN_BRIDGE_PREFIX,
-    SPAN_CONNECT,
-)
+from envlink._telemetry_client import ClientTelemetryHook
+from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 __all__ = [
-    "ATTR_ATTEMPT",
-    "ATTR_BRIDGE_QUEUE_WAIT",
-    "ATTR_BRIDGE_RUN_TIME",
-    "ATTR_DELAY",
-    "ATTR_EXTENSIONS",
-    "ATTR_QUEUE_WAIT",
-    "ATTR_REPLAY_STEPS",
-    "ATTR_RETRY",
-    "ATTR_DIRECTION",
-    "ATTR_EPISODE_ID",
-    "ATTR_ERROR_TYPE",
-    "ATTR_OUTCOME",
-    "ATTR_POLICY",
-    "ATTR_REASON",
-    "ATTR_RESULT",
-    "ATTR_RPC_METHOD",
-    "ATTR_RPC_SYSTEM",
-    "ATTR_SERVER_ADDRESS",
-    "ATTR_SERVER_PORT",
-    "ATTR_SESSION_ID",
-    "ATTR_STEP_INDEX",
-    "ATTR_TRANSPARENT",
-    "DURATION_BUCKETS",
-    "EVENT_RECONNECT_SCHEDULED",
-    "EVENT_SESSION_LOST",
-    "LOG_CALL_FAILED",
-    "LOG_CONNECT",
-    "LOG_CONNECTED",
-    "LOG_DISCONNECT",
-    "LOG_EVENTS",
-    "LOG_RECONNECT_SCHEDULED",
-    "LOG_REPLAY_DIVERGED",
-    "LOG_SESSION_LOST",
-    "LOG_SESSION_RECOVERED",
-    "METRIC_ATTEMPTS",
-    "METRIC_BRIDGE_CALL_DURATION",
-    "METRIC_BRIDGE_WAIT_DURATION",
-    "METRIC_CALL_DURATION",
-    "METRIC_ERRORS",
-    "METRIC_INFLIGHT",
-    "METRIC_MESSAGE_SIZE",
-    "METRIC_NAMES",
-    "METRIC_RECONNECTS",
-    "METRIC_RECOVERIES",
-    "RPC_SYSTEM",
-    "SCOPE_NAME",
-    "SIZE_BUCKETS",
-    "SPAN_BRIDGE_PREFIX",
-    "SPAN_CONNECT",
+    *names.__all__,
+    "ClientTelemetryHook",
     "OtlpProtocol",
     "TelemetryHandle",
     "add_trace_context",
@@ -466,10 +371,58 @@ def _start_prometheus(host: str, port: int) -> tuple[MetricReader, WSGIServer]:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as exc:
         raise _missing_extra("prometheus", "the Prometheus endpoint", exc) from exc
+
+    class _ScrapeOnlyReader(PrometheusMetricReader):
+        """The exporter's reader, collected by one scrape at a time and by scrapes only.
+
+        The exporter queues every collection it receives and renders each queued
+        snapshot as a full set of families, so a collection that no scrape asked for
+        (``force_flush()``, which collects every reader) or two scrapes collecting at
+        once (an HA pair of Prometheus servers) would put every family twice into
+        one exposition. Here a scrape holds a lock for its whole collection and only
+        the collection made by the scraping thread reaches the exporter; others are
+        dropped, which loses nothing: temporality is cumulative, so the next scrape's
+        snapshot contains everything.
+        """
+
+        def __init__(self) -> None:
+            # The exporter's collector lives in a registry of its own, read only by
+            # :meth:`scrape`; the served registry holds the serialising collector.
+            self._exporter_registry = CollectorRegistry()
+            self._scrape_lock = threading.Lock()
+            self._scraping_thread: int | None = None
+            super().__init__(registry=self._exporter_registry)
+
+        def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000,
+                             **kwargs: Any) -> None:
+            if self._scraping_thread == threading.get_ident():
+                super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
+
+        def collect_for_scrape(self) -> list[Any]:
+            with self._scrape_lock:
+                self._scraping_thread = threading.get_ident()
+                try:
+                    return list(self._exporter_registry.collect())
+                finally:
+                    self._scraping_thread = None
+
+    class _SerialisedCollector:
+        """What the served registry collects: the reader, one scrape at a time."""
+
+        def __init__(self, reader: _ScrapeOnlyReader) -> None:
+            self._reader = reader
+
+        def describe(self) -> list[Any]:
+            return []  # no collection when registered: nothing is set up yet
+
+        def collect(self) -> list[Any]:
+            return self._reader.collect_for_scrape()
+
     # A registry of our own: several handles (tests, libraries) never collide on
     # prometheus_client's global registry, and the endpoint shows envlink's metrics.
-    registry = CollectorRegistry(auto_describe=True)
-    reader = PrometheusMetricReader(registry=registry)
+    registry = CollectorRegistry()
+    reader = _ScrapeOnlyReader()
+    registry.register(_SerialisedCollector(reader))
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -36,12 +38,23 @@ async def test_deadline_during_a_stall_is_prompt_and_next_call_is_clean(
         elapsed = time.perf_counter() - start
         assert isinstance(info.value, TimeoutError)
         assert info.value.method == "step"
+        assert info.value.outcome_unknown  # the frame was sent: the server may have run it
         assert 0.2 <= elapsed < 0.25, elapsed
-        # The stalled step never ran; the next step gets its own answer (replayed
-        # onto a new session on the plain protocol, same session with extensions).
+        if not any_server.extensions:
+            # The plain protocol cannot learn whether the stalled step ran: replaying
+            # without it could silently diverge, so the episode is lost, and says why.
+            with pytest.raises(SessionLostError, match="unknown outcome") as lost:
+                await env.step({"message": "two"}, timeout=5)
+            assert lost.value.journal is not None
+            assert [json.loads(a) for a in lost.value.journal.unknown_steps] == [
+                {"message": "stalled"}]
+            return
+        # With extensions the old session's own count shows the stalled step never ran;
+        # the next step gets its own answer, replayed onto a new session.
         got = await env.step({"message": "two"}, timeout=5)
         assert got.observation["echoed_message"] == "two"
         assert (await env.state())["step_count"] == 2
+        assert env.journal.unknown_steps == []
     finally:
         any_server.unstall_all()
         await env.close()
@@ -145,8 +158,14 @@ async def test_deadline_while_sending_a_large_frame_never_shifts_answers(
     env = GenericEnvClient(plain_server.url, on_session_lost="replay")
     try:
         await env.reset()
-        with pytest.raises(CallTimeoutError):
+        with pytest.raises(CallTimeoutError) as info:
             await env.step({"message": "x" * (12 * 1024 * 1024)}, timeout=0.01)
+        assert info.value.outcome_unknown
+        # The big step may have run: replay would be a guess, so the episode is lost
+        # (loudly); the next episode gets its own answers, none shifted.
+        with pytest.raises(SessionLostError, match="unknown outcome"):
+            await env.step({"message": "second"}, timeout=10)
+        await env.reset(timeout=10)
         for word in ("second", "third"):
             got = await env.step({"message": word}, timeout=10)
             assert got.observation["echoed_message"] == word
@@ -204,3 +223,56 @@ async def test_an_abandoned_session_does_not_hold_a_server_slot() -> None:
             assert srv.counter("session.destroyed") == 1
         finally:
             await env.close()
+
+
+@pytest.mark.parametrize("policy", ["raise", "replay", "resume"])
+async def test_health_check_cut_by_a_deadline_leaves_the_connection_suspect(
+        server: EnvServer, policy: str) -> None:
+    """A probe cut short by a caller's deadline keeps the connection suspect: the next
+    call probes again and fails over after the probe time, not its whole deadline."""
+    env = GenericEnvClient(server.url, on_session_lost=policy)  # type: ignore[arg-type]
+    try:
+        await env.reset()
+        server.faults.stall_after = 2  # reset=1, this step=2: the server stops reading
+        for _ in range(2):  # the first times out on the stall, the second during the ping
+            with pytest.raises(CallTimeoutError):
+                await env.step({"message": "stalled"}, timeout=0.3)
+        start = time.perf_counter()
+        with contextlib.suppress(SessionLostError):
+            await env.step({"message": "after"}, timeout=5)
+        elapsed = time.perf_counter() - start
+        # The probe waits at most 2 s; then the dead connection is given up at once.
+        assert elapsed < 3.5, elapsed
+    finally:
+        server.unstall_all()
+        await env.close()
+
+
+async def _timed_step(env: GenericEnvClient, timeout: float) -> float:
+    start = time.perf_counter()
+    with contextlib.suppress(CallTimeoutError):
+        await env.step({"message": "x"}, timeout=timeout)
+    return time.perf_counter() - start
+
+
+@pytest.mark.timeout(90)
+async def test_concurrent_deadlines_are_kept_when_the_answer_is_late(
+        server: EnvServer) -> None:
+    """Two concurrent step(timeout=0.3) against a server answering 0.5 s late: every call
+    returns near its deadline, run after run (a swallowed cancellation made the call send
+    its step anyway and return after about 1 s)."""
+    late: list[float] = []
+    for _ in range(60):
+        env = GenericEnvClient(server.url)
+        try:
+            await env.reset()
+            server.faults.latency = 0.5
+            times = await asyncio.gather(_timed_step(env, 0.3), _timed_step(env, 0.3))
+            # deadline + 100 ms is the target; 200 ms of slack here absorbs scheduling
+            # delays on a loaded machine (the server shares this event loop), far
+            # below the 0.7 s a swallowed cancellation costs.
+            late.extend(t for t in times if t > 0.5)
+        finally:
+            server.faults.latency = 0.0
+            await env.close(timeout=0.5)
+    assert late == [], late

@@ -12,8 +12,10 @@ import pytest
 
 from envlink import (
     CallTimeoutError,
+    CapacityReachedError,
     ConnectionLostError,
     GenericEnvClient,
+    ProtocolError,
     ReconnectPolicy,
     ReplayDivergedError,
     ServerError,
@@ -333,3 +335,82 @@ async def test_flapping_is_reported_once_then_the_client_recovers() -> None:
 async def plain_det() -> AsyncIterator[EnvServer]:
     async with EnvServer(env="deterministic", extensions=False) as srv:
         yield srv
+
+
+async def _lose_the_first_connection(srv: EnvServer, env: GenericEnvClient) -> None:
+    """An episode of four steps whose connection the server then drops."""
+    await env.reset(seed=4, max_steps=100)
+    for m in MOVES[:4]:
+        await env.step({"move": m})
+    srv.connections[0].abort()
+    await srv.wait_for_disconnect(1)
+
+
+def _assert_lost_with_the_journal(lost: SessionLostError, cause: type[Exception]) -> None:
+    assert not isinstance(lost, ReplayDivergedError), lost
+    assert isinstance(lost.__cause__, cause), repr(lost.__cause__)
+    assert lost.journal is not None
+    assert lost.journal.reset_kwargs == {"seed": 4, "max_steps": 100}
+    assert [e.action for e in lost.journal.entries] == [{"move": m} for m in MOVES[:4]]
+
+
+async def test_replay_meeting_a_full_server_raises_session_lost_with_the_journal() -> None:
+    """A replay refused for capacity is SessionLostError (journal, CapacityReachedError as
+    cause), and the episode is lost consistently: the next step says so too."""
+    async with EnvServer(env="deterministic", extensions=False, max_sessions=1) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="replay")
+        other = GenericEnvClient(srv.url)
+        try:
+            await _lose_the_first_connection(srv, env)
+            await other.reset()  # takes the only slot
+            with pytest.raises(SessionLostError) as info:
+                await env.step({"move": 1})
+            _assert_lost_with_the_journal(info.value, CapacityReachedError)
+            with pytest.raises(SessionLostError, match="call reset"):
+                await env.step({"move": 1})
+        finally:
+            await other.close()
+            await env.close()
+
+
+@pytest.mark.parametrize("extensions", [True, False], ids=["extensions", "plain"])
+async def test_replay_meeting_a_corrupt_frame_raises_session_lost_with_the_journal(
+        extensions: bool) -> None:
+    """A replay cut by a protocol error is SessionLostError carrying the journal."""
+    async with EnvServer(env="deterministic", extensions=extensions) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="replay")
+        try:
+            await _lose_the_first_connection(srv, env)
+            task = asyncio.ensure_future(env.step({"move": 1}))
+            # With extensions the old session is released first (one more connection).
+            replaying = await srv.wait_for_connection(3 if extensions else 2)
+            replaying.faults.corrupt_frames = 1
+            replaying.faults.corrupt_kind = "unknown_type"
+            with pytest.raises(SessionLostError) as info:
+                await task
+            _assert_lost_with_the_journal(info.value, ProtocolError)
+            with pytest.raises(SessionLostError, match="call reset"):
+                await env.step({"move": 1})
+        finally:
+            await env.close()
+
+
+@pytest.mark.parametrize("extensions", [True, False], ids=["extensions", "plain"])
+async def test_replay_meeting_an_error_frame_is_not_a_divergence(extensions: bool) -> None:
+    """An error frame answering the replayed reset is SessionLostError caused by the
+    ServerError, not ReplayDivergedError("replay of step -1 ...")."""
+    async with EnvServer(env="deterministic", extensions=extensions) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="replay")
+        try:
+            await _lose_the_first_connection(srv, env)
+            task = asyncio.ensure_future(env.step({"move": 1}))
+            replaying = await srv.wait_for_connection(3 if extensions else 2)
+            replaying.faults.error_frames = 1
+            replaying.faults.error_code = "CAPACITY_REACHED"
+            with pytest.raises(SessionLostError) as info:
+                await task
+            _assert_lost_with_the_journal(info.value, ServerError)
+            with pytest.raises(SessionLostError, match="call reset"):
+                await env.step({"move": 1})
+        finally:
+            await env.close()

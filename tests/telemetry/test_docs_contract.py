@@ -17,14 +17,22 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from envlink._telemetry import METRIC_NAMES, Telemetry
+from envlink._telemetry import (
+    DURATION_BUCKETS,
+    METRIC_CALL_DURATION,
+    METRIC_CONNECT_DURATION,
+    METRIC_NAMES,
+    RPC_DURATION_BUCKETS,
+    Telemetry,
+)
 
 from .conftest import Episode
 
 pytestmark = pytest.mark.timeout(30)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
-_METHODS = "connect|reset|step|state|disconnect|close"
+#: The client's protocol calls (``connect()`` is not one: it has its own rows).
+_METHODS = "reset|step|state|disconnect|close"
 
 
 def _table(heading: str) -> list[list[str]]:
@@ -63,7 +71,7 @@ def _documented_spans() -> list[tuple[re.Pattern[str], str, set[str]]]:
     rows = []
     for name, kind, _parent, attrs in _table("## Spans"):
         (pattern,) = _ticks(name)
-        regex = re.escape(pattern).replace(re.escape("<method>"), rf"({_METHODS}|\w+)" if
+        regex = re.escape(pattern).replace(re.escape("<method>"), r"(\w+)" if
                                            pattern.startswith("envlink.bridge") else
                                            f"({_METHODS})")
         regex = regex.replace(re.escape("<frame>"), r"\w+")
@@ -182,6 +190,7 @@ _NOT_PROVOKED = {
     "envlink.peer_unresponsive": "needs a stalled peer after a kept timeout",
     "envlink.unattributable_frame": "needs a late corrupt answer to a timed-out call",
     "envlink.session_release_failed": "needs a server that refuses to end a session",
+    "envlink.unknown_step_settled": "needs a step cut by a deadline after it was sent",
 }
 
 
@@ -203,3 +212,80 @@ def test_emitted_log_events_are_documented(scripted_episode: Episode) -> None:
     assert all(re.fullmatch(r"[0-9a-f]{32}", e.get("trace_id", "")) and
                re.fullmatch(r"[0-9a-f]{16}", e.get("span_id", ""))
                for e in scripted_episode.logs)
+
+
+#: The semantic conventions' advisory buckets for rpc.client.call.duration (semconv 1.40).
+_SEMCONV_RPC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
+                        7.5, 10)
+
+
+def _metric(episode: Episode, name: str) -> Any:
+    (metric,) = [m for m in episode.metrics if m.name == name]
+    return metric
+
+
+def test_call_duration_follows_the_rpc_conventions(scripted_episode: Episode) -> None:
+    """rpc.client.call.duration: semconv buckets, server.address/port, status of failures."""
+    metric = _metric(scripted_episode, METRIC_CALL_DURATION)
+    points = metric.data.data_points
+    assert tuple(RPC_DURATION_BUCKETS) == _SEMCONV_RPC_BUCKETS
+    for point in points:
+        assert tuple(point.explicit_bounds) == _SEMCONV_RPC_BUCKETS
+        attrs = point.attributes
+        assert attrs["rpc.system.name"] == "openenv"
+        assert attrs["server.address"] == "127.0.0.1"
+        assert attrs["server.port"] == scripted_episode.server_port
+        assert attrs["rpc.method"] != "connect", "connecting is not an RPC method"
+        assert ("error.type" in attrs) == (attrs["envlink.outcome"] != "ok")
+    failed = [p.attributes for p in points if p.attributes["envlink.outcome"] == "error"]
+    # The injected error frame: error.type and the server's status code.
+    assert {"error.type": "server_error", "rpc.response.status_code": "EXECUTION_ERROR"}.items() \
+        <= next(a for a in failed if "rpc.response.status_code" in a).items()
+    # The documented bucket lists are the constants.
+    text = DOCS.read_text(encoding="utf-8")
+    assert ", ".join(f"{b:g}" for b in RPC_DURATION_BUCKETS) in " ".join(text.split())
+    assert ", ".join(f"{b:g}" for b in DURATION_BUCKETS) in " ".join(text.split())
+
+
+def test_connection_attempts_have_their_own_histogram(scripted_episode: Episode) -> None:
+    """Connection attempts, ok and failed (a refused upgrade), go to the connect histogram."""
+    metric = _metric(scripted_episode, METRIC_CONNECT_DURATION)
+    outcomes = {(p.attributes["envlink.reason"], p.attributes["envlink.outcome"],
+                 p.attributes.get("error.type")) for p in metric.data.data_points}
+    assert ("connect", "ok", None) in outcomes
+    assert any(outcome == "error" and etype == "handshake_rejected"
+               for _reason, outcome, etype in outcomes), outcomes
+    assert {"replay", "resume"} <= {reason for reason, _o, _e in outcomes}
+    # Connect attempt spans are not RPC spans.
+    for span in scripted_episode.spans:
+        if span.name == "connect":
+            assert not any(k.startswith("rpc.") for k in (span.attributes or {})), span
+
+
+def test_failed_spans_record_an_exception_event(scripted_episode: Episode) -> None:
+    """Every span envlink marks failed has ERROR status, error.type and an exception event."""
+    failed = [s for s in scripted_episode.spans if "error.type" in (s.attributes or {})]
+    assert failed
+    for span in failed:
+        assert span.status.status_code.name == "ERROR", span.name
+        events = [e for e in span.events if e.name == "exception"]
+        assert events, f"{span.name}: no exception event"
+        assert {"exception.type", "exception.message"} <= set(events[0].attributes or {})
+
+
+def test_the_names_module_is_the_documented_list() -> None:
+    """envlink.names lists exactly the documented metrics, log events and span events,
+    and envlink.telemetry re-exports it rather than keeping a copy."""
+    import envlink._telemetry
+    import envlink.telemetry
+    from envlink import names
+
+    assert set(names.METRIC_NAMES) == set(_documented_metrics())
+    logs = {_ticks(name)[0] for name, _level, _keys, _when in _table("## Log events")}
+    assert set(names.LOG_EVENTS) == logs
+    span_events = {_ticks(name)[0] for name, _on, _attrs in _table("### Span events")}
+    assert set(names.SPAN_EVENTS) == span_events
+    for module in (envlink.telemetry, envlink._telemetry):
+        assert set(names.__all__) <= set(module.__all__)
+        for name in names.__all__:
+            assert getattr(module, name) is getattr(names, name)

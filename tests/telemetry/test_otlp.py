@@ -44,7 +44,7 @@ def _check(receiver: Receiver) -> None:
             if m.name == "rpc.client.call.duration")
     assert hist.unit == "s"
     point = hist.histogram.data_points[0]
-    assert list(point.explicit_bounds)[:3] == [0.0005, 0.001, 0.0025]  # seconds buckets
+    assert list(point.explicit_bounds)[:3] == [0.005, 0.01, 0.025]  # semconv seconds buckets
 
 
 def test_otlp_http_export(otlp_http_receiver: Receiver) -> None:

@@ -19,7 +19,8 @@ from envlink import (
     _policies,
     set_testing,
 )
-from envlink._policies import _Wait, build_retrying, is_retryable
+from envlink._policies import is_retryable
+from envlink._retry import Retry, _HonourRetryAfter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,7 +49,7 @@ def test_retry_after_is_never_undercut() -> None:
     state.attempt_number = 1
     state.set_exception((HandshakeRejectedError, HandshakeRejectedError(503, retry_after=7.0),
                          None))
-    assert _Wait(policy)(state) == 7.0
+    assert _HonourRetryAfter(policy.wait())(state) == 7.0
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,7 @@ def test_set_testing_is_a_restoring_context_manager() -> None:
     assert not _policies.testing_enabled()
 
 
-async def test_build_retrying_stops_after_max_attempts_and_reraises() -> None:
+async def test_retry_stops_after_max_attempts_and_reraises() -> None:
     """The tenacity loop tries max_attempts times, sleeps between, and re-raises the last error."""
     slept: list[float] = []
 
@@ -122,29 +123,34 @@ async def test_build_retrying_stops_after_max_attempts_and_reraises() -> None:
         slept.append(seconds)
 
     calls = 0
-    retrying = build_retrying(ReconnectPolicy(max_attempts=3, jitter="none", initial_delay=0.1),
-                              sleep=sleep)
-    with pytest.raises(ConnectError, match="refused 3"):
-        async for attempt in retrying:
-            with attempt:
-                calls += 1
-                raise ConnectError(f"refused {calls}")
+
+    async def attempt(number: int) -> None:
+        nonlocal calls
+        calls += 1
+        assert number == calls
+        raise ConnectError(f"refused {calls}")
+
+    with set_testing(False), pytest.raises(ConnectError, match="refused 3"):
+        await Retry(ReconnectPolicy(max_attempts=3, jitter="none", initial_delay=0.1),
+                    operation="connect", sleep=sleep).run(attempt)
     assert calls == 3
     assert slept == [0.1, 0.2]
 
 
-async def test_build_retrying_does_not_retry_fatal_errors() -> None:
+async def test_retry_does_not_retry_fatal_errors() -> None:
     """A fatal error (HTTP 403) ends the loop at once."""
     calls = 0
 
     async def sleep(seconds: float) -> None:
         raise AssertionError("must not sleep")
 
+    async def attempt(number: int) -> None:
+        nonlocal calls
+        calls += 1
+        raise HandshakeRejectedError(403)
+
     with pytest.raises(HandshakeRejectedError):
-        async for attempt in build_retrying(ReconnectPolicy(), sleep=sleep):
-            with attempt:
-                calls += 1
-                raise HandshakeRejectedError(403)
+        await Retry(ReconnectPolicy(), operation="connect", sleep=sleep).run(attempt)
     assert calls == 1
 
 

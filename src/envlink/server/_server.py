@@ -918,6 +918,10 @@ def _fail(span: Span | None, error_type: str, description: str) -> None:
         return
     with contextlib.suppress(Exception):
         span.set_attribute(ATTR_ERROR_TYPE, error_type)
+        # The failure is an answer, not always a Python exception: the conventions'
+        # exception event, with what the client is told.
+        span.add_event("exception", {"exception.type": error_type,
+                                     "exception.message": description[:256]})
         span.set_status(Status(StatusCode.ERROR, description[:256]))
 
 

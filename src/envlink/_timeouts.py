@@ -1,0 +1,107 @@
+"""Deadlines that never swallow a caller's cancellation, and timeout validation.
+
+``asyncio.wait_for`` must not be used in envlink: on Python 3.11 it returns the
+inner result when the caller's cancellation (or an enclosing deadline, which is a
+cancellation too) arrives in the same loop iteration as that result, and the
+cancellation is lost. :func:`bounded` is the replacement (``asyncio.timeout`` on
+3.11+, an equivalent on 3.10) and :func:`deadline` the per-call form raising
+:class:`~envlink.CallTimeoutError`. (The one validation of every ``timeout=`` envlink
+accepts is :func:`envlink._config.check_timeout`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+
+from envlink._errors import CallTimeoutError
+
+__all__ = ["bounded", "deadline"]
+
+
+class _Expiry:
+    """Whether a :func:`bounded` block's own deadline expired."""
+
+    __slots__ = ("fired",)
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def expired(self) -> bool:
+        """``True`` once the deadline has expired."""
+        return self.fired
+
+
+if sys.version_info >= (3, 11):
+
+    @contextlib.asynccontextmanager
+    async def bounded(seconds: float | None) -> AsyncIterator[_Expiry]:
+        """Cancel the block after ``seconds`` and raise :class:`TimeoutError`.
+
+        A cancellation from outside (the caller's, or an enclosing deadline's) is
+        always passed on, even when it coincides with the block finishing.
+        """
+        expiry = _Expiry()
+        try:
+            async with asyncio.timeout(seconds) as cm:
+                yield expiry
+        except TimeoutError:
+            expiry.fired = cm.expired()
+            raise
+
+else:  # pragma: no cover - exercised on Python 3.10 only
+
+    _EXPIRED = "envlink: deadline expired"
+
+    @contextlib.asynccontextmanager
+    async def bounded(seconds: float | None) -> AsyncIterator[_Expiry]:
+        """Cancel the block after ``seconds`` and raise :class:`TimeoutError`.
+
+        A cancellation from outside is passed on: only a cancellation carrying this
+        deadline's own message becomes a :class:`TimeoutError` (a later ``cancel()``
+        by anyone else replaces the message on 3.10, so it is never mistaken for ours).
+        """
+        expiry = _Expiry()
+        if seconds is None:
+            yield expiry
+            return
+        task = asyncio.current_task()
+        assert task is not None
+
+        def expire() -> None:
+            expiry.fired = True
+            task.cancel(_EXPIRED)
+
+        handle = asyncio.get_running_loop().call_later(seconds, expire)
+        try:
+            yield expiry
+        except asyncio.CancelledError as exc:
+            if expiry.fired and exc.args == (_EXPIRED,):
+                raise TimeoutError from exc
+            raise
+        finally:
+            handle.cancel()
+
+
+@contextlib.asynccontextmanager
+async def deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
+    """A call's deadline: :class:`~envlink.CallTimeoutError` when it expires.
+
+    Raises:
+        CallTimeoutError: the deadline expired inside the block.
+    """
+    if seconds is None:
+        yield
+        return
+    expiry: _Expiry | None = None
+    try:
+        async with bounded(seconds) as expiry:
+            yield
+    except TimeoutError as exc:
+        if expiry is None or not expiry.expired() or isinstance(exc, CallTimeoutError):
+            raise  # not this deadline's
+        raise CallTimeoutError(
+            f"{method} did not complete within {seconds:g} s", method=method, timeout=seconds,
+        ) from exc

@@ -1,0 +1,200 @@
+"""The names envlink's telemetry uses: the single list, and a public contract.
+
+Span, metric, attribute, span-event and log-event names, and histogram buckets,
+as documented in ``docs/telemetry.md`` (whose contract test checks this module):
+dashboards, alert rules and documentation refer to them. Semantic-convention
+constants are used where a stable one exists. ``envlink.telemetry`` re-exports
+everything here; this module imports no OpenTelemetry API or SDK, so reading a
+name costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
+
+__all__ = [
+    "ATTR_ATTEMPT",
+    "ATTR_BRIDGE_QUEUE_WAIT",
+    "ATTR_BRIDGE_RUN_TIME",
+    "ATTR_DELAY",
+    "ATTR_DIRECTION",
+    "ATTR_EPISODE_ID",
+    "ATTR_ERROR_TYPE",
+    "ATTR_EXTENSIONS",
+    "ATTR_OUTCOME",
+    "ATTR_POLICY",
+    "ATTR_QUEUE_WAIT",
+    "ATTR_REASON",
+    "ATTR_REPLAY_STEPS",
+    "ATTR_RESULT",
+    "ATTR_RETRY",
+    "ATTR_RPC_METHOD",
+    "ATTR_RPC_STATUS_CODE",
+    "ATTR_RPC_SYSTEM",
+    "ATTR_SERVER_ADDRESS",
+    "ATTR_SERVER_PORT",
+    "ATTR_SESSION_ID",
+    "ATTR_STEP_INDEX",
+    "ATTR_TRANSPARENT",
+    "DURATION_BUCKETS",
+    "EVENT_EXCEPTION",
+    "EVENT_RECONNECT_SCHEDULED",
+    "EVENT_SESSION_LOST",
+    "HOOK_RECONNECT",
+    "HOOK_RECOVERY_FINISHED",
+    "LOG_CALL_FAILED",
+    "LOG_CLIENT_CLOSED",
+    "LOG_CONNECT",
+    "LOG_CONNECTED",
+    "LOG_CONNECTION_DISCARDED",
+    "LOG_DISCONNECT",
+    "LOG_EVENTS",
+    "LOG_PEER_UNRESPONSIVE",
+    "LOG_RECONNECT_SCHEDULED",
+    "LOG_REPLAY_DIVERGED",
+    "LOG_SESSION_LOST",
+    "LOG_SESSION_RECOVERED",
+    "LOG_SESSION_RELEASE_FAILED",
+    "LOG_STALE_ANSWER_DROPPED",
+    "LOG_UNKNOWN_STEP_SETTLED",
+    "LOG_UNATTRIBUTABLE_FRAME",
+    "METRIC_ATTEMPTS",
+    "METRIC_BRIDGE_CALL_DURATION",
+    "METRIC_BRIDGE_WAIT_DURATION",
+    "METRIC_CALL_DURATION",
+    "METRIC_CONNECT_DURATION",
+    "METRIC_ERRORS",
+    "METRIC_INFLIGHT",
+    "METRIC_MESSAGE_SIZE",
+    "METRIC_NAMES",
+    "METRIC_RECONNECTS",
+    "METRIC_RECOVERIES",
+    "OUTCOME_CANCELLED",
+    "OUTCOME_ERROR",
+    "OUTCOME_OK",
+    "OUTCOME_TIMEOUT",
+    "RPC_DURATION_BUCKETS",
+    "RPC_SYSTEM",
+    "SCOPE_NAME",
+    "SIZE_BUCKETS",
+    "SPAN_BRIDGE_PREFIX",
+    "SPAN_CONNECT",
+    "SPAN_EVENTS",
+]
+
+SCOPE_NAME = "envlink"
+RPC_SYSTEM = "openenv"
+
+# Span and metric attribute names: the semantic conventions' constants where a stable
+# one exists; the RPC ones are still incubating in the semconv package, so they are
+# spelled out (as of semconv 1.40: rpc.system.name, rpc.method, rpc.response.status_code).
+ATTR_RPC_SYSTEM = "rpc.system.name"
+ATTR_RPC_METHOD = "rpc.method"
+#: The status a failed call's server answered with (its error frame's code).
+ATTR_RPC_STATUS_CODE = "rpc.response.status_code"
+ATTR_SERVER_ADDRESS: Final = SERVER_ADDRESS
+ATTR_SERVER_PORT: Final = SERVER_PORT
+ATTR_ERROR_TYPE: Final = ERROR_TYPE
+ATTR_SESSION_ID = "envlink.session.id"
+ATTR_EPISODE_ID = "envlink.episode.id"
+ATTR_STEP_INDEX = "envlink.step.index"
+ATTR_ATTEMPT = "envlink.attempt"
+ATTR_TRANSPARENT = "envlink.retry.transparent"
+ATTR_OUTCOME = "envlink.outcome"
+ATTR_REASON = "envlink.reason"
+ATTR_DIRECTION = "envlink.direction"
+ATTR_POLICY = "envlink.recovery.policy"
+ATTR_RESULT = "envlink.recovery.result"
+ATTR_BRIDGE_QUEUE_WAIT = "envlink.bridge.queue_wait_s"
+ATTR_BRIDGE_RUN_TIME = "envlink.bridge.run_time_s"
+ATTR_QUEUE_WAIT = "envlink.queue_wait_s"
+ATTR_DELAY = "envlink.delay_s"
+ATTR_EXTENSIONS = "envlink.extensions"
+ATTR_REPLAY_STEPS = "envlink.replay.steps"
+#: On envlink.client.attempts: whether the attempt is a retry.
+ATTR_RETRY = "envlink.retry"
+
+# Metric names.
+METRIC_CALL_DURATION = "rpc.client.call.duration"
+#: Connection attempts (WebSocket upgrades); connecting is not an RPC method.
+METRIC_CONNECT_DURATION = "envlink.client.connect.duration"
+METRIC_BRIDGE_WAIT_DURATION = "envlink.bridge.wait.duration"
+METRIC_BRIDGE_CALL_DURATION = "envlink.bridge.call.duration"
+METRIC_ATTEMPTS = "envlink.client.attempts"
+METRIC_RECONNECTS = "envlink.client.reconnects"
+METRIC_ERRORS = "envlink.client.errors"
+METRIC_INFLIGHT = "envlink.client.inflight"
+METRIC_MESSAGE_SIZE = "envlink.client.message.size"
+METRIC_RECOVERIES = "envlink.session.recoveries"
+#: Every metric envlink emits (the contract documented in docs/telemetry.md).
+METRIC_NAMES: tuple[str, ...] = (
+    METRIC_CALL_DURATION, METRIC_CONNECT_DURATION, METRIC_BRIDGE_WAIT_DURATION,
+    METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
+    METRIC_MESSAGE_SIZE, METRIC_RECOVERIES,
+)
+
+# Span names: a protocol call's span is named for its method (``reset``, ``step``...),
+# a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
+SPAN_CONNECT = "connect"
+SPAN_BRIDGE_PREFIX = "envlink.bridge "
+#: Span event on a call's span when a reconnect is scheduled.
+EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
+#: Span event on a call's span when its session was lost and recovery starts.
+EVENT_SESSION_LOST = "envlink.session_lost"
+#: The semantic conventions' span event for an exception (``Span.record_exception``).
+EVENT_EXCEPTION = "exception"
+#: Every span event envlink emits.
+SPAN_EVENTS: tuple[str, ...] = (EVENT_RECONNECT_SCHEDULED, EVENT_SESSION_LOST, EVENT_EXCEPTION)
+
+# structlog event names (logger ``envlink``); the client's hooks report the same names.
+LOG_CONNECT = "envlink.connect"
+LOG_CONNECTED = "envlink.connected"
+LOG_DISCONNECT = "envlink.disconnect"
+LOG_CONNECTION_DISCARDED = "envlink.connection_discarded"
+LOG_STALE_ANSWER_DROPPED = "envlink.stale_answer_dropped"
+LOG_CLIENT_CLOSED = "envlink.client_closed"
+LOG_PEER_UNRESPONSIVE = "envlink.peer_unresponsive"
+LOG_UNATTRIBUTABLE_FRAME = "envlink.unattributable_frame"
+LOG_SESSION_RELEASE_FAILED = "envlink.session_release_failed"
+LOG_RECONNECT_SCHEDULED = "envlink.reconnect_scheduled"
+LOG_CALL_FAILED = "envlink.call_failed"
+LOG_SESSION_LOST = "envlink.session_lost"
+LOG_SESSION_RECOVERED = "envlink.session_recovered"
+LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
+LOG_UNKNOWN_STEP_SETTLED = "envlink.unknown_step_settled"
+#: Every log event envlink's client emits (the contract documented in docs/telemetry.md).
+LOG_EVENTS: tuple[str, ...] = (
+    LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_CONNECTION_DISCARDED,
+    LOG_STALE_ANSWER_DROPPED, LOG_CLIENT_CLOSED, LOG_PEER_UNRESPONSIVE,
+    LOG_UNATTRIBUTABLE_FRAME, LOG_SESSION_RELEASE_FAILED, LOG_RECONNECT_SCHEDULED,
+    LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
+    LOG_UNKNOWN_STEP_SETTLED,
+)
+#: Hook events that are counted, not logged.
+HOOK_RECONNECT = "envlink.reconnect"
+HOOK_RECOVERY_FINISHED = "envlink.recovery_finished"
+
+#: Outcomes of a call (``envlink.outcome``).
+OUTCOME_OK = "ok"
+OUTCOME_ERROR = "error"
+OUTCOME_TIMEOUT = "timeout"
+OUTCOME_CANCELLED = "cancelled"
+
+#: Boundaries of ``rpc.client.call.duration``: the semantic conventions' advisory
+#: buckets for RPC durations (seconds).
+RPC_DURATION_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)
+#: Histogram boundaries in seconds of envlink's own durations (bridge hops, connection
+#: attempts), which reach well below a millisecond. The SDK's defaults are meant for
+#: milliseconds and would put every envlink call in the first bucket.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+#: Histogram boundaries in bytes for message sizes.
+SIZE_BUCKETS: tuple[float, ...] = (
+    64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 104857600,
+)

@@ -1,0 +1,96 @@
+"""Deadlines never swallow a caller's cancellation."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+
+import pytest
+from websockets.protocol import State
+
+from envlink import CallTimeoutError
+from envlink._protocol import Extensions
+from envlink._timeouts import bounded, deadline
+from envlink._websocket import WebSocketConnection as Connection
+
+pytestmark = pytest.mark.timeout(10)
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "envlink"
+
+
+class _PingOnlyWs:
+    """Just enough of a websockets connection for Connection.probe."""
+
+    state = State.OPEN
+
+    def __init__(self) -> None:
+        self.pong: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.pinged = asyncio.Event()
+
+    async def ping(self) -> asyncio.Future[float]:
+        self.pinged.set()
+        return self.pong
+
+
+async def test_probe_passes_on_a_cancellation_that_coincides_with_the_pong() -> None:
+    """A caller cancelled in the same loop iteration as the pong arrives stays cancelled
+    (asyncio.wait_for on 3.11 returned the pong and lost the cancellation)."""
+    ws = _PingOnlyWs()
+    conn = Connection(ws, Extensions.from_headers({}))  # type: ignore[arg-type]
+    went_on = False
+
+    async def call() -> None:
+        nonlocal went_on
+        await conn.probe(2.0)
+        went_on = True  # a step would be sent here, after the caller gave up
+
+    task = asyncio.create_task(call())
+    await ws.pinged.wait()
+    ws.pong.set_result(0.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not went_on
+
+
+async def test_bounded_passes_on_a_cancellation_that_coincides_with_completion() -> None:
+    """bounded() re-raises the outer cancellation even if the inner work just finished."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    started = asyncio.Event()
+
+    async def call() -> str:
+        async with bounded(2.0):
+            started.set()
+            await done
+        return "went on"
+
+    task = asyncio.create_task(call())
+    await started.wait()
+    done.set_result(None)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_deadline_raises_call_timeout_only_for_its_own_expiry() -> None:
+    """deadline() turns its own expiry into CallTimeoutError, and passes inner ones on."""
+    with pytest.raises(CallTimeoutError) as info:
+        async with deadline(0.01, "step"):
+            await asyncio.Event().wait()
+    assert info.value.method == "step" and info.value.timeout == 0.01
+    with pytest.raises(TimeoutError) as inner:
+        async with deadline(5.0, "step"), bounded(0.01):
+            await asyncio.Event().wait()
+    assert not isinstance(inner.value, CallTimeoutError)
+
+
+def test_no_wait_for_in_the_client_library() -> None:
+    """No module of the client library uses asyncio.wait_for (it can lose cancellations)."""
+    users = []
+    for path in SRC.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "wait_for" and isinstance(
+                    node.value, ast.Name) and node.value.id == "asyncio":
+                users.append(path.name)
+    assert users == []
