@@ -154,21 +154,41 @@ class ServerError(EnvlinkError):
         self.message = message
 
     @classmethod
-    def from_frame(cls, message: str, code: str) -> ServerError:
-        """Build the most specific subclass for ``code``."""
+    def from_frame(cls, message: str, code: str, *, active_sessions: int | None = None,
+                   max_sessions: int | None = None) -> ServerError:
+        """Build the most specific subclass for ``code``.
+
+        Args:
+            message: the server's message.
+            code: the server's error code.
+            active_sessions: the frame's ``active_sessions`` (``CAPACITY_REACHED`` only).
+            max_sessions: the frame's ``max_sessions`` (``CAPACITY_REACHED`` only).
+        """
         try:
             known: ErrorCode | str = ErrorCode(code)
         except ValueError:
             known = code
         if known is ErrorCode.CAPACITY_REACHED:
-            return CapacityReachedError(message, known)
+            return CapacityReachedError(message, known, active_sessions=active_sessions,
+                                        max_sessions=max_sessions)
         return cls(message, known)
 
 
 class CapacityReachedError(ServerError):
-    """The server refused a new session: its session limit is reached."""
+    """The server refused a new session: its session limit is reached.
+
+    Attributes:
+        active_sessions: sessions the server had when it refused, if it said so.
+        max_sessions: the server's session limit, if it said so.
+    """
 
     error_type = "capacity_reached"
+
+    def __init__(self, message: str, code: ErrorCode | str = ErrorCode.CAPACITY_REACHED, *,
+                 active_sessions: int | None = None, max_sessions: int | None = None) -> None:
+        super().__init__(message, code)
+        self.active_sessions = active_sessions
+        self.max_sessions = max_sessions
 
 
 class ToolCallError(ServerError):

@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 from pydantic_core import PydanticSerializationError
 
 from envlink._errors import ProtocolError
@@ -228,10 +236,25 @@ class ObservationData(_Lenient):
 
 
 class ErrorData(_Lenient):
-    """The ``data`` of an error frame."""
+    """The ``data`` of an error frame.
+
+    ``active_sessions`` and ``max_sessions`` come with ``CAPACITY_REACHED`` from
+    OpenEnv's servers; a value that is not a non-negative integer is ignored.
+    """
 
     message: str
     code: str = "EXECUTION_ERROR"
+    active_sessions: int | None = None
+    max_sessions: int | None = None
+
+    @field_validator("active_sessions", "max_sessions", mode="before")
+    @classmethod
+    def _count_or_none(cls, value: Any) -> int | None:
+        # Advisory numbers: a server that sends junk here must not make the error
+        # frame itself unreadable.
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        return None
 
 
 class ObservationFrame(_Lenient):
