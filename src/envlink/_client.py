@@ -8,6 +8,9 @@ and never a step applied twice.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -26,11 +29,17 @@ from envlink._config import (
 )
 from envlink._connector import Connector
 from envlink._driver import SessionDriver
-from envlink._errors import EnvlinkError, ProtocolError, ServerError
+from envlink._errors import (
+    ClientClosedError,
+    EnvlinkError,
+    McpError,
+    ProtocolError,
+    ToolCallError,
+)
 from envlink._hooks import ClientHook, combine_client_hooks
 from envlink._journal import EpisodeJournal
-from envlink._policies import ReconnectPolicy, SessionLostPolicy
-from envlink._protocol import ErrorFrame, ObservationFrame, StateFrame
+from envlink._policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
+from envlink._protocol import ErrorFrame, McpFrame, ObservationFrame, StateFrame, server_error
 from envlink._session import Call, Frame, SessionCore
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
@@ -49,7 +58,7 @@ ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 _R = TypeVar("_R")
-_F = TypeVar("_F", ObservationFrame, StateFrame)
+_F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 
 
 @dataclass
@@ -140,10 +149,23 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
     ) -> None:
-        if on_session_lost not in ("raise", "replay", "resume"):
-            raise ValueError(
-                f"on_session_lost must be 'raise', 'replay' or 'resume', got {on_session_lost!r}"
-            )
+        _check_policy(on_session_lost)
+        # Everything new_session() needs to open a sibling session with the same options.
+        self._init_kwargs: dict[str, Any] = {
+            "base_url": base_url, "timeout": timeout, "headers": headers,
+            "reconnect": reconnect, "on_session_lost": on_session_lost,
+            "replay_verify": replay_verify, "max_journal_steps": max_journal_steps,
+            "ping_interval": ping_interval, "ping_timeout": ping_timeout,
+            "max_message_size": max_message_size, "compression": compression, "ssl": ssl,
+            "proxy": proxy, "extensions": extensions, "tracer_provider": tracer_provider,
+            "meter_provider": meter_provider, "connect_timeout_s": connect_timeout_s,
+            "message_timeout_s": message_timeout_s, "max_message_size_mb": max_message_size_mb,
+            "websocket_ping_interval_s": websocket_ping_interval_s,
+            "websocket_ping_timeout_s": websocket_ping_timeout_s, "transport": transport,
+            "options": options, "hooks": hooks,
+        }
+        self._children: list[EnvClient[Any, Any, Any]] = []
+        self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
         base = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
         self.timeouts: Timeout = Timeout(
@@ -198,19 +220,36 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     @property
     def on_session_lost(self) -> SessionLostPolicy:
-        """The recovery policy: ``"raise"``, ``"replay"`` or ``"resume"``."""
+        """The recovery policy: ``"raise"``, ``"replay"``, ``"resume"`` or ``"auto"``."""
         return self._core.on_session_lost
 
     @on_session_lost.setter
     def on_session_lost(self, policy: SessionLostPolicy) -> None:
-        if policy not in ("raise", "replay", "resume"):
-            raise ValueError(f"on_session_lost must be 'raise', 'replay' or 'resume', "
-                             f"got {policy!r}")
+        _check_policy(policy)
         self._core.on_session_lost = policy
 
     @property
+    def recovery(self) -> str:
+        """How a session lost now would be recovered, as chosen for this server.
+
+        ``"envlink-resume"`` (envlink's extension: re-attach by token, requests
+        de-duplicated), ``"openenv-resume"`` (an OpenEnv 0.10 detached session:
+        re-attach by ``session_id``, an interrupted step settled from ``step_count``),
+        ``"replay"`` or ``"raise"``. It follows ``on_session_lost`` and what the server
+        offered on the current connection (before the first connection, what the
+        policy would try first).
+        """
+        return self._core.mechanism
+
+    @property
     def base_url(self) -> str:
-        """The server's ``/ws`` URL (without credentials)."""
+        """The server's base URL as given, without a trailing slash (as OpenEnv's client
+        reports it), and without credentials."""
+        return self._endpoint.base_url
+
+    @property
+    def ws_url(self) -> str:
+        """The server's ``/ws`` URL the client connects to (without credentials)."""
         return self._endpoint.ws_url
 
     @property
@@ -291,7 +330,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         async def run(call: Call) -> None:
             async with driver.turn(call):
                 if not self.connected:
-                    await driver.connector.open("connect", reason="connect")
+                    await driver.connector.open_session("connect", reason="connect")
 
         await driver.call("connect", self._seconds(timeout), run)
         return self
@@ -386,12 +425,134 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """Close the client for good. Idempotent.
 
         A call in flight is cancelled and its caller gets :class:`ClientClosedError`,
-        as does every queued or later call.
+        as does every queued or later call. The server session is ended (an OpenEnv
+        detached session with ``openenv/session/close``, attached or not), and so are
+        the sessions opened with :meth:`new_session`.
         """
         if self.closed:
             return
         seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        children, self._children = self._children, []
+        if children:
+            await asyncio.gather(*(child.close(timeout=timeout) for child in children),
+                                 return_exceptions=True)
         await self._driver.close(seconds)
+
+    async def new_session(self) -> EnvClient[ActT, ObsT, StateT]:
+        """Open another session on the same server, as OpenEnv's ``new_session()`` does.
+
+        The child is a connected client of the same class with the same options (and
+        its own episode); :meth:`close` closes it with this client.
+
+        Raises:
+            ConnectError, CapacityReachedError, ClientClosedError: as :meth:`connect`.
+        """
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        signature = inspect.signature(type(self))
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                        for p in signature.parameters.values())
+        kwargs = {k: v for k, v in self._init_kwargs.items()
+                  if takes_any or k in signature.parameters}
+        child = type(self)(**kwargs)
+        try:
+            await child.connect()
+        except BaseException:
+            await child.close()
+            raise
+        self._children.append(child)
+        return child
+
+    # ------------------------------------------------------------------ mcp messages
+
+    async def mcp_request(self, method: str, params: Mapping[str, Any] | None = None, *,
+                          timeout: float | UnsetType | None = UNSET) -> Any:
+        """Send one JSON-RPC request as an ``mcp`` message on the session's socket.
+
+        OpenEnv 0.10 answers ``tools/list`` and ``tools/call`` this way, on the
+        session's own environment, around ``step()`` (a tool call is not a step).
+
+        Returns:
+            the JSON-RPC ``result``.
+
+        Raises:
+            McpError: the server answered with a JSON-RPC error object (``rpc_code``).
+            ServerError: the server does not know the ``mcp`` message type (an error
+                frame, e.g. ``UNKNOWN_TYPE``).
+            OutcomeUnknownError: the connection was lost after a ``tools/call`` was
+                sent (it is never resent); ``tools/list`` is resent.
+            CallTimeoutError, ProtocolError, SessionLostError, ClientClosedError.
+        """
+        if not isinstance(method, str) or not method:
+            raise TypeError(f"method must be a non-empty str, got {method!r}")
+        rpc_id = next(self._mcp_ids)
+        data = {"jsonrpc": "2.0", "id": rpc_id, "method": method,
+                "params": dict(params or {})}
+        driver = self._driver
+
+        async def run(call: Call) -> Any:
+            async with driver.turn(call):
+                frame = self._expect(await driver.request(call, data), McpFrame, "mcp")
+            answer = frame.data
+            if answer.get("id") not in (rpc_id, None):
+                raise ProtocolError(f"mcp answer has id {answer.get('id')!r}, expected {rpc_id}")
+            error = answer.get("error")
+            if isinstance(error, dict):
+                code = error.get("code")
+                raise McpError(str(error.get("message", "JSON-RPC error")),
+                               code if isinstance(code, int) else 0, data=error.get("data"))
+            if "result" not in answer:
+                raise ProtocolError("mcp answer has neither result nor error")
+            return answer["result"]
+
+        return await driver.call("mcp", self._seconds(timeout), run)
+
+    async def mcp_list_tools(self, *, timeout: float | UnsetType | None = UNSET
+                             ) -> list[dict[str, Any]]:
+        """The environment's tools (``tools/list`` as an ``mcp`` message): name,
+        description and input schema of each.
+
+        Raises:
+            McpError, ProtocolError and the errors of :meth:`mcp_request`.
+        """
+        result = await self.mcp_request("tools/list", timeout=timeout)
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise ProtocolError("tools/list answered without a list of tools")
+        return tools
+
+    async def mcp_call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
+                            timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
+        """Call a tool (``tools/call`` as an ``mcp`` message) and return its value.
+
+        Args:
+            name: the tool.
+            arguments: its arguments (or pass them as keyword arguments).
+            timeout: this call's deadline.
+
+        Returns:
+            the tool's value (the ``data`` of a FastMCP result, as OpenEnv's client
+            unwraps it), else the whole result.
+
+        Raises:
+            ToolCallError: the tool reported an error.
+            McpError: unknown tool, bad arguments, an environment without MCP...
+            OutcomeUnknownError: the connection was lost after the call was sent.
+        """
+        args = {**dict(arguments or {}), **kwargs}
+        result = await self.mcp_request("tools/call", {"name": name, "arguments": args},
+                                        timeout=timeout)
+        if isinstance(result, dict):
+            if result.get("is_error") or result.get("isError"):
+                content = result.get("content")
+                text = "; ".join(str(c.get("text")) for c in content
+                                 if isinstance(c, dict) and c.get("text")) \
+                    if isinstance(content, list) else ""
+                raise ToolCallError(text or f"tool {name!r} failed", "tool_error",
+                                    tool_name=name)
+            if "data" in result:
+                return result["data"]
+        return result
 
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
         await self.connect()
@@ -442,7 +603,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def _expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
         if isinstance(frame, ErrorFrame):
-            raise ServerError.from_frame(frame.data.message, frame.data.code)
+            raise server_error(frame)
         if not isinstance(frame, kind):
             # A valid frame of the wrong kind: the stream is out of step, which on the
             # plain protocol means it can no longer be trusted.
@@ -463,6 +624,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
 def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
     return recorded == actual
+
+
+def _check_policy(policy: object) -> None:
+    if policy not in SESSION_LOST_POLICIES:
+        raise ValueError(f"on_session_lost must be 'raise', 'replay', 'resume' or 'auto', "
+                         f"got {policy!r}")
 
 
 class GenericEnvClient(EnvClient[dict[str, Any], dict[str, Any], dict[str, Any]]):

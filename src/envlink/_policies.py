@@ -36,7 +36,9 @@ __all__ = [
     "testing_enabled",
 ]
 
-SessionLostPolicy = Literal["raise", "replay", "resume"]
+SessionLostPolicy = Literal["raise", "replay", "resume", "auto"]
+#: The ``on_session_lost`` values.
+SESSION_LOST_POLICIES = ("raise", "replay", "resume", "auto")
 
 
 class RetryBudget:

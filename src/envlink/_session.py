@@ -32,6 +32,7 @@ from envlink._errors import (
     EnvlinkError,
     OutcomeUnknownError,
     ProtocolError,
+    SessionGoneError,
     SessionLostError,
 )
 from envlink._journal import EpisodeJournal
@@ -40,6 +41,8 @@ from envlink._protocol import (
     CloseRequest,
     ErrorFrame,
     Extensions,
+    McpFrame,
+    McpRequest,
     ObservationFrame,
     ResetRequest,
     StateFrame,
@@ -62,11 +65,28 @@ __all__ = [
     "SessionCore",
 ]
 
-Frame = ObservationFrame | StateFrame | ErrorFrame
+Frame = ObservationFrame | StateFrame | ErrorFrame | McpFrame
+
+#: The recovery mechanisms, as ``client.recovery`` and telemetry name them.
+MECHANISM_RAISE = "raise"
+MECHANISM_REPLAY = "replay"
+#: envlink's extension: re-attach by resume token, the server de-duplicates requests.
+MECHANISM_ENVLINK_RESUME = "envlink-resume"
+#: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
+#: interrupted step from the session's ``step_count``.
+MECHANISM_OPENENV_RESUME = "openenv-resume"
+#: Strategy names (keys of the recovery registry) to mechanism names.
+_MECHANISMS = {"resume": MECHANISM_ENVLINK_RESUME, "openenv-resume": MECHANISM_OPENENV_RESUME,
+               "replay": MECHANISM_REPLAY, "raise": MECHANISM_RAISE}
 
 #: Methods that may be resent after a connection failure whatever happened to the
 #: first request: reset starts the episode over, state only reads.
 IDEMPOTENT = frozenset({"reset", "state"})
+
+
+def _idempotent_mcp(method: str, data: dict[str, Any] | None) -> bool:
+    # Listing tools reads only; a tool call may change the environment.
+    return method == "mcp" and data is not None and data.get("method") == "tools/list"
 
 
 class Episode(enum.Enum):
@@ -207,6 +227,11 @@ class SessionCore:
         self.extensions = Extensions()
         self.session_id: str | None = None
         self.resume_token: str | None = None
+        #: The OpenEnv detached session this client holds (``openenv/session/create``),
+        #: a capability like the resume token: never logged.
+        self.detached_id: str | None = None
+        #: Whether the server offers detached sessions: ``None`` until asked.
+        self.detached_offered: bool | None = None
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
         self._ids = itertools.count(1)
@@ -264,6 +289,8 @@ class SessionCore:
                             f"{exc.errors(include_url=False)[0]['msg']}") from exc
         if method == "state":
             return encode_request(StateRequest(**ext))
+        if method == "mcp":
+            return encode_request(McpRequest(data=data or {}, **ext))
         return encode_request(CloseRequest(**ext))
 
     def preflight(self, method: str, *, connection_open: bool) -> Preflight:
@@ -417,7 +444,8 @@ class SessionCore:
         self.link = Link.NONE
         return False
 
-    def after_failure(self, method: str, exc: ConnectionLostError, *, written: bool) -> Decision:
+    def after_failure(self, method: str, exc: ConnectionLostError, *, written: bool,
+                      data: dict[str, Any] | None = None) -> Decision:
         """The idempotency rules: what a lost connection during ``method`` leads to.
 
         Args:
@@ -430,21 +458,45 @@ class SessionCore:
             # A new connection is a new server session: only recovery continues the
             # episode (resume re-attaches with the same request id, de-duplicated).
             return Decision(Action.RECOVER, strategy=self.recovery_strategy())
-        if not written or method in IDEMPOTENT:
+        if not written or method in IDEMPOTENT or _idempotent_mcp(method, data):
             return _RESEND
         return Decision(Action.FAIL, error=OutcomeUnknownError(
             f"connection lost after {method} was sent; the server may or may not "
             "have applied it, so it is not resent"
         ))
 
+    @property
+    def wants_detached(self) -> bool:
+        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
+        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
+
+    def recovery_plan(self) -> list[str]:
+        """The strategies ``on_session_lost`` comes to now, in the order to try them.
+
+        ``resume`` uses envlink's resume token, else an OpenEnv detached session;
+        ``auto`` does the same, then falls back to ``replay``. An empty plan: the
+        episode cannot be carried on (:meth:`cannot_recover` says why).
+        """
+        policy = self.on_session_lost
+        plan: list[str] = []
+        if policy in ("resume", "auto"):
+            if self.resume_token is not None:
+                plan.append("resume")
+            elif self.detached_id is not None:
+                plan.append("openenv-resume")
+        if policy in ("replay", "auto") and self.journal.replayable:
+            plan.append("replay")
+        return plan
+
     def recovery_strategy(self) -> str:
         """The strategy ``on_session_lost`` comes to for this session now."""
-        policy = self.on_session_lost
-        if policy == "resume" and self.resume_token is not None:
-            return "resume"
-        if policy == "replay" and self.journal.replayable:
-            return "replay"
-        return "raise"
+        plan = self.recovery_plan()
+        return plan[0] if plan else "raise"
+
+    @property
+    def mechanism(self) -> str:
+        """How a lost session would be recovered now (``client.recovery``)."""
+        return _MECHANISMS[self.recovery_strategy()]
 
     def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
         """The error for an episode that no strategy could carry on."""
@@ -459,9 +511,18 @@ class SessionCore:
             return SessionLostError(
                 "the session was lost and cannot be replayed: the journal exceeded "
                 f"max_journal_steps={journal.max_steps}", journal=journal.snapshot())
-        reason = ("the server does not offer session resumption"
-                  if policy == "resume" and self.resume_token is None else
-                  "the server no longer has the session" if policy == "resume" else
+        if policy in ("resume", "auto") and self.resume_token is None and self.detached_id is None:
+            # auto lands here only when the journal cannot be replayed either.
+            suffix = "" if policy == "resume" else (
+                "; replay is impossible too (the journal was truncated or has steps of "
+                "unknown outcome)")
+            return SessionGoneError(
+                f"connection lost mid-episode during {method}: the server does not offer "
+                "session resumption (neither envlink's extension nor OpenEnv detached "
+                f"sessions){suffix}; the episode cannot continue after "
+                f"{journal.step_count} steps", reason="resume_unsupported",
+                journal=journal.snapshot())
+        reason = ("the server no longer has the session" if policy in ("resume", "auto") else
                   "on_session_lost='raise'")
         if method == "step" and cause is not None:
             reason += "; the outcome of the interrupted step is unknown"
@@ -488,18 +549,25 @@ class SessionCore:
 
     # -------------------------------------------------------------------- the link
 
-    def connected(self, extensions: Extensions) -> None:
-        """A connection opened (fresh, or re-attached to the server session)."""
+    def connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
+        """A connection opened (fresh, or re-attached to the server session).
+
+        Args:
+            extensions: what the server advertised.
+            reattached: the connection attached to the OpenEnv detached session this
+                client already held (the same server session as before).
+        """
         self.link = Link.OPEN
         self.extensions = extensions
         self.late.clear()
         self._opened_at = self.clock()
-        if self.episode is Episode.ACTIVE and not extensions.resumed:
+        if self.episode is Episode.ACTIVE and not extensions.resumed and not reattached:
             # A fresh server session cannot carry on this episode; replay rebuilds it
             # (and says so), anything else must not run on it unnoticed.
             self.lose_episode()
         # The resume token is a secret: telemetry gets the server's public id, or ours.
-        self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
+        if not (reattached and self.session_id is not None):
+            self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
         self.resume_token = extensions.session_token if extensions.can_resume else None
 
     def dropped(self) -> None:
@@ -523,6 +591,7 @@ class SessionCore:
         self.episode = Episode.NONE
         self.lost_journal = None
         self.resume_token = None
+        self.detached_id = None
 
     def connect_attempts_used(self, where: str) -> int:
         """Connection attempts this outage has already used (a flapping connection).

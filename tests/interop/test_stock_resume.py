@@ -28,7 +28,6 @@ FAST_RECONNECT = envlink.ReconnectPolicy(max_attempts=8, initial_delay=0.05, max
 CALL_TIMEOUT = 15.0
 RESET = {"seed": 11, "start": 0, "target": 1000}
 DELTAS = [1, 2, 3, 4, 5, 6]
-PENDING = "issue 12: resume on stock OpenEnv servers (phase 2)"
 
 
 def _client(url: str, headers: dict[str, str], policy: str = "resume",
@@ -85,7 +84,6 @@ def stock(spawn_openenv: Callable[..., RecordingServer],
 # ------------------------------------------------------------------ cuts, resumed
 
 
-@pytest.mark.pending(PENDING)
 async def test_resume_after_a_cut_between_steps(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -113,7 +111,6 @@ async def test_resume_after_a_cut_between_steps(
     assert _steps_seen(conns) == [{"delta": d} for d in DELTAS]
 
 
-@pytest.mark.pending(PENDING)
 async def test_resume_settles_a_step_that_never_reached_the_server(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -137,7 +134,6 @@ async def test_resume_settles_a_step_that_never_reached_the_server(
     assert _steps_seen(_ws_conns(server, tag)) == [{"delta": d} for d in DELTAS]
 
 
-@pytest.mark.pending(PENDING)
 async def test_resume_settles_a_step_that_was_applied(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -160,7 +156,7 @@ async def test_resume_settles_a_step_that_was_applied(
 
     assert armed.fired.is_set() and armed.dropped_answer is not None
     assert unknown.value.applied is True
-    assert "was applied" in str(unknown.value)
+    assert "was applied" in str(unknown.value).lower()
     # The episode went on where the server was: the later answers are the baseline's.
     expected = _expected()
     assert [r.observation for r in results] == expected[:3] + expected[4:]
@@ -171,7 +167,6 @@ async def test_resume_settles_a_step_that_was_applied(
     assert _steps_seen(_ws_conns(server, tag)) == [{"delta": d} for d in DELTAS]
 
 
-@pytest.mark.pending(PENDING)
 async def test_resume_after_a_cut_racing_the_server(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -203,7 +198,6 @@ async def test_resume_after_a_cut_racing_the_server(
     assert _steps_seen(_ws_conns(server, tag)) == [{"delta": d} for d in DELTAS]
 
 
-@pytest.mark.pending(PENDING)
 def test_resume_through_the_sync_facade(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -241,7 +235,6 @@ def _restart_while_down(spawn: Callable[..., RecordingServer], server: Recording
 
 
 @pytest.mark.timeout(2 * RESTART_DEADLINE)
-@pytest.mark.pending(PENDING)
 async def test_kill_9_under_resume_reports_the_session_gone_with_the_journal(
         spawn_openenv: Callable[..., RecordingServer], tag_headers: dict[str, str]) -> None:
     """Server killed: resume says the server restarted, with the journal; nothing replayed."""
@@ -273,7 +266,6 @@ async def test_kill_9_under_resume_reports_the_session_gone_with_the_journal(
 
 
 @pytest.mark.timeout(2 * RESTART_DEADLINE)
-@pytest.mark.pending(PENDING)
 async def test_kill_9_under_auto_replays_on_the_restarted_server(
         spawn_openenv: Callable[..., RecordingServer], tag_headers: dict[str, str]) -> None:
     """Server killed: "auto" cannot resume, so it replays the journal on the new server."""
@@ -304,7 +296,6 @@ async def test_kill_9_under_auto_replays_on_the_restarted_server(
     assert replayed.errors == []
 
 
-@pytest.mark.pending(PENDING)
 async def test_a_reaped_session_gives_the_typed_error_not_a_dead_environment(
         spawn_openenv: Callable[..., RecordingServer],
         cutting_proxy: Callable[[int], CuttingProxy], tag: str,
@@ -335,7 +326,6 @@ async def test_a_reaped_session_gives_the_typed_error_not_a_dead_environment(
     assert all(e["data"]["code"] == "SESSION_ERROR" for c in conns for e in c.errors)
 
 
-@pytest.mark.pending(PENDING)
 async def test_a_reaped_session_under_auto_is_replayed(
         spawn_openenv: Callable[..., RecordingServer],
         cutting_proxy: Callable[[int], CuttingProxy], tag_headers: dict[str, str]) -> None:
@@ -357,7 +347,6 @@ async def test_a_reaped_session_under_auto_is_replayed(
     assert state["step_count"] == 2
 
 
-@pytest.mark.pending(PENDING)
 async def test_an_attached_session_outlives_the_reaper(
         spawn_openenv: Callable[..., RecordingServer],
         cutting_proxy: Callable[[int], CuttingProxy], tag_headers: dict[str, str]) -> None:
@@ -385,14 +374,13 @@ async def test_an_attached_session_outlives_the_reaper(
                 if e["episode_id"] == "counter-31" and e["step_count"] == 0]
 
 
-@pytest.mark.pending(PENDING)
 async def test_resume_on_a_server_without_detached_sessions_is_typed(
         spawn_openenv: Callable[..., RecordingServer], tag_headers: dict[str, str]) -> None:
     """No resume offered: "resume" raises SessionGoneError(resume_unsupported); "auto" replays."""
     # envlink's reference server with its extensions off offers neither kind of resume.
     from envlink.server import EnvServer
 
-    async with EnvServer(env="deterministic", extensions=False, detached_sessions=False) as srv:
+    async with EnvServer(env="deterministic", extensions=False) as srv:
         for policy in ("resume", "auto"):
             env = _client(srv.base_url, tag_headers, policy=policy)
             try:
@@ -415,7 +403,6 @@ async def test_resume_on_a_server_without_detached_sessions_is_typed(
 # -------------------------------------------------------------------- close()
 
 
-@pytest.mark.pending(PENDING)
 async def test_close_ends_the_detached_session(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -429,10 +416,12 @@ async def test_close_ends_the_detached_session(
     session_id = _assert_one_detached_session(server, tag)
     closes = [x for x in read_rpc(server.frame_log, tag) if x.method == "openenv/session/close"]
     assert [x.request["params"] for x in closes if x.request] == [{"session_id": session_id}]
-    assert closes[0].response is not None and closes[0].response["result"]["closed"] is True
+    # Closed at once, or (if the server had not yet seen the socket go) when it does.
+    assert closes[0].response is not None
+    result = closes[0].response["result"]
+    assert result["closed"] is True or result.get("closing") is True
 
 
-@pytest.mark.pending(PENDING)
 async def test_close_ends_a_session_that_was_never_attached(
         stock: tuple[RecordingServer, CuttingProxy], tag: str,
         tag_headers: dict[str, str]) -> None:
@@ -457,7 +446,6 @@ async def test_close_ends_a_session_that_was_never_attached(
 # ------------------------------------------------- 0.10's surface: errors, mcp, sessions
 
 
-@pytest.mark.pending(PENDING)
 async def test_capacity_error_carries_the_servers_counts(
         spawn_openenv: Callable[..., RecordingServer]) -> None:
     """A real CAPACITY_REACHED fills active_sessions and max_sessions (and details)."""
@@ -476,7 +464,6 @@ async def test_capacity_error_carries_the_servers_counts(
     assert refused.value.details == {"active_sessions": 1, "max_sessions": 1}
 
 
-@pytest.mark.pending(PENDING)
 async def test_validation_error_carries_the_servers_errors(
         counter_server: RecordingServer, tag_headers: dict[str, str]) -> None:
     """A real VALIDATION_ERROR keeps the server's per-field errors as an attribute."""
@@ -494,7 +481,6 @@ async def test_validation_error_carries_the_servers_errors(
     assert after.observation["total"] == 1
 
 
-@pytest.mark.pending(PENDING)
 async def test_unknown_session_is_a_session_error(
         counter_server: RecordingServer) -> None:
     """SESSION_ERROR from the server is its own error class."""
@@ -506,7 +492,6 @@ async def test_unknown_session_is_a_session_error(
     assert "Unknown session_id" in refused.value.message
 
 
-@pytest.mark.pending(PENDING)
 async def test_mcp_methods_on_the_session_socket(
         echo_server: RecordingServer, tag: str, tag_headers: dict[str, str]) -> None:
     """tools/list and tools/call ride the session socket as "mcp" messages (JSON-RPC)."""
@@ -529,7 +514,6 @@ async def test_mcp_methods_on_the_session_socket(
     assert all(f["data"]["jsonrpc"] == "2.0" for f in mcp)
 
 
-@pytest.mark.pending(PENDING)
 async def test_new_session_is_a_second_session_closed_with_its_parent(
         spawn_openenv: Callable[..., RecordingServer]) -> None:
     """new_session(): another session on the same server, same options, closed with the parent."""
@@ -553,7 +537,6 @@ async def test_new_session_is_a_second_session_closed_with_its_parent(
                                       episode_id=f"counter-{seed}")
 
 
-@pytest.mark.pending(PENDING)
 def test_stock_resume_mechanism_is_visible(
         stock: tuple[RecordingServer, CuttingProxy], tag_headers: dict[str, str]) -> None:
     """The recovery mechanism shows in client.recovery and on the recovery span."""

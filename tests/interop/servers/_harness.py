@@ -133,6 +133,18 @@ class FrameRecorder:
         body_in = bytearray()
         body_out = bytearray()
         status: list[int] = []
+        written = False
+
+        def record() -> None:
+            nonlocal written
+            if written:
+                return
+            written = True
+            self._write({"conn": number, "event": "http", "method": scope["method"],
+                         "path": scope["path"], "headers": headers,
+                         "request": body_in.decode("utf-8", "replace"),
+                         "status": status[0] if status else None,
+                         "response": body_out.decode("utf-8", "replace")})
 
         async def recording_receive() -> Message:
             message = await receive()
@@ -145,16 +157,16 @@ class FrameRecorder:
                 status.append(message["status"])
             elif message["type"] == "http.response.body":
                 body_out.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # Recorded before the client can see the answer: a test that got
+                    # the answer finds the exchange in the log.
+                    record()
             await send(message)
 
         try:
             await self._app(scope, recording_receive, recording_send)
         finally:
-            self._write({"conn": number, "event": "http", "method": scope["method"],
-                         "path": scope["path"], "headers": headers,
-                         "request": body_in.decode("utf-8", "replace"),
-                         "status": status[0] if status else None,
-                         "response": body_out.decode("utf-8", "replace")})
+            record()
 
 
 class _AnnouncingServer(uvicorn.Server):
