@@ -23,10 +23,11 @@ import logging
 import os
 import ssl as ssl_module
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -72,6 +73,7 @@ from envlink.server._environment import (
     accepted_kwargs,
 )
 from envlink.server._faults import Faults, corrupt_frame
+from envlink.server._mcp_http import HttpAwareConnection, rpc_error, rpc_result
 from envlink.server._session import (
     Session,
     SessionInfo,
@@ -116,6 +118,8 @@ class _Plan:
     trace_context: Context | None = None
     #: Public id of the session the connection will get (advertised for telemetry).
     session_id: str | None = None
+    #: ``/ws?session_id=``: the detached session to attach to (OpenEnv 0.10).
+    attach: str | None = None
 
 
 @dataclass
@@ -153,6 +157,10 @@ class EnvServer:
         ping_timeout: seconds to wait for a pong before closing.
         close_timeout: seconds to wait for the client's close frame.
         ssl: an ``ssl.SSLContext`` to serve ``wss://`` (and ``https://`` health).
+        detached_sessions: offer OpenEnv 0.10's detached sessions on the same port:
+            ``POST /mcp`` ``openenv/session/create`` / ``openenv/session/close``, and
+            ``/ws?session_id=`` to attach (``SESSION_ERROR`` for an unknown or already
+            attached session). A detached session outlives its sockets until closed.
     """
 
     def __init__(
@@ -172,6 +180,7 @@ class EnvServer:
         ping_timeout: float | None = 20.0,
         close_timeout: float = 5.0,
         ssl: ssl_module.SSLContext | None = None,
+        detached_sessions: bool = False,
     ) -> None:
         if isinstance(env, str):
             try:
@@ -202,6 +211,7 @@ class EnvServer:
         self._ping_timeout = ping_timeout
         self._close_timeout = close_timeout
         self._ssl = ssl
+        self.detached_sessions = detached_sessions
 
         self._ws: Server | None = None
         self._started = False
@@ -282,6 +292,7 @@ class EnvServer:
             close_timeout=self._close_timeout,
             logger=_REDACTING_LOGGER,
             ssl=self._ssl,
+            create_connection=HttpAwareConnection if self.detached_sessions else None,
         )
         if self.port == 0:
             self.port = int(self._ws.sockets[0].getsockname()[1])
@@ -457,6 +468,8 @@ class EnvServer:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
+        if path == "/mcp" and self.detached_sessions:
+            return self._rpc(connection)
         if path != "/ws":
             return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
         if self.faults.take_refusal():
@@ -473,6 +486,14 @@ class EnvServer:
         if response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
             return
         plan = _Plan(trace_context=propagate.extract(_carrier(request.headers)))
+        if self.detached_sessions:
+            wanted_ids = parse_qs(urlsplit(request.path).query).get("session_id")
+            if wanted_ids:
+                # Attaching to a detached session: plain OpenEnv semantics (checked by
+                # the handler, which answers SESSION_ERROR as OpenEnv does).
+                plan.attach = wanted_ids[0]
+                self._plans[connection] = plan
+                return
         offered = _header(request.headers, EXTENSION_HEADER) == EXTENSION_VERSION
         if self.extensions and offered:
             plan.extensions = True
@@ -539,6 +560,13 @@ class EnvServer:
         if session.connection is not connection:
             return  # taken over by a resumed connection
         session.connection = None
+        if session.detached:
+            # Outlives its sockets ("close" included) until openenv/session/close.
+            if session.pending_close:
+                self._destroy(session)
+            else:
+                self._counters.incr("session.detached")
+            return
         if destroy or not session.extensions:
             self._destroy(session)
         else:
@@ -576,6 +604,84 @@ class EnvServer:
             if callable(close):
                 close()
         self._counters.incr("session.destroyed")
+
+    # ------------------------------------------------- OpenEnv detached sessions
+
+    def _rpc(self, connection: ServerConnection) -> Response:
+        """Answer one ``POST /mcp`` JSON-RPC request (HTTP 200 with a JSON-RPC body)."""
+        body = getattr(connection, "rpc_body", None)
+        request_id: Any = None
+        if body is None:
+            answer = rpc_error(None, -32600, "POST a JSON-RPC 2.0 request to /mcp")
+        else:
+            try:
+                request = json.loads(body)
+            except ValueError:
+                answer = rpc_error(None, -32700, "Parse error")
+            else:
+                if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or (
+                        not isinstance(request.get("method"), str)):
+                    answer = rpc_error(None, -32600, "Invalid Request")
+                else:
+                    request_id = request.get("id")
+                    params = request.get("params")
+                    answer = self._rpc_method(request_id, request["method"],
+                                              params if isinstance(params, dict) else {})
+        self._counters.incr("rpc")
+        response = connection.respond(http.HTTPStatus.OK, "")
+        response.body = answer
+        del response.headers["Content-Type"]
+        del response.headers["Content-Length"]
+        response.headers["Content-Type"] = "application/json"
+        response.headers["Content-Length"] = str(len(answer))
+        return response
+
+    def _rpc_method(self, request_id: Any, method: str, params: dict[str, Any]) -> bytes:
+        if method == "openenv/session/create":
+            if len(self._sessions) >= self.max_sessions:
+                return rpc_error(
+                    request_id, -32000,
+                    f"Server at capacity: {len(self._sessions)}/{self.max_sessions} sessions "
+                    "active. Cannot accept new connections.",
+                    {"active_sessions": len(self._sessions), "max_sessions": self.max_sessions})
+            try:
+                env = self._factory()
+            except Exception as exc:
+                return rpc_error(request_id, -32000, str(exc) or type(exc).__name__, {
+                    "factory_name": getattr(self._factory, "__name__",
+                                            type(self._factory).__name__)})
+            created = Session(id=str(uuid.uuid4()), env=env, extensions=False, detached=True)
+            self._sessions[created.id] = created
+            self._counters.incr("session.created")
+            return rpc_result(request_id, {"session_id": created.id})
+        if method == "openenv/session/close":
+            target = params.get("session_id")
+            if not isinstance(target, str) or not target:
+                return rpc_error(request_id, -32602, "Invalid params - 'session_id' is required")
+            found = self._sessions.get(target)
+            if found is None or not found.detached:
+                return rpc_error(request_id, -32602, f"Unknown session_id: {target}")
+            if found.connection is not None:
+                found.pending_close = True
+                return rpc_result(request_id, {"session_id": target, "closed": False,
+                                               "closing": True})
+            self._destroy(found)
+            return rpc_result(request_id, {"session_id": target, "closed": True})
+        return rpc_error(request_id, -32601, f"Method not found: {method}")
+
+    def _attach(self, session_id: str, connection: ServerConnection
+                ) -> tuple[Session | None, dict[str, Any] | None]:
+        """Attach a socket to a detached session, or the SESSION_ERROR OpenEnv answers."""
+        session = self._sessions.get(session_id)
+        if session is None or not session.detached or session.closed:
+            message = f"Unknown session_id: {session_id}"
+        elif session.connection is not None:
+            message = f"Session {session_id} already has an attached WebSocket"
+        else:
+            session.connection = connection
+            self._counters.incr("session.attached")
+            return session, None
+        return None, {"message": message, "code": ErrorCode.SESSION_ERROR.value}
 
     def _persist(self, session: Session) -> None:
         if self._store is not None and session.extensions and not session.closed:
@@ -626,7 +732,9 @@ class EnvServer:
         destroy = False
         try:
             refusal: dict[str, Any] | None = None
-            if session is None:
+            if plan.attach is not None:
+                session, refusal = self._attach(plan.attach, connection)
+            elif session is None:
                 if len(self._sessions) >= self.max_sessions:
                     refusal = {
                         "message": f"Server at capacity: {len(self._sessions)}/"
@@ -653,6 +761,9 @@ class EnvServer:
             if refusal is not None or session is None:
                 with contextlib.suppress(ConnectionClosed):
                     await connection.send(encode_response("error", refusal or {}))
+                if plan.attach is not None:
+                    with contextlib.suppress(ConnectionClosed):
+                        await connection.close()
                 return
             outcome = await self._serve(connection, handle, session, plan)
             destroy = outcome in (_Outcome.CLOSE, _Outcome.END)
