@@ -8,11 +8,7 @@ named by ``ENVLINK_OPENENV_PYTHON``. Without it:
   silent skip.
 
 With it, every test must really run: a skipped or xfailed interop test is
-reported as a failure, so a green run means every check passed. The one
-exception is ``@pytest.mark.pending("...")``: a test written ahead of the feature
-it checks, run as a strict xfail (so it fails the run the moment it passes and
-must be un-marked) and listed at the end of the run. None may remain when the
-feature lands.
+reported as a failure, so a green run means every check passed.
 """
 
 from __future__ import annotations
@@ -46,8 +42,6 @@ def _targets_this_suite(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "pending(reason): written ahead of its feature; a strict xfail until then")
     if openenv_python() is None and _targets_this_suite(config):
         raise pytest.UsageError(
             f"tests/interop needs the openenv virtualenv: set {OPENENV_PYTHON_VAR} to its "
@@ -66,35 +60,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.interop)
-        pending = item.get_closest_marker("pending")
-        if pending is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=f"pending: {pending.args[0]}"))
-
-
-_PENDING: list[str] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
-    if report.skipped and item.get_closest_marker("pending") is not None:
-        if report.when == "call":
-            _PENDING.append(item.nodeid)
-        return
     if report.skipped:
         # A check that did not run must not look like one that passed.
         reason = getattr(report, "wasxfail", None) or str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"interop tests must all run, but this one was skipped/xfailed: {reason}"
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _PENDING:
-        terminalreporter.write_line(
-            f"interop: {len(_PENDING)} test(s) pending a feature not built yet (strict xfail):")
-        for nodeid in _PENDING:
-            terminalreporter.write_line(f"  {nodeid}")
 
 
 # ----------------------------------------------------------------------- fixtures
