@@ -78,7 +78,7 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
 
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
 CLIENT = ["_session.py", "_retry.py", "_recovery.py", "_hooks.py", "_driver.py",
-          "_connector.py", "_client.py", "_mock.py", "_transport.py"]
+          "_connector.py", "_client.py", "_mock.py", "_transport.py", "_http.py"]
 
 
 def runtime_import_froms(path: Path) -> set[tuple[str, str]]:
@@ -140,3 +140,13 @@ def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
     """_timeouts (used by client, transport and bridge) imports no other envlink module."""
     internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
     assert internal == {"envlink._errors"}, internal
+
+
+def test_the_http_client_depends_on_the_error_tree_only() -> None:
+    """_http (POST /mcp for OpenEnv detached sessions) imports no websockets and no other
+    envlink module but the errors; only the transport and the connector use it."""
+    names = imported(SRC / "_http.py")
+    assert "websockets" not in top(names)
+    assert {n for n in names if n.startswith("envlink.")} <= {"envlink._errors"}
+    users = sorted(p.name for p in SRC.glob("*.py") if "envlink._http" in imported(p))
+    assert users == ["_connector.py", "_websocket.py"]

@@ -236,8 +236,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         de-duplicated), ``"openenv-resume"`` (an OpenEnv 0.10 detached session:
         re-attach by ``session_id``, an interrupted step settled from ``step_count``),
         ``"replay"`` or ``"raise"``. It follows ``on_session_lost`` and what the server
-        offered on the current connection (before the first connection, what the
-        policy would try first).
+        has offered so far: before the first connection nothing is offered yet, so
+        ``"resume"`` shows ``"raise"`` (and ``"auto"`` ``"replay"`` once an episode runs).
         """
         return self._core.mechanism
 
