@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 
 import envlink
 from envlink import GenericEnvClient, set_testing
-from envlink.server import EnvServer
+from envlink.server import EnvServer, StepResult
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -145,3 +145,69 @@ async def test_client_resumes_on_detached_sessions_and_settles_the_step(
         assert (journal.entries[-1].response is None) == applied
         assert srv.counter("session.created") == 1
         await srv.wait_for("session.destroyed")
+
+
+class _Uncounted:
+    """An environment whose state has no step_count: a lost step cannot be settled."""
+
+    def __init__(self) -> None:
+        self.applied = 0
+
+    def reset(self, **_: Any) -> StepResult:
+        self.applied = 0
+        return StepResult(observation={"n": 0})
+
+    def step(self, action: dict[str, Any]) -> StepResult:
+        self.applied += 1
+        return StepResult(observation={"n": self.applied})
+
+    def state(self) -> dict[str, Any]:
+        return {"episode_id": "e"}
+
+
+async def test_a_step_without_a_count_to_settle_it_is_never_resent() -> None:
+    """No step_count in the state: the lost step is OutcomeUnknownError(applied=None)."""
+    async with EnvServer(env=_Uncounted, detached_sessions=True, extensions=False) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="resume", timeout=5.0)
+        try:
+            await env.reset()
+            srv.faults.drop_mode = "after_apply"
+            srv.faults.drop_after = 3  # the attach's state, reset, then this step
+            with pytest.raises(envlink.OutcomeUnknownError) as unknown:
+                await env.step({"x": 1})
+            assert unknown.value.applied is None
+            assert env.journal.unknown_steps == ['{"x": 1}']
+            # The session itself is back: the next step runs on it (applied once each).
+            assert (await env.step({"x": 2})).observation["n"] == 2
+        finally:
+            await env.close()
+
+
+@pytest.mark.parametrize("policy", ["resume", "auto"])
+async def test_a_session_closed_behind_the_clients_back(policy: str) -> None:
+    """Closed while detached: resume says session_unknown with the journal; auto replays."""
+    async with EnvServer(env="deterministic", detached_sessions=True,
+                         extensions=False) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost=policy, timeout=5.0)  # type: ignore[arg-type]
+        try:
+            await env.reset(seed=9)
+            await env.step({"move": 1})
+            (session,) = srv.sessions()
+            for handle in srv.connections:
+                handle.abort()
+            await srv.wait_for("session.detached")
+            _, closed = await _post(srv, _rpc("openenv/session/close", session_id=session.id))
+            assert closed["result"]["closed"] is True
+            if policy == "resume":
+                with pytest.raises(envlink.SessionGoneError) as gone:
+                    await env.step({"move": 1})
+                assert gone.value.reason == "session_unknown"
+                assert [e.action for e in gone.value.journal.entries] == [{"move": 1}]  # type: ignore[union-attr]
+                with pytest.raises(envlink.SessionLostError):
+                    await env.step({"move": 1})
+            else:
+                result = await env.step({"move": 1})
+                assert (result.observation["position"], result.observation["step"]) == (2, 2)
+                assert env.recovery == "openenv-resume"  # the rebuilt session is detached too
+        finally:
+            await env.close()
