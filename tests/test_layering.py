@@ -25,6 +25,23 @@ def imported(path: Path) -> set[str]:
     return names
 
 
+def runtime_imports(path: Path) -> set[str]:
+    """Imports outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+               and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+               for n in ast.walk(node)}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
 def top(names: set[str]) -> set[str]:
     return {n.split(".")[0] for n in names} | names
 
@@ -58,12 +75,33 @@ def test_telemetry_never_imports_the_client() -> None:
         assert not imported(SRC / name) & forbidden, name
 
 
-def test_the_bridge_knows_nothing_of_environments() -> None:
+BRIDGE = sorted((SRC / "_bridge").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", BRIDGE, ids=lambda p: p.name)
+def test_the_bridge_knows_nothing_of_environments(path: Path) -> None:
     """The generic bridge imports no client, protocol or transport module."""
     forbidden = {"envlink._client", "envlink._protocol", "envlink._transport", "envlink._echo",
                  "envlink._websocket",
                  "envlink._sync", "envlink.server"}
-    assert not imported(SRC / "_bridge.py") & forbidden
+    assert not imported(path) & forbidden
+
+
+@pytest.mark.parametrize("path", BRIDGE, ids=lambda p: p.name)
+def test_the_bridge_imports_no_telemetry(path: Path) -> None:
+    """The generic bridge reports to hooks: it imports neither envlink's telemetry nor
+    OpenTelemetry (outside type annotations); of envlink, only errors and the pure timeout
+    helpers."""
+    names = imported(path)
+    envlink = {n for n in names if n.startswith("envlink.") and not n.startswith("envlink._bridge")}
+    assert envlink <= {"envlink._errors", "envlink._config", "envlink._timeouts"}, envlink
+    assert not {n for n in runtime_imports(path) if n.startswith("opentelemetry")}
+
+
+def test_the_bridge_is_split_on_its_seams() -> None:
+    """Loop thread, hand-off, adapters, proxy and hooks are modules of their own."""
+    assert {p.name for p in BRIDGE} >= {"_loop.py", "_handoff.py", "_adapters.py", "_proxy.py",
+                                         "_hooks.py", "_core.py"}
 
 
 def test_library_code_uses_the_opentelemetry_api_only() -> None:
@@ -134,6 +172,50 @@ def test_client_modules_point_one_way() -> None:
     for i, module in enumerate(order):
         later = {f"envlink.{m[:-3]}" for m in order[i + 1:]}
         assert not imported(SRC / module) & later, module
+
+
+SERVER = SRC / "server"
+
+
+def test_the_server_dispatch_is_pure() -> None:
+    """What a frame means and what to answer is decided without sockets, asyncio, websockets
+    or telemetry, so conformance tests drive it directly; fault decisions are pure too."""
+    for name in ("_dispatch.py", "_faults.py", "_environment.py"):
+        names = top(runtime_imports(SERVER / name))
+        assert not names & (IO_MODULES | {"opentelemetry", "threading"}), (name, names)
+        internal = {n for n in names if n.startswith("envlink.")}
+        assert internal <= {"envlink._errors", "envlink._protocol", "envlink.server._environment",
+                            "envlink.server._faults", "envlink.server._session"}, (name, internal)
+
+
+def test_only_the_server_io_layers_import_websockets() -> None:
+    """In the server, websockets is used by the listener, the handshake, the connection
+    handle and the POST /mcp reader only (others name its types in annotations at most)."""
+    users = sorted(p.name for p in SERVER.glob("*.py")
+                   if "websockets" in top(runtime_imports(p)))
+    assert users == ["_connection.py", "_handshake.py", "_mcp_http.py", "_server.py"]
+
+
+def test_the_chaos_suite_uses_the_public_api_only() -> None:
+    """tests/chaos imports envlink and envlink.server public names only (survives refactors)."""
+    import envlink
+    import envlink.server
+
+    public = {"envlink": set(envlink.__all__), "envlink.server": set(envlink.server.__all__)}
+    chaos = SRC.parents[1] / "tests" / "chaos"
+    files = sorted(chaos.glob("*.py"))
+    assert files
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("envlink"):
+                        assert alias.name in public, (path.name, alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("envlink"):
+                assert node.module in public, (path.name, node.module)
+                names = {a.name for a in node.names}
+                assert names <= public[node.module], (path.name, names - public[node.module])
 
 
 def test_the_deadline_module_depends_on_the_error_tree_only() -> None:

@@ -22,7 +22,7 @@ EXPECTED = {
     "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
     "PhaseFinished", "ClientEvent",
     # the bridge
-    "Bridge", "SyncProxy",
+    "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
     # telemetry
     "configure",
     # errors

@@ -12,7 +12,14 @@ __version__ = "0.1.0.dev0"
 
 from typing import TYPE_CHECKING, Any
 
-from envlink._bridge import Bridge, SyncProxy
+from envlink._bridge import (
+    Bridge,
+    BridgeCallFinished,
+    BridgeCallStarted,
+    BridgeHook,
+    SyncProxy,
+    set_default_hooks,
+)
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
@@ -51,9 +58,13 @@ from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sync import SyncEnvClient
+from envlink._telemetry_bridge import default_bridge_hooks
 
 if TYPE_CHECKING:
     from envlink.telemetry import configure
+
+# The generic bridge imports no telemetry: envlink gives it its OpenTelemetry emitter.
+set_default_hooks(default_bridge_hooks)
 
 
 def __getattr__(name: str) -> Any:
@@ -68,6 +79,9 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "UNSET",
     "Bridge",
+    "BridgeCallFinished",
+    "BridgeCallStarted",
+    "BridgeHook",
     "CallFinished",
     "CallStarted",
     "CallTimeoutError",

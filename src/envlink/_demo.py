@@ -11,8 +11,8 @@ to Prometheus and everything exported over OTLP at the same time.
 from __future__ import annotations
 
 import argparse
-import math
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
-__all__ = ["percentile", "run_demo"]
+__all__ = ["DESCRIPTION", "add_arguments", "demo_from_args", "percentile", "run_demo"]
 
 _PROG = "envlink demo"
 _ROOT_SPAN = "envlink demo episode"
@@ -43,32 +43,34 @@ class _Call:
     result: str
 
 
-def percentile(samples: Sequence[float], p: float) -> float:
+def percentile(samples: Sequence[float], p: int) -> float:
     """The ``p``-th percentile of ``samples``, linearly interpolated between ranks.
+
+    :func:`statistics.quantiles` with the ``inclusive`` method (the samples are
+    the whole population of the demo's calls).
 
     Args:
         samples: the values (any order, at least one).
-        p: the percentile, within 0..100.
+        p: the percentile, an integer within 0..100.
 
     Raises:
         ValueError: ``samples`` is empty or ``p`` is out of range.
     """
     if not samples:
         raise ValueError("percentile of no samples")
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {p}")
-    ordered = sorted(samples)
-    rank = p / 100 * (len(ordered) - 1)
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    if not (0 <= p <= 100 and float(p).is_integer()):
+        raise ValueError(f"percentile must be an integer within 0..100, got {p}")
+    if len(samples) == 1 or p in (0, 100):
+        return float(max(samples) if p == 100 else min(samples))
+    return statistics.quantiles(samples, n=100, method="inclusive")[int(p) - 1]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=_PROG,
-        description="Start the reference server on a free loopback port, run a traced "
-                    "episode against it through the sync facade, and report latencies "
-                    "and the span tree.")
+DESCRIPTION = ("Start the reference server on a free loopback port, run a traced episode "
+               "against it through the sync facade, and report latencies and the span tree.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``envlink demo`` to ``parser``."""
     parser.add_argument("--steps", type=int, default=5, metavar="N",
                         help="number of echo_message steps (default: 5)")
     parser.add_argument("--prometheus-port", type=int, default=None, metavar="P",
@@ -87,7 +89,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"),
                         help="minimum level of log lines on stderr (default: info)")
-    return parser
 
 
 def run_demo(argv: list[str] | None = None) -> int:
@@ -100,19 +101,21 @@ def run_demo(argv: list[str] | None = None) -> int:
         0 on success, 1 on failure (with a one-line reason on stderr), 2 on a
         usage error.
     """
-    parser = _parser()
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exc:  # argparse exits on --help and on usage errors
-        return int(exc.code or 0) if isinstance(exc.code, int) else 2
+    from envlink._cli import main
+
+    return main(["demo", *(sys.argv[1:] if argv is None else argv)])
+
+
+def demo_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the demo with parsed arguments; ``parser`` reports usage errors (exit status 2).
+
+    Returns:
+        0 on success, 1 on failure (with a one-line reason on stderr).
+    """
     if args.steps < 1:
-        parser.print_usage(sys.stderr)
-        sys.stderr.write(f"{_PROG}: error: --steps must be at least 1\n")
-        return 2
+        parser.error("--steps must be at least 1")
     if args.serve_metrics and args.prometheus_port is None:
-        parser.print_usage(sys.stderr)
-        sys.stderr.write(f"{_PROG}: error: --serve-metrics needs --prometheus-port\n")
-        return 2
+        parser.error("--serve-metrics needs --prometheus-port")
     try:
         _run(args, sys.stdout)
     except KeyboardInterrupt:

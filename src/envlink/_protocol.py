@@ -56,6 +56,7 @@ __all__ = [
     "encode_request",
     "encode_response",
     "server_error",
+    "validate_request",
 ]
 
 #: Upgrade header carrying the envlink extension version. The client offers it on
@@ -218,7 +219,16 @@ def decode_request(raw: str | bytes) -> ResetRequest | StepRequest | StateReques
         ProtocolError: with ``reason`` starting with the OpenEnv error code that a
             server should answer (``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR``).
     """
-    obj = _loads(raw, code="INVALID_JSON: ")
+    return validate_request(_loads(raw, code="INVALID_JSON: "))
+
+
+def validate_request(obj: Any) -> ResetRequest | StepRequest | StateRequest | CloseRequest:
+    """Validate a request frame already decoded from JSON (so a server parses it once).
+
+    Raises:
+        ProtocolError: as :func:`decode_request`, ``VALIDATION_ERROR`` with the
+            pydantic ``ValidationError`` as ``__cause__`` when a field is wrong.
+    """
     if not isinstance(obj, dict):
         raise ProtocolError(f"VALIDATION_ERROR: frame is a JSON {_json_kind(obj)}, not an object")
     kind = obj.get("type")

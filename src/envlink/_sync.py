@@ -24,9 +24,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from envlink._bridge import Bridge, SyncProxy
+from envlink._bridge import DEFAULT_TIMEOUT, Bridge, Invoke, SyncProxy
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
+from envlink._telemetry_bridge import BridgeTelemetryHook
 
 if TYPE_CHECKING:
     from envlink._client import EnvClient, StepResult
@@ -40,25 +41,6 @@ StateT = TypeVar("StateT")
 #: Seconds the bridge waits beyond the client's own deadline, so that the client's
 #: timeout (which cleans up its connection properly) fires first.
 TIMEOUT_MARGIN = 0.5
-
-
-def _default_wait(client: Any, method: str, margin: float) -> float | None:
-    """How long the bridge waits for ``method`` when the caller gave no timeout."""
-    timeouts = getattr(client, "timeouts", None)
-    call = getattr(timeouts, "call", None)
-    if method == "connect":
-        # The client bounds connect() by its call deadline (the connect phase bounds
-        # each attempt within it).
-        seconds = call
-    elif method == "disconnect":
-        seconds = getattr(timeouts, "close", call)
-    elif method == "close":
-        close = getattr(timeouts, "close", call)
-        # close() waits for the call in flight, then for the closing handshake.
-        seconds = None if close is None else 2 * close
-    else:
-        seconds = call
-    return None if seconds is None else seconds + margin
 
 
 _timeout_params: dict[tuple[type, str], bool] = {}
@@ -79,18 +61,21 @@ def _accepts_timeout(client: Any, method: str, fn: Callable[..., Any]) -> bool:
     return known
 
 
-def _bridged(bridge: Bridge, client: Any, margin: float, method: str,
+def _bridged(bridge: Bridge, client: EnvClient[Any, Any, Any], margin: float, method: str,
              fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             timeout: float | UnsetType | None) -> Any:
-    if timeout is UNSET:
-        wait = _default_wait(client, method, margin)
+             timeout: Any) -> Any:
+    """Run one client call on the bridge, waiting the client's own deadline plus ``margin``."""
+    if timeout is UNSET or timeout is DEFAULT_TIMEOUT:
+        deadline = client.call_deadline(method)
     elif _accepts_timeout(client, method, fn):
         # Validated before the margin is added: the error names the caller's value.
         timeout = check_timeout(timeout)
         kwargs = {**kwargs, "timeout": timeout}
-        wait = None if timeout is None else timeout + margin
+        deadline = client.call_deadline(method, timeout)
     else:
-        wait = timeout
+        # The method has no deadline of its own: timeout= bounds only the bridge's wait.
+        deadline, margin = timeout, 0.0
+    wait = None if deadline is None else deadline + margin
     # The caller's arguments are bound here: Bridge.call keeps `timeout=` and `method=`
     # for itself, and an argument of the same name must reach the client.
     bound = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
@@ -127,9 +112,12 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         timeout_margin = margin
         owns = bridge is None
         if bridge is None:
-            bridge = Bridge(tracer_provider=getattr(client, "tracer_provider", None),
-                            meter_provider=getattr(client, "meter_provider", None))
-        super().__init__(client, bridge, timeout=_default_wait(client, "call", timeout_margin))
+            # The bridge's telemetry goes where the client's goes.
+            bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
+                                                       client.meter_provider)])
+        deadline = client.call_deadline("call")
+        super().__init__(client, bridge,
+                         timeout=None if deadline is None else deadline + timeout_margin)
         self._envlink_owns_bridge = owns
         self._envlink_margin = float(timeout_margin)
         self._envlink_close_lock = threading.Lock()
@@ -144,20 +132,10 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         return _bridged(self._envlink_bridge, client, self._envlink_margin, method,
                         getattr(client, method), args, kwargs, timeout)
 
-    def _envlink_wrap(self, name: str, attr: Any) -> Callable[..., Any] | None:
-        if not inspect.iscoroutinefunction(attr):
-            return super()._envlink_wrap(name, attr)
+    def _envlink_invoke(self) -> Invoke:
         # Captured by value: no reference cycle through the facade.
-        bridge, client, margin = self._envlink_bridge, self._envlink_target, self._envlink_margin
-
-        def call(*args: Any, timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
-            return _bridged(bridge, client, margin, name, attr, args, kwargs, timeout)
-
-        call.__name__ = name
-        call.__qualname__ = f"{type(self).__name__}.{name}"
-        call.__doc__ = getattr(attr, "__doc__", None)
-        call.__wrapped__ = attr  # type: ignore[attr-defined]
-        return call
+        return functools.partial(_bridged, self._envlink_bridge, self._envlink_target,
+                                 self._envlink_margin)
 
     # ------------------------------------------------------------------ properties
 

@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace.export import (
 
 from envlink import names
 from envlink._logging import add_trace_context, configure_logging, trace_context
+from envlink._telemetry_bridge import BridgeTelemetryHook
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     *names.__all__,
     "ClientTelemetryHook",
+    "BridgeTelemetryHook",
     "OtlpProtocol",
     "TelemetryHandle",
     "add_trace_context",

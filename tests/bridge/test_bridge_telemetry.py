@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
+from _otel_support import Otel
 from envlink import CallTimeoutError, ClientClosedError
 from envlink._telemetry import (
     ATTR_BRIDGE_QUEUE_WAIT,
@@ -21,8 +22,6 @@ from envlink._telemetry import (
     METRIC_BRIDGE_CALL_DURATION,
     METRIC_BRIDGE_WAIT_DURATION,
 )
-
-from .conftest import Otel
 
 pytestmark = pytest.mark.timeout(20)
 

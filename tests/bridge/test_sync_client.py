@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from envlink import UNSET, ClientClosedError, ReentrantCallError
+from envlink import UNSET, ClientClosedError, EnvClient, ReentrantCallError
 from envlink._bridge import Bridge
 from envlink._sync import TIMEOUT_MARGIN, SyncEnvClient
 
@@ -28,6 +28,8 @@ class FakeTimeouts:
 
 class FakeClient:
     """Shaped like envlink.EnvClient: coroutine methods with a keyword ``timeout``."""
+
+    call_deadline = EnvClient.call_deadline  # the real mapping, on these timeouts
 
     def __init__(self) -> None:
         self.timeouts = FakeTimeouts()
@@ -83,6 +85,7 @@ class DuckClient:
     """The minimal duck type: methods without a ``timeout`` parameter of their own."""
 
     timeouts = FakeTimeouts()
+    call_deadline = EnvClient.call_deadline
 
     def __init__(self) -> None:
         self.kwargs: list[dict[str, Any]] = []
@@ -312,3 +315,20 @@ def test_close_from_the_loop_thread_raises_and_leaves_close_possible() -> None:
     assert isinstance(env.bridge.call(close_from_loop, timeout=5), ReentrantCallError)
     env.close()
     assert client.closed
+
+
+def test_the_client_names_each_calls_deadline() -> None:
+    """EnvClient.call_deadline: connect and protocol calls take the call deadline, disconnect
+    the close deadline, close twice that (it waits for the call in flight first); an explicit
+    timeout replaces the default, None means no limit."""
+    from envlink import GenericEnvClient, Timeout
+
+    client = GenericEnvClient(base_url="ws://127.0.0.1:9", timeout=Timeout(3.0, close=0.25))
+    assert [client.call_deadline(m) for m in ("connect", "reset", "step", "state", "ping")] \
+        == [3.0] * 5
+    assert client.call_deadline("disconnect") == 0.25
+    assert client.call_deadline("close") == 0.5
+    assert client.call_deadline("step", 7.0) == 7.0
+    assert client.call_deadline("close", 1.0) == 2.0
+    assert client.call_deadline("step", None) is None
+    assert client.call_deadline("close", None) is None

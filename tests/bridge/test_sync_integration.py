@@ -7,13 +7,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from _otel_support import Otel
 from envlink import CallTimeoutError, EchoEnv, GenericEnvClient, set_testing
 from envlink._bridge import Bridge
 from envlink._telemetry import METRIC_BRIDGE_CALL_DURATION
@@ -24,23 +20,17 @@ from .conftest import envlink_threads
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    with ServerThread(env="echo") as st:
-        yield st
-
-
 @pytest.fixture(autouse=True)
 def _no_backoff_waits() -> Iterator[None]:
     with set_testing():
         yield
 
 
-def test_echo_episode_through_the_sync_facade(server: ServerThread) -> None:
+def test_echo_episode_through_the_sync_facade(server_thread: ServerThread) -> None:
     """reset/step/state and a bridged extra coroutine method (call_tool) work end to end, and
     closing leaves no bridge thread behind."""
     before = envlink_threads()
-    with EchoEnv(base_url=server.url).sync() as env:
+    with EchoEnv(base_url=server_thread.url).sync() as env:
         assert env.async_client.connected
         reset = env.reset()
         assert reset.observation.echoed_message == "Echo environment ready!"
@@ -49,9 +39,9 @@ def test_echo_episode_through_the_sync_facade(server: ServerThread) -> None:
     assert envlink_threads() - before == set()
 
 
-def test_generic_client_dict_actions(server: ServerThread) -> None:
+def test_generic_client_dict_actions(server_thread: ServerThread) -> None:
     """GenericEnvClient(...).sync() steps with plain dict actions."""
-    env = GenericEnvClient(base_url=server.url).sync()
+    env = GenericEnvClient(base_url=server_thread.url).sync()
     try:
         env.reset()
         result = env.step({"message": "plain"})
@@ -60,18 +50,18 @@ def test_generic_client_dict_actions(server: ServerThread) -> None:
         env.close()
 
 
-def test_client_deadline_fires_before_the_bridge(server: ServerThread) -> None:
+def test_client_deadline_fires_before_the_bridge(server_thread: ServerThread) -> None:
     """With a slow server, timeout= is the client's own deadline (its CallTimeoutError, not
     the bridge's), and the facade stays usable afterwards."""
-    env = GenericEnvClient(base_url=server.url).sync()
+    env = GenericEnvClient(base_url=server_thread.url).sync()
     try:
         env.reset()
-        server.call(lambda s: setattr(s.faults, "latency", 1.0))
+        server_thread.call(lambda s: setattr(s.faults, "latency", 1.0))
         try:
             with pytest.raises(CallTimeoutError) as info:
                 env.step({"message": "slow"}, timeout=0.3)
         finally:
-            server.call(lambda s: setattr(s.faults, "latency", 0.0))
+            server_thread.call(lambda s: setattr(s.faults, "latency", 0.0))
         assert "bridged call" not in str(info.value)
         env.reset()
         assert env.step({"message": "again"}).observation["echoed_message"] == "again"
@@ -79,39 +69,30 @@ def test_client_deadline_fires_before_the_bridge(server: ServerThread) -> None:
         env.close()
 
 
-def test_traces_nest_caller_bridge_client(server: ServerThread) -> None:
+def test_traces_nest_caller_bridge_client(server_thread: ServerThread, otel: Otel) -> None:
     """The caller's span is the parent of the bridge span, itself the parent of the client's
     CLIENT span; the bridge histogram is recorded."""
-    exporter = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    mp = MeterProvider(metric_readers=[reader])
-    env = GenericEnvClient(base_url=server.url, tracer_provider=tp, meter_provider=mp).sync()
+    tp = otel.tracer_provider
+    env = GenericEnvClient(base_url=server_thread.url, tracer_provider=tp,
+                           meter_provider=otel.meter_provider).sync()
     try:
         with tp.get_tracer("test").start_as_current_span("handler") as handler:
             env.reset()
     finally:
         env.close()
-        tp.shutdown()
-    spans = exporter.get_finished_spans()
+    spans = otel.spans()
     hop = next(s for s in spans if s.name == "envlink.bridge reset")
     client = next(s for s in spans if s.name == "reset" and s.kind is SpanKind.CLIENT)
     assert hop.parent is not None
     assert hop.parent.span_id == handler.get_span_context().span_id
     assert client.parent is not None
     assert client.parent.span_id == hop.context.span_id
-    data = reader.get_metrics_data()
-    assert data is not None
-    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics
-             for m in sm.metrics}
-    assert METRIC_BRIDGE_CALL_DURATION in names
-    mp.shutdown()
+    assert METRIC_BRIDGE_CALL_DURATION in {m.name for m in otel.metrics()}
 
 
-def test_one_facade_from_many_threads(server: ServerThread) -> None:
+def test_one_facade_from_many_threads(server_thread: ServerThread) -> None:
     """4 threads x 25 steps through one facade: every answer is the thread's own."""
-    env = GenericEnvClient(base_url=server.url).sync()
+    env = GenericEnvClient(base_url=server_thread.url).sync()
     barrier = threading.Barrier(4)
 
     def worker(i: int) -> int:
@@ -132,10 +113,10 @@ def test_one_facade_from_many_threads(server: ServerThread) -> None:
         env.close()
 
 
-def test_many_sessions_share_one_bridge(server: ServerThread) -> None:
+def test_many_sessions_share_one_bridge(server_thread: ServerThread) -> None:
     """10 sessions on one shared bridge use its single thread; closing them leaves it open."""
     with Bridge() as shared:
-        envs = [GenericEnvClient(base_url=server.url).sync(bridge=shared) for _ in range(10)]
+        envs = [GenericEnvClient(base_url=server_thread.url).sync(bridge=shared) for _ in range(10)]
         for i, env in enumerate(envs):
             env.reset()
             assert env.step({"message": str(i)}).observation["echoed_message"] == str(i)
@@ -148,9 +129,9 @@ def test_many_sessions_share_one_bridge(server: ServerThread) -> None:
         assert shared.thread.is_alive()
 
 
-def test_8_threads_x_500_steps_on_one_sync_client(server: ServerThread) -> None:
+def test_8_threads_x_500_steps_on_one_sync_client(server_thread: ServerThread) -> None:
     """8 threads x 500 step() calls on one sync client: 0 wrong answers, 0 errors."""
-    env = GenericEnvClient(base_url=server.url).sync()
+    env = GenericEnvClient(base_url=server_thread.url).sync()
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
@@ -178,18 +159,18 @@ def test_8_threads_x_500_steps_on_one_sync_client(server: ServerThread) -> None:
         env.close()
 
 
-def test_200_real_sync_clients_leave_no_envlink_thread(server: ServerThread) -> None:
+def test_200_real_sync_clients_leave_no_envlink_thread(server_thread: ServerThread) -> None:
     """200 sync clients on real connections, created, used and closed: no thread left."""
     before = envlink_threads()
     for i in range(200):
-        with GenericEnvClient(base_url=server.url).sync() as env:
+        with GenericEnvClient(base_url=server_thread.url).sync() as env:
             env.reset()
             assert env.step({"message": str(i)}).observation["echoed_message"] == str(i)
     assert envlink_threads() - before == set()
     # Every connection was closed properly: the server saw each one end.
-    opened = server.call(lambda srv: srv.connections_opened)
-    server.call(lambda srv: srv.wait_for("connection.closed", opened), timeout=10)
-    assert server.call(lambda srv: srv.active_connections) == 0
+    opened = server_thread.call(lambda srv: srv.connections_opened)
+    server_thread.call(lambda srv: srv.wait_for("connection.closed", opened), timeout=10)
+    assert server_thread.call(lambda srv: srv.active_connections) == 0
 
 
 def test_forked_child_never_touches_the_parents_session() -> None:

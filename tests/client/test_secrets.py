@@ -6,11 +6,9 @@ import socket
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from structlog.testing import capture_logs
 
+from _otel_support import Otel
 from envlink import ConnectError, GenericEnvClient, HandshakeRejectedError, ReconnectPolicy
 from envlink.server import EnvServer
 
@@ -37,11 +35,9 @@ def everything_in(spans: Any, logs: list[dict[str, Any]], errors: list[BaseExcep
     return "\n".join(parts)
 
 
-async def test_no_secret_anywhere(server: EnvServer) -> None:
+async def test_no_secret_anywhere(server: EnvServer, otel: Otel) -> None:
     """Authorization headers, URL passwords and resume tokens appear in no span, log or error."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider = otel.tracer_provider
     errors: list[BaseException] = []
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,7 +66,7 @@ async def test_no_secret_anywhere(server: EnvServer) -> None:
         with pytest.raises(ConnectError) as info2:
             await unreachable.reset()
         errors.append(info2.value)
-    text = everything_in(exporter.get_finished_spans(), logs, errors)
+    text = everything_in(otel.spans(), logs, errors)
     assert server.resumes == 1
     # The haystack is real: spans, log events and errors were all captured.
     assert "rpc.method=step" in text and "envlink.session_lost" in text

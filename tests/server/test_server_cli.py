@@ -101,3 +101,34 @@ async def test_events_flag_announces_server_events() -> None:
     assert all(line.startswith("envlink serve: event ") for line in out.splitlines())
     assert ["connection.opened", "1"] in events
     assert events.index(["request.state", "1"]) < events.index(["applied.state", "1"])
+
+
+def test_envlink_command_dispatches_to_its_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    """`envlink` is one parser: version, help, serve and demo options, usage errors."""
+    from envlink import __version__
+    from envlink._cli import main as envlink_main
+
+    assert envlink_main(["version"]) == 0
+    assert envlink_main(["--version"]) == 0
+    assert capsys.readouterr().out == f"envlink {__version__}\n" * 2
+    assert envlink_main(["help"]) == 0
+    assert "serve" in capsys.readouterr().out
+    assert envlink_main([]) == 2  # no command: usage on stdout, as a usage error
+    assert "usage: envlink" in capsys.readouterr().out
+    assert envlink_main(["teleport"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert envlink_main(["serve", "--help"]) == 0
+    assert "--drop-after" in capsys.readouterr().out
+    assert envlink_main(["serve", "--max-sessions", "0"]) == 2
+    assert envlink_main(["demo", "--steps", "0"]) == 2
+    assert "envlink demo: error: --steps must be at least 1" in capsys.readouterr().err
+
+
+def test_envlink_serve_and_python_m_server_share_their_options() -> None:
+    """`envlink serve` and `python -m envlink.server` parse the same options the same way."""
+    from envlink._cli import build_parser as envlink_parser
+
+    argv = ["--port", "0", "--env", "deterministic", "--drop-after", "3", "--no-extensions"]
+    top = vars(envlink_parser().parse_args(["serve", *argv]))
+    alone = vars(build_parser().parse_args(argv))
+    assert {k: top[k] for k in alone} == alone

@@ -208,6 +208,20 @@ async def test_corrupt_oversize_exceeds_client_limit(server: EnvServer) -> None:
         assert info.value.sent.code == 1009
 
 
+async def test_connection_oversize_bytes_is_its_own(server: EnvServer) -> None:
+    """A connection's own oversize fault sends about the size it asked for, not the server's."""
+    server.faults.oversize_bytes = 3 * 1024 * 1024  # must not be used for this connection
+    async with open_ws(server, max_size=None) as ws:
+        handle = await server.wait_for_connection(1)
+        handle.faults.corrupt_frames = 1
+        handle.faults.corrupt_kind = "oversize"
+        handle.faults.oversize_bytes = 200_000
+        await ws.send(json.dumps(STATE))
+        raw = await ws.recv()
+        assert 200_000 <= len(raw) < 200_000 + 1024
+        assert (await rpc(ws, STATE))["type"] == "state"  # one-shot, then answers resume
+
+
 async def test_refuse_next_upgrades(server: EnvServer) -> None:
     """The next N upgrades are refused with the status and Retry-After; then accepted."""
     server.faults.refuse = 2
@@ -271,3 +285,23 @@ async def test_stop_does_not_wait_out_injected_latency() -> None:
         start = time.perf_counter()
         await server.stop()
         assert time.perf_counter() - start < 5.0
+
+
+async def test_closed_connections_are_not_kept_alive_by_their_handles(server: EnvServer) -> None:
+    """The handles the server remembers do not keep closed connections (and buffers) alive."""
+    import gc
+
+    from websockets.asyncio.server import ServerConnection
+
+    for _ in range(20):
+        async with open_ws(server) as ws:
+            await rpc(ws, STATE)
+    await server.wait_for_disconnect(20)
+    handle = await server.wait_for_connection(20)
+    assert handle.closed and handle.lost.done()
+    handle.abort()  # harmless once closed
+    handle.stall()
+    handle.unstall()
+    gc.collect()
+    alive = [o for o in gc.get_objects() if isinstance(o, ServerConnection)]
+    assert len(alive) <= 1, len(alive)

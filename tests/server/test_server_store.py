@@ -82,6 +82,35 @@ async def test_expired_records_are_dropped(tmp_path: Path) -> None:
         assert b.sessions() == []
 
 
+async def test_crash_loop_does_not_renew_an_abandoned_sessions_grace(tmp_path: Path) -> None:
+    """A session attached when the process died gets one persisted deadline, not one per restart."""
+    # A server that is never stopped cleanly while its client is attached stands for
+    # a process killed with SIGKILL: its record on disk has no deadline.
+    async with EnvServer(env="deterministic", session_store=tmp_path,
+                         ping_interval=None) as crashed, open_ws(crashed, extensions=True) as ws:
+        token = token_of(ws)
+        await rpc(ws, {"type": "reset", "data": {"seed": 3}})
+        # First restart: the abandoned session gets one 5 s window...
+        async with EnvServer(env="deterministic", session_store=tmp_path, resume_grace=5.0,
+                             ping_interval=None) as first:
+            [loaded] = first.sessions()
+            assert loaded.expires_in is not None and loaded.expires_in <= 5.0
+        # ...and a second restart (with a longer grace) keeps that absolute deadline.
+        async with EnvServer(env="deterministic", session_store=tmp_path, resume_grace=1000.0,
+                             ping_interval=None) as second:
+            [again] = second.sessions()
+            assert again.id == loaded.id
+            assert again.expires_in is not None and again.expires_in <= 5.0
+            # A client that re-attaches is live again: the next crash gives a new window.
+            async with open_ws(second, extensions=True, resume=token) as resumed:
+                assert resumed.response is not None
+                assert resumed.response.headers[RESUMED_HEADER] == "1"
+                async with EnvServer(env="deterministic", session_store=tmp_path,
+                                     resume_grace=1000.0, ping_interval=None) as third:
+                    [renewed] = third.sessions()
+                    assert renewed.expires_in is not None and renewed.expires_in > 900.0
+
+
 async def test_plain_sessions_and_snapshotless_envs_not_persisted(tmp_path: Path) -> None:
     """Plain sessions, and environments without snapshot(), leave nothing on disk."""
     class NoSnapshot:

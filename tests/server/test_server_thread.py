@@ -58,3 +58,18 @@ def test_stop_is_idempotent() -> None:
     st.start()
     st.stop()
     st.stop()
+
+
+def test_call_timeout_cancels_and_the_server_goes_on() -> None:
+    """A call that does not finish in time raises TimeoutError (it is cancelled on the
+    server loop); the next call works; after stop() calls are refused."""
+    st = ServerThread()
+    st.start()
+    try:
+        with pytest.raises(TimeoutError):
+            st.call(lambda s: s.wait_for_request("step", 1), timeout=0.05)
+        assert st.call(lambda s: s.steps_applied) == 0
+    finally:
+        st.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        st.call(lambda s: s.port)

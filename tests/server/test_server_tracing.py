@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from _server_support import RESET, STATE, open_ws, rpc, step
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from _otel_support import Otel
 from envlink.server import EnvServer
 
 pytestmark = pytest.mark.timeout(15)
@@ -23,33 +19,18 @@ MSG_PARENT_ID = "b7ad6b7169203331"
 MESSAGE_TP = f"00-{MSG_TRACE_ID}-{MSG_PARENT_ID}-01"
 
 
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-async def traced(exporter: InMemorySpanExporter) -> AsyncIterator[EnvServer]:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    async with EnvServer(tracer_provider=provider, ping_interval=None) as srv:
-        yield srv
-    provider.shutdown()
-
-
-async def test_span_parent_is_upgrade_traceparent(traced: EnvServer,
-                                                  exporter: InMemorySpanExporter) -> None:
+async def test_span_parent_is_upgrade_traceparent(traced_server: EnvServer, otel: Otel) -> None:
     """Each request records a SERVER span named for its method, child of the upgrade's context."""
     headers = {"traceparent": UPGRADE_TP, "tracestate": "vendor=1",
                "Authorization": "Bearer secret"}
-    async with open_ws(traced, headers=headers) as ws:
+    async with open_ws(traced_server, headers=headers) as ws:
         await rpc(ws, RESET)
         await rpc(ws, step({"message": "hi"}))
         await rpc(ws, STATE)
-    await traced.wait_for_disconnect(1)
-    spans = exporter.get_finished_spans()
+    await traced_server.wait_for_disconnect(1)
+    spans = otel.exporter.get_finished_spans()
     assert [s.name for s in spans] == ["reset", "step", "state"]
-    session_id = (await traced.wait_for_connection(1)).session_id
+    session_id = (await traced_server.wait_for_connection(1)).session_id
     for span in spans:
         assert span.kind is SpanKind.SERVER
         assert span.parent is not None
@@ -65,14 +46,13 @@ async def test_span_parent_is_upgrade_traceparent(traced: EnvServer,
         assert "secret" not in str(dict(span.attributes))
 
 
-async def test_message_traceparent_wins(traced: EnvServer,
-                                        exporter: InMemorySpanExporter) -> None:
+async def test_message_traceparent_wins(traced_server: EnvServer, otel: Otel) -> None:
     """In extension mode a per-message traceparent overrides the upgrade header."""
-    async with open_ws(traced, extensions=True, headers={"traceparent": UPGRADE_TP}) as ws:
+    async with open_ws(traced_server, extensions=True, headers={"traceparent": UPGRADE_TP}) as ws:
         await rpc(ws, {**STATE, "id": "1", "traceparent": MESSAGE_TP})
         await rpc(ws, {**STATE, "id": "2"})
-    await traced.wait_for_disconnect(1)
-    first, second = exporter.get_finished_spans()
+    await traced_server.wait_for_disconnect(1)
+    first, second = otel.exporter.get_finished_spans()
     assert first.parent is not None
     assert format(first.parent.span_id, "016x") == MSG_PARENT_ID
     assert format(first.context.trace_id, "032x") == MSG_TRACE_ID
@@ -80,23 +60,21 @@ async def test_message_traceparent_wins(traced: EnvServer,
     assert format(second.parent.span_id, "016x") == PARENT_ID
 
 
-async def test_error_answer_marks_span(traced: EnvServer,
-                                       exporter: InMemorySpanExporter) -> None:
+async def test_error_answer_marks_span(traced_server: EnvServer, otel: Otel) -> None:
     """An error answer sets error.type to its code and ERROR status."""
-    async with open_ws(traced) as ws:
+    async with open_ws(traced_server) as ws:
         await rpc(ws, step({"bad": 1}))
-    await traced.wait_for_disconnect(1)
-    (span,) = exporter.get_finished_spans()
+    await traced_server.wait_for_disconnect(1)
+    (span,) = otel.exporter.get_finished_spans()
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes is not None
     assert span.attributes["error.type"] == "VALIDATION_ERROR"
 
 
-async def test_no_traceparent_gives_root_spans(traced: EnvServer,
-                                               exporter: InMemorySpanExporter) -> None:
+async def test_no_traceparent_gives_root_spans(traced_server: EnvServer, otel: Otel) -> None:
     """Without trace context the server spans are roots."""
-    async with open_ws(traced) as ws:
+    async with open_ws(traced_server) as ws:
         await rpc(ws, STATE)
-    await traced.wait_for_disconnect(1)
-    (span,) = exporter.get_finished_spans()
+    await traced_server.wait_for_disconnect(1)
+    (span,) = otel.exporter.get_finished_spans()
     assert span.parent is None

@@ -21,11 +21,8 @@ from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2_grpc,
 )
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from _otel_support import Otel
 
 
 @pytest.fixture(autouse=True)
@@ -39,27 +36,6 @@ def _clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-
-
-@dataclass
-class LocalTelemetry:
-    tracer_provider: TracerProvider
-    meter_provider: MeterProvider
-    spans: InMemorySpanExporter
-    metrics: InMemoryMetricReader
-
-
-@pytest.fixture
-def local() -> Iterator[LocalTelemetry]:
-    """SDK providers of this test only, with in-memory span exporter and metric reader."""
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    mp = MeterProvider(metric_readers=[reader])
-    yield LocalTelemetry(tp, mp, spans, reader)
-    tp.shutdown()
-    mp.shutdown()
 
 
 @dataclass
@@ -220,13 +196,9 @@ def run_scripted_episode() -> Episode:
     from envlink import CallToolAction, EchoEnv, ListToolsAction, ServerError, set_testing
     from envlink.server import ServerThread
 
-    spans = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    mp = MeterProvider(metric_readers=[reader])
     session_ids: list[str] = []
-    try:
+    with Otel.capture() as otel:
+        tp, mp = otel.tracer_provider, otel.meter_provider
         with capture_logs() as logs, set_testing(), \
                 ServerThread(env="echo", tracer_provider=tp) as st:
             port = st.port
@@ -260,14 +232,7 @@ def run_scripted_episode() -> Episode:
                 _arm(st, drop_after=1)
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "s"}))
                 session_ids.append(resuming.session_id or "")
-        data = reader.get_metrics_data()
-        metrics = [m for rm in data.resource_metrics for sm in rm.scope_metrics
-                   for m in sm.metrics] if data is not None else []
-        return Episode(list(spans.get_finished_spans()), metrics, list(logs), port,
-                       session_ids)
-    finally:
-        tp.shutdown()
-        mp.shutdown()
+        return Episode(otel.spans(), otel.metrics(), list(logs), port, session_ids)
 
 
 @pytest.fixture(scope="module")

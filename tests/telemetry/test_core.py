@@ -10,38 +10,37 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+from _otel_support import Otel
 from envlink import _telemetry, telemetry
 from envlink._errors import CallTimeoutError
 from envlink._telemetry import Telemetry, error_type_of, get_telemetry
 
-from .conftest import LocalTelemetry
-
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_span_records_name_kind_parent_attributes(local: LocalTelemetry) -> None:
+def test_span_records_name_kind_parent_attributes(otel: Otel) -> None:
     """Telemetry.span nests spans with the given kind and attributes."""
-    tel = get_telemetry(local.tracer_provider, local.meter_provider)
+    tel = get_telemetry(otel.tracer_provider, otel.meter_provider)
     with tel.span("envlink.bridge step"), tel.span(
         "step", kind=SpanKind.CLIENT, attributes={"rpc.method": "step"}
     ):
         pass
-    spans = {s.name: s for s in local.spans.get_finished_spans()}
+    spans = {s.name: s for s in otel.exporter.get_finished_spans()}
     got = [(s.name, s.kind, s.parent.span_id if s.parent else None, dict(s.attributes or {}))
-           for s in local.spans.get_finished_spans()]
+           for s in otel.exporter.get_finished_spans()]
     outer = spans["envlink.bridge step"].context.span_id
     assert got == [("step", SpanKind.CLIENT, outer, {"rpc.method": "step"}),
                    ("envlink.bridge step", SpanKind.INTERNAL, None, {})]
 
 
-def test_span_marks_error_and_reraises_untouched(local: LocalTelemetry) -> None:
+def test_span_marks_error_and_reraises_untouched(otel: Otel) -> None:
     """An escaping exception sets error.type + ERROR and propagates as the same object."""
-    tel = get_telemetry(local.tracer_provider, local.meter_provider)
+    tel = get_telemetry(otel.tracer_provider, otel.meter_provider)
     exc = CallTimeoutError("deadline", method="step", timeout=1.0)
     with pytest.raises(CallTimeoutError) as caught, tel.span("step", kind=SpanKind.CLIENT):
         raise exc
     assert caught.value is exc
-    (span,) = local.spans.get_finished_spans()
+    (span,) = otel.exporter.get_finished_spans()
     assert span.status.status_code is StatusCode.ERROR
     assert dict(span.attributes or {}) == {"error.type": "timeout"}
     assert [e.name for e in span.events] == ["exception"]
@@ -66,9 +65,9 @@ def test_no_sdk_span_is_noop_and_keeps_context() -> None:
         raise KeyError("x")
 
 
-def test_instruments_never_raise(local: LocalTelemetry) -> None:
+def test_instruments_never_raise(otel: Otel) -> None:
     """add/record swallow errors from a broken instrument."""
-    tel = get_telemetry(local.tracer_provider, local.meter_provider)
+    tel = get_telemetry(otel.tracer_provider, otel.meter_provider)
 
     class Broken:
         def add(self, *a: object) -> None:
@@ -81,11 +80,11 @@ def test_instruments_never_raise(local: LocalTelemetry) -> None:
     tel.record(Broken(), 1.0)  # type: ignore[arg-type]
 
 
-def test_get_telemetry_is_cached(local: LocalTelemetry) -> None:
+def test_get_telemetry_is_cached(otel: Otel) -> None:
     """get_telemetry returns one Telemetry per provider pair."""
-    a = get_telemetry(local.tracer_provider, local.meter_provider)
-    assert get_telemetry(local.tracer_provider, local.meter_provider) is a
-    assert get_telemetry(local.tracer_provider, None) is not a
+    a = get_telemetry(otel.tracer_provider, otel.meter_provider)
+    assert get_telemetry(otel.tracer_provider, otel.meter_provider) is a
+    assert get_telemetry(otel.tracer_provider, None) is not a
 
 
 def test_global_provider_installed_later_is_used() -> None:

@@ -13,10 +13,10 @@ from opentelemetry.sdk.metrics.export import (
     Histogram as HistogramData,
 )
 from opentelemetry.sdk.metrics.export import (
-    InMemoryMetricReader,
     Sum,
 )
 
+from _otel_support import Otel
 from envlink._telemetry import (
     DURATION_BUCKETS,
     METRIC_CALL_DURATION,
@@ -100,18 +100,10 @@ def _record_every_instrument(tel: Telemetry) -> list[str]:
     return names
 
 
-def test_documented_metrics_are_exactly_the_instruments() -> None:
+def test_documented_metrics_are_exactly_the_instruments(otel: Otel) -> None:
     """Every instrument envlink creates is documented with its type and unit, and vice versa."""
-    reader = InMemoryMetricReader()
-    mp = MeterProvider(metric_readers=[reader])
-    try:
-        created = _record_every_instrument(Telemetry(None, mp))
-        data = reader.get_metrics_data()
-    finally:
-        mp.shutdown()
-    assert data is not None
-    emitted = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics
-               for m in sm.metrics}
+    created = _record_every_instrument(Telemetry(None, otel.meter_provider))
+    emitted = {m.name: m for m in otel.metrics()}
     docs = _documented_metrics()
     assert sorted(created) == sorted(emitted) == sorted(docs) == sorted(METRIC_NAMES)
     for name, doc in docs.items():

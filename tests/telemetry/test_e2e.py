@@ -9,11 +9,12 @@ import pytest
 from opentelemetry.trace import SpanKind
 from structlog.testing import capture_logs
 
+from _otel_support import Otel
 from envlink import CallToolAction, EchoEnv, ServerError
 from envlink.server import ServerThread
 from envlink.telemetry import configure
 
-from .conftest import LocalTelemetry, Receiver, _arm
+from .conftest import Receiver, _arm
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,21 +23,21 @@ def _by_id(spans: Any) -> dict[int, Any]:
     return {s.context.span_id: s for s in spans}
 
 
-def test_step_span_tree_and_attributes(local: LocalTelemetry) -> None:
+def test_step_span_tree_and_attributes(otel: Otel) -> None:
     """A sync step: bridge span → CLIENT step → SERVER step, with exact attributes."""
-    tracer = local.tracer_provider.get_tracer("test")
-    with ServerThread(env="echo", tracer_provider=local.tracer_provider) as st:
-        client = EchoEnv(base_url=st.url, tracer_provider=local.tracer_provider,
-                         meter_provider=local.meter_provider)
+    tracer = otel.tracer_provider.get_tracer("test")
+    with ServerThread(env="echo", tracer_provider=otel.tracer_provider) as st:
+        client = EchoEnv(base_url=st.url, tracer_provider=otel.tracer_provider,
+                         meter_provider=otel.meter_provider)
         with client.sync() as env:
             env.reset()
-            local.spans.clear()
+            otel.exporter.clear()
             with tracer.start_as_current_span("caller"):
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"}))
             session_id, episode_id = client.session_id, client.journal.episode_id
         port = st.port
-    (caller,) = [s for s in local.spans.get_finished_spans() if s.name == "caller"]
-    spans = [s for s in local.spans.get_finished_spans()
+    (caller,) = [s for s in otel.exporter.get_finished_spans() if s.name == "caller"]
+    spans = [s for s in otel.exporter.get_finished_spans()
              if s.context.trace_id == caller.context.trace_id]
     ids = _by_id(spans)
 
@@ -65,20 +66,20 @@ def test_step_span_tree_and_attributes(local: LocalTelemetry) -> None:
     ], key=str)
 
 
-def test_failed_call_log_and_span_share_the_trace(local: LocalTelemetry) -> None:
+def test_failed_call_log_and_span_share_the_trace(otel: Otel) -> None:
     """A failing step marks its spans with error.type and logs call_failed in the same trace."""
     with capture_logs() as logs, ServerThread(
-        env="echo", tracer_provider=local.tracer_provider
+        env="echo", tracer_provider=otel.tracer_provider
     ) as st:
-        client = EchoEnv(base_url=st.url, tracer_provider=local.tracer_provider,
-                         meter_provider=local.meter_provider)
+        client = EchoEnv(base_url=st.url, tracer_provider=otel.tracer_provider,
+                         meter_provider=otel.meter_provider)
         with client.sync() as env:
             env.reset()
-            local.spans.clear()
+            otel.exporter.clear()
             _arm(st, error_frames=1)
             with pytest.raises(ServerError):
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"}))
-    step = next(s for s in local.spans.get_finished_spans()
+    step = next(s for s in otel.exporter.get_finished_spans()
                 if s.name == "step" and s.kind is SpanKind.CLIENT)
     assert step.attributes["error.type"] == "server_error"
     (failed,) = [e for e in logs if e["event"] == "envlink.call_failed"]

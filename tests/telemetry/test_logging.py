@@ -12,16 +12,15 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from _otel_support import Otel
 from envlink import _logging
 from envlink._logging import add_trace_context, get_logger, trace_context
-
-from .conftest import LocalTelemetry
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _ids(local: LocalTelemetry) -> tuple[str, str, object]:
-    tracer = local.tracer_provider.get_tracer("test")
+def _ids(otel: Otel) -> tuple[str, str, object]:
+    tracer = otel.tracer_provider.get_tracer("test")
     cm = tracer.start_as_current_span("work")
     span = cm.__enter__()
     ctx = span.get_span_context()
@@ -35,9 +34,9 @@ def test_module_exports() -> None:
         "get_logger", "trace_context"])
 
 
-def test_logger_binds_ids_inside_span(local: LocalTelemetry) -> None:
+def test_logger_binds_ids_inside_span(otel: Otel) -> None:
     """A line logged through get_logger() in a span has that span's trace_id/span_id."""
-    trace_id, span_id, cm = _ids(local)
+    trace_id, span_id, cm = _ids(otel)
     try:
         with capture_logs() as logs:
             get_logger().info("envlink.connect", attempt=1)
@@ -54,9 +53,9 @@ def test_logger_adds_nothing_without_span() -> None:
     assert logs == [{"event": "envlink.disconnect", "peer": "x", "log_level": "warning"}]
 
 
-def test_processor_adds_ids_and_keeps_existing(local: LocalTelemetry) -> None:
+def test_processor_adds_ids_and_keeps_existing(otel: Otel) -> None:
     """add_trace_context adds the ids in a span, and never overwrites ids already bound."""
-    trace_id, span_id, cm = _ids(local)
+    trace_id, span_id, cm = _ids(otel)
     try:
         assert add_trace_context(None, "info", {"event": "e"}) == {
             "event": "e", "trace_id": trace_id, "span_id": span_id}

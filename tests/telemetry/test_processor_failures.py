@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
@@ -33,19 +31,13 @@ class Exploding(SpanProcessor):
             raise RuntimeError("exporter bug on end")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    with ServerThread(env="echo") as st:
-        yield st
-
-
 @pytest.mark.parametrize("when", ["start", "end"])
-def test_failing_processor_never_fails_a_call(server: ServerThread, when: str) -> None:
+def test_failing_processor_never_fails_a_call(server_thread: ServerThread, when: str) -> None:
     """Client, connect and bridge spans whose processor raises: every call still returns."""
     processor = Exploding(when, {"step", "connect", "reset", "envlink.bridge step"})
     provider = TracerProvider()
     provider.add_span_processor(processor)
-    with GenericEnvClient(base_url=server.url, tracer_provider=provider).sync() as env:
+    with GenericEnvClient(base_url=server_thread.url, tracer_provider=provider).sync() as env:
         env.reset()
         for i in range(3):
             assert env.step({"message": str(i)}).observation["echoed_message"] == str(i)

@@ -13,18 +13,32 @@ from typing import Any, cast
 from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
 
-__all__ = ["LISTENING_PREFIX", "build_parser", "main", "options_from_args"]
+__all__ = [
+    "DESCRIPTION",
+    "LISTENING_PREFIX",
+    "add_arguments",
+    "build_parser",
+    "main",
+    "options_from_args",
+    "serve_from_args",
+]
 
 #: The one line printed on stdout once the server listens: ``PREFIX + url``.
 LISTENING_PREFIX = "envlink serve: listening on "
 
 
+DESCRIPTION = "Run the envlink reference OpenEnv-compatible environment server."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``envlink serve``."""
-    p = argparse.ArgumentParser(
-        prog="envlink serve",
-        description="Run the envlink reference OpenEnv-compatible environment server.",
-    )
+    """The argument parser of ``envlink serve`` (and ``python -m envlink.server``)."""
+    parser = argparse.ArgumentParser(prog="envlink serve", description=DESCRIPTION)
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``envlink serve`` to ``p``."""
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one "
@@ -67,7 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--refuse-status", type=int, default=503, metavar="STATUS")
     faults.add_argument("--retry-after", type=_non_negative_float, default=None, metavar="S",
                         help="Retry-After seconds sent with refused upgrades")
-    return p
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already reported on stderr
         return exc.code if isinstance(exc.code, int) else 2
+    return serve_from_args(args)
+
+
+def serve_from_args(args: argparse.Namespace) -> int:
+    """Serve with parsed arguments until SIGINT or SIGTERM; return the exit status."""
     options = options_from_args(args)
     try:
         return asyncio.run(_serve(options, events=args.events))

@@ -33,7 +33,8 @@ class ConnectionHandle:
         self.resumed = resumed
         self.session_id: str | None = None
         self.requests = 0
-        self._connection = connection
+        self._connection: ServerConnection | None = connection
+        self._lost: asyncio.Future[None] = connection.connection_lost_waiter
         self._unstalled = asyncio.Event()
         self._unstalled.set()
         self._closed = asyncio.Event()
@@ -55,14 +56,17 @@ class ConnectionHandle:
     @property
     def lost(self) -> asyncio.Future[None]:
         """Done when the TCP connection is gone."""
-        return self._connection.connection_lost_waiter
+        return self._lost
 
     def abort(self) -> None:
         """Drop the TCP connection at once, without a WebSocket close frame."""
-        self._connection.transport.abort()
+        if self._connection is not None:
+            self._connection.transport.abort()
 
     def stall(self) -> None:
         """Stop reading from the socket (pings go unanswered) and stop answering."""
+        if self._connection is None:
+            return
         self._unstalled.clear()
         self._connection.transport.pause_reading()
 
@@ -70,7 +74,7 @@ class ConnectionHandle:
         """Undo :meth:`stall`: read again and answer what is pending."""
         if self.stalled:
             self._unstalled.set()
-            if not self._connection.transport.is_closing():
+            if self._connection is not None and not self._connection.transport.is_closing():
                 self._connection.transport.resume_reading()
 
     async def wait_unstalled(self) -> bool:
@@ -91,3 +95,6 @@ class ConnectionHandle:
 
     def _mark_closed(self) -> None:
         self._closed.set()
+        # The server remembers the handles of recent connections for tests; a closed one
+        # must not keep its whole connection (parsed request, buffers) alive with it.
+        self._connection = None

@@ -20,6 +20,7 @@ __all__ = [
     "DROP_MODES",
     "CorruptKind",
     "DropMode",
+    "FaultChain",
     "Faults",
     "corrupt_frame",
 ]
@@ -125,6 +126,53 @@ class Faults:
         if self.corrupt_frames > 0:
             self.corrupt_frames -= 1
             return self.corrupt_kind
+        return None
+
+
+class FaultChain:
+    """The fault decisions for one request: a connection's faults first, then the server's.
+
+    A one-shot fault is consumed on the first instance where it fires; the later
+    ones are not consulted (nor consumed) for that decision.
+    """
+
+    __slots__ = ("layers",)
+
+    def __init__(self, *layers: Faults) -> None:
+        self.layers = layers
+
+    @property
+    def latency(self) -> float:
+        """Seconds to add before the answer: the sum over the instances."""
+        return sum(faults.latency for faults in self.layers)
+
+    def take_stall(self, request_number: int) -> bool:
+        """Whether this request stalls the connection."""
+        return any(faults.take_stall(request_number) for faults in self.layers)
+
+    def take_drop(self, request_number: int) -> DropMode | None:
+        """How this request drops the connection, if it does."""
+        for faults in self.layers:
+            mode = faults.take_drop(request_number)
+            if mode is not None:
+                return mode
+        return None
+
+    def take_error(self) -> str | None:
+        """The code of an error frame to answer instead of applying the request, if any."""
+        for faults in self.layers:
+            code = faults.take_error()
+            if code is not None:
+                return code
+        return None
+
+    def take_corrupt(self) -> tuple[CorruptKind, int] | None:
+        """The kind of corrupt frame to answer instead, with the oversize setting of the
+        instance that fired (the connection's own first), if any."""
+        for faults in self.layers:
+            kind = faults.take_corrupt()
+            if kind is not None:
+                return kind, faults.oversize_bytes
         return None
 
 

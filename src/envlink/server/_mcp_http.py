@@ -10,12 +10,18 @@ websockets untouched.
 
 from __future__ import annotations
 
+import http
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Response
 
-__all__ = ["MAX_RPC_BODY", "HttpAwareConnection", "rpc_error", "rpc_result"]
+if TYPE_CHECKING:
+    from envlink.server._counters import AwaitableCounters
+    from envlink.server._registry import SessionRegistry
+
+__all__ = ["MAX_RPC_BODY", "HttpAwareConnection", "rpc_error", "rpc_response", "rpc_result"]
 
 #: Largest JSON-RPC body accepted on ``POST /mcp``.
 MAX_RPC_BODY = 1024 * 1024
@@ -90,3 +96,62 @@ def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> byt
     """A JSON-RPC 2.0 error response."""
     return json.dumps({"jsonrpc": "2.0", "id": request_id,
                        "error": {"code": code, "message": message, "data": data}}).encode()
+
+
+def rpc_response(connection: ServerConnection, registry: SessionRegistry, max_sessions: int,
+                 counters: AwaitableCounters) -> Response:
+    """Answer one ``POST /mcp`` JSON-RPC request (HTTP 200 with a JSON-RPC body, as OpenEnv)."""
+    body = getattr(connection, "rpc_body", None)
+    if body is None:
+        answer = rpc_error(None, -32600, "POST a JSON-RPC 2.0 request to /mcp")
+    else:
+        try:
+            request = json.loads(body)
+        except ValueError:
+            answer = rpc_error(None, -32700, "Parse error")
+        else:
+            if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or (
+                    not isinstance(request.get("method"), str)):
+                answer = rpc_error(None, -32600, "Invalid Request")
+            else:
+                params = request.get("params")
+                answer = _method(registry, max_sessions, request.get("id"), request["method"],
+                                 params if isinstance(params, dict) else {})
+    counters.incr("rpc")
+    response = connection.respond(http.HTTPStatus.OK, "")
+    response.body = answer
+    del response.headers["Content-Type"]
+    del response.headers["Content-Length"]
+    response.headers["Content-Type"] = "application/json"
+    response.headers["Content-Length"] = str(len(answer))
+    return response
+
+
+def _method(registry: SessionRegistry, max_sessions: int, request_id: Any, method: str,
+            params: dict[str, Any]) -> bytes:
+    if method == "openenv/session/create":
+        if len(registry) >= max_sessions:
+            return rpc_error(
+                request_id, -32000,
+                f"Server at capacity: {len(registry)}/{max_sessions} sessions active. "
+                "Cannot accept new connections.",
+                {"active_sessions": len(registry), "max_sessions": max_sessions})
+        try:
+            created = registry.create_detached()
+        except Exception as exc:
+            factory = registry.factory
+            return rpc_error(request_id, -32000, str(exc) or type(exc).__name__, {
+                "factory_name": getattr(factory, "__name__", type(factory).__name__)})
+        return rpc_result(request_id, {"session_id": created.id})
+    if method == "openenv/session/close":
+        target = params.get("session_id")
+        if not isinstance(target, str) or not target:
+            return rpc_error(request_id, -32602, "Invalid params - 'session_id' is required")
+        closed = registry.close_detached(target)
+        if closed is None:
+            return rpc_error(request_id, -32602, f"Unknown session_id: {target}")
+        if not closed:
+            return rpc_result(request_id, {"session_id": target, "closed": False,
+                                           "closing": True})
+        return rpc_result(request_id, {"session_id": target, "closed": True})
+    return rpc_error(request_id, -32601, f"Method not found: {method}")

@@ -1,14 +1,13 @@
-"""Run an :class:`EnvServer` on its own event loop in a daemon thread, for sync code."""
+"""Run an :class:`EnvServer` on a :class:`~envlink.Bridge`'s loop thread, for sync code."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import inspect
-import threading
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from envlink._bridge import Bridge
 from envlink.server._environment import EnvironmentFactory
 from envlink.server._server import EnvServer
 
@@ -16,20 +15,33 @@ __all__ = ["THREAD_NAME", "ServerThread"]
 
 THREAD_NAME = "envlink-test-server"
 T = TypeVar("T")
+_log = logging.getLogger("envlink.server")
+
+
+class _ServerBridge(Bridge):
+    """A bridge whose loop thread is named ``envlink-test-server``, without telemetry."""
+
+    def __init__(self) -> None:
+        # Calls from a test's own event loop are expected (and brief); the server's
+        # traffic is traced by the server, not by the hop.
+        super().__init__(on_foreign_loop="allow", hooks=())
+
+    def _thread_name(self) -> str:
+        return THREAD_NAME
 
 
 class ServerThread:
     """An :class:`EnvServer` running in a daemon thread named ``envlink-test-server``.
 
     ``with ServerThread(env="echo", ...) as st:`` starts it and stops it on exit.
-    Takes the same arguments as :class:`EnvServer`.
+    Takes the same arguments as :class:`EnvServer`. The thread is a
+    :class:`~envlink.Bridge`'s loop thread: :meth:`call` is a bridged call.
     """
 
     def __init__(self, env: str | EnvironmentFactory = "echo", **kwargs: Any) -> None:
         self._env = env
         self._kwargs = kwargs
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._bridge: Bridge | None = None
         self._server: EnvServer | None = None
 
     def __enter__(self) -> ServerThread:
@@ -73,36 +85,21 @@ class ServerThread:
             RuntimeError: already started.
             OSError: the server could not bind its address.
         """
-        if self._thread is not None:
+        if self._bridge is not None:
             raise RuntimeError("the server thread is already started")
-        ready: concurrent.futures.Future[EnvServer] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name=THREAD_NAME,
-                                        daemon=True)
-        self._thread.start()
-        try:
-            self._server = ready.result(timeout)
-        except BaseException:
-            self._thread.join(timeout)
-            self._thread = None
-            raise
+        bridge = self._bridge = _ServerBridge()
 
-    def _run(self, ready: concurrent.futures.Future[EnvServer]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
+        async def start_server() -> EnvServer:
+            server = EnvServer(self._env, **self._kwargs)
+            await server.start()
+            return server
+
         try:
-            try:
-                server = EnvServer(self._env, **self._kwargs)
-                loop.run_until_complete(server.start())
-            except BaseException as exc:
-                ready.set_exception(exc)
-                return
-            ready.set_result(server)
-            loop.run_forever()
-            loop.run_until_complete(server.stop())
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
+            self._server = bridge.call(start_server, timeout=timeout, method="start")
+        except BaseException:
+            bridge.close(timeout)
+            self._bridge = None
+            raise
 
     def call(self, fn: Callable[[EnvServer], Any], timeout: float | None = 30.0) -> Any:
         """Run ``fn(server)`` on the server's loop and return its result.
@@ -111,15 +108,15 @@ class ServerThread:
         function, or ``lambda s: s.wait_for_request("step")``), which is awaited.
 
         Raises:
-            RuntimeError: called from the server's own thread (it would deadlock).
-            TimeoutError: no result within ``timeout`` seconds (the call is cancelled).
+            RuntimeError: not started, or called from the server's own thread (it
+                would deadlock: :class:`~envlink.ReentrantCallError`).
+            TimeoutError: no result within ``timeout`` seconds (the call is cancelled;
+                :class:`~envlink.CallTimeoutError`).
         """
-        loop = self._loop
+        bridge = self._bridge
         server = self.server
-        if loop is None or not loop.is_running():
+        if bridge is None or bridge.closed:
             raise RuntimeError("the server loop is not running")
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("ServerThread.call from the server's own thread would deadlock")
 
         async def invoke() -> Any:
             result = fn(server)
@@ -127,20 +124,19 @@ class ServerThread:
                 result = await result
             return result
 
-        future = asyncio.run_coroutine_threadsafe(invoke(), loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"ServerThread.call did not finish within {timeout} s") from None
+        return bridge.call(invoke, timeout=timeout, method="call")
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server and the loop, and join the thread (idempotent)."""
-        thread, loop = self._thread, self._loop
-        if thread is None or loop is None:
+        bridge, server = self._bridge, self._server
+        if bridge is None:
             return
-        if loop.is_running():
-            loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        self._thread = None
-        self._loop = None
+        try:
+            if server is not None and not bridge.closed:
+                bridge.call(server.stop, timeout=timeout, method="stop")
+        except Exception:
+            # Closing the bridge below cancels what is left; stop() must not fail an exit.
+            _log.warning("envlink test server did not stop cleanly", exc_info=True)
+        finally:
+            bridge.close(timeout)
+            self._bridge = None

@@ -1,0 +1,235 @@
+"""A demo workload: episodes through envlink, with faults injected, exporting telemetry.
+
+Runs one cycle of scenarios after another until stopped (SIGTERM/SIGINT) or until
+``--duration`` seconds have passed:
+
+- clean episodes against ``--target`` (a reference server, e.g. the compose stack's)
+  or, without one, against an in-process reference server;
+- on an in-process reference server whose faults this script arms (the faults live
+  in the server, so the workload owns one): an error frame (``server_error``), a
+  refused WebSocket upgrade (reconnect, ``handshake_rejected``), a connection lost
+  mid-episode recovered by ``replay`` and by ``resume``, one lost under
+  ``on_session_lost="raise"`` (a failed recovery), a call over its deadline
+  (``timeout``), and repeated refusals that exhaust a small retry budget
+  (``retry_budget_exhausted``).
+
+Telemetry: ``envlink.telemetry.configure()``; ``--prometheus-port`` serves a scrape
+endpoint (its URL is printed as ``workload: metrics URL``), and the standard
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_SERVICE_NAME`` variables send OTLP to a
+Collector. ``--serve`` instead runs the reference server with OTLP tracing on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from envlink import (
+    CallToolAction,
+    EchoEnv,
+    EnvlinkError,
+    ReconnectPolicy,
+    RetryBudget,
+    Timeout,
+)
+from envlink.server import ServerThread
+from envlink.telemetry import TelemetryHandle, configure
+
+#: The line printed once the scrape endpoint listens: ``PREFIX + url``.
+METRICS_PREFIX = "workload: metrics "
+#: The line printed after each completed cycle: ``PREFIX + n``.
+CYCLE_PREFIX = "workload: cycle "
+
+_FAST = ReconnectPolicy(max_attempts=3, initial_delay=0.01, max_delay=0.05,
+                        stable_after=0.0)
+
+
+def _arm(st: ServerThread, **faults: Any) -> None:
+    """Arm one-shot faults on the newest connection (``*_after`` relative to now)."""
+
+    def apply(server: Any) -> None:
+        handle = server.connections[-1]
+        for key, value in faults.items():
+            setattr(handle.faults, key, handle.requests + value if key.endswith("_after")
+                    else value)
+
+    st.call(apply)
+
+
+def _server_faults(st: ServerThread, **faults: Any) -> None:
+    """Set server-wide faults (upgrade refusals are server-wide only)."""
+
+    def apply(server: Any) -> None:
+        for key, value in faults.items():
+            setattr(server.faults, key, value)
+
+    st.call(apply)
+
+
+def _step(env: Any, i: int) -> None:
+    env.step(CallToolAction(tool_name="echo_message", arguments={"message": f"m{i}" * 8}))
+
+
+class Workload:
+    """The scenarios, against one in-process fault server and an optional target."""
+
+    def __init__(self, handle: TelemetryHandle, chaos: ServerThread, target: str | None,
+                 steps: int) -> None:
+        self._handle = handle
+        self._chaos = chaos
+        self._target = target or chaos.url
+        self._steps = steps
+
+    def _client(self, url: str, **kwargs: Any) -> EchoEnv:
+        kwargs.setdefault("reconnect", _FAST)
+        return EchoEnv(base_url=url, tracer_provider=self._handle.tracer_provider,
+                       meter_provider=self._handle.meter_provider, **kwargs)
+
+    def scenarios(self) -> list[Callable[[], None]]:
+        return [self.clean, self.error_frame, self.refused_upgrade, self.replay,
+                self.resume, self.lost, self.deadline, self.budget_exhausted]
+
+    def clean(self) -> None:
+        with self._client(self._target).sync() as env:
+            env.reset()
+            for i in range(self._steps):
+                _step(env, i)
+            env.state()
+
+    def error_frame(self) -> None:
+        with self._client(self._chaos.url).sync() as env, contextlib.suppress(EnvlinkError):
+            env.reset()
+            _arm(self._chaos, error_frames=1)
+            _step(env, 0)
+
+    def refused_upgrade(self) -> None:
+        with self._client(self._chaos.url).sync() as env:
+            env.state()
+            # Lost before any episode: retried transparently, and the reconnect is
+            # refused once (a scheduled reconnect after handshake_rejected).
+            _server_faults(self._chaos, refuse=1)
+            _arm(self._chaos, drop_after=1)
+            env.state()
+
+    def replay(self) -> None:
+        with self._client(self._chaos.url, on_session_lost="replay").sync() as env:
+            env.reset()
+            _step(env, 0)
+            _arm(self._chaos, drop_after=1)
+            _step(env, 1)
+
+    def resume(self) -> None:
+        with self._client(self._chaos.url, on_session_lost="resume").sync() as env:
+            env.reset()
+            _step(env, 0)
+            _arm(self._chaos, drop_after=1, drop_mode="after_apply")
+            _step(env, 1)
+
+    def lost(self) -> None:
+        with self._client(self._chaos.url, on_session_lost="raise").sync() as env, \
+                contextlib.suppress(EnvlinkError):
+            env.reset()
+            _arm(self._chaos, drop_after=1)
+            _step(env, 0)
+
+    def deadline(self) -> None:
+        with self._client(self._chaos.url, timeout=Timeout(2.0, call=0.05)).sync() as env, \
+                contextlib.suppress(EnvlinkError):
+            env.reset()
+            _arm(self._chaos, latency=0.2)  # this connection only
+            _step(env, 0)
+
+    def budget_exhausted(self) -> None:
+        # A small shared budget: the first retry spends it down to half, so the
+        # second reconnect attempt of this outage is refused by the budget.
+        policy = ReconnectPolicy(max_attempts=5, initial_delay=0.01, max_delay=0.05,
+                                 budget=RetryBudget(max_tokens=2.0, token_ratio=0.1))
+        try:
+            with self._client(self._chaos.url, reconnect=policy).sync() as env, \
+                    contextlib.suppress(EnvlinkError):
+                env.state()
+                _server_faults(self._chaos, refuse=4)
+                _arm(self._chaos, drop_after=1)
+                env.state()
+        finally:
+            _server_faults(self._chaos, refuse=0)
+
+
+def run(args: argparse.Namespace, stop: threading.Event) -> int:
+    handle = configure(service_name=args.service_name, prometheus_port=args.prometheus_port,
+                       prometheus_host=args.prometheus_host, set_global=False)
+    try:
+        if handle.prometheus_url is not None:
+            print(METRICS_PREFIX + handle.prometheus_url, flush=True)
+        with ServerThread(env="echo", tracer_provider=handle.tracer_provider) as chaos:
+            work = Workload(handle, chaos, args.target, args.steps)
+            deadline = time.monotonic() + args.duration if args.duration else None
+            cycle = 0
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                for scenario in work.scenarios():
+                    if stop.is_set():
+                        break
+                    try:
+                        scenario()
+                    except EnvlinkError as exc:  # a fault that outlived its scenario
+                        print(f"workload: {scenario.__name__}: {type(exc).__name__}: {exc}",
+                              file=sys.stderr, flush=True)
+                cycle += 1
+                print(f"{CYCLE_PREFIX}{cycle}", flush=True)
+                stop.wait(args.pause)
+    finally:
+        handle.shutdown(timeout_s=10)
+    return 0
+
+
+def serve(args: argparse.Namespace, extra: list[str]) -> int:
+    """The reference server with the OpenTelemetry SDK on (OTEL_* variables).
+
+    Arguments the workload does not know are passed to ``envlink serve``
+    (``--max-sessions``, ``--resume-grace``, ``--session-store``...).
+    """
+    from envlink.server import main as serve_main
+
+    handle = configure(service_name=args.service_name)
+    try:
+        return serve_main(["--host", args.host, "--port", str(args.port), *extra])
+    finally:
+        handle.shutdown(timeout_s=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="workload", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None, metavar="URL",
+                   help="reference server for clean episodes (default: the in-process one)")
+    p.add_argument("--prometheus-port", type=int, default=None, metavar="P",
+                   help="serve a Prometheus scrape endpoint (0: any free port)")
+    p.add_argument("--prometheus-host", default="127.0.0.1")
+    p.add_argument("--service-name", default=None,
+                   help="service.name (default: OTEL_SERVICE_NAME, else envlink)")
+    p.add_argument("--steps", type=int, default=5, help="steps per clean episode")
+    p.add_argument("--pause", type=float, default=0.2, help="seconds between cycles")
+    p.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    p.add_argument("--serve", action="store_true",
+                   help="run the traced reference server instead (--host, --port, and "
+                        "any option of envlink serve)")
+    p.add_argument("--host", default="0.0.0.0", help="with --serve: address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="with --serve: port")
+    args, extra = p.parse_known_args(argv)
+    if args.serve:
+        return serve(args, extra)
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return run(args, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The sync bridge: run coroutines of any async object from blocking code.
+
+A :class:`Bridge` owns one asyncio event loop running in a named daemon thread
+(``envlink-bridge...``), started on first use. Any number of async objects (and
+thousands of sessions) can share one bridge. Every bridged call
+
+* runs in a *copy of the caller's* :mod:`contextvars` context, so the caller's
+  OpenTelemetry span and baggage, and structlog context variables, are the
+  context of the coroutine on the loop thread;
+* is reported to the bridge's hooks (:class:`BridgeHook`, frozen
+  :class:`BridgeCallStarted` / :class:`BridgeCallFinished` records with queue
+  wait, run time and outcome). By default the hook is envlink's OpenTelemetry
+  emitter: an INTERNAL span ``envlink.bridge <method>`` started in the caller's
+  thread (so it is the parent of whatever the coroutine creates), and the
+  ``envlink.bridge.wait.duration`` and ``envlink.bridge.call.duration`` histograms;
+* has a ``timeout``: on expiry the coroutine is cancelled on the loop, the
+  bridge waits up to ``cancel_grace`` seconds for its cleanup, then raises
+  :class:`~envlink.CallTimeoutError`;
+* refuses to deadlock: a call from the bridge's own loop thread raises
+  :class:`~envlink.ReentrantCallError` at once.
+
+:class:`SyncProxy` is a generic blocking view of an async object built on a
+bridge: its coroutine methods become blocking methods, its async-generator
+methods become iterators, and an async context manager becomes a context
+manager.
+
+The bridge knows nothing about environments nor about telemetry libraries;
+:mod:`envlink._sync` builds the environment client's sync facade on it, and
+:mod:`envlink._telemetry_bridge` is its OpenTelemetry hook. Modules:
+
+* ``_loop``: the loop thread and its lifecycle (start, close, fork, exit);
+* ``_handoff``: a call crossing to the loop and back (job, wait, cancel);
+* ``_adapters``: async iterators and async context managers;
+* ``_core``: :class:`Bridge`, tying them together;
+* ``_hooks``: the hook protocol and its detail records;
+* ``_proxy``: :class:`SyncProxy` and its one wrapper factory.
+"""
+
+from __future__ import annotations
+
+from envlink._bridge._core import Bridge, ForeignLoopPolicy
+from envlink._bridge._hooks import (
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_OK,
+    OUTCOME_TIMEOUT,
+    OUTCOMES,
+    BridgeCallFinished,
+    BridgeCallStarted,
+    BridgeHook,
+    set_default_hooks,
+)
+from envlink._bridge._loop import _close_all_at_exit as _close_all_at_exit
+from envlink._bridge._proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "OUTCOMES",
+    "OUTCOME_CANCELLED",
+    "OUTCOME_ERROR",
+    "OUTCOME_OK",
+    "OUTCOME_TIMEOUT",
+    "Bridge",
+    "BridgeCallFinished",
+    "BridgeCallStarted",
+    "BridgeHook",
+    "ForeignLoopPolicy",
+    "Invoke",
+    "SyncProxy",
+    "blocking_wrapper",
+    "set_default_hooks",
+]

@@ -1,0 +1,186 @@
+"""The WebSocket upgrade: ``/health``, refusals, extension negotiation, session resumption.
+
+``process_request`` answers plain HTTP (``/health``, ``POST /mcp`` for detached
+sessions, 404) and refuses upgrades by
+fault injection; ``process_response`` negotiates the envlink extensions on a
+successful upgrade and decides the connection's :class:`Plan` (a new session or
+a resumed one, and the caller's trace context), which the connection handler
+takes over.
+"""
+
+from __future__ import annotations
+
+import http
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from opentelemetry import propagate
+from opentelemetry.context import Context
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from envlink._protocol import (
+    EXTENSION_HEADER,
+    EXTENSION_VERSION,
+    RESUME_GRACE_HEADER,
+    RESUME_TOKEN_HEADER,
+    RESUMED_HEADER,
+    SESSION_ID_HEADER,
+    SESSION_TOKEN_HEADER,
+)
+from envlink.server._mcp_http import rpc_response
+from envlink.server._session import Session, new_session_id, new_token
+
+if TYPE_CHECKING:
+    from envlink.server._server import EnvServer
+
+__all__ = ["REDACTING_LOGGER", "Handshake", "Plan", "format_seconds"]
+
+
+@dataclass
+class Plan:
+    """What the upgrade decided, handed from ``process_response`` to the handler."""
+
+    extensions: bool = False
+    token: str | None = None
+    session: Session | None = None
+    resumed: bool | None = None
+    trace_context: Context | None = None
+    #: Public id of the session the connection will get (advertised for telemetry).
+    session_id: str | None = None
+    #: ``/ws?session_id=``: the OpenEnv detached session to attach to.
+    attach: str | None = None
+
+
+class Handshake:
+    """The upgrade hooks of one server (``process_request`` / ``process_response``)."""
+
+    def __init__(self, server: EnvServer) -> None:
+        self._server = server
+        self._plans: dict[ServerConnection, Plan] = {}
+
+    def take_plan(self, connection: ServerConnection) -> Plan:
+        """The plan of a connection whose handler starts (a plain one if none)."""
+        return self._plans.pop(connection, None) or Plan()
+
+    def process_request(self, connection: ServerConnection,
+                        request: Request) -> Response | None:
+        server = self._server
+        path = urlsplit(request.path).path
+        if path == "/health":
+            body = json.dumps({
+                "status": "healthy",
+                "sessions": len(server._registry),
+                "max_sessions": server.max_sessions,
+                "extensions": server.extensions,
+                # For tests and operators watching a server in another process.
+                "counters": server._counters.snapshot(),
+            })
+            response = connection.respond(http.HTTPStatus.OK, body)
+            del response.headers["Content-Type"]
+            response.headers["Content-Type"] = "application/json"
+            return response
+        if path == "/mcp" and server.detached_sessions:
+            return rpc_response(connection, server._registry, server.max_sessions,
+                                server._counters)
+        if path != "/ws":
+            return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
+        faults = server.faults
+        if faults.take_refusal():
+            server._counters.incr("refused")
+            response = connection.respond(faults.refuse_status, "Refused by fault injection.\n")
+            if faults.retry_after is not None:
+                response.headers["Retry-After"] = format_seconds(faults.retry_after)
+            return response
+        return None
+
+    def process_response(self, connection: ServerConnection, request: Request,
+                         response: Response) -> None:
+        if response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            return
+        server = self._server
+        registry = server._registry
+        plan = Plan(trace_context=propagate.extract(_carrier(request.headers)))
+        if server.detached_sessions:
+            wanted_ids = parse_qs(urlsplit(request.path).query).get("session_id")
+            if wanted_ids:
+                # Attaching to a detached session: plain OpenEnv semantics, checked by
+                # the handler (which answers SESSION_ERROR as OpenEnv does).
+                plan.attach = wanted_ids[0]
+                self._plans[connection] = plan
+                return
+        offered = _header(request.headers, EXTENSION_HEADER) == EXTENSION_VERSION
+        if server.extensions and offered:
+            plan.extensions = True
+            wanted = _header(request.headers, RESUME_TOKEN_HEADER)
+            session = registry.by_token(wanted) if wanted else None
+            if session is not None and not session.closed:
+                previous = registry.claim(session, connection)
+                if isinstance(previous, ServerConnection):
+                    previous.transport.abort()
+                plan.session = session
+                plan.token = session.token
+                plan.resumed = True
+            else:
+                plan.token = new_token()
+                plan.session_id = new_session_id()
+                plan.resumed = False if wanted else None
+            assert plan.token is not None
+            response.headers[EXTENSION_HEADER] = EXTENSION_VERSION
+            response.headers[SESSION_TOKEN_HEADER] = plan.token
+            response.headers[SESSION_ID_HEADER] = (
+                plan.session.id if plan.session is not None else str(plan.session_id)
+            )
+            response.headers[RESUME_GRACE_HEADER] = format_seconds(registry.resume_grace)
+            if plan.resumed is not None:
+                response.headers[RESUMED_HEADER] = "1" if plan.resumed else "0"
+        self._plans[connection] = plan
+        # If the handshake fails after this point the handler never runs: give
+        # back a claimed session then.
+        connection.connection_lost_waiter.add_done_callback(
+            lambda _f: self._abandon_plan(connection)
+        )
+
+    def _abandon_plan(self, connection: ServerConnection) -> None:
+        plan = self._plans.pop(connection, None)
+        if plan is not None and plan.session is not None:
+            self._server._registry.release(connection, plan.session, destroy=False)
+
+
+class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The ``websockets.server`` logger, with credentials removed from header debug lines.
+
+    websockets logs every handshake header at DEBUG level as ``("< %s: %s", name, value)``.
+    """
+
+    _SECRET = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie",
+                         RESUME_TOKEN_HEADER, SESSION_TOKEN_HEADER})
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if (len(args) == 2 and isinstance(args[0], str)
+                and args[0].lower() in self._SECRET):
+            args = (args[0], "<redacted>")
+        super().log(level, msg, *args, **kwargs)
+
+
+REDACTING_LOGGER = _RedactingLogger(logging.getLogger("websockets.server"), {})
+
+
+def _header(headers: Headers, name: str) -> str | None:
+    values = headers.get_all(name)
+    return values[0].strip() if values else None
+
+
+def _carrier(headers: Headers) -> dict[str, str]:
+    # Never let Authorization (or any credential) travel further than needed.
+    return {k.lower(): v for k, v in headers.raw_items()
+            if k.lower() in ("traceparent", "tracestate", "baggage")}
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds as a header value: ``30`` rather than ``30.0``."""
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))

@@ -1,0 +1,247 @@
+"""Every dashboard query and every recording rule returns data on a real Prometheus.
+
+A real Prometheus server (127.0.0.1, a free port, a temporary data directory, the
+rules of deploy/prometheus) scrapes the demo workload (deploy/workload), a separate
+process that runs episodes through envlink with faults injected, so error, retry,
+reconnect, recovery and retry-budget series exist. The test waits, with a bound and
+by polling Prometheus' API, for the target to be up and the series to appear; then
+each query of each dashboard panel and template variable, and each recording rule,
+must return at least one sample with a number (not NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import DASHBOARDS, RULES, WORKLOAD, require_tool
+
+pytestmark = pytest.mark.timeout(180)
+
+#: What Grafana would substitute for $__rate_interval with a 1 s scrape interval is 4 s;
+#: a wider window keeps the test independent of scheduling hiccups on a busy machine.
+RATE_INTERVAL = "15s"
+#: The workload's line announcing its scrape endpoint (deploy/workload/workload.py).
+METRICS_PREFIX = "workload: metrics "
+#: Bound on waiting for the first scrapes and rule evaluations.
+WAIT_S = 90.0
+
+
+@dataclass
+class Stack:
+    api: str
+    metrics_url: str
+    job: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _query(api: str, expr: str) -> list[dict[str, Any]]:
+    data = _get(f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    assert data["status"] == "success", (expr, data)
+    result: list[dict[str, Any]] = data["data"]["result"]
+    return result
+
+
+def _has_number(result: list[dict[str, Any]]) -> bool:
+    return any(not math.isnan(float(r["value"][1])) for r in result)
+
+
+def _read_line(stream: Any, prefix: str, timeout: float) -> tuple[str, threading.Thread]:
+    """The first line of ``stream`` starting with ``prefix``, and the thread reading it."""
+    found: list[str] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        # Reads to the end, so the process never blocks on a full pipe.
+        for line in stream:
+            if not found and line.startswith(prefix):
+                found.append(line[len(prefix):].strip())
+                done.set()
+        done.set()
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    done.wait(timeout)
+    assert found, f"no {prefix!r} line within {timeout} s"
+    return found[0], thread
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The workload, and a Prometheus scraping it every second with envlink's rules."""
+    prometheus = require_tool("prometheus")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    workload = subprocess.Popen(
+        [sys.executable, str(WORKLOAD), "--prometheus-port", "0", "--pause", "0.1",
+         "--service-name", "envlink-workload"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    prom: subprocess.Popen[Any] | None = None
+    reader: threading.Thread | None = None
+    try:
+        metrics_url, reader = _read_line(workload.stdout, METRICS_PREFIX, 60)
+        target = urllib.parse.urlparse(metrics_url).netloc
+        job = "envlink-workload"
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        port = _free_port()
+        with (tmp / "prometheus.log").open("w") as log:
+            prom = subprocess.Popen(
+                [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdout=subprocess.DEVNULL, stderr=log)
+        api = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + WAIT_S
+        while True:  # bounded: the target is up and scraped
+            assert prom.poll() is None, (tmp / "prometheus.log").read_text()
+            assert workload.poll() is None, "the workload exited"
+            try:
+                targets = _get(f"{api}/api/v1/targets")["data"]["activeTargets"]
+                if targets and all(t["health"] == "up" for t in targets):
+                    break
+            except OSError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, "Prometheus did not scrape the workload in time"
+            time.sleep(0.2)  # polling interval, not synchronisation
+        yield Stack(api, metrics_url, job)
+    finally:
+        if prom is not None:
+            _stop(prom)
+        _stop(workload)
+        if reader is not None:
+            reader.join(10)  # the workload has exited: its output ends
+        assert workload.stdout is not None
+        workload.stdout.close()
+
+
+def _dashboards() -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(p.read_text(encoding="utf-8"))
+            for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def _substitute(expr: str) -> str:
+    """Template variables as Grafana sends them with "All" selected."""
+    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
+    return re.sub(r"\$(job|instance|method)\b", ".*", expr)
+
+
+def _panel_queries() -> list[tuple[str, str]]:
+    out = []
+    for name, board in _dashboards().items():
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                out.append((f"{name} / {panel['title']} / {target['refId']}",
+                            _substitute(target["expr"])))
+    return out
+
+
+def _recording_rules() -> list[str]:
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
+
+
+def _wait_for_data(api: str, queries: list[tuple[str, str]]) -> dict[str, str]:
+    """Poll (bounded) until every query has a number; the ones that never did, and why."""
+    pending = dict(queries)
+    deadline = time.monotonic() + WAIT_S
+    while pending and time.monotonic() < deadline:
+        for label, expr in list(pending.items()):
+            if _has_number(_query(api, expr)):
+                del pending[label]
+        if pending:
+            time.sleep(0.5)  # polling interval, not synchronisation
+    return {label: f"{expr} -> {_query(api, expr)!r}" for label, expr in pending.items()}
+
+
+def test_every_dashboard_panel_query_returns_data(stack: Stack) -> None:
+    """Each query of each panel of each dashboard returns a number from real scrapes."""
+    queries = _panel_queries()
+    assert len(queries) >= 25
+    missing = _wait_for_data(stack.api, queries)
+    assert missing == {}
+    print(f"\n{len(queries)} dashboard panel queries returned data")
+
+
+def test_every_template_variable_resolves(stack: Stack) -> None:
+    """The variables' label_values() queries return values (the workload's job)."""
+    checked = 0
+    for name, board in _dashboards().items():
+        for var in board["templating"]["list"]:
+            if var["type"] != "query":
+                continue
+            match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
+            assert match, (name, var["name"])
+            selector, label = _substitute(match.group(1)), match.group(2)
+            values = _get(f"{stack.api}/api/v1/label/{label}/values?"
+                          + urllib.parse.urlencode({"match[]": selector}))["data"]
+            assert values, (name, var["name"], selector)
+            if label == "job":
+                assert stack.job in values
+            checked += 1
+    assert checked == 5
+
+
+def test_every_recording_rule_returns_data(stack: Stack) -> None:
+    """Each recording rule, evaluated by Prometheus, has produced a number."""
+    records = _recording_rules()
+    assert len(records) >= 10
+    missing = _wait_for_data(stack.api, [(r, r) for r in records])
+    assert missing == {}
+    rules = _get(f"{stack.api}/api/v1/rules")["data"]["groups"]
+    health = {r["name"]: (r["health"], r.get("lastError", "")) for g in rules
+              for r in g["rules"]}
+    assert all(h == "ok" for h, _err in health.values()), health
+    print(f"\n{len(records)} recording rules returned data; {len(health)} rules healthy")
+
+
+def test_scrape_endpoint_passes_promtool(stack: Stack) -> None:
+    """The workload's scrape endpoint, with every fault series in it, passes promtool."""
+    promtool = require_tool("promtool")
+    with urllib.request.urlopen(stack.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    for series in ("envlink_client_errors_total", "envlink_client_reconnects_total",
+                   "envlink_session_recoveries_total", 'envlink_retry="true"',
+                   'error_type="retry_budget_exhausted"', 'envlink_recovery_result="failed"'):
+        assert series in text, series
+    result = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                            capture_output=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
