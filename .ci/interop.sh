@@ -4,7 +4,7 @@
 #
 # openenv (0.10.x) is large (FastAPI, uvicorn, FastMCP, Gradio, ...), so it lives in
 # its own virtualenv, .venv-openenv/, never in envlink's dependencies. This script
-# creates or updates that virtualenv, then runs tests/interop with envlink's own
+# creates or updates that virtualenv (with .ci/openenv-venv.sh), then runs tests/interop with envlink's own
 # interpreter, pointing the suite at the openenv one through ENVLINK_OPENENV_PYTHON.
 #
 # Environment:
@@ -29,22 +29,9 @@ if ! "$ENVLINK_PYTHON" -c "import envlink, pytest, pytest_timeout" 2>/dev/null; 
 fi
 
 start=$SECONDS
-if [[ ! -x "$OPENENV_VENV/bin/python" ]]; then
-    echo "== interop: creating $OPENENV_VENV"
-    # The same interpreter version as envlink's (openenv needs Python >= 3.10).
-    "$ENVLINK_PYTHON" -m venv "$OPENENV_VENV"
-fi
-OPENENV_PYTHON="$(cd "$OPENENV_VENV" && pwd)/bin/python"
-echo "== interop: installing $OPENENV_SPEC into $OPENENV_VENV"
-# The servers under tests/interop/servers need only openenv and its own
-# dependencies (fastapi, uvicorn, fastmcp, pydantic, websockets).
-# (This machine's pip config names local indexes that may be absent; drop pip's
-# per-package warnings about them.)
-timeout 1200 "$OPENENV_PYTHON" -m pip install -q "$OPENENV_SPEC" \
-    2> >(grep -v "^WARNING: Location 'file:" >&2)
-"$OPENENV_PYTHON" -c \
-    "import importlib.metadata as m; print('interop: openenv', m.version('openenv'), \
-'uvicorn', m.version('uvicorn'), 'fastapi', m.version('fastapi'), 'fastmcp', m.version('fastmcp'))"
+# Creates or updates the openenv virtualenv; its python is the last line printed.
+OPENENV_PYTHON="$(ENVLINK_PYTHON="$ENVLINK_PYTHON" OPENENV_VENV="$OPENENV_VENV" \
+    OPENENV_SPEC="$OPENENV_SPEC" bash .ci/openenv-venv.sh | tail -n 1)"
 install_seconds=$((SECONDS - start))
 
 start=$SECONDS

@@ -1,39 +1,47 @@
 """Per-call overhead of envlink's sync bridge, relative to run_coroutine_threadsafe.
 
-Run: ``python benchmarks/bench_bridge.py [--rounds N] [--calls N]`` (under a minute).
+Run: ``python benchmarks/bench_bridge.py [--rounds N] [--calls N] [--json PATH]``
+(under a minute; ``benchmarks/run.py`` runs it as its first section).
 
 Every variant runs a no-op coroutine on an asyncio event loop in a daemon thread
 and blocks the calling (main) thread until it returns:
 
 * ``baseline``: ``asyncio.run_coroutine_threadsafe(noop(), loop).result()``,
   on a plain loop thread started the same way as the bridge's;
+* ``anyio portal`` (when anyio is installed): ``portal.call(noop)`` on a
+  blocking portal from ``anyio.from_thread.start_blocking_portal()``;
 * ``bridge, telemetry off``: ``Bridge().call(noop, timeout=...)`` with no
   OpenTelemetry SDK configured (the API's no-op tracer and meter);
 * ``bridge, telemetry on (batch)``: the same with an SDK ``TracerProvider``
   (``BatchSpanProcessor`` with an exporter that drops spans, as in production)
-  and an SDK ``MeterProvider`` (``InMemoryMetricReader``): one span and two
-  histogram records per call;
-* ``bridge, telemetry on (simple)``: the same with a ``SimpleSpanProcessor``.
+  and an SDK ``MeterProvider`` (``InMemoryMetricReader``, exemplars off as
+  ``envlink.telemetry.configure()`` sets them): one span and two histogram
+  records per call (a bare bridge has no client span to merge its span into);
+* ``bridge, telemetry on (batch, SDK-default exemplars)``: the same with the
+  SDK's default ``trace_based`` exemplar filter;
+* ``bridge, telemetry on (simple)``: the batch variant with a ``SimpleSpanProcessor``.
 
 Variants are interleaved round by round, in a rotating order (so that machine
 noise hits them all alike); the figure reported per variant is the median over
 rounds of its time per call, and the ratio is the median over rounds of
-(variant / baseline in the same round). Targets: ratio <= 1.0 with telemetry off,
-<= 1.5 with it on.
+(variant / baseline in the same round), with its range. Targets (issue 11): ratio
+<= 1.0 with telemetry off, <= 1.3 with it on.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import json
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -85,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
 
     loop, thread = _plain_loop_thread()
@@ -93,17 +102,32 @@ def main(argv: list[str] | None = None) -> int:
     batch_provider.add_span_processor(BatchSpanProcessor(_DropExporter()))
     simple_provider = TracerProvider()
     simple_provider.add_span_processor(SimpleSpanProcessor(_DropExporter()))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()],
+                                   exemplar_filter=AlwaysOffExemplarFilter())
+    exemplar_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     bridge_batch = Bridge(tracer_provider=batch_provider, meter_provider=meter_provider)
+    bridge_exemplars = Bridge(tracer_provider=batch_provider, meter_provider=exemplar_provider)
     bridge_simple = Bridge(tracer_provider=simple_provider, meter_provider=meter_provider)
 
+    stack = contextlib.ExitStack()
     variants: dict[str, Callable[[], object]] = {
         "baseline (run_coroutine_threadsafe)":
             lambda: asyncio.run_coroutine_threadsafe(noop(), loop).result(),
+    }
+    try:
+        from anyio.from_thread import start_blocking_portal
+    except ImportError:
+        print("anyio not installed: its portal is left out", file=sys.stderr)
+    else:
+        portal = stack.enter_context(start_blocking_portal())
+        variants["anyio from_thread portal"] = lambda: portal.call(noop)
+    variants.update({
         "bridge, telemetry off": lambda: bridge_off.call(noop, timeout=10.0),
         "bridge, telemetry on (batch)": lambda: bridge_batch.call(noop, timeout=10.0),
+        "bridge, telemetry on (batch, SDK-default exemplars)":
+            lambda: bridge_exemplars.call(noop, timeout=10.0),
         "bridge, telemetry on (simple)": lambda: bridge_simple.call(noop, timeout=10.0),
-    }
+    })
     for fn in variants.values():  # warm up: threads started, caches filled
         _time_per_call(fn, 500)
 
@@ -114,22 +138,34 @@ def main(argv: list[str] | None = None) -> int:
             times[name].append(_time_per_call(variants[name], args.calls))
 
     base = times[names[0]]
-    targets = {names[1]: 1.0, names[2]: 1.5, names[3]: 1.5}
+    targets = {"bridge, telemetry off": 1.0, "bridge, telemetry on (batch)": 1.3,
+               "bridge, telemetry on (simple)": 1.3}
     print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls, "
-          "no-op coroutine, median per call")
+          "no-op coroutine, median per call [range over rounds]")
+    report: dict[str, dict[str, float]] = {}
     for name, samples in times.items():
-        ratio = statistics.median(s / b for s, b in zip(samples, base, strict=True))
+        ratios = [s / b for s, b in zip(samples, base, strict=True)]
+        ratio = statistics.median(ratios)
+        report[name] = {"us_per_call": statistics.median(samples) * 1e6,
+                        "us_min": min(samples) * 1e6, "us_max": max(samples) * 1e6,
+                        "ratio": ratio, "ratio_min": min(ratios), "ratio_max": max(ratios)}
         target = targets.get(name)
         verdict = "" if target is None else (
             f"   (target <= {target:.1f}: {'met' if ratio <= target else 'NOT met'})")
         print(f"  {name:<38} {statistics.median(samples) * 1e6:8.1f} us/call"
-              f"   ratio {ratio:5.2f}{verdict}")
+              f"   ratio {ratio:5.2f} [{min(ratios):.2f}-{max(ratios):.2f}]{verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": args.rounds, "calls": args.calls, "variants": report}, f,
+                      indent=1)
 
-    for bridge in (bridge_off, bridge_batch, bridge_simple):
+    stack.close()
+    for bridge in (bridge_off, bridge_batch, bridge_exemplars, bridge_simple):
         bridge.close()
     batch_provider.shutdown()
     simple_provider.shutdown()
     meter_provider.shutdown()
+    exemplar_provider.shutdown()
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
     return 0

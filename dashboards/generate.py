@@ -305,11 +305,12 @@ def drilldown() -> dict[str, Any]:
                            f"envlink_session_recoveries_total{{{SEL}}}[{RI}]))",
                            "recovery {{instance}} {{envlink_recovery_result}}")],
                    (0, 35, 12, 8)))
-    p.append(panel(ids, "Bridge call duration p99 by method",
-                   "Whole duration of calls through the sync bridge "
-                   "(envlink.bridge.call.duration).", "s",
+    p.append(panel(ids, "Bridge wait p99 by method",
+                   "Time sync calls waited for the bridge's event loop to start them "
+                   "(envlink.bridge.wait.duration): the loop thread's saturation. A sync "
+                   "call's whole duration is its rpc.client.call.duration plus this wait.", "s",
                    [target(f"histogram_quantile(0.99, sum by (instance, rpc_method, le) "
-                           f"(rate(envlink_bridge_call_duration_seconds_bucket{{{s}}}"
+                           f"(rate(envlink_bridge_wait_duration_seconds_bucket{{{s}}}"
                            f"[{RI}])))", "{{instance}} {{rpc_method}}")], (12, 35, 12, 8)))
     return dashboard(
         "envlink-drilldown", "envlink / Drill-down",

@@ -116,7 +116,7 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
 
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
 CLIENT = ["_session.py", "_retry.py", "_recovery.py", "_hooks.py", "_driver.py",
-          "_connector.py", "_client.py", "_mock.py", "_transport.py", "_http.py"]
+          "_connector.py", "_client.py", "_mock.py", "_transport.py", "_http.py", "_mcp.py"]
 
 
 def runtime_import_froms(path: Path) -> set[tuple[str, str]]:
@@ -232,3 +232,13 @@ def test_the_http_client_depends_on_the_error_tree_only() -> None:
     assert {n for n in names if n.startswith("envlink.")} <= {"envlink._errors"}
     users = sorted(p.name for p in SRC.glob("*.py") if "envlink._http" in imported(p))
     assert users == ["_connector.py", "_websocket.py"]
+@pytest.mark.parametrize("module", [*CLIENT, "_telemetry_client.py", "names.py", "_websocket.py",
+                                    "_config.py", "_policies.py", "_protocol.py", "_journal.py"])
+def test_client_modules_stay_small(module: str) -> None:
+    """A client module stays under 600 lines and each of its classes under 400."""
+    text = (SRC / module).read_text()
+    assert len(text.splitlines()) <= 600, module
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            assert node.end_lineno is not None
+            assert node.end_lineno - node.lineno + 1 <= 400, f"{module}: {node.name}"

@@ -9,7 +9,6 @@ and never a step applied twice.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,17 +29,15 @@ from envlink._config import (
 from envlink._connector import Connector
 from envlink._driver import SessionDriver
 from envlink._errors import (
-    ClientClosedError,
     EnvlinkError,
-    McpError,
     ProtocolError,
-    ToolCallError,
 )
 from envlink._hooks import ClientHook, combine_client_hooks
 from envlink._journal import EpisodeJournal
+from envlink._mcp import McpMethods
 from envlink._policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
-from envlink._protocol import ErrorFrame, McpFrame, ObservationFrame, StateFrame, server_error
-from envlink._session import Call, Frame, SessionCore
+from envlink._protocol import McpFrame, ObservationFrame, StateFrame
+from envlink._session import Call, SessionCore
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
 from envlink._websocket import WebSocketTransport
@@ -78,7 +75,7 @@ class StepResult(Generic[ObsT]):
     metadata: dict[str, Any] | None = None
 
 
-class EnvClient(Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -149,21 +146,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
     ) -> None:
-        _check_policy(on_session_lost)
         # Everything new_session() needs to open a sibling session with the same options.
-        self._init_kwargs: dict[str, Any] = {
-            "base_url": base_url, "timeout": timeout, "headers": headers,
-            "reconnect": reconnect, "on_session_lost": on_session_lost,
-            "replay_verify": replay_verify, "max_journal_steps": max_journal_steps,
-            "ping_interval": ping_interval, "ping_timeout": ping_timeout,
-            "max_message_size": max_message_size, "compression": compression, "ssl": ssl,
-            "proxy": proxy, "extensions": extensions, "tracer_provider": tracer_provider,
-            "meter_provider": meter_provider, "connect_timeout_s": connect_timeout_s,
-            "message_timeout_s": message_timeout_s, "max_message_size_mb": max_message_size_mb,
-            "websocket_ping_interval_s": websocket_ping_interval_s,
-            "websocket_ping_timeout_s": websocket_ping_timeout_s, "transport": transport,
-            "options": options, "hooks": hooks,
-        }
+        self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
+        _check_policy(on_session_lost)
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
@@ -201,7 +186,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             built = options
         self._options: ConnectionOptions = built
         self._transport: Transport = transport if transport is not None else WebSocketTransport()
-        self.reconnect_policy: ReconnectPolicy = reconnect or ReconnectPolicy()
+        policy = reconnect or ReconnectPolicy()
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         if hooks is None:
@@ -209,14 +194,26 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                                                    url=self._endpoint.display)
         else:
             hook = combine_client_hooks(list(hooks))
-        self._core = SessionCore(policy=self.reconnect_policy, on_session_lost=on_session_lost,
+        self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
                                  max_journal_steps=max_journal_steps)
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
-                              self.reconnect_policy, extensions, self._core, hook)
+                              policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def reconnect_policy(self) -> ReconnectPolicy:
+        """The :class:`ReconnectPolicy` for opening connections and every retry."""
+        return self._core.policy
+
+    @reconnect_policy.setter
+    def reconnect_policy(self, policy: ReconnectPolicy) -> None:
+        if not isinstance(policy, ReconnectPolicy):
+            raise TypeError(f"reconnect_policy must be a ReconnectPolicy, "
+                            f"got {type(policy).__name__}")
+        self._core.policy = self._driver.connector.policy = policy
 
     @property
     def on_session_lost(self) -> SessionLostPolicy:
@@ -230,27 +227,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     @property
     def recovery(self) -> str:
-        """How a session lost now would be recovered, as chosen for this server.
-
-        ``"envlink-resume"`` (envlink's extension: re-attach by token, requests
-        de-duplicated), ``"openenv-resume"`` (an OpenEnv 0.10 detached session:
-        re-attach by ``session_id``, an interrupted step settled from ``step_count``),
-        ``"replay"`` or ``"raise"``. It follows ``on_session_lost`` and what the server
-        has offered so far: before the first connection nothing is offered yet, so
-        ``"resume"`` shows ``"raise"`` (and ``"auto"`` ``"replay"`` once an episode runs).
-        """
+        """How a session lost now would be recovered (``envlink-resume``, ``openenv-resume``,
+        ``replay``, ``raise``), per ``on_session_lost`` and what the server offered so far."""
         return self._core.mechanism
 
     @property
     def base_url(self) -> str:
-        """The server's base URL as given, without a trailing slash (as OpenEnv's client
-        reports it), and without credentials."""
+        """The base URL as given, no trailing slash or credentials (as OpenEnv's client)."""
         return self._endpoint.base_url
 
-    @property
-    def ws_url(self) -> str:
-        """The server's ``/ws`` URL the client connects to (without credentials)."""
-        return self._endpoint.ws_url
+    ws_url = property(lambda self: self._endpoint.ws_url,
+                      doc="The server's ``/ws`` URL the client connects to (no credentials).")
 
     @property
     def closed(self) -> bool:
@@ -353,9 +340,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         async def run(call: Call) -> StepResult[ObsT]:
             async with driver.turn(call):
-                frame = self._expect(await driver.request(call, data), ObservationFrame, "reset")
+                frame = driver.expect(await driver.request(call, data), ObservationFrame, "reset")
                 self._core.answered("reset", data, frame, episode_id=kwargs.get("episode_id"))
-                return self._parse(self._parse_result, frame.raw_data, "observation")
+                return _parse(self._parse_result, frame.raw_data, "observation")
 
         return await driver.call("reset", self._seconds(timeout), run)
 
@@ -381,10 +368,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         async def run(call: Call) -> StepResult[ObsT]:
             async with driver.turn(call):
                 call.step_index = self._core.journal.step_count
-                frame = self._expect(await driver.request(call, payload), ObservationFrame,
+                frame = driver.expect(await driver.request(call, payload), ObservationFrame,
                                      "step")
                 self._core.answered("step", payload, frame)
-                return self._parse(self._parse_result, frame.raw_data, "observation")
+                return _parse(self._parse_result, frame.raw_data, "observation")
 
         return await driver.call("step", self._seconds(timeout), run)
 
@@ -399,9 +386,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         async def run(call: Call) -> StateT:
             async with driver.turn(call):
-                frame = self._expect(await driver.request(call, None), StateFrame, "state")
+                frame = driver.expect(await driver.request(call, None), StateFrame, "state")
                 self._core.answered("state", None, frame)
-                return self._parse(self._parse_state, frame.data, "state")
+                return _parse(self._parse_state, frame.data, "state")
 
         return await driver.call("state", self._seconds(timeout), run)
 
@@ -438,122 +425,6 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                                  return_exceptions=True)
         await self._driver.close(seconds)
 
-    async def new_session(self) -> EnvClient[ActT, ObsT, StateT]:
-        """Open another session on the same server, as OpenEnv's ``new_session()`` does.
-
-        The child is a connected client of the same class with the same options (and
-        its own episode); :meth:`close` closes it with this client.
-
-        Raises:
-            ConnectError, CapacityReachedError, ClientClosedError: as :meth:`connect`.
-        """
-        if self.closed:
-            raise ClientClosedError("the client is closed")
-        signature = inspect.signature(type(self))
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
-                        for p in signature.parameters.values())
-        kwargs = {k: v for k, v in self._init_kwargs.items()
-                  if takes_any or k in signature.parameters}
-        child = type(self)(**kwargs)
-        try:
-            await child.connect()
-        except BaseException:
-            await child.close()
-            raise
-        self._children.append(child)
-        return child
-
-    # ------------------------------------------------------------------ mcp messages
-
-    async def mcp_request(self, method: str, params: Mapping[str, Any] | None = None, *,
-                          timeout: float | UnsetType | None = UNSET) -> Any:
-        """Send one JSON-RPC request as an ``mcp`` message on the session's socket.
-
-        OpenEnv 0.10 answers ``tools/list`` and ``tools/call`` this way, on the
-        session's own environment, around ``step()`` (a tool call is not a step).
-
-        Returns:
-            the JSON-RPC ``result``.
-
-        Raises:
-            McpError: the server answered with a JSON-RPC error object (``rpc_code``).
-            ServerError: the server does not know the ``mcp`` message type (an error
-                frame, e.g. ``UNKNOWN_TYPE``).
-            OutcomeUnknownError: the connection was lost after a ``tools/call`` was
-                sent (it is never resent); ``tools/list`` is resent.
-            CallTimeoutError, ProtocolError, SessionLostError, ClientClosedError.
-        """
-        if not isinstance(method, str) or not method:
-            raise TypeError(f"method must be a non-empty str, got {method!r}")
-        rpc_id = next(self._mcp_ids)
-        data = {"jsonrpc": "2.0", "id": rpc_id, "method": method,
-                "params": dict(params or {})}
-        driver = self._driver
-
-        async def run(call: Call) -> Any:
-            async with driver.turn(call):
-                frame = self._expect(await driver.request(call, data), McpFrame, "mcp")
-            answer = frame.data
-            if answer.get("id") not in (rpc_id, None):
-                raise ProtocolError(f"mcp answer has id {answer.get('id')!r}, expected {rpc_id}")
-            error = answer.get("error")
-            if isinstance(error, dict):
-                code = error.get("code")
-                raise McpError(str(error.get("message", "JSON-RPC error")),
-                               code if isinstance(code, int) else 0, data=error.get("data"))
-            if "result" not in answer:
-                raise ProtocolError("mcp answer has neither result nor error")
-            return answer["result"]
-
-        return await driver.call("mcp", self._seconds(timeout), run)
-
-    async def mcp_list_tools(self, *, timeout: float | UnsetType | None = UNSET
-                             ) -> list[dict[str, Any]]:
-        """The environment's tools (``tools/list`` as an ``mcp`` message): name,
-        description and input schema of each.
-
-        Raises:
-            McpError, ProtocolError and the errors of :meth:`mcp_request`.
-        """
-        result = await self.mcp_request("tools/list", timeout=timeout)
-        tools = result.get("tools") if isinstance(result, dict) else None
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise ProtocolError("tools/list answered without a list of tools")
-        return tools
-
-    async def mcp_call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
-                            timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
-        """Call a tool (``tools/call`` as an ``mcp`` message) and return its value.
-
-        Args:
-            name: the tool.
-            arguments: its arguments (or pass them as keyword arguments).
-            timeout: this call's deadline.
-
-        Returns:
-            the tool's value (the ``data`` of a FastMCP result, as OpenEnv's client
-            unwraps it), else the whole result.
-
-        Raises:
-            ToolCallError: the tool reported an error.
-            McpError: unknown tool, bad arguments, an environment without MCP...
-            OutcomeUnknownError: the connection was lost after the call was sent.
-        """
-        args = {**dict(arguments or {}), **kwargs}
-        result = await self.mcp_request("tools/call", {"name": name, "arguments": args},
-                                        timeout=timeout)
-        if isinstance(result, dict):
-            if result.get("is_error") or result.get("isError"):
-                content = result.get("content")
-                text = "; ".join(str(c.get("text")) for c in content
-                                 if isinstance(c, dict) and c.get("text")) \
-                    if isinstance(content, list) else ""
-                raise ToolCallError(text or f"tool {name!r} failed", "tool_error",
-                                    tool_name=name)
-            if "data" in result:
-                return result["data"]
-        return result
-
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
         await self.connect()
         return self
@@ -561,16 +432,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def sync(self, bridge: Bridge | None = None) -> SyncEnvClient[ActT, ObsT, StateT]:
+    def sync(self, bridge: Bridge | None = None, *,
+             nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
             bridge: share an existing :class:`~envlink.Bridge` (one thread for many
                 clients); by default the facade owns a new one.
+            nested_spans: a span of the bridge's as the parent of each call's
+                client span (default: one span per call; see :class:`SyncEnvClient`).
         """
         from envlink._sync import SyncEnvClient
 
-        return SyncEnvClient(self, bridge=bridge)
+        return SyncEnvClient(self, bridge=bridge, nested_spans=nested_spans)
 
     def call_deadline(self, method: str,
                       timeout: float | UnsetType | None = UNSET) -> float | None:
@@ -601,25 +475,15 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             return self.timeouts.call
         return check_timeout(timeout)
 
-    def _expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
-        if isinstance(frame, ErrorFrame):
-            raise server_error(frame)
-        if not isinstance(frame, kind):
-            # A valid frame of the wrong kind: the stream is out of step, which on the
-            # plain protocol means it can no longer be trusted.
-            error = self._core.unexpected_frame(frame, kind, method)
-            self._driver.connector.discard()
-            raise error
-        return frame
 
-    def _parse(self, hook: Callable[[dict[str, Any]], _R], data: dict[str, Any],
-               what: str) -> _R:
-        try:
-            return hook(data)
-        except EnvlinkError:
-            raise
-        except Exception as exc:
-            raise ProtocolError(f"could not parse the server's {what}: {exc}") from exc
+def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str) -> _R:
+    """Run an OpenEnv parsing hook; its failure is the server's ``ProtocolError``."""
+    try:
+        return hook(data)
+    except EnvlinkError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"could not parse the server's {what}: {exc}") from exc
 
 
 def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:

@@ -50,7 +50,10 @@ def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = Fa
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is float:  # the common case, per bridged call: no ABC check
+        if value > 0 or (allow_zero and value == 0):  # NaN fails both comparisons
+            return value
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds or None, "
                         f"got {type(value).__name__} {value!r}")
     seconds = float(value)

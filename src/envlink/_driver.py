@@ -39,10 +39,26 @@ from envlink._hooks import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._protocol import ErrorFrame, decode_response, server_error
+from envlink._protocol import (
+    ErrorFrame,
+    McpFrame,
+    ObservationFrame,
+    StateFrame,
+    decode_response,
+    server_error,
+)
 from envlink._recovery import recover
 from envlink._retry import Again, Retry
-from envlink._session import Action, Call, Dropped, Episode, Frame, Preflight, SessionCore
+from envlink._session import (
+    Action,
+    Call,
+    Dropped,
+    Episode,
+    Frame,
+    Link,
+    Preflight,
+    SessionCore,
+)
 from envlink._timeouts import deadline
 from envlink._transport import Connection, NotWrittenError
 from envlink.names import (
@@ -60,6 +76,7 @@ from envlink.names import (
 __all__ = ["SessionDriver"]
 
 _R = TypeVar("_R")
+_F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 
 
 class _Lifecycle(enum.Enum):
@@ -226,9 +243,12 @@ class SessionDriver:
 
         async def attempt(number: int) -> Frame:
             nonlocal request_id
-            conn = await self._connection_for(method, number)
-            if conn is None:
-                return await recover(self, call, data, request_id, cause=None)
+            conn: Connection | None = self.connector.conn
+            if conn is None or core.link is not Link.OPEN or not conn.is_open:
+                # Anything but a trusted open connection: ask the core what to do.
+                conn = await self._connection_for(method, number)
+                if conn is None:
+                    return await recover(self, call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
             phase = PhaseStarted("attempt", method, number)
@@ -291,6 +311,20 @@ class SessionDriver:
         if todo is Preflight.RECOVER:
             return None
         return await connector.open_session(method, reason="connect" if number == 1 else "retry")
+
+    def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
+        """The answer as ``kind``; an error frame raises ``ServerError``.
+
+        A valid frame of the wrong kind means the stream is out of step, which on
+        the plain protocol means it can no longer be trusted.
+        """
+        if isinstance(frame, ErrorFrame):
+            raise server_error(frame)
+        if not isinstance(frame, kind):
+            error = self.core.unexpected_frame(frame, kind, method)
+            self.connector.discard()
+            raise error
+        return frame
 
     def probe_timeout(self) -> float:
         """The health-check wait: ``Timeout.probe``, never longer than ``ping_timeout``."""

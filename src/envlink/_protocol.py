@@ -25,7 +25,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_json
 
 from envlink._errors import ProtocolError, ServerError
 
@@ -198,7 +198,9 @@ def encode_request(
             ``json.dumps(..., allow_nan=False)`` does, rather than sent as ``null``).
     """
     try:
-        text = frame.model_dump_json(exclude_none=True)
+        # Dumped to plain values first: a pydantic model nested in the data would
+        # otherwise serialise its NaN by its own config (as null), out of our reach.
+        text = to_json(frame.model_dump(exclude_none=True), inf_nan_mode="constants").decode()
     except PydanticSerializationError as exc:
         raise TypeError(f"{frame.type} data is not JSON-serialisable: {exc}") from exc
     if "NaN" in text or "Infinity" in text:

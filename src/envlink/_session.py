@@ -36,7 +36,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._journal import EpisodeJournal
-from envlink._policies import ReconnectPolicy, SessionLostPolicy
+from envlink._policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
 from envlink._protocol import (
     CloseRequest,
     ErrorFrame,
@@ -67,26 +67,10 @@ __all__ = [
 
 Frame = ObservationFrame | StateFrame | ErrorFrame | McpFrame
 
-#: The recovery mechanisms, as ``client.recovery`` and telemetry name them.
-MECHANISM_RAISE = "raise"
-MECHANISM_REPLAY = "replay"
-#: envlink's extension: re-attach by resume token, the server de-duplicates requests.
-MECHANISM_ENVLINK_RESUME = "envlink-resume"
-#: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
-#: interrupted step from the session's ``step_count``.
-MECHANISM_OPENENV_RESUME = "openenv-resume"
-#: Strategy names (keys of the recovery registry) to mechanism names.
-_MECHANISMS = {"resume": MECHANISM_ENVLINK_RESUME, "openenv-resume": MECHANISM_OPENENV_RESUME,
-               "replay": MECHANISM_REPLAY, "raise": MECHANISM_RAISE}
 
 #: Methods that may be resent after a connection failure whatever happened to the
 #: first request: reset starts the episode over, state only reads.
 IDEMPOTENT = frozenset({"reset", "state"})
-
-
-def _idempotent_mcp(method: str, data: dict[str, Any] | None) -> bool:
-    # Listing tools reads only; a tool call may change the environment.
-    return method == "mcp" and data is not None and data.get("method") == "tools/list"
 
 
 class Episode(enum.Enum):
@@ -187,7 +171,47 @@ _RESEND = Decision(Action.RESEND)
 _FAIL = Decision(Action.FAIL)
 
 
-class SessionCore:
+class _Planning:
+    """How a lost session would be carried on (a base of :class:`SessionCore`)."""
+
+    on_session_lost: SessionLostPolicy
+    journal: EpisodeJournal
+    resume_token: str | None
+    detached_id: str | None
+    detached_offered: bool | None
+
+    @property
+    def wants_detached(self) -> bool:
+        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
+        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
+
+    def recovery_plan(self) -> list[str]:
+        """The strategies to try now, in order: ``resume``/``auto`` use envlink's token,
+        else an OpenEnv detached session; ``auto`` then ``replay``. Empty: none applies."""
+        policy = self.on_session_lost
+        plan: list[str] = []
+        if policy in ("resume", "auto"):
+            if self.resume_token is not None:
+                plan.append("resume")
+            elif self.detached_id is not None:
+                plan.append("openenv-resume")
+        if policy in ("replay", "auto") and self.journal.replayable:
+            plan.append("replay")
+        return plan
+
+    def recovery_strategy(self) -> str:
+        """The strategy ``on_session_lost`` comes to for this session now."""
+        plan = self.recovery_plan()
+        return plan[0] if plan else "raise"
+
+    @property
+    def mechanism(self) -> str:
+        """How a lost session would be recovered now (``client.recovery``)."""
+        return MECHANISMS[self.recovery_strategy()]
+
+
+
+class SessionCore(_Planning):
     """The protocol state of one client session, and every decision about it.
 
     Args:
@@ -227,10 +251,8 @@ class SessionCore:
         self.extensions = Extensions()
         self.session_id: str | None = None
         self.resume_token: str | None = None
-        #: The OpenEnv detached session this client holds (``openenv/session/create``),
-        #: a capability like the resume token: never logged.
+        #: The OpenEnv detached session held (a capability, never logged); offered?
         self.detached_id: str | None = None
-        #: Whether the server offers detached sessions: ``None`` until asked.
         self.detached_offered: bool | None = None
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
@@ -458,45 +480,12 @@ class SessionCore:
             # A new connection is a new server session: only recovery continues the
             # episode (resume re-attaches with the same request id, de-duplicated).
             return Decision(Action.RECOVER, strategy=self.recovery_strategy())
-        if not written or method in IDEMPOTENT or _idempotent_mcp(method, data):
+        if not written or method in IDEMPOTENT or idempotent_mcp(method, data):
             return _RESEND
         return Decision(Action.FAIL, error=OutcomeUnknownError(
             f"connection lost after {method} was sent; the server may or may not "
             "have applied it, so it is not resent"
         ))
-
-    @property
-    def wants_detached(self) -> bool:
-        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
-        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
-
-    def recovery_plan(self) -> list[str]:
-        """The strategies ``on_session_lost`` comes to now, in the order to try them.
-
-        ``resume`` uses envlink's resume token, else an OpenEnv detached session;
-        ``auto`` does the same, then falls back to ``replay``. An empty plan: the
-        episode cannot be carried on (:meth:`cannot_recover` says why).
-        """
-        policy = self.on_session_lost
-        plan: list[str] = []
-        if policy in ("resume", "auto"):
-            if self.resume_token is not None:
-                plan.append("resume")
-            elif self.detached_id is not None:
-                plan.append("openenv-resume")
-        if policy in ("replay", "auto") and self.journal.replayable:
-            plan.append("replay")
-        return plan
-
-    def recovery_strategy(self) -> str:
-        """The strategy ``on_session_lost`` comes to for this session now."""
-        plan = self.recovery_plan()
-        return plan[0] if plan else "raise"
-
-    @property
-    def mechanism(self) -> str:
-        """How a lost session would be recovered now (``client.recovery``)."""
-        return _MECHANISMS[self.recovery_strategy()]
 
     def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
         """The error for an episode that no strategy could carry on."""
@@ -512,16 +501,12 @@ class SessionCore:
                 "the session was lost and cannot be replayed: the journal exceeded "
                 f"max_journal_steps={journal.max_steps}", journal=journal.snapshot())
         if policy in ("resume", "auto") and self.resume_token is None and self.detached_id is None:
-            # auto lands here only when the journal cannot be replayed either.
-            suffix = "" if policy == "resume" else (
-                "; replay is impossible too (the journal was truncated or has steps of "
-                "unknown outcome)")
+            more = "" if policy == "resume" else "; the journal cannot be replayed either"
             return SessionGoneError(
-                f"connection lost mid-episode during {method}: the server does not offer "
-                "session resumption (neither envlink's extension nor OpenEnv detached "
-                f"sessions){suffix}; the episode cannot continue after "
-                f"{journal.step_count} steps", reason="resume_unsupported",
-                journal=journal.snapshot())
+                f"connection lost mid-episode during {method}: the server does not offer session "
+                f"resumption (neither envlink's extension nor OpenEnv detached sessions){more}; "
+                f"the episode cannot continue after {journal.step_count} steps",
+                reason="resume_unsupported", journal=journal.snapshot())
         reason = ("the server no longer has the session" if policy in ("resume", "auto") else
                   "on_session_lost='raise'")
         if method == "step" and cause is not None:
@@ -550,13 +535,8 @@ class SessionCore:
     # -------------------------------------------------------------------- the link
 
     def connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
-        """A connection opened (fresh, or re-attached to the server session).
-
-        Args:
-            extensions: what the server advertised.
-            reattached: the connection attached to the OpenEnv detached session this
-                client already held (the same server session as before).
-        """
+        """A connection opened: fresh, re-attached by token, or ``reattached`` to the
+        OpenEnv detached session the client already held (the same server session)."""
         self.link = Link.OPEN
         self.extensions = extensions
         self.late.clear()

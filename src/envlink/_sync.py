@@ -100,12 +100,19 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         bridge: a bridge to share with other clients (one thread for many
             sessions); :meth:`close` then leaves it open. By default the facade
             creates its own bridge, with the client's tracer and meter providers,
-            and closes it on :meth:`close`.
+            and closes it on :meth:`close`. (A shared bridge traces with its own
+            hooks: ``Bridge(hooks=[BridgeTelemetryHook(nested=False)])`` gives
+            the merged shape below.)
         timeout_margin: seconds the bridge waits beyond the client's own deadline.
+        nested_spans: on the facade's own bridge, give every call the bridge's
+            span ``envlink.bridge <method>`` as the parent of the client's span.
+            Default: one span per call, the client's, which starts when the
+            caller called and carries the hop's queue wait
+            (``envlink.bridge.queue_wait_s``); see ``docs/telemetry.md``.
     """
 
     def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
-                 timeout_margin: float = TIMEOUT_MARGIN) -> None:
+                 timeout_margin: float = TIMEOUT_MARGIN, nested_spans: bool = False) -> None:
         margin = check_timeout(timeout_margin, "timeout_margin", allow_zero=True)
         if margin is None:
             raise TypeError("timeout_margin must be a number of seconds, not None")
@@ -114,7 +121,8 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         if bridge is None:
             # The bridge's telemetry goes where the client's goes.
             bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
-                                                       client.meter_provider)])
+                                                       client.meter_provider,
+                                                       nested=bool(nested_spans))])
         deadline = client.call_deadline("call")
         super().__init__(client, bridge,
                          timeout=None if deadline is None else deadline + timeout_margin)

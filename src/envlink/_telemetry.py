@@ -13,15 +13,27 @@ here for envlink's own modules).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDownCounter
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Counter,
+    Histogram,
+    Meter,
+    MeterProvider,
+    ObservableUpDownCounter,
+    Observation,
+    UpDownCounter,
+)
 from opentelemetry.trace import (
     INVALID_SPAN,
     Span,
@@ -36,6 +48,7 @@ from envlink import names
 from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 from envlink.names import (
     ATTR_ERROR_TYPE,
+    ATTR_RPC_METHOD,
     DURATION_BUCKETS,
     METRIC_ATTEMPTS,
     METRIC_BRIDGE_CALL_DURATION,
@@ -75,6 +88,43 @@ def error_type_of(exc: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+class BridgeHop:
+    """A sync call on its way to the bridge's loop, for the client's span to take over.
+
+    The bridge's telemetry hook puts one in the copied context of each bridged call
+    (:data:`BRIDGE_HOP`); the first client call that runs in that context *claims*
+    it: the client's span then starts when the caller called (``start_ns``) and
+    carries the queue wait, and the bridge emits no span of its own. One span per
+    bridged call instead of two.
+    """
+
+    __slots__ = ("claimed", "start_ns", "submitted")
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns  # wall clock, for the span's start; 0 when not tracing
+        self.submitted = time.perf_counter()
+        self.claimed = False
+
+    def claim(self) -> bool:
+        """Take the hop over (once); ``False`` if another call already did."""
+        if self.claimed:
+            return False
+        self.claimed = True
+        return True
+
+
+#: The bridged call the current context belongs to, if any (see :class:`BridgeHop`).
+BRIDGE_HOP: contextvars.ContextVar[BridgeHop | None] = contextvars.ContextVar(
+    "envlink_bridge_hop", default=None)
+
+
+class InflightSource(Protocol):
+    """Something that counts its calls in flight, by method (a client's telemetry hook)."""
+
+    @property
+    def inflight(self) -> Mapping[str, int]: ...
+
+
 class Telemetry:
     """Tracer, meter and instruments for one pair of providers.
 
@@ -98,6 +148,10 @@ class Telemetry:
         self._tracing_noop: bool | None = (
             isinstance(tracer_provider, trace.NoOpTracerProvider)
             if tracer_provider is not None else None
+        )
+        self._metrics_noop: bool | None = (
+            isinstance(meter_provider, metrics.NoOpMeterProvider)
+            if meter_provider is not None else None
         )
         m = self.meter
         self.call_duration: Histogram = m.create_histogram(
@@ -132,8 +186,14 @@ class Telemetry:
             METRIC_ERRORS, unit="{error}",
             description="Protocol calls that failed, by error.type.",
         )
-        self.inflight: UpDownCounter = m.create_up_down_counter(
-            METRIC_INFLIGHT, unit="{call}",
+        # In flight: each client keeps plain counts per method (no metric operation
+        # per call); they are read when the SDK collects.
+        self._inflight_sources: weakref.WeakSet[InflightSource] = weakref.WeakSet()
+        self._inflight_lock = threading.Lock()
+        #: Every method ever counted: its series stays (at 0) when its clients are gone.
+        self.inflight_methods: set[str] = set()
+        self.inflight: ObservableUpDownCounter = m.create_observable_up_down_counter(
+            METRIC_INFLIGHT, callbacks=[self._observe_inflight], unit="{call}",
             description="Protocol calls currently in flight (queued or running).",
         )
         self.message_size: Histogram = m.create_histogram(
@@ -148,12 +208,45 @@ class Telemetry:
 
     # ------------------------------------------------------------------ helpers
 
+    def add_inflight_source(self, source: InflightSource) -> None:
+        """Count ``source.inflight`` (method -> calls in flight) in ``envlink.client.inflight``."""
+        with self._inflight_lock:
+            self._inflight_sources.add(source)
+
+    def _observe_inflight(self, options: CallbackOptions) -> list[Observation]:
+        totals = dict.fromkeys(list(self.inflight_methods), 0)
+        with self._inflight_lock:
+            sources = list(self._inflight_sources)
+        for source in sources:
+            for method, count in list(source.inflight.items()):
+                totals[method] = totals.get(method, 0) + count
+        return [Observation(count, {ATTR_RPC_METHOD: method})
+                for method, count in totals.items()]
+
+    def metrics_enabled(self) -> bool:
+        """Whether measurements would be recorded: ``False`` under the API's no-op providers.
+
+        As :meth:`tracing_enabled`: cheap per operation, cached once a global SDK
+        meter provider is installed.
+        """
+        noop = self._metrics_noop
+        if noop is not None:
+            return not noop
+        if _global_meter_provider_unset():
+            return False  # no global provider yet; one may be installed later
+        provider = metrics.get_meter_provider()
+        if type(provider).__name__ == "_ProxyMeterProvider":
+            return False
+        self._metrics_noop = isinstance(provider, metrics.NoOpMeterProvider)
+        return not self._metrics_noop
+
     def span(
         self,
         name: str,
         *,
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
+        start_time: int | None = None,
     ) -> contextlib.AbstractContextManager[Span]:
         """A span that records an escaping exception as ``error.type`` + ERROR status.
 
@@ -161,7 +254,7 @@ class Telemetry:
         API's no-op provider) no span is started at all: the current context, and
         with it any propagated trace context, is left as it is.
         """
-        return _SpanScope(self, name, kind, attributes)
+        return _SpanScope(self, name, kind, attributes, start_time)
 
     def tracing_enabled(self) -> bool:
         """Whether spans would be recorded: ``False`` under the API's no-op providers.
@@ -210,51 +303,82 @@ def _global_tracer_provider_unset() -> bool:
     return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
+def _global_meter_provider_unset() -> bool:
+    """Whether no global meter provider is installed yet (cheap, as for tracing)."""
+    if _METRICS_INTERNAL is not None and "OTEL_PYTHON_METER_PROVIDER" not in _ENV_AT_IMPORT:
+        return getattr(_METRICS_INTERNAL, "_METER_PROVIDER", None) is None
+    return type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider"
+
+
+_METRICS_INTERNAL: Any = None
+with contextlib.suppress(ImportError):  # the API's private module: a fast check, if present
+    from opentelemetry.metrics import _internal as _metrics_internal
+
+    if hasattr(_metrics_internal, "_METER_PROVIDER"):
+        _METRICS_INTERNAL = _metrics_internal
 _HAVE_PRIVATE_GLOBAL = hasattr(trace, "_TRACER_PROVIDER")
 _ENV_AT_IMPORT = frozenset(os.environ)
 
 
 class _SpanScope(contextlib.AbstractContextManager[Span]):
-    """What :meth:`Telemetry.span` returns; a class rather than a generator for speed."""
+    """What :meth:`Telemetry.span` returns; a class rather than a generator for speed.
 
-    __slots__ = ("_attributes", "_cm", "_kind", "_name", "_span", "_tel")
+    It starts the span and attaches it to the current context itself (the SDK's
+    ``start_as_current_span`` goes through two generator-based context managers).
+    """
+
+    __slots__ = ("_attributes", "_kind", "_name", "_span", "_start_time", "_tel", "_token")
 
     def __init__(self, tel: Telemetry, name: str, kind: SpanKind,
-                 attributes: Mapping[str, Any] | None) -> None:
+                 attributes: Mapping[str, Any] | None, start_time: int | None = None) -> None:
         self._tel = tel
+        self._start_time = start_time
         self._name = name
         self._kind = kind
         self._attributes = attributes
-        self._cm: contextlib.AbstractContextManager[Span] | None = None
+        self._token: object = None
         self._span: Span = INVALID_SPAN
 
     def __enter__(self) -> Span:
         if not self._tel.tracing_enabled():
             return INVALID_SPAN
         try:
-            cm = self._tel.tracer.start_as_current_span(
+            span = self._tel.tracer.start_span(
                 self._name, kind=self._kind, attributes=self._attributes,
-                record_exception=False, set_status_on_exception=False,
+                start_time=self._start_time,
             )
-            self._span = cm.__enter__()
         except Exception:  # a failing span processor must never fail the call
             return INVALID_SPAN
-        self._cm = cm
-        return self._span
+        try:
+            self._token = _attach(_set_span_in_context(span))
+        except Exception:  # pragma: no cover - the context API does not fail
+            with contextlib.suppress(Exception):
+                span.end()
+            return INVALID_SPAN
+        self._span = span
+        return span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        cm = self._cm
-        if cm is None:
+        token = self._token
+        if token is None:
             return
-        self._cm = None
+        self._token = None
+        span = self._span
         if exc is not None:
-            mark_error(self._span, exc)
-        # A span processor's on_end may fail: the caller's own outcome (result, or its
-        # exception, which still propagates) must not be replaced by that. The span's
-        # context is detached before end() runs, so nothing is left attached.
+            mark_error(span, exc)
+        # The span's context is detached before end() runs, so nothing is left
+        # attached; a span processor's on_end may fail: the caller's own outcome
+        # (result, or its exception, which still propagates) must not be replaced.
         with contextlib.suppress(Exception):
-            cm.__exit__(exc_type, exc, tb)
+            _detach(token)  # type: ignore[arg-type]
+        with contextlib.suppress(Exception):
+            span.end()
+
+
+_attach = otel_context.attach
+_detach = otel_context.detach
+_set_span_in_context = trace.set_span_in_context
 
 
 def mark_error(span: Span, exc: BaseException) -> None:

@@ -1,22 +1,36 @@
 """envlink's OpenTelemetry emitter for the sync bridge: a :class:`~envlink.BridgeHook`.
 
-Per bridged call: an INTERNAL span ``envlink.bridge <method>`` started in the
-caller's thread and made the current span of the coroutine's context (so it is
-the parent of the client's span), with the queue wait and run time as attributes;
-and one record in each of ``envlink.bridge.wait.duration`` and
-``envlink.bridge.call.duration``, by ``rpc.method``, ``envlink.outcome`` and
-``error.type``. The names are the contract of ``docs/telemetry.md``.
+For the sync facade's calls (*merged*, what :class:`~envlink.SyncEnvClient`'s own
+bridge does), one span per bridged call: the bridge puts a
+:class:`~envlink._telemetry.BridgeHop` in the coroutine's context, and the
+client call that runs there *claims* it: the client's span starts when the
+caller called and carries the queue wait (``envlink.bridge.queue_wait_s``); the
+bridge records only ``envlink.bridge.wait.duration`` (the loop's saturation
+signal). A bridged call no client claims (a :class:`~envlink.SyncProxy` of some
+other object, ``close``) gets the bridge's own INTERNAL span ``envlink.bridge
+<method>`` after the fact (from the caller's call to its wake-up, queue wait and
+run time as attributes) and both histograms.
+
+*Nested* (the default of a :class:`~envlink.Bridge`, which may run any
+coroutine, and an option of the sync facade): every bridged call gets its
+INTERNAL span, started in the caller's thread and made the current span of the
+coroutine's context (so it is the parent of the client's span), and records both
+``envlink.bridge.wait.duration`` and ``envlink.bridge.call.duration``. With no
+SDK configured nothing is allocated or recorded. The names are the contract of
+``docs/telemetry.md``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from envlink._bridge import OUTCOMES, BridgeCallFinished, BridgeCallStarted, BridgeHook
 from envlink._telemetry import (
@@ -25,7 +39,9 @@ from envlink._telemetry import (
     ATTR_ERROR_TYPE,
     ATTR_OUTCOME,
     ATTR_RPC_METHOD,
+    BRIDGE_HOP,
     SPAN_BRIDGE_PREFIX,
+    BridgeHop,
     error_type_of,
     get_telemetry,
     mark_error,
@@ -74,6 +90,14 @@ def _method_info(method: str) -> _MethodInfo:
     return info
 
 
+#: Bridged calls that get the bridge's own (nested) span even when merging: the
+#: facade's close, which no client call covers and which logs after its last span.
+_OWN_SPAN = frozenset({"close"})
+#: Token of a call recorded without a span (no tracing, or a nested hook without SDK).
+_METRICS_ONLY = object()
+_time_ns = time.time_ns
+
+
 class BridgeTelemetryHook:
     """The span and histograms of every bridged call, on the given providers.
 
@@ -84,51 +108,97 @@ class BridgeTelemetryHook:
     Args:
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
+        nested: give every bridged call its own span, current in the coroutine
+            (so spans the coroutine creates are its children), and both
+            histograms: the default, right for any coroutine. ``False`` (what
+            the sync facade's own bridge uses): one span per bridged call, the
+            client's, with the hop merged into it (see the module doc).
     """
 
-    __slots__ = ("_call_duration", "_tracer", "_tracing_enabled", "_wait_duration")
+    __slots__ = ("_nested", "_tel")
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None) -> None:
-        tel = get_telemetry(tracer_provider, meter_provider)
-        # Held directly: this runs twice per bridged call.
-        self._tracer = tel.tracer
-        self._tracing_enabled = tel.tracing_enabled
-        self._wait_duration = tel.bridge_wait_duration
-        self._call_duration = tel.bridge_call_duration
+                 meter_provider: MeterProvider | None = None, *, nested: bool = True) -> None:
+        self._tel = get_telemetry(tracer_provider, meter_provider)
+        self._nested = bool(nested)
 
-    def call_started(self, call: BridgeCallStarted) -> Span:
-        """Start the sync hop's span and make it the coroutine's current span."""
-        if not self._tracing_enabled():
-            return INVALID_SPAN  # no SDK: no span to start (as for the client's spans)
+    @property
+    def nested(self) -> bool:
+        """Whether every bridged call gets its own span (else: merged into the client's)."""
+        return self._nested
+
+    def call_started(self, call: BridgeCallStarted) -> Any:
+        """Merged: hand the call's start to the client's span. Nested: start the span."""
+        tel = self._tel
+        tracing = tel.tracing_enabled()
+        if not self._nested and call.method not in _OWN_SPAN:
+            if not tracing and not tel.metrics_enabled():
+                return None  # no SDK: nothing to do, nothing allocated
+            hop = BridgeHop(_time_ns() if tracing else 0)
+            call.context.run(BRIDGE_HOP.set, hop)
+            return hop
+        if not tracing:
+            return _METRICS_ONLY if tel.metrics_enabled() else None
         method = call.method
         info = _method_infos.get(method) or _method_info(method)
         try:
-            span = self._tracer.start_span(info.span_name, kind=_INTERNAL)
+            span = tel.tracer.start_span(info.span_name, kind=_INTERNAL)
         except Exception:  # a failing span processor must never fail the call
-            return INVALID_SPAN
+            return _METRICS_ONLY
         if span.is_recording():
             span.set_attribute(ATTR_RPC_METHOD, method)
             call.context.run(otel_context.attach, trace.set_span_in_context(span))
         return span
 
-    def call_finished(self, call: BridgeCallFinished, token: Span) -> None:
-        """Record both histograms and end the span."""
+    def call_finished(self, call: BridgeCallFinished, token: Any) -> None:
+        """Record the histograms (and end or emit the bridge's span where it has one)."""
+        if token is None:
+            return
         try:
-            method, outcome, wait, run_time, duration, error = call
+            tel = self._tel
+            method = call.method
             info = _method_infos.get(method) or _method_info(method)
-            attrs = info.attributes(outcome, None if error is None else error_type_of(error))
-            self._wait_duration.record(wait, attrs)
-            self._call_duration.record(duration, attrs)
-            if token.is_recording():
-                token.set_attribute(ATTR_BRIDGE_QUEUE_WAIT, wait)
-                if run_time is not None:
-                    token.set_attribute(ATTR_BRIDGE_RUN_TIME, run_time)
-                if error is not None:
-                    mark_error(token, error)
-            token.end()
+            error = call.error
+            attrs = info.attributes(call.outcome,
+                                    None if error is None else error_type_of(error))
+            wait = call.queue_wait
+            tel.bridge_wait_duration.record(wait, attrs)
+            if type(token) is BridgeHop:
+                if token.claimed:
+                    return  # the client's span covers the call and shows the wait
+                tel.bridge_call_duration.record(call.duration, attrs)
+                if token.start_ns:
+                    self._span_after_the_fact(call, info, token.start_ns)
+                return
+            tel.bridge_call_duration.record(call.duration, attrs)
+            if token is not _METRICS_ONLY:
+                span: Span = token
+                if span.is_recording():
+                    span.set_attribute(ATTR_BRIDGE_QUEUE_WAIT, wait)
+                    if call.run_time is not None:
+                        span.set_attribute(ATTR_BRIDGE_RUN_TIME, call.run_time)
+                    if error is not None:
+                        mark_error(span, error)
+                span.end()
         except Exception:  # pragma: no cover - defensive
             _log.debug("envlink bridge: telemetry failed", exc_info=True)
+
+    def _span_after_the_fact(self, call: BridgeCallFinished, info: _MethodInfo,
+                             start_ns: int) -> None:
+        """The bridge's span of a call no client span covered, from its start to now."""
+        try:
+            span = self._tel.tracer.start_span(info.span_name, kind=_INTERNAL,
+                                               start_time=start_ns)
+            if span.is_recording():
+                span.set_attribute(ATTR_RPC_METHOD, call.method)
+                span.set_attribute(ATTR_BRIDGE_QUEUE_WAIT, call.queue_wait)
+                if call.run_time is not None:
+                    span.set_attribute(ATTR_BRIDGE_RUN_TIME, call.run_time)
+                if call.error is not None:
+                    mark_error(span, call.error)
+            span.end()
+        except Exception:  # a failing span processor must never fail the call
+            _log.debug("envlink bridge: span processor failed", exc_info=True)
 
 
 def default_bridge_hooks(tracer_provider: TracerProvider | None,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import Span, SpanKind, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider
 
 from envlink import _logging
 from envlink._errors import ServerError
@@ -28,9 +28,10 @@ from envlink._hooks import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._telemetry import Telemetry, error_type_of, get_telemetry
+from envlink._telemetry import BRIDGE_HOP, Telemetry, error_type_of, get_telemetry
 from envlink.names import (
     ATTR_ATTEMPT,
+    ATTR_BRIDGE_QUEUE_WAIT,
     ATTR_DELAY,
     ATTR_DIRECTION,
     ATTR_EPISODE_ID,
@@ -108,14 +109,24 @@ _CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
 
 
 class _CallToken:
-    __slots__ = ("metric_attrs", "reset", "scope", "span")
+    __slots__ = ("reset", "rpc", "scope", "span")
 
-    def __init__(self, scope: contextlib.AbstractContextManager[Span], span: Span,
-                 metric_attrs: dict[str, Any] | None) -> None:
+    def __init__(self, scope: contextlib.AbstractContextManager[Span] | None, span: Span,
+                 rpc: bool) -> None:
         self.scope = scope
         self.span = span
-        self.metric_attrs = metric_attrs
+        self.rpc = rpc
         self.reset = _CALL_SPAN.set(span) if span.is_recording() else None
+
+
+# Tokens of calls traced without a span (no SDK, or tracing off): shared, never allocated.
+_NO_SPAN_RPC = _CallToken(None, INVALID_SPAN, True)
+_NO_SPAN_OTHER = _CallToken(None, INVALID_SPAN, False)
+_perf = time.perf_counter
+
+#: Default: one message in this many (per direction) is recorded in
+#: ``envlink.client.message.size``, the first one included.
+MESSAGE_SAMPLE = 16
 
 
 class ClientTelemetryHook(ClientHook):
@@ -124,74 +135,134 @@ class ClientTelemetryHook(ClientHook):
     It is the default hook of every client; pass it explicitly to combine it with
     hooks of your own: ``EnvClient(url, hooks=[ClientTelemetryHook(), mine])``.
 
+    Per call it does the least that keeps the contract: one span (the client's; a
+    sync call's bridge hop is merged into it), one duration record, counters only
+    when something happened (a retry, an error), calls in flight counted in plain
+    integers read at collection time, message sizes sampled. With no SDK
+    configured it allocates nothing per call.
+
     Args:
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
         url: the server URL shown in log events (never with credentials).
+        message_sample: record the size of one message in this many, per
+            direction (``1``: every message). Sizes are a distribution, not a
+            count: the number of calls is ``rpc.client.call.duration``'s count.
     """
 
     #: Every method swallows its own failures: no chain is needed around it.
     never_raises = True
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None, *, url: str = "") -> None:
+                 meter_provider: MeterProvider | None = None, *, url: str = "",
+                 message_sample: int = MESSAGE_SAMPLE) -> None:
+        if isinstance(message_sample, bool) or not isinstance(message_sample, int) \
+                or message_sample < 1:
+            raise ValueError(f"message_sample must be an int >= 1, not {message_sample!r}")
         self.tel: Telemetry = get_telemetry(tracer_provider, meter_provider)
         self.url = url
+        self.message_sample = message_sample
+        self._sent = self._received = 0
+        #: Calls in flight, by method; read when the SDK collects envlink.client.inflight.
+        self.inflight: dict[str, int] = {}
+        self.tel.add_inflight_source(self)
+        # Attribute dicts built once per client (per method), not per call.
+        self._span_attrs: dict[str, dict[str, Any]] = {}
+        self._ok_attrs: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ calls
 
     def call_started(self, call: CallStarted) -> _CallToken:
         tel = self.tel
-        rpc = call.method not in _NOT_RPC
-        metric_attrs = None
+        method = call.method
+        rpc = method not in _NOT_RPC
         if rpc:
-            metric_attrs = {ATTR_RPC_METHOD: call.method}
-            tel.add(tel.inflight, 1, metric_attrs)
-        attributes: dict[str, Any] | None = None
-        if tel.tracing_enabled():
-            attributes = {ATTR_SERVER_ADDRESS: call.server_address,
-                          ATTR_SERVER_PORT: call.server_port}
+            inflight = self.inflight
+            count = inflight.get(method)
+            if count is None:  # first call of this method: its series exists from now on
+                tel.inflight_methods.add(method)
+                count = 0
+            inflight[method] = count + 1
+        hop = BRIDGE_HOP.get()
+        if hop is not None and not hop.claim():
+            hop = None
+        if not tel.tracing_enabled():
+            return _NO_SPAN_RPC if rpc else _NO_SPAN_OTHER
+        base = self._span_attrs.get(method)
+        if base is None or base[ATTR_SERVER_ADDRESS] != call.server_address \
+                or base[ATTR_SERVER_PORT] != call.server_port:
+            base = {ATTR_SERVER_ADDRESS: call.server_address, ATTR_SERVER_PORT: call.server_port}
             if rpc:
-                attributes[ATTR_RPC_SYSTEM] = RPC_SYSTEM
-                attributes[ATTR_RPC_METHOD] = call.method
-                if call.session_id is not None:
-                    attributes[ATTR_SESSION_ID] = call.session_id
-                if call.episode_id is not None:
-                    attributes[ATTR_EPISODE_ID] = call.episode_id
-        scope = tel.span(call.method, kind=SpanKind.CLIENT if rpc else SpanKind.INTERNAL,
-                         attributes=attributes)
-        return _CallToken(scope, scope.__enter__(), metric_attrs)
+                base[ATTR_RPC_SYSTEM] = RPC_SYSTEM
+                base[ATTR_RPC_METHOD] = method
+            self._span_attrs[method] = base
+        attributes = base
+        if rpc and (call.session_id is not None or call.episode_id is not None
+                    or hop is not None):
+            attributes = dict(base)
+            if call.session_id is not None:
+                attributes[ATTR_SESSION_ID] = call.session_id
+            if call.episode_id is not None:
+                attributes[ATTR_EPISODE_ID] = call.episode_id
+        start_time = None
+        if hop is not None:
+            # A sync call: this span starts when the caller called and shows the hop.
+            if attributes is base:
+                attributes = dict(base)
+            attributes[ATTR_BRIDGE_QUEUE_WAIT] = _perf() - hop.submitted
+            start_time = hop.start_ns or None
+        scope = tel.span(method, kind=SpanKind.CLIENT if rpc else SpanKind.INTERNAL,
+                         attributes=attributes, start_time=start_time)
+        return _CallToken(scope, scope.__enter__(), rpc)
 
     def call_finished(self, call: CallFinished, token: _CallToken) -> None:
         tel = self.tel
         error = call.error
+        method = call.method
+        rpc = token.rpc
+        if rpc:
+            self.inflight[method] -= 1
         span = token.span
         if span.is_recording():
             if call.queue_wait is not None:
                 span.set_attribute(ATTR_QUEUE_WAIT, call.queue_wait)
             if call.step_index is not None:
                 span.set_attribute(ATTR_STEP_INDEX, call.step_index)
-        error_type = None if error is None else error_type_of(error)
-        rpc = token.metric_attrs is not None
-        if isinstance(error, Exception):
-            if rpc:
-                tel.add(tel.errors, 1, {ATTR_RPC_METHOD: call.method, ATTR_ERROR_TYPE: error_type})
-            _log.info(LOG_CALL_FAILED, method=call.method, error_type=error_type,
-                      error=str(error), session_id=call.session_id)
         if token.reset is not None:
             _CALL_SPAN.reset(token.reset)
-        token.scope.__exit__(None if error is None else type(error), error, None)
+        if error is None:
+            if token.scope is not None:
+                token.scope.__exit__(None, None, None)
+            if rpc and tel.metrics_enabled():
+                attrs = self._ok_attrs.get(method)
+                if attrs is None or attrs[ATTR_SERVER_ADDRESS] != call.server_address \
+                        or attrs[ATTR_SERVER_PORT] != call.server_port:
+                    attrs = self._duration_attrs(call, None)
+                    self._ok_attrs[method] = attrs
+                tel.record(tel.call_duration, call.duration, attrs)
+            return
+        error_type = error_type_of(error)
+        if isinstance(error, Exception):
+            if rpc:
+                tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method, ATTR_ERROR_TYPE: error_type})
+            _log.info(LOG_CALL_FAILED, method=method, error_type=error_type,
+                      error=str(error), session_id=call.session_id)
+        if token.scope is not None:
+            token.scope.__exit__(type(error), error, None)
         if rpc:
-            tel.add(tel.inflight, -1, token.metric_attrs)
-            attrs: dict[str, Any] = {ATTR_RPC_SYSTEM: RPC_SYSTEM,
-                                     ATTR_SERVER_ADDRESS: call.server_address,
-                                     ATTR_SERVER_PORT: call.server_port,
-                                     ATTR_RPC_METHOD: call.method, ATTR_OUTCOME: call.outcome}
-            if error_type is not None:
-                attrs[ATTR_ERROR_TYPE] = error_type
-                if isinstance(error, ServerError):  # the status the server answered with
-                    attrs[ATTR_RPC_STATUS_CODE] = str(getattr(error.code, "value", error.code))
-            tel.record(tel.call_duration, call.duration, attrs)
+            tel.record(tel.call_duration, call.duration, self._duration_attrs(call, error))
+
+    @staticmethod
+    def _duration_attrs(call: CallFinished, error: BaseException | None) -> dict[str, Any]:
+        attrs: dict[str, Any] = {ATTR_RPC_SYSTEM: RPC_SYSTEM,
+                                 ATTR_SERVER_ADDRESS: call.server_address,
+                                 ATTR_SERVER_PORT: call.server_port,
+                                 ATTR_RPC_METHOD: call.method, ATTR_OUTCOME: call.outcome}
+        if error is not None:
+            attrs[ATTR_ERROR_TYPE] = error_type_of(error)
+            if isinstance(error, ServerError):  # the status the server answered with
+                attrs[ATTR_RPC_STATUS_CODE] = str(getattr(error.code, "value", error.code))
+        return attrs
 
     # ----------------------------------------------------------------- phases
 
@@ -199,10 +270,9 @@ class ClientTelemetryHook(ClientHook):
         tel = self.tel
         name = phase.phase
         if name == "attempt":
-            tel.add(tel.attempts, 1, {ATTR_RPC_METHOD: phase.method,
-                                      ATTR_RETRY: phase.attempt > 1})
             if phase.attempt == 1:
-                return None
+                return None  # counted by rpc.client.call.duration; only retries here
+            tel.add(tel.attempts, 1, {ATTR_RPC_METHOD: phase.method, ATTR_RETRY: True})
             scope = tel.span(f"{phase.method} attempt", attributes={
                 ATTR_ATTEMPT: phase.attempt, ATTR_TRANSPARENT: True,
                 ATTR_RPC_METHOD: phase.method})
@@ -261,8 +331,18 @@ class ClientTelemetryHook(ClientHook):
     # ------------------------------------------------------------ messages, events
 
     def message(self, direction: str, size: int) -> None:
-        tel = self.tel
-        tel.record(tel.message_size, size, _SENT if direction == "sent" else _RECEIVED)
+        # Sampled: one message in `message_sample` per direction, the first included.
+        if direction == "sent":
+            n = self._sent
+            self._sent = n + 1
+            attrs = _SENT
+        else:
+            n = self._received
+            self._received = n + 1
+            attrs = _RECEIVED
+        if n % self.message_sample == 0:
+            tel = self.tel
+            tel.record(tel.message_size, size, attrs)
 
     def event(self, event: ClientEvent) -> None:
         tel = self.tel

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     *names.__all__,
-    "ClientTelemetryHook",
     "BridgeTelemetryHook",
+    "ClientTelemetryHook",
     "OtlpProtocol",
     "TelemetryHandle",
     "add_trace_context",
@@ -180,6 +180,7 @@ def configure(
     metric_readers: Sequence[MetricReader] = (),
     metric_export_interval: float | None = None,
     set_global: bool = True,
+    exemplars: bool | None = None,
 ) -> TelemetryHandle:
     """Set up the OpenTelemetry SDK for envlink in one call (scripts, notebooks, demo).
 
@@ -190,7 +191,7 @@ def configure(
     ``OTEL_EXPORTER_OTLP_PROTOCOL`` (and per-signal variants), and everything the
     exporters and processors read themselves (``OTEL_EXPORTER_OTLP_HEADERS``,
     ``..._TIMEOUT``, ``..._COMPRESSION``, ``OTEL_BSP_*``, ``OTEL_METRIC_EXPORT_INTERVAL``,
-    ``OTEL_SDK_DISABLED``).
+    ``OTEL_METRICS_EXEMPLAR_FILTER``, ``OTEL_SDK_DISABLED``).
 
     Args:
         service_name: ``service.name`` of the resource. Default: from the
@@ -217,6 +218,13 @@ def configure(
             reader also exports at :meth:`TelemetryHandle.shutdown`.
         set_global: install the providers as OpenTelemetry's global providers,
             so every envlink client created without explicit providers uses them.
+        exemplars: attach exemplars (the trace and span id of a sampled
+            measurement) to metric points. Default: off, unless
+            ``OTEL_METRICS_EXEMPLAR_FILTER`` says otherwise. The SDK's own default
+            (``trace_based``) makes every measurement taken inside a sampled span
+            offer an exemplar, which costs about 10 µs per measurement on the
+            hot path (``docs/performance.md``); pass ``True`` for the SDK's
+            trace-based filter.
 
     Returns:
         A :class:`TelemetryHandle`; call its ``shutdown()`` before exiting to flush.
@@ -275,7 +283,8 @@ def configure(
     tracer_provider = TracerProvider(resource=resource)
     for processor in processors:
         tracer_provider.add_span_processor(processor)
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers,
+                                   **_exemplar_filter(exemplars))
 
     is_global = False
     if set_global:
@@ -287,6 +296,18 @@ def configure(
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _exemplar_filter(exemplars: bool | None) -> dict[str, Any]:
+    """The MeterProvider's exemplar filter: off unless asked for (argument, then env)."""
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, TraceBasedExemplarFilter
+
+    if exemplars is None:
+        if _env("OTEL_METRICS_EXEMPLAR_FILTER"):
+            return {}  # the SDK reads the variable itself
+        exemplars = False
+    return {"exemplar_filter": TraceBasedExemplarFilter() if exemplars
+            else AlwaysOffExemplarFilter()}
 
 
 def _env(*names: str) -> str | None:

@@ -70,11 +70,11 @@ def test_client_deadline_fires_before_the_bridge(server_thread: ServerThread) ->
 
 
 def test_traces_nest_caller_bridge_client(server_thread: ServerThread, otel: Otel) -> None:
-    """The caller's span is the parent of the bridge span, itself the parent of the client's
-    CLIENT span; the bridge histogram is recorded."""
+    """With nested_spans: the caller's span is the parent of the bridge span, itself the parent
+    of the client's CLIENT span; the bridge histogram is recorded."""
     tp = otel.tracer_provider
     env = GenericEnvClient(base_url=server_thread.url, tracer_provider=tp,
-                           meter_provider=otel.meter_provider).sync()
+                           meter_provider=otel.meter_provider).sync(nested_spans=True)
     try:
         with tp.get_tracer("test").start_as_current_span("handler") as handler:
             env.reset()
@@ -88,6 +88,43 @@ def test_traces_nest_caller_bridge_client(server_thread: ServerThread, otel: Ote
     assert client.parent is not None
     assert client.parent.span_id == hop.context.span_id
     assert METRIC_BRIDGE_CALL_DURATION in {m.name for m in otel.metrics()}
+
+
+def test_one_span_per_sync_call_by_default(server_thread: ServerThread, otel: Otel) -> None:
+    """By default a sync call has one span, the client's: child of the caller's span, started
+    before the hop (it covers the queue wait, shown as an attribute); only the bridge's wait
+    histogram is recorded, and one call-duration record per call."""
+    tp = otel.tracer_provider
+    env = GenericEnvClient(base_url=server_thread.url, tracer_provider=tp,
+                           meter_provider=otel.meter_provider).sync()
+    try:
+        with tp.get_tracer("test").start_as_current_span("handler") as handler:
+            env.reset()
+            env.step({"message": "hi"})
+    finally:
+        env.close()
+    spans = otel.spans()
+    assert not [s for s in spans if s.name in ("envlink.bridge reset", "envlink.bridge step")]
+    for method in ("reset", "step"):
+        (client,) = [s for s in spans if s.name == method and s.kind is SpanKind.CLIENT]
+        assert client.parent is not None
+        assert client.parent.span_id == handler.get_span_context().span_id
+        wait = (client.attributes or {})["envlink.bridge.queue_wait_s"]
+        assert isinstance(wait, float) and wait >= 0
+        assert client.start_time is not None and handler.start_time is not None
+        assert client.start_time >= handler.start_time
+    points = {m.name: m for m in otel.metrics()}
+    waits = {dict(p.attributes)["rpc.method"]: p.count
+             for p in points["envlink.bridge.wait.duration"].data.data_points}
+    assert waits["reset"] == 1 and waits["step"] == 1
+    calls = {dict(p.attributes)["rpc.method"]: p.count
+             for p in points["rpc.client.call.duration"].data.data_points
+             if dict(p.attributes)["rpc.method"] in ("reset", "step")}
+    assert calls == {"reset": 1, "step": 1}
+    bridged = {dict(p.attributes)["rpc.method"]
+               for p in points[METRIC_BRIDGE_CALL_DURATION].data.data_points} \
+        if METRIC_BRIDGE_CALL_DURATION in points else set()
+    assert not bridged & {"reset", "step"}
 
 
 def test_one_facade_from_many_threads(server_thread: ServerThread) -> None:

@@ -243,3 +243,24 @@ def test_named_waits_have_defaults_and_are_validated() -> None:
     assert ConnectionOptions().last_frame_wait == 0.05
     with pytest.raises(ValueError, match="close_timeout"):
         ConnectionOptions(close_timeout=0)
+
+
+async def test_policies_set_after_construction_take_effect() -> None:
+    """reconnect_policy and on_session_lost are live settings, as they were attributes."""
+    tries = 0
+
+    def refuse(headers: Any) -> None:
+        nonlocal tries
+        tries += 1
+        raise ConnectError("refused")
+
+    env = GenericEnvClient(URL, transport=MockTransport(Scripted(), on_connect=refuse))
+    env.reconnect_policy = ReconnectPolicy(max_attempts=2)
+    with pytest.raises(ConnectError):
+        await env.connect()
+    assert tries == 2
+    env.on_session_lost = "replay"
+    assert env.on_session_lost == "replay"
+    with pytest.raises(ValueError, match="on_session_lost"):
+        env.on_session_lost = "retry"  # type: ignore[assignment]
+    await env.close()

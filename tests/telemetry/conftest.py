@@ -6,13 +6,9 @@ mocked between ``configure()`` and the bytes on the wire.
 
 from __future__ import annotations
 
-import gzip
-import http.server
-import threading
-import zlib
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,6 +19,8 @@ from opentelemetry.proto.collector.metrics.v1 import (
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from _otel_support import Otel
+
+from ._otlp_receiver import Received, Receiver, start_http_receiver
 
 
 @pytest.fixture(autouse=True)
@@ -38,88 +36,12 @@ def _clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
 
 
-@dataclass
-class Received:
-    """What an OTLP receiver decoded."""
-
-    traces: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
-    metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(
-        default_factory=list)
-    paths: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def spans(self) -> list[Any]:
-        with self.lock:
-            return [span for req in self.traces for rs in req.resource_spans
-                    for ss in rs.scope_spans for span in ss.spans]
-
-    def metric_names(self) -> set[str]:
-        with self.lock:
-            return {m.name for req in self.metrics for rm in req.resource_metrics
-                    for sm in rm.scope_metrics for m in sm.metrics}
-
-    def resources(self) -> list[dict[str, Any]]:
-        with self.lock:
-            out = [rs.resource for req in self.traces for rs in req.resource_spans]
-            out += [rm.resource for req in self.metrics for rm in req.resource_metrics]
-        return [{kv.key: kv.value.string_value for kv in r.attributes} for r in out]
-
-
-class _OtlpHttpHandler(http.server.BaseHTTPRequestHandler):
-    received: Received
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        encoding = self.headers.get("Content-Encoding", "")
-        if encoding == "gzip":
-            body = gzip.decompress(body)
-        elif encoding == "deflate":
-            body = zlib.decompress(body)
-        response: Any
-        if self.path == "/v1/traces":
-            req: Any = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
-            response = trace_service_pb2.ExportTraceServiceResponse()
-            with self.received.lock:
-                self.received.traces.append(req)
-                self.received.paths.append(self.path)
-        elif self.path == "/v1/metrics":
-            req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
-            response = metrics_service_pb2.ExportMetricsServiceResponse()
-            with self.received.lock:
-                self.received.metrics.append(req)
-                self.received.paths.append(self.path)
-        else:
-            self.send_error(404)
-            return
-        payload = response.SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@dataclass
-class Receiver:
-    endpoint: str
-    received: Received
-
-
 @pytest.fixture
 def otlp_http_receiver() -> Iterator[Receiver]:
     """An OTLP/HTTP receiver on 127.0.0.1 decoding real protobuf requests."""
-    received = Received()
-    handler = type("Handler", (_OtlpHttpHandler,), {"received": received})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True)
-    thread.start()
-    yield Receiver(f"http://127.0.0.1:{server.server_port}", received)
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    receiver = start_http_receiver()
+    yield receiver
+    receiver.stop()
 
 
 class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):

@@ -109,7 +109,9 @@ def test_prometheus_scrape_shows_documented_series() -> None:
         tel = get_telemetry(h.tracer_provider, h.meter_provider)
         tel.record(tel.call_duration, 0.003, {"rpc.method": "step", "envlink.outcome": "ok"})
         tel.add(tel.attempts, 1, {"rpc.method": "step"})
-        tel.add(tel.inflight, 1, {"rpc.method": "step"})
+        # In flight is observed at collection time from the clients' own counts.
+        source = _Inflight({"step": 1})
+        tel.add_inflight_source(source)
         tel.record(tel.message_size, 300, {"envlink.direction": "sent"})
         text = _scrape(h.prometheus_url)
         port = h.prometheus_port
@@ -213,3 +215,10 @@ def test_shutdown_honours_its_timeout_with_a_hung_collector() -> None:
         assert time.monotonic() - start < 3.0
     finally:
         listener.close()
+
+
+class _Inflight:
+    """A stand-in for a client's telemetry hook: calls in flight by method."""
+
+    def __init__(self, inflight: dict[str, int]) -> None:
+        self.inflight = inflight

@@ -57,10 +57,10 @@ def test_demo_reports_calls_tree_and_percentiles() -> None:
     assert "-> echo_message, echo_with_length" in out  # list_tools
     assert re.search(r"state\(\)\s+\d+\.\d+ ms", out)
     assert "totals: 7 calls, 0 errors" in out
-    # sync hop -> client call -> server span, nested under the episode span
-    assert re.search(r"\n    envlink\.bridge step \[internal\] [\d.]+ ms\n"
-                     r"      step \[client\] [\d.]+ ms\n"
-                     r"        step \[server\] [\d.]+ ms\n", out), out
+    # sync call (the hop merged into the client's span) -> server span, under the episode
+    assert re.search(r"\n    step \[client\] [\d.]+ ms\n"
+                     r"      step \[server\] [\d.]+ ms\n", out), out
+    assert "envlink.bridge step" not in out
     assert re.search(r"^  envlink demo episode \[internal\]", out, re.M)
     table = out.split("latency by method")[1]
     assert re.search(r"step\s+5\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+ ms", table)
@@ -83,7 +83,7 @@ def test_demo_exports_over_otlp(otlp_http_receiver: Receiver) -> None:
     result = _demo("--steps", "2", "--otlp-endpoint", otlp_http_receiver.endpoint)
     assert result.returncode == 0, result.stderr
     names = {s.name for s in otlp_http_receiver.received.spans()}
-    assert {"envlink demo episode", "envlink.bridge step", "step", "reset"} <= names
+    assert {"envlink demo episode", "step", "reset"} <= names
     assert "rpc.client.call.duration" in otlp_http_receiver.received.metric_names()
     services = {r.get("service.name") for r in otlp_http_receiver.received.resources()}
     assert services == {"envlink-demo"}

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.metrics import Counter, Histogram, UpDownCounter
+from opentelemetry.metrics import Counter, Histogram, ObservableUpDownCounter, UpDownCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     Histogram as HistogramData,
@@ -86,6 +86,16 @@ def _kind_of(metric_data: Any) -> str:
     return "Counter" if metric_data.is_monotonic else "UpDownCounter"
 
 
+class _Inflight:
+    """A stand-in for a client's telemetry hook: calls in flight by method."""
+
+    def __init__(self, inflight: dict[str, int]) -> None:
+        self.inflight = inflight
+
+
+_SOURCES: list[_Inflight] = []  # kept alive: telemetry holds its sources weakly
+
+
 def _record_every_instrument(tel: Telemetry) -> list[str]:
     """Record once into every instrument the Telemetry object created; their names."""
     names = []
@@ -94,6 +104,11 @@ def _record_every_instrument(tel: Telemetry) -> list[str]:
             tel.record(value, 0.001)
         elif isinstance(value, (Counter, UpDownCounter)):
             tel.add(value, 1)
+        elif isinstance(value, ObservableUpDownCounter):
+            # Observed at collection time from the clients' own counts.
+            source = _Inflight({"step": 1})
+            _SOURCES.append(source)
+            tel.add_inflight_source(source)
         else:
             continue
         names.append(value.name)

@@ -31,15 +31,20 @@ class Exploding(SpanProcessor):
             raise RuntimeError("exporter bug on end")
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["merged", "nested"])
 @pytest.mark.parametrize("when", ["start", "end"])
-def test_failing_processor_never_fails_a_call(server_thread: ServerThread, when: str) -> None:
+def test_failing_processor_never_fails_a_call(server_thread: ServerThread, when: str,
+                                              nested: bool) -> None:
     """Client, connect and bridge spans whose processor raises: every call still returns."""
-    processor = Exploding(when, {"step", "connect", "reset", "envlink.bridge step"})
+    processor = Exploding(when, {"step", "connect", "reset", "envlink.bridge step",
+                                 "envlink.bridge close"})
     provider = TracerProvider()
     provider.add_span_processor(processor)
-    with GenericEnvClient(base_url=server_thread.url, tracer_provider=provider).sync() as env:
+    with GenericEnvClient(base_url=server_thread.url,
+                          tracer_provider=provider).sync(nested_spans=nested) as env:
         env.reset()
         for i in range(3):
             assert env.step({"message": str(i)}).observation["echoed_message"] == str(i)
         assert env.state()["step_count"] == 3
-    assert processor.raised >= 8
+    # connect, reset, 3 steps and the facade's close; nested: also 3 bridge step spans.
+    assert processor.raised >= (9 if nested else 6)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from envlink import ProtocolError
 from envlink._protocol import (
@@ -155,3 +157,17 @@ def test_absurdly_nested_frame_is_a_protocol_error() -> None:
     raw = '{"type":"state","data":{"x":' + "[" * 100_000 + "]" * 100_000 + "}}"
     with pytest.raises(ProtocolError, match="nested too deeply"):
         decode_response(raw)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_number_inside_a_nested_model_is_refused(bad: float) -> None:
+    """NaN/±inf in a pydantic model nested in a dict action is refused, not sent as null."""
+
+    class Inner(BaseModel):
+        x: float
+
+    frame = StepRequest(data={"m": Inner(x=bad), "ok": [Inner(x=1.5)]})
+    with pytest.raises(ValueError, match="JSON cannot represent"):
+        encode_request(frame)
+    fine = StepRequest(data={"m": Inner(x=2.0)})
+    assert json.loads(encode_request(fine)) == {"type": "step", "data": {"m": {"x": 2.0}}}

@@ -82,6 +82,10 @@ async def _run_job(job: Job) -> None:
 
 def start_job(owner: LoopThread, job: Job) -> None:
     """Runs on the loop thread: turn a submitted job into a task."""
+    if job.cancel_sent:
+        # The caller stopped waiting and its cancellation is queued behind us: the
+        # coroutine must not start (an eager task would run it right here).
+        job.cancel_requested = True
     if job.cancel_requested or owner._closed:
         # Timed out, interrupted or closed before the loop got to it: never start it.
         if not job.cancel_requested:
@@ -92,7 +96,14 @@ def start_job(owner: LoopThread, job: Job) -> None:
     job.task = _create_task(cast(asyncio.AbstractEventLoop, owner._loop), job)
 
 
-if sys.version_info >= (3, 11):
+if sys.version_info >= (3, 12):
+    # Eager start: the coroutine runs at once, inside this callback, up to its first
+    # real suspension (for a client call: waiting for the answer), instead of one
+    # loop iteration later. One loop iteration fewer per bridged call.
+    def _create_task(loop: asyncio.AbstractEventLoop, job: Job) -> asyncio.Task[None]:
+        return asyncio.Task(_run_job(job), loop=loop, context=job.ctx,  # type: ignore[call-arg]
+                            eager_start=True)
+elif sys.version_info >= (3, 11):
     def _create_task(loop: asyncio.AbstractEventLoop, job: Job) -> asyncio.Task[None]:
         return loop.create_task(_run_job(job), context=job.ctx)
 else:  # pragma: no cover - Python 3.10

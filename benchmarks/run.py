@@ -1,0 +1,563 @@
+"""envlink's benchmarks in one command: a table on stdout, the figures in JSON.
+
+Run from the repository root with any Python >= 3.10 (this script needs only the
+standard library)::
+
+    python3 benchmarks/run.py            # full run, about 10 minutes on 2 busy cores
+    python3 benchmarks/run.py --quick    # fewer rounds and steps, about 3 minutes
+
+It creates (or updates) two virtualenvs and runs every client in the one it
+belongs to:
+
+* ``.venv-bench``: envlink from this checkout (editable) with its ``otlp`` and
+  ``prometheus`` extras, and anyio (for the bridge comparison);
+* ``.venv-openenv``: the real ``openenv==0.10.*``, made by ``.ci/openenv-venv.sh``
+  (the interop suite's virtualenv).
+
+Sections (issue 11):
+
+1. **bridge**: a no-op call through envlink's bridge against
+   ``asyncio.run_coroutine_threadsafe(...).result()`` and anyio's blocking
+   portal, telemetry off and on (``bench_bridge.py``);
+2. **steps**: sequential steps (p50, p99, steps/s, client CPU per step), sync
+   and async, telemetry off and on, against the floor (a bare
+   ``websockets.sync.client`` / ``websockets.asyncio.client`` doing the same
+   JSON exchange), on envlink's reference server and on a real OpenEnv server;
+3. **envlink vs OpenEnv's client** (0.10, in its own virtualenv) on the same two
+   servers: the same runs as section 2, side by side;
+4. **telemetry cost per call** on the sync step: no SDK; SDK with a batch span
+   processor and a dropping exporter plus an in-memory metric reader (also with
+   the exemplar filter off); the Prometheus reader; OTLP/HTTP to a local
+   receiver (a separate process that decodes the protobuf);
+5. **scale**: 1, 10, 100 and 1,000 sessions on one event loop thread: aggregate
+   steps/s, client CPU per step, memory per idle session (both clients);
+6. **import time** of ``import envlink`` and of OpenEnv's client.
+
+Every client is its own process (so its CPU time is its own: the bridge's loop
+thread and the SDK's export threads count, the server does not), and the
+servers are processes too. Variants are interleaved round by round in a
+rotating order; each figure is the median over rounds with its range, and each
+ratio is computed within a round against a baseline of the same round, then
+summarised the same way. Absolute figures depend on the machine and on how busy
+it is; the ratios are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import select
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DRIVER = HERE / "_driver.py"
+sys.path.insert(0, str(ROOT / "tests" / "interop"))
+
+from _interop_support import ServerProcess, openenv_server  # noqa: E402
+
+REPLY_DEADLINE = 600.0
+LOG_DIR = ROOT / "benchmarks" / "results" / "logs"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ virtualenvs
+
+
+def _pip_quiet(python: str, *args: str) -> None:
+    proc = subprocess.run([python, "-m", "pip", "install", "-q", *args], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stdout.splitlines() if "WARNING: Location" not in ln]
+        raise SystemExit(f"pip install {' '.join(args)} failed:\n" + "\n".join(lines[-30:]))
+
+
+def envlink_venv(path: Path, base_python: str) -> str:
+    """``.venv-bench``: envlink (editable) with its exporters, and anyio."""
+    python = path / "bin" / "python"
+    if not python.exists():
+        log(f"creating {path}")
+        subprocess.run([base_python, "-m", "venv", str(path)], check=True)
+    log(f"installing envlink[otlp,prometheus] and anyio into {path}")
+    _pip_quiet(str(python), "-e", ".[otlp,prometheus]", "anyio")
+    return str(python)
+
+
+def openenv_venv(path: Path, base_python: str) -> str:
+    """``.venv-openenv`` through ``.ci/openenv-venv.sh`` (shared with the interop suite)."""
+    log(f"creating/updating {path} with .ci/openenv-venv.sh")
+    proc = subprocess.run(["bash", str(ROOT / ".ci" / "openenv-venv.sh")], cwd=ROOT,
+                          stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "OPENENV_VENV": str(path),
+                               "ENVLINK_PYTHON": base_python})
+    if proc.returncode != 0:
+        raise SystemExit(".ci/openenv-venv.sh failed")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------ processes
+
+
+class Driver:
+    """A ``_driver.py`` process: one client, commands in, JSON lines out."""
+
+    def __init__(self, name: str, python: str, argv: Sequence[str]) -> None:
+        self.name = name
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = LOG_DIR / ("driver-" + re.sub(r"[^A-Za-z0-9.+-]+", "_", name)
+                                      + ".stderr")
+        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([python, str(DRIVER), *argv], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr)
+        self.ready = self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], REPLY_DEADLINE)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            self.stop()
+            err = self.stderr_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"driver {self.name!r} gave no answer\n{err}")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "quit"}\n')
+                self.proc.stdin.close()
+                self.proc.wait(timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._stderr.close()
+
+
+def envlink_server(python: str, *, max_sessions: int, name: str) -> ServerProcess:
+    argv = [python, "-m", "envlink.server", "--port", "0", "--env", "echo",
+            "--max-sessions", str(max_sessions)]
+    return ServerProcess(argv, name=name, log_dir=LOG_DIR)
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def med_range(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(stat: dict[str, float] | None, digits: int = 0, width: int = 0) -> str:
+    if stat is None:
+        return "-".rjust(width)
+    f = f"{{:.{digits}f}}"
+    text = f"{f.format(stat['median'])} [{f.format(stat['min'])}-{f.format(stat['max'])}]"
+    return text.rjust(width)
+
+
+def interleave(names: Sequence[str], rounds: int, run: Callable[[str], dict[str, Any]],
+               ) -> dict[str, list[dict[str, Any]]]:
+    """Run every variant once per round, in an order rotating by round."""
+    out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = list(names[r % len(names):]) + list(names[:r % len(names)])
+        for name in order:
+            out[name].append(run(name))
+        log(f"  round {r + 1}/{rounds} done")
+    return out
+
+
+def summarise(samples: dict[str, list[dict[str, Any]]], baselines: dict[str, str],
+              ) -> dict[str, dict[str, Any]]:
+    """Median/range per metric, and per-round ratios against named baselines."""
+    metrics = ("p50_us", "p99_us", "steps_per_s", "cpu_us_per_step")
+    out: dict[str, dict[str, Any]] = {}
+    for name, rows in samples.items():
+        entry: dict[str, Any] = {m: med_range([row[m] for row in rows]) for m in metrics}
+        for label, base in baselines.items():
+            if base not in samples or base == name:
+                continue
+            brows = samples[base]
+            for m in ("p50_us", "cpu_us_per_step"):
+                entry[f"{m}_x_{label}"] = med_range(
+                    [row[m] / b[m] for row, b in zip(rows, brows, strict=True)])
+            entry[f"cpu_us_added_vs_{label}"] = med_range(
+                [row["cpu_us_per_step"] - b["cpu_us_per_step"]
+                 for row, b in zip(rows, brows, strict=True)])
+        out[name] = entry
+    return out
+
+
+# ------------------------------------------------------------------ sections
+
+
+def section_bridge(python: str, quick: bool) -> dict[str, Any]:
+    log("section 1: bridge")
+    out_json = LOG_DIR / "bridge.json"
+    rounds, calls = (7, 1000) if quick else (11, 2000)
+    subprocess.run([python, str(HERE / "bench_bridge.py"), "--rounds", str(rounds),
+                    "--calls", str(calls), "--json", str(out_json)],
+                   cwd=ROOT, check=True, stdout=sys.stderr)
+    result: dict[str, Any] = json.loads(out_json.read_text())
+    return result
+
+
+STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
+    # name: (client, mode, telemetry)
+    "floor sync (websockets.sync)": ("floor", "sync", "off"),
+    "floor async (websockets.asyncio)": ("floor", "async", "off"),
+    "openenv sync": ("openenv", "sync", "off"),
+    "openenv async": ("openenv", "async", "off"),
+    "envlink sync": ("envlink", "sync", "off"),
+    "envlink async": ("envlink", "async", "off"),
+    "envlink sync +SDK": ("envlink", "sync", "sdk"),
+    "envlink async +SDK": ("envlink", "async", "sdk"),
+}
+TELEMETRY_VARIANTS: dict[str, tuple[str, str, str]] = {
+    "envlink sync +SDK, nested spans": ("envlink", "sync", "sdk-nested"),
+    "envlink sync +SDK, SDK-default exemplars": ("envlink", "sync", "sdk-exemplars"),
+    "envlink sync +Prometheus": ("envlink", "sync", "prometheus"),
+    "envlink sync +OTLP/HTTP": ("envlink", "sync", "otlp"),
+}
+
+
+def section_steps(server_kind: str, pythons: dict[str, str], quick: bool,
+                  ) -> dict[str, Any]:
+    log(f"sections 2-4: steps on the {server_kind} server")
+    variants = dict(STEP_VARIANTS)
+    if server_kind == "envlink":
+        variants.update(TELEMETRY_VARIANTS)
+    rounds, steps = (3, 200) if quick else (5, 600)
+    if server_kind == "openenv":
+        server = openenv_server("echo", pythons["openenv"], LOG_DIR,
+                                max_sessions=len(variants) + 2, name="openenv-echo")
+    else:
+        server = envlink_server(pythons["envlink"], max_sessions=64, name="envlink-echo")
+    receiver: ServerProcess | None = None
+    drivers: dict[str, Driver] = {}
+    try:
+        server.start()
+        url = server.base_url
+        otlp: list[str] = []
+        if any(tel == "otlp" for _, _, tel in variants.values()):
+            receiver = ServerProcess(
+                [pythons["envlink"], str(ROOT / "tests" / "telemetry" / "_otlp_receiver.py")],
+                name="otlp-receiver", log_dir=LOG_DIR)
+            receiver.start()
+            otlp = ["--otlp-endpoint", receiver.base_url]
+        for name, (client, mode, tel) in variants.items():
+            python = pythons["openenv"] if client == "openenv" else pythons["envlink"]
+            drivers[name] = Driver(f"{server_kind}-{name}", python,
+                                   ["--client", client, "--mode", mode, "--telemetry", tel,
+                                    "--url", url, *(otlp if tel == "otlp" else [])])
+        samples = interleave(list(variants), rounds, lambda n: drivers[n].ask(op="steps", n=steps))
+    finally:
+        for d in drivers.values():
+            d.stop()
+        if receiver is not None:
+            receiver.stop()
+        server.stop()
+    baselines = {"floor": "floor sync (websockets.sync)", "openenv_sync": "openenv sync",
+                 "openenv_async": "openenv async", "envlink_sync_nosdk": "envlink sync",
+                 "envlink_async_nosdk": "envlink async"}
+    return {"rounds": rounds, "steps_per_round": steps,
+            "variants": summarise(samples, baselines), "raw": samples}
+
+
+SCALE_LEVELS = (1, 10, 100, 1000)
+
+
+def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
+    log("section 5: scale (sessions on one event loop)")
+    rounds = 2
+    total_steps = 1000 if quick else 2000
+    server = envlink_server(pythons["envlink"], max_sessions=2 * max(SCALE_LEVELS) + 10,
+                            name="envlink-scale")
+    drivers: dict[str, Driver] = {}
+    results: dict[str, Any] = {}
+    try:
+        server.start()
+        for client in ("envlink", "openenv"):
+            drivers[client] = Driver(f"scale-{client}", pythons[client],
+                                     ["--client", client, "--mode", "scale",
+                                      "--url", server.base_url])
+        for level in SCALE_LEVELS:
+            per = max(2, total_steps // level)
+            log(f"  {level} sessions, {per} steps each")
+            samples = interleave(list(drivers), rounds,
+                                 lambda c, level=level, per=per: drivers[c].ask(  # type: ignore[misc]
+                                     op="scale", sessions=level, steps=per))
+            level_out: dict[str, Any] = {}
+            for client, rows in samples.items():
+                entry: dict[str, Any] = {
+                    "steps_per_s": med_range([r["steps_per_s"] for r in rows]),
+                    "cpu_us_per_step": med_range([r["cpu_us_per_step"] for r in rows]),
+                    "idle_kib_per_session": rows[0]["idle_bytes_per_session"] / 1024,
+                }
+                level_out[client] = entry
+            level_out["envlink_cpu_x_openenv"] = med_range(
+                [a["cpu_us_per_step"] / b["cpu_us_per_step"]
+                 for a, b in zip(samples["envlink"], samples["openenv"], strict=True)])
+            results[str(level)] = level_out
+    finally:
+        for d in drivers.values():
+            d.stop()
+        server.stop()
+    return {"rounds": rounds, "levels": results}
+
+
+IMPORTS = {
+    "python -c pass": ("envlink", "pass"),
+    "import envlink": ("envlink", "import envlink"),
+    "from openenv.core import GenericEnvClient": (
+        "openenv", "from openenv.core import GenericEnvClient"),
+}
+
+
+def section_imports(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
+    log("section 6: import time")
+    rounds = 5 if quick else 7
+
+    def run(name: str) -> dict[str, Any]:
+        which, stmt = IMPORTS[name]
+        code = ("import time; t0 = time.perf_counter()\n" + stmt +
+                "\nprint(time.perf_counter() - t0)")
+        t0 = time.perf_counter()
+        out = subprocess.run([pythons[which], "-c", code], check=True, cwd="/",
+                             stdout=subprocess.PIPE, text=True).stdout
+        return {"in_process_s": float(out.strip()), "process_s": time.perf_counter() - t0}
+
+    samples = interleave(list(IMPORTS), rounds, run)
+    res = {name: {k: med_range([r[k] for r in rows]) for k in ("in_process_s", "process_s")}
+           for name, rows in samples.items()}
+    res["envlink_x_openenv"] = med_range(
+        [a["in_process_s"] / b["in_process_s"] for a, b in zip(
+            samples["import envlink"], samples["from openenv.core import GenericEnvClient"],
+            strict=True)])
+    return res
+
+
+# ------------------------------------------------------------------ report
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.strip()
+    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "git": rev,
+            "loadavg_start": os.getloadavg()}
+
+
+def versions(pythons: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for which, pkgs in (("envlink", ("envlink", "opentelemetry-sdk", "websockets")),
+                        ("openenv", ("openenv", "websockets"))):
+        code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) "
+                f"for p in {list(pkgs)!r}}}))")
+        got = json.loads(subprocess.run([pythons[which], "-c", code], check=True,
+                                        stdout=subprocess.PIPE, text=True).stdout)
+        out.update({(f"{which}:{k}" if k == "websockets" else k): v for k, v in got.items()})
+    return out
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def print_report(res: dict[str, Any]) -> None:
+    m = res["machine"]
+    print(f"\nenvlink benchmarks ({'quick' if res['quick'] else 'full'}), git {m['git']}, "
+          f"{m['cpu']} x{m['cores']}, Python {m['python']}, load {m['loadavg_start'][0]:.2f}"
+          f" -> {m['loadavg_end'][0]:.2f}")
+    print("  " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()))
+    print("  figures: median [min-max] over interleaved rounds; ratios per round, same run")
+
+    if "bridge" in res:
+        b = res["bridge"]
+        print(f"\n1. bridge, no-op coroutine ({b['rounds']} rounds x {b['calls']} calls)")
+        print(f"  {'variant':<38}{'us/call':>22}{'x run_coroutine_threadsafe':>30}")
+        for name, v in b["variants"].items():
+            us = {"median": v["us_per_call"], "min": v["us_min"], "max": v["us_max"]}
+            ratio = {"median": v["ratio"], "min": v["ratio_min"], "max": v["ratio_max"]}
+            print(f"  {name:<38}{fmt(us, 1, 22)}{fmt(ratio, 2, 30)}")
+
+    for kind in ("envlink", "openenv"):
+        key = f"steps_{kind}_server"
+        if key not in res:
+            continue
+        s = res[key]
+        print(f"\n2/3/4. sequential steps on the {kind} server "
+              f"({s['rounds']} rounds x {s['steps_per_round']} steps)")
+        print(f"  {'client':<34}{'p50 us':>18}{'p99 us':>20}{'steps/s':>20}"
+              f"{'CPU us/step':>18}{'p50 x floor':>18}{'CPU x floor':>18}")
+        for name, v in s["variants"].items():
+            print(f"  {name:<34}{fmt(v['p50_us'], 0, 18)}{fmt(v['p99_us'], 0, 20)}"
+                  f"{fmt(v['steps_per_s'], 0, 20)}{fmt(v['cpu_us_per_step'], 0, 18)}"
+                  f"{fmt(v.get('p50_us_x_floor'), 2, 18)}"
+                  f"{fmt(v.get('cpu_us_per_step_x_floor'), 2, 18)}")
+        print(f"  {'envlink vs OpenEnv, same mode':<34}{'p50 x OpenEnv':>18}"
+              f"{'CPU x OpenEnv':>20}")
+        for name, v in s["variants"].items():
+            if not name.startswith("envlink"):
+                continue
+            label = "openenv_sync" if " sync" in name else "openenv_async"
+            print(f"  {name:<34}{fmt(v.get(f'p50_us_x_{label}'), 2, 18)}"
+                  f"{fmt(v.get(f'cpu_us_per_step_x_{label}'), 2, 20)}")
+        print(f"  {'telemetry cost (vs no SDK)':<34}{'p50 x no SDK':>18}"
+              f"{'added CPU us/step':>20}")
+        for name, v in s["variants"].items():
+            if not name.startswith("envlink") or "+" not in name:
+                continue
+            label = "envlink_sync_nosdk" if " sync" in name else "envlink_async_nosdk"
+            print(f"  {name:<34}{fmt(v.get(f'p50_us_x_{label}'), 2, 18)}"
+                  f"{fmt(v.get(f'cpu_us_added_vs_{label}'), 0, 20)}")
+
+    if "scale" in res:
+        print(f"\n5. scale: sessions on one event loop, envlink server "
+              f"({res['scale']['rounds']} rounds)")
+        print(f"  {'sessions':>8} {'client':<9}{'steps/s':>22}{'CPU us/step':>20}"
+              f"{'idle KiB/session':>18}{'CPU x OpenEnv':>20}")
+        for level, lv in res["scale"]["levels"].items():
+            for client in ("envlink", "openenv"):
+                v = lv[client]
+                # Below 100 sessions the first session's lazy imports and caches dominate.
+                idle = f"{v['idle_kib_per_session']:.1f}" if int(level) >= 100 else "-"
+                ratio = fmt(lv["envlink_cpu_x_openenv"], 2, 20) if client == "envlink" else ""
+                print(f"  {level:>8} {client:<9}{fmt(v['steps_per_s'], 0, 22)}"
+                      f"{fmt(v['cpu_us_per_step'], 0, 20)}"
+                      f"{idle:>18}{ratio}")
+
+    if "imports" in res:
+        print("\n6. import time (fresh interpreter each time)")
+        print(f"  {'statement':<44}{'in-process s':>22}{'whole process s':>22}")
+        for name, v in res["imports"].items():
+            if name == "envlink_x_openenv":
+                continue
+            print(f"  {name:<44}{fmt(v['in_process_s'], 3, 22)}{fmt(v['process_s'], 3, 22)}")
+        print(f"  import envlink / OpenEnv client: {fmt(res['imports']['envlink_x_openenv'], 3)}")
+
+    print("\ntargets (issue 11)")
+    for line in res["targets"]:
+        print(f"  {line}")
+
+
+def targets(res: dict[str, Any]) -> list[str]:
+    out = []
+    s = res.get("steps_envlink_server")
+    if s:
+        v = s["variants"]["envlink sync +SDK"]
+        r = v["p50_us_x_envlink_sync_nosdk"]["median"]
+        out.append(f"sync step with SDK <= 1.20x no SDK (envlink server): {r:.2f} "
+                   f"{verdict(r <= 1.20)}")
+        c = v["cpu_us_added_vs_envlink_sync_nosdk"]["median"]
+        out.append(f"SDK's added client CPU per sync step <= 100 us (envlink server): {c:.0f} us "
+                   f"{verdict(c <= 100)}")
+    o = res.get("steps_openenv_server")
+    if o:
+        v = o["variants"]["envlink sync"]
+        r = v["p50_us_x_openenv_sync"]["median"]
+        out.append(f"no SDK: sync p50 <= 0.90x OpenEnv sync (OpenEnv server): {r:.2f} "
+                   f"{verdict(r <= 0.90)}")
+        c = v["cpu_us_per_step_x_openenv_sync"]["median"]
+        out.append(f"no SDK: sync CPU/step <= 1.0x OpenEnv sync (OpenEnv server): {c:.2f} "
+                   f"{verdict(c <= 1.0)}")
+    b = res.get("bridge")
+    if b:
+        off = b["variants"]["bridge, telemetry off"]["ratio"]
+        on = b["variants"]["bridge, telemetry on (batch)"]["ratio"]
+        out.append(f"bridge no-op <= 1.0x run_coroutine_threadsafe, no SDK: {off:.2f} "
+                   f"{verdict(off <= 1.0)}")
+        out.append(f"bridge no-op <= 1.3x run_coroutine_threadsafe, SDK (batch): {on:.2f} "
+                   f"{verdict(on <= 1.3)}")
+    sc = res.get("scale")
+    if sc:
+        kib = sc["levels"][str(max(SCALE_LEVELS))]["envlink"]["idle_kib_per_session"]
+        out.append(f"memory per idle session <= 32 KiB ({max(SCALE_LEVELS)} sessions): "
+                   f"{kib:.1f} KiB {verdict(kib <= 32)}")
+    im = res.get("imports")
+    if im:
+        t = im["import envlink"]["in_process_s"]["median"]
+        out.append(f"import envlink <= 0.3 s: {t:.3f} s {verdict(t <= 0.3)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps")
+    parser.add_argument("--json", default=str(HERE / "results" / "latest.json"),
+                        help="where to write the figures (default: %(default)s)")
+    parser.add_argument("--only", default="bridge,steps,scale,imports",
+                        help="comma-separated sections: bridge, steps, scale, imports")
+    parser.add_argument("--envlink-venv", default=str(ROOT / ".venv-bench"))
+    parser.add_argument("--openenv-venv", default=str(ROOT / ".venv-openenv"))
+    parser.add_argument("--no-install", action="store_true",
+                        help="use the virtualenvs as they are (they must exist)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+
+    # A thousand sessions need a thousand sockets in one client process.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+
+    base_python = sys.executable
+    if args.no_install:
+        pythons = {"envlink": str(Path(args.envlink_venv) / "bin" / "python"),
+                   "openenv": str(Path(args.openenv_venv) / "bin" / "python")}
+    else:
+        pythons = {"envlink": envlink_venv(Path(args.envlink_venv), base_python),
+                   "openenv": openenv_venv(Path(args.openenv_venv), base_python)}
+
+    res: dict[str, Any] = {"quick": args.quick, "machine": machine(),
+                           "versions": versions(pythons),
+                           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if "bridge" in only:
+        res["bridge"] = section_bridge(pythons["envlink"], args.quick)
+    if "steps" in only:
+        res["steps_envlink_server"] = section_steps("envlink", pythons, args.quick)
+        res["steps_openenv_server"] = section_steps("openenv", pythons, args.quick)
+    if "scale" in only:
+        res["scale"] = section_scale(pythons, args.quick)
+    if "imports" in only:
+        res["imports"] = section_imports(pythons, args.quick)
+    res["machine"]["loadavg_end"] = os.getloadavg()
+    res["targets"] = targets(res)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(res, indent=1))
+    print_report(res)
+    print(f"\nfigures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
