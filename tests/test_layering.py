@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
 PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py",
-        "_retry.py", "_session.py"]
+        "_retry.py", "_session.py", "_breaker.py", "_placement.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 
 
@@ -48,7 +50,7 @@ def top(names: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("module", PURE)
 def test_pure_modules_import_no_io(module: str) -> None:
-    """errors, config, protocol, policies, journal, retry and session import no I/O."""
+    """errors, config, protocol, policies, journal, retry, session, breaker, placement: no I/O."""
     names = top(imported(SRC / module))
     assert not names & IO_MODULES, names & IO_MODULES
     internal = {n for n in names if n.startswith("envlink.")}
@@ -112,6 +114,34 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
             continue
         sdk = {n for n in imported(path) if n.startswith("opentelemetry.sdk")}
         assert not sdk, f"{path.relative_to(SRC)} imports {sdk}"
+
+
+def test_the_pool_builds_on_the_clients_public_surface() -> None:
+    """EnvPool's modules never reach below the client: no transport, protocol or server."""
+    forbidden = {"envlink._transport", "envlink._protocol", "envlink.server", "websockets"}
+    for path in [*sorted(SRC.glob("_pool*.py")), SRC / "_ray_shard.py", SRC / "ray.py"]:
+        assert not top(imported(path)) & forbidden, path.name
+
+
+def test_only_envlink_ray_imports_ray() -> None:
+    """Ray is an optional extra: envlink/ray.py is the only module that imports it."""
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "ray" in top(imported(p)))
+    assert users == ["ray.py"]
+
+
+def test_import_envlink_never_imports_ray() -> None:
+    """`import envlink` (pool, sync facade, telemetry included) leaves Ray unloaded."""
+    code = ("import sys, envlink, envlink.telemetry, envlink.server\n"
+            "from envlink import EnvPool\n"
+            "EnvPool('ws://127.0.0.1:9', 2).sync().close()\n"
+            "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
+            "assert not loaded, loaded\n"
+            "import envlink._ray_shard\n"
+            "assert 'ray' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=25, cwd=SRC.parents[1])
+    assert done.returncode == 0, done.stderr
 
 
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.

@@ -57,6 +57,9 @@ from envlink._hooks import (
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._pool import AutoresetMode, EnvPool
+from envlink._pool_sync import SyncEnvPool
+from envlink._pool_types import Batch, EndpointView, PoolView
 from envlink._sync import SyncEnvClient
 from envlink._telemetry_bridge import default_bridge_hooks
 
@@ -78,6 +81,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "UNSET",
+    "AutoresetMode",
+    "Batch",
     "Bridge",
     "BridgeCallFinished",
     "BridgeCallStarted",
@@ -95,7 +100,9 @@ __all__ = [
     "ConnectionOptions",
     "EchoEnv",
     "EchoObservation",
+    "EndpointView",
     "EnvClient",
+    "EnvPool",
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
@@ -109,6 +116,7 @@ __all__ = [
     "OutcomeUnknownError",
     "PhaseFinished",
     "PhaseStarted",
+    "PoolView",
     "ProtocolError",
     "ReconnectPolicy",
     "ReentrantCallError",
@@ -123,6 +131,7 @@ __all__ = [
     "SessionLostPolicy",
     "StepResult",
     "SyncEnvClient",
+    "SyncEnvPool",
     "SyncProxy",
     "Timeout",
     "ToolCallError",

@@ -77,6 +77,20 @@ class EnvlinkError(Exception):
     #: Low-cardinality name used as ``error.type`` in telemetry.
     error_type: str = "envlink_error"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with their attributes whatever their constructor takes (keyword-only
+        # fields, a formatted message), so that errors cross processes intact
+        # (envlink.ray, multiprocessing). The cause and traceback stay behind.
+        return (_rebuild_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild_error(cls: type[EnvlinkError], args: tuple[Any, ...],
+                   state: dict[str, Any]) -> EnvlinkError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 class ConnectError(EnvlinkError):
     """The WebSocket connection could not be opened (refused, DNS, TLS, handshake)."""

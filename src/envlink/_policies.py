@@ -108,6 +108,17 @@ class RetryBudget:
         with self._lock:
             self._tokens = min(self.max_tokens, self._tokens + self.token_ratio)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled budget (sent to another process: a Ray shard, a worker) is an
+        # independent copy with the tokens it had; the lock is not shared.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __repr__(self) -> str:
         return f"RetryBudget(tokens={self._tokens:.2f}/{self.max_tokens})"
 

@@ -58,6 +58,11 @@ from envlink.names import (
     METRIC_ERRORS,
     METRIC_INFLIGHT,
     METRIC_MESSAGE_SIZE,
+    METRIC_POOL_BATCH_DURATION,
+    METRIC_POOL_BREAKER_TRANSITIONS,
+    METRIC_POOL_PLACEMENTS,
+    METRIC_POOL_SESSIONS,
+    METRIC_POOL_STRAGGLERS,
     METRIC_RECONNECTS,
     METRIC_RECOVERIES,
     RPC_DURATION_BUCKETS,
@@ -204,6 +209,27 @@ class Telemetry:
         self.recoveries: Counter = m.create_counter(
             METRIC_RECOVERIES, unit="{recovery}",
             description="Session recoveries after a lost connection, by policy and result.",
+        )
+        self.pool_batch_duration: Histogram = m.create_histogram(
+            METRIC_POOL_BATCH_DURATION, unit="s",
+            description="Duration of an EnvPool batch call (reset, step, ready-first recv).",
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.pool_stragglers: Counter = m.create_counter(
+            METRIC_POOL_STRAGGLERS, unit="{session}",
+            description="Sessions still in flight when a ready-first receive returned.",
+        )
+        self.pool_sessions: UpDownCounter = m.create_up_down_counter(
+            METRIC_POOL_SESSIONS, unit="{session}",
+            description="EnvPool sessions placed on each endpoint, by state.",
+        )
+        self.pool_breaker_transitions: Counter = m.create_counter(
+            METRIC_POOL_BREAKER_TRANSITIONS, unit="{transition}",
+            description="Circuit-breaker transitions of EnvPool endpoints, by new state.",
+        )
+        self.pool_placements: Counter = m.create_counter(
+            METRIC_POOL_PLACEMENTS, unit="{placement}",
+            description="Attempts to place an EnvPool session on an endpoint, by result.",
         )
 
     # ------------------------------------------------------------------ helpers

@@ -16,6 +16,29 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 
 __all__ = [
+    "ATTR_POOL_SIZE",
+    "ATTR_POOL_SLOTS",
+    "ATTR_POOL_ERRORS",
+    "ATTR_POOL_ERROR_TYPE",
+    "ATTR_POOL_STRAGGLERS",
+    "ATTR_POOL_MIN_READY",
+    "ATTR_SESSION_STATE",
+    "ATTR_BREAKER_STATE",
+    "ATTR_PLACEMENT_RESULT",
+    "METRIC_POOL_BATCH_DURATION",
+    "METRIC_POOL_STRAGGLERS",
+    "METRIC_POOL_SESSIONS",
+    "METRIC_POOL_BREAKER_TRANSITIONS",
+    "METRIC_POOL_PLACEMENTS",
+    "SPAN_POOL_PREFIX",
+    "SPAN_POOL_RECV",
+    "LOG_POOL_BREAKER_CHANGED",
+    "LOG_POOL_CAPACITY_WAIT",
+    "LOG_POOL_SESSION_MOVED",
+    "SPAN_RAY_SHARD_PREFIX",
+    "ATTR_RAY_SHARD",
+    "ATTR_RAY_SHARDS",
+    "LOG_RAY_SHARD_LOST",
     "ATTR_ATTEMPT",
     "ATTR_BRIDGE_QUEUE_WAIT",
     "ATTR_BRIDGE_RUN_TIME",
@@ -121,6 +144,18 @@ ATTR_EXTENSIONS = "envlink.extensions"
 ATTR_REPLAY_STEPS = "envlink.replay.steps"
 #: On envlink.client.attempts: whether the attempt is a retry.
 ATTR_RETRY = "envlink.retry"
+# EnvPool: batch spans and pool metrics.
+ATTR_POOL_SIZE = "envlink.pool.size"
+ATTR_POOL_SLOTS = "envlink.pool.slots"
+ATTR_POOL_ERRORS = "envlink.pool.errors"
+#: On a batch span: the failed slots' error type (or ``mixed``); not ``error.type``, since
+#: a batch whose slots failed did not fail itself.
+ATTR_POOL_ERROR_TYPE = "envlink.pool.error_type"
+ATTR_POOL_STRAGGLERS = "envlink.pool.stragglers"
+ATTR_POOL_MIN_READY = "envlink.pool.min_ready"
+ATTR_SESSION_STATE = "envlink.pool.session.state"
+ATTR_BREAKER_STATE = "envlink.breaker.state"
+ATTR_PLACEMENT_RESULT = "envlink.placement.result"
 
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"
@@ -134,17 +169,28 @@ METRIC_ERRORS = "envlink.client.errors"
 METRIC_INFLIGHT = "envlink.client.inflight"
 METRIC_MESSAGE_SIZE = "envlink.client.message.size"
 METRIC_RECOVERIES = "envlink.session.recoveries"
+METRIC_POOL_BATCH_DURATION = "envlink.pool.batch.duration"
+METRIC_POOL_STRAGGLERS = "envlink.pool.stragglers"
+METRIC_POOL_SESSIONS = "envlink.pool.sessions"
+METRIC_POOL_BREAKER_TRANSITIONS = "envlink.pool.breaker.transitions"
+METRIC_POOL_PLACEMENTS = "envlink.pool.placements"
 #: Every metric envlink emits (the contract documented in docs/telemetry.md).
 METRIC_NAMES: tuple[str, ...] = (
     METRIC_CALL_DURATION, METRIC_CONNECT_DURATION, METRIC_BRIDGE_WAIT_DURATION,
-    METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS, METRIC_INFLIGHT,
-    METRIC_MESSAGE_SIZE, METRIC_RECOVERIES,
+    METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS,
+    METRIC_INFLIGHT, METRIC_MESSAGE_SIZE, METRIC_RECOVERIES, METRIC_POOL_BATCH_DURATION,
+    METRIC_POOL_STRAGGLERS, METRIC_POOL_SESSIONS, METRIC_POOL_BREAKER_TRANSITIONS,
+    METRIC_POOL_PLACEMENTS,
 )
 
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
 # a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
 SPAN_CONNECT = "connect"
 SPAN_BRIDGE_PREFIX = "envlink.bridge "
+#: A pool's batch call: ``envlink.pool reset``, ``envlink.pool step``.
+SPAN_POOL_PREFIX = "envlink.pool "
+#: A pool's ready-first receive (``EnvPool.step_recv``).
+SPAN_POOL_RECV = "envlink.pool recv"
 #: Span event on a call's span when a reconnect is scheduled.
 EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
 #: Span event on a call's span when its session was lost and recovery starts.
@@ -172,6 +218,16 @@ LOG_RECOVERY_FALLBACK = "envlink.recovery_fallback"
 LOG_DETACHED_UNAVAILABLE = "envlink.detached_sessions_unavailable"
 LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
 LOG_UNKNOWN_STEP_SETTLED = "envlink.unknown_step_settled"
+LOG_POOL_BREAKER_CHANGED = "envlink.pool.breaker_changed"
+LOG_POOL_CAPACITY_WAIT = "envlink.pool.capacity_wait"
+LOG_POOL_SESSION_MOVED = "envlink.pool.session_moved"
+# envlink.ray (documented in docs/scaling.md: Ray is an optional extra, outside the
+# contract tables that the scripted single-process episode checks).
+#: A shard actor's call: ``envlink.ray.shard reset``, ``... step``, ``... recv``, ``... restore``.
+SPAN_RAY_SHARD_PREFIX = "envlink.ray.shard "
+ATTR_RAY_SHARD = "envlink.ray.shard"
+ATTR_RAY_SHARDS = "envlink.ray.shards"
+LOG_RAY_SHARD_LOST = "envlink.ray.shard_lost"
 #: Every log event envlink's client emits (the contract documented in docs/telemetry.md).
 LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_CONNECTION_DISCARDED,
@@ -179,6 +235,8 @@ LOG_EVENTS: tuple[str, ...] = (
     LOG_UNATTRIBUTABLE_FRAME, LOG_SESSION_RELEASE_FAILED, LOG_RECONNECT_SCHEDULED,
     LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
     LOG_UNKNOWN_STEP_SETTLED, LOG_RECOVERY_FALLBACK, LOG_DETACHED_UNAVAILABLE,
+    LOG_POOL_BREAKER_CHANGED, LOG_POOL_CAPACITY_WAIT,
+    LOG_POOL_SESSION_MOVED,
 )
 #: Hook events that are counted, not logged.
 HOOK_RECONNECT = "envlink.reconnect"

@@ -92,6 +92,8 @@ class Episode:
     logs: list[dict[str, Any]]
     server_port: int
     session_ids: list[str]
+    #: Ports of the endpoints the scripted EnvPool finds dead (nothing listens).
+    dead_ports: tuple[int, ...] = ()
 
 
 def _arm(st: Any, **faults: Any) -> None:
@@ -154,7 +156,39 @@ def run_scripted_episode() -> Episode:
                 _arm(st, drop_after=1)
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "s"}))
                 session_ids.append(resuming.session_id or "")
-        return Episode(otel.spans(), otel.metrics(), list(logs), port, session_ids)
+            dead_port = _run_scripted_pool(st, tp, mp)
+        return Episode(otel.spans(), otel.metrics(), list(logs), port, session_ids,
+                       (dead_port,))
+
+
+def _run_scripted_pool(st: Any, tp: Any, mp: Any) -> int:
+    """An EnvPool over the server and a dead endpoint: breaker, replay elsewhere, stragglers."""
+    import socket
+
+    from envlink import ConnectError, EnvPool, ReconnectPolicy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"ws://127.0.0.1:{s.getsockname()[1]}"
+    say = [{"message": f"p{i}"} for i in range(2)]
+    with EnvPool([dead, st.url], 2, on_session_lost="replay", breaker_threshold=1,
+                 breaker_reset_timeout=600, tracer_provider=tp,
+                 meter_provider=mp).sync() as pool:
+        pool.reset()          # the dead endpoint's breaker opens
+        pool.step(say)
+        _arm(st, drop_after=1)
+        pool.step(say)        # one session is dropped and rebuilt by replay
+        st.call(lambda server: server.connections[-1].stall())
+        pool.step_send(say)
+        pool.step_recv(min_ready=1)   # one straggler
+        st.call(lambda server: server.unstall_all())
+        pool.step_recv()
+    # Nowhere to go: the pool waits once for room, then gives up.
+    with EnvPool(dead, 1, breaker_threshold=1, tracer_provider=tp, meter_provider=mp,
+                 capacity=ReconnectPolicy(max_attempts=1, initial_delay=0.001)).sync() as pool:
+        (error,) = pool.reset()
+        assert isinstance(error, ConnectError)
+    return int(dead.rsplit(":", 1)[1])
 
 
 @pytest.fixture(scope="module")

@@ -131,3 +131,40 @@ def test_retry_after_accepts_seconds_and_dates() -> None:
 
     assert _retry_after(Headers({"Retry-After": "2.5"})) == 2.5
     assert _retry_after(Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
+
+
+def test_errors_pickle_with_their_attributes() -> None:
+    """Every error crosses a process boundary (pickle) with its message, type and fields."""
+    import pickle
+
+    from envlink import (
+        CallTimeoutError,
+        CapacityReachedError,
+        EpisodeJournal,
+        HandshakeRejectedError,
+        ReplayDivergedError,
+        ServerError,
+        SessionLostError,
+        ToolCallError,
+    )
+
+    journal = EpisodeJournal()
+    journal.record_reset({"seed": 1}, {"observation": {}})
+    cases = [
+        (ServerError("bad", "EXECUTION_ERROR"), {"code", "message"}),
+        (CapacityReachedError("full", active_sessions=3, max_sessions=3),
+         {"active_sessions", "max_sessions"}),
+        (ToolCallError("nope", "tool_not_found", tool_name="x"), {"tool_name"}),
+        (HandshakeRejectedError(503, retry_after=2.0), {"status", "retry_after", "retryable"}),
+        (CallTimeoutError("late", method="step", timeout=1.5), {"method", "timeout"}),
+        (SessionLostError("gone", journal=journal), set()),
+        (ReplayDivergedError("differs", index=2, expected={"a": 1}, actual={"a": 2},
+                             journal=journal), {"index", "expected", "actual"}),
+    ]
+    for error, fields in cases:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        for name in fields:
+            assert getattr(copy, name) == getattr(error, name), (type(error), name)
+        if isinstance(error, SessionLostError):
+            assert copy.journal is not None and copy.journal.reset_kwargs == {"seed": 1}

@@ -160,3 +160,14 @@ def test_policy_validates_its_fields() -> None:
         ReconnectPolicy(max_attempts=0)
     with pytest.raises(ValueError, match="multiplier"):
         ReconnectPolicy(multiplier=0.5)
+
+
+def test_a_pickled_budget_is_an_independent_copy() -> None:
+    """A RetryBudget crosses processes (a Ray shard) as its own budget with the same tokens."""
+    import pickle
+
+    budget = RetryBudget(max_tokens=4.0)
+    assert budget.try_spend()
+    copy = pickle.loads(pickle.dumps(budget))
+    assert copy.tokens == budget.tokens == 3.0 and copy.max_tokens == 4.0
+    assert copy.try_spend() and copy.tokens == 2.0 and budget.tokens == 3.0

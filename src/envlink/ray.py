@@ -1,0 +1,772 @@
+"""``envlink.ray``: the :class:`~envlink.EnvPool` API with its sessions on Ray actors.
+
+Needs the ``ray`` extra (``pip install 'envlink[ray]'``); ``import envlink`` never
+imports Ray. A :class:`RayEnvPool` splits its slots into shards; each shard is an
+async Ray actor that owns its sessions as an in-process :class:`~envlink.EnvPool`
+on the actor's own event loop. The driver keeps what it needs to survive an
+actor: every answer carries the new journal entries of the slots it answered, so
+a shard that dies turns into per-slot :class:`~envlink.SessionLostError` with each
+session's journal (``on_session_lost="raise"``), or into the episodes rebuilt on a
+new shard actor by replay (``"replay"``). Ray's own errors never reach the caller.
+
+Example::
+
+    import ray
+    from envlink.ray import RayEnvPool
+
+    ray.init()
+    with RayEnvPool(["http://10.0.0.5:8000", "http://10.0.0.6:8000"], 256,
+                    shards=4, on_session_lost="replay").sync() as pool:
+        batch = pool.reset(seeds=0)
+        batch = pool.step([{"message": "hi"}] * 256)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+
+try:
+    import ray
+    import ray.exceptions
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("envlink.ray needs Ray: pip install 'envlink[ray]'") from exc
+from opentelemetry import propagate
+
+from envlink import _logging
+from envlink._client import EnvClient, GenericEnvClient, StepResult
+from envlink._config import UNSET, UnsetType
+from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
+from envlink._policies import ReconnectPolicy
+from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list
+from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
+from envlink._ray_shard import (
+    DriverSlot,
+    Shard,
+    ShardAnswer,
+    ShardSpec,
+    ShardTelemetry,
+    SlotRestore,
+)
+from envlink._telemetry import (
+    ATTR_OUTCOME,
+    ATTR_POOL_ERROR_TYPE,
+    ATTR_POOL_ERRORS,
+    ATTR_POOL_MIN_READY,
+    ATTR_POOL_SIZE,
+    ATTR_POOL_SLOTS,
+    ATTR_POOL_STRAGGLERS,
+    ATTR_RAY_SHARDS,
+    ATTR_RPC_METHOD,
+    LOG_RAY_SHARD_LOST,
+    SPAN_POOL_PREFIX,
+    SPAN_POOL_RECV,
+    get_telemetry,
+)
+from envlink._timeouts import bounded
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+
+    from envlink._bridge import Bridge
+    from envlink._pool_sync import SyncEnvPool
+
+__all__ = ["RayEnvPool", "ShardTelemetry"]
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+
+_log = _logging.get_logger()
+
+#: What a shard reserves by default: it waits on sockets, so no CPU; spread over nodes.
+DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+
+
+class _ShardLost(Exception):
+    """A shard actor died or stopped answering (internal: never reaches the caller)."""
+
+    def __init__(self, shard: int, generation: int, reason: str) -> None:
+        super().__init__(reason)
+        self.shard = shard
+        self.generation = generation
+        self.reason = reason
+
+
+class RayEnvPool(Generic[ActT, ObsT]):
+    """``size`` sessions over one or several servers, placed on ``shards`` Ray actors.
+
+    The API, the per-slot answers, masks, seeds, autoreset modes, ``min_ready`` and
+    the batch deadline are those of :class:`~envlink.EnvPool` (same arguments, same
+    :class:`~envlink.Batch`); :meth:`sync` gives the same blocking facade. Slots are
+    split into ``shards`` consecutive blocks (slot ``i`` of a pool of 256 on 4
+    shards lives on shard ``i // 64``); each shard places its sessions over all the
+    endpoints, with its own placement, breakers and in-shard recovery.
+
+    A shard actor that dies (killed, its node lost, its process crashed) or stops
+    answering is replaced by a new actor at once. Its sessions are gone with it:
+
+    * ``on_session_lost="raise"``: each of its slots with an open episode answers
+      :class:`~envlink.SessionLostError` carrying that episode's journal (now if it
+      was in the call, else at its next step) until it is reset; a slot whose reset
+      was interrupted is reset on the new actor (a reset may be retried).
+    * ``"replay"``: each open episode is rebuilt on the new actor from the driver's
+      copy of its journal (reset with the recorded kwargs, every step replayed and
+      checked), then the interrupted step is applied once. A slot that cannot be
+      rebuilt answers ``SessionLostError``/``ReplayDivergedError``.
+    * ``"resume"``: each client resumes on its own server inside a live shard; when
+      the shard itself dies, as ``raise``.
+
+    Args:
+        endpoints: one base URL, or several; every shard's actor must reach them.
+        size: number of sessions (slots).
+        shards: number of shard actors (at most ``size``).
+        actor_options: options of each shard actor (``ray.remote(...).options``):
+            ``num_cpus``, ``resources``, ``scheduling_strategy``, ``runtime_env``...
+            Default: ``{"num_cpus": 0, "scheduling_strategy": "SPREAD"}``.
+        placement_group: a Ray placement group; shard ``i`` goes to bundle
+            ``i % len(bundles)`` (overrides ``scheduling_strategy``).
+        telemetry: :class:`ShardTelemetry` (OTLP endpoint, service name, resource
+            attributes) for the actors; each adds ``envlink.ray.shard``.
+        shard_timeout_margin: with a batch deadline, seconds the driver waits for a
+            shard beyond it before it replaces the shard as unresponsive.
+        client, client_options, on_session_lost, autoreset, autoreset_kwargs,
+        batch_timeout, max_inflight, capacity, breaker_threshold,
+        breaker_reset_timeout, replay_verify: as :class:`~envlink.EnvPool`
+            (``max_inflight`` and ``capacity`` apply per shard); they are pickled to
+            the actors, so the client class and callables must be importable there.
+        tracer_provider, meter_provider: the driver's providers (default: global).
+
+    Raises:
+        ValueError: a bad endpoint, size, shard count, mode or option.
+        TypeError: ``client`` is neither an EnvClient class nor a callable.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        size: int,
+        *,
+        shards: int = 2,
+        client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
+        = GenericEnvClient,  # type: ignore[assignment]
+        client_options: Mapping[str, Any] | None = None,
+        on_session_lost: Literal["raise", "replay", "resume"] = "raise",
+        autoreset: AutoresetMode = "next_step",
+        autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
+        batch_timeout: float | None = None,
+        max_inflight: int | None = None,
+        capacity: ReconnectPolicy | None = None,
+        breaker_threshold: int = 3,
+        breaker_reset_timeout: float = 5.0,
+        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        placement_group: Any = None,
+        telemetry: ShardTelemetry | None = None,
+        shard_timeout_margin: float = 30.0,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be a positive integer, got {shards!r}")
+        if isinstance(size, int) and not isinstance(size, bool) and 0 < size < shards:
+            raise ValueError(f"shards ({shards}) cannot exceed size ({size})")
+        if not shard_timeout_margin > 0:
+            raise ValueError(f"shard_timeout_margin must be positive, "
+                             f"got {shard_timeout_margin!r}")
+        options: dict[str, Any] = {
+            "client": client, "client_options": dict(client_options or {}),
+            "on_session_lost": on_session_lost, "autoreset": autoreset,
+            "max_inflight": max_inflight, "capacity": capacity,
+            "breaker_threshold": breaker_threshold,
+            "breaker_reset_timeout": breaker_reset_timeout, "replay_verify": replay_verify,
+        }
+        # The in-process pool validates every option (and the endpoints) the same way.
+        probe: EnvPool[Any, Any] = EnvPool(endpoints, size, batch_timeout=batch_timeout,
+                                           **options)
+        self.size = size
+        self.shards = shards
+        self.endpoints = probe.endpoints
+        self.on_session_lost = on_session_lost
+        self.autoreset: AutoresetMode = autoreset
+        self.batch_timeout = batch_timeout
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self._tel = get_telemetry(tracer_provider, meter_provider)
+        self._margin = float(shard_timeout_margin)
+        base, extra = divmod(size, shards)
+        self._bounds: list[tuple[int, int]] = []
+        offset = 0
+        for s in range(shards):
+            n = base + (1 if s < extra else 0)
+            self._bounds.append((offset, n))
+            offset += n
+        self._shard_of = [s for s, (_o, n) in enumerate(self._bounds) for _ in range(n)]
+        self._specs = [ShardSpec(shard=s, offset=o, size=n, endpoints=self.endpoints,
+                                 pool_options=options, autoreset_kwargs=autoreset_kwargs,
+                                 telemetry=telemetry)
+                       for s, (o, n) in enumerate(self._bounds)]
+        opts = dict(DEFAULT_ACTOR_OPTIONS if actor_options is None else actor_options)
+        self._actor_options: list[dict[str, Any]] = []
+        for s in range(shards):
+            per = dict(opts)
+            if placement_group is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                bundles = len(placement_group.bundle_specs)
+                per["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group, placement_group_bundle_index=s % bundles)
+            self._actor_options.append(per)
+        self._remote = ray.remote(Shard)
+        self._actors: list[Any] = [None] * shards
+        self._generation = [0] * shards
+        self._recovering: dict[int, asyncio.Future[None]] = {}
+        for s in range(shards):
+            self._spawn(s)
+        self._mirrors = [DriverSlot() for _ in range(size)]
+        self._views: list[PoolView | None] = [None] * shards
+        #: Slots whose session went with a dead shard: their error until reset.
+        self._lost: dict[int, EnvlinkError] = {}
+        self._running: set[int] = set()
+        # Ready-first state: slots sent and not delivered, their actions, answers in.
+        self._inflight: dict[int, Any] = {}
+        self._send_deadline: float | None = None
+        self._buffer: dict[int, SlotResult[ObsT]] = {}
+        self._buf_autoreset: set[int] = set()
+        self._buf_final: dict[int, StepResult[ObsT]] = {}
+        self._collectors: dict[int, asyncio.Task[None]] = {}
+        self._collect_error: BaseException | None = None
+        self._waiters: set[asyncio.Event] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def shard_of(self, index: int) -> int:
+        """The shard that owns slot ``index``."""
+        return self._shard_of[index]
+
+    def actors(self) -> list[Any]:
+        """The current shard actor handles (a shard replaced after a death has a new one)."""
+        return list(self._actors)
+
+    def view(self) -> PoolView:
+        """A snapshot as of each shard's last answer: endpoints summed over shards.
+
+        An endpoint's breaker is the worst of the shards' (``open`` over
+        ``half_open`` over ``closed``); a slot whose session went with a dead shard is
+        ``lost``.
+        """
+        rank = {"closed": 0, "half_open": 1, "open": 2}
+        endpoints: list[EndpointView] = []
+        for e, url in enumerate(self.endpoints):
+            views = [v.endpoints[e] for v in self._views if v is not None]
+            states: dict[str, int] = {}
+            for v in views:
+                for k, n in v.states.items():
+                    states[k] = states.get(k, 0) + n
+            limits = [v.server_max for v in views if v.server_max is not None]
+            endpoints.append(EndpointView(
+                url=url, breaker=max((v.breaker for v in views), key=rank.__getitem__,
+                                     default="closed"),
+                consecutive_failures=max((v.consecutive_failures for v in views), default=0),
+                sessions=sum(v.sessions for v in views),
+                server_max=min(limits) if limits else None, states=states))
+        slots: list[str] = []
+        where: list[str | None] = []
+        for s, (_o, n) in enumerate(self._bounds):
+            shard_view = self._views[s]
+            slots += list(shard_view.slots) if shard_view is not None else ["empty"] * n
+            where += (list(shard_view.slot_endpoints) if shard_view is not None
+                      else [None] * n)
+        for i in self._lost:
+            slots[i], where[i] = "lost", None
+        return PoolView(endpoints=tuple(endpoints), slots=tuple(slots),
+                        slot_endpoints=tuple(where))
+
+    # ------------------------------------------------------------------ batch calls
+
+    async def reset(self, seeds: int | Sequence[int | None] | None = None, *,
+                    mask: Sequence[bool] | None = None,
+                    timeout: float | UnsetType | None = UNSET,
+                    **kwargs: Any) -> Batch[ObsT]:
+        """Start a new episode in every slot (or the masked ones); as :meth:`EnvPool.reset`.
+
+        Raises:
+            ValueError: bad seeds or mask, or a slot still has a step in flight.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask)
+        per_slot = _seed_list(seeds, self.size)
+        seconds = self._seconds(timeout)
+        return await self._batch("reset", chosen, per_slot, seconds, dict(kwargs))
+
+    async def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
+                       **kwargs: Any) -> StepResult[ObsT]:
+        """Reset one slot on its own and return its result.
+
+        Raises:
+            EnvlinkError: that slot's error.
+            IndexError: no such slot.
+        """
+        if not 0 <= index < self.size:
+            raise IndexError(f"slot {index} out of range for a pool of {self.size}")
+        mask = [i == index for i in range(self.size)]
+        return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
+
+    async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
+                   *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
+        """One action per slot (or per masked slot); as :meth:`EnvPool.step`.
+
+        Raises:
+            ValueError: ``actions`` or ``mask`` has the wrong length, or a slot still
+                has a step in flight.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask, actions)
+        seconds = self._seconds(timeout)
+        return await self._batch("step", chosen, list(actions), seconds, {})
+
+    async def step_send(self, actions: Sequence[ActT | None],
+                        mask: Sequence[bool] | None = None, *,
+                        timeout: float | UnsetType | None = UNSET) -> None:
+        """Start one step per slot (or per masked slot); collect with :meth:`step_recv`.
+
+        Raises:
+            ValueError: as :meth:`step`.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask, actions)
+        seconds = self._seconds(timeout)
+        self._send_deadline = seconds
+        with self._tel.span(SPAN_POOL_PREFIX + "step", attributes=self._attrs(chosen)):
+            carrier = _carrier()
+            for i in chosen:
+                self._inflight[i] = actions[i]
+            ready = [i for i in chosen if i in self._lost]
+            for i in ready:
+                self._buffer[i] = self._lost[i]
+            groups = self._group([i for i in chosen if i not in self._lost])
+            await asyncio.gather(*(self._send_shard(s, slots, carrier)
+                                   for s, slots in groups.items()))
+        self._wake()
+
+    async def step_recv(self, min_ready: int | None = None, *,
+                        timeout: float | None = None) -> Batch[ObsT]:
+        """Collect the answers of :meth:`step_send`; as :meth:`EnvPool.step_recv`.
+
+        Raises:
+            ValueError: ``min_ready`` is not in ``1..len(in flight)``.
+        """
+        pending = list(self._inflight)
+        if not pending and min_ready is None:
+            return Batch([None] * self.size)
+        if not pending:
+            raise ValueError("no step in flight: call step_send() first")
+        want = len(pending) if min_ready is None else min_ready
+        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
+            raise ValueError(f"min_ready must be in 1..{len(pending)} (the slots in flight), "
+                             f"got {min_ready!r}")
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        start = time.perf_counter()
+        attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
+                  ATTR_POOL_MIN_READY: want, ATTR_RAY_SHARDS: self.shards}
+                 if self._tel.tracing_enabled() else None)
+        with self._tel.span(SPAN_POOL_RECV, attributes=attrs) as span:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                event = asyncio.Event()
+                self._waiters.add(event)
+                if self._collect_error is not None:
+                    error, self._collect_error = self._collect_error, None
+                    raise error
+                if sum(1 for i in pending if i in self._buffer) >= want:
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        async with bounded(left):
+                            await event.wait()
+                finally:
+                    self._waiters.discard(event)
+            ready = [i for i in pending if i in self._buffer]
+            items: list[SlotResult[ObsT]] = [None] * self.size
+            for i in ready:
+                items[i] = self._buffer.pop(i)
+                del self._inflight[i]
+            ok = {i for i in ready if not isinstance(items[i], EnvlinkError)}
+            batch = Batch(items, ready=ready, stragglers=[i for i in pending if i not in ready],
+                          autoreset=[i for i in self._buf_autoreset if i in ok],
+                          final={i: r for i, r in self._buf_final.items() if i in ready})
+            self._buf_autoreset -= set(ready)
+            for i in ready:
+                self._buf_final.pop(i, None)
+            self._record(span, "recv", batch, start)
+        return batch
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def flush_telemetry(self, timeout_s: float = 10.0) -> bool:
+        """Make every shard actor export what it recorded so far (OTLP).
+
+        Returns:
+            Whether every live shard flushed within the timeout.
+        """
+        results = await asyncio.gather(
+            *(self._call(s, "flush_telemetry", timeout_s, wait=timeout_s + self._margin)
+              for s in range(self.shards)), return_exceptions=True)
+        return all(r is True for r in results)
+
+    async def close(self) -> None:
+        """Cancel what is in flight, close every session and stop the actors. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._collectors.values():
+            task.cancel()
+        await asyncio.gather(*self._collectors.values(), return_exceptions=True)
+        self._collectors.clear()
+        await asyncio.gather(*(self._call(s, "close", wait=self._margin)
+                               for s in range(self.shards)), return_exceptions=True)
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+
+    async def __aenter__(self) -> RayEnvPool[ActT, ObsT]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def sync(self, bridge: Bridge | None = None) -> SyncEnvPool[ActT, ObsT]:
+        """A blocking facade (the same :class:`~envlink.SyncEnvPool` as the in-process pool).
+
+        Args:
+            bridge: share an existing :class:`~envlink.Bridge`; by default the facade
+                owns a new one and closes it with the pool.
+        """
+        from envlink._pool_sync import SyncEnvPool
+
+        return SyncEnvPool(cast("EnvPool[ActT, ObsT]", self), bridge=bridge)
+
+    # ------------------------------------------------------------------ batches
+
+    async def _batch(self, method: str, chosen: list[int], per_slot: list[Any],
+                     seconds: float | None, kwargs: dict[str, Any]) -> Batch[ObsT]:
+        start = time.perf_counter()
+        with self._tel.span(SPAN_POOL_PREFIX + method, attributes=self._attrs(chosen)) as span:
+            carrier = _carrier()
+            items: list[SlotResult[ObsT]] = [None] * self.size
+            autoreset: set[int] = set()
+            final: dict[int, StepResult[ObsT]] = {}
+            if method == "reset":
+                for i in chosen:
+                    self._lost.pop(i, None)
+            else:
+                for i in chosen:
+                    if i in self._lost:
+                        items[i] = self._lost[i]
+            groups = self._group([i for i in chosen if items[i] is None])
+            self._running.update(*groups.values())
+            try:
+                outcomes = await asyncio.gather(*(
+                    self._shard_batch(method, s, slots, per_slot, seconds, kwargs, carrier)
+                    for s, slots in groups.items()))
+            finally:
+                for slots in groups.values():
+                    self._running.difference_update(slots)
+            for answers, auto, fin in outcomes:
+                for i, r in answers.items():
+                    items[i] = r
+                autoreset |= auto
+                final.update(fin)
+            ok = {i for i in chosen if not isinstance(items[i], EnvlinkError)}
+            batch: Batch[ObsT] = Batch(items, ready=chosen, autoreset=autoreset & ok,
+                                       final=final)
+            self._record(span, method, batch, start)
+        return batch
+
+    async def _shard_batch(self, method: str, s: int, slots: list[int], per_slot: list[Any],
+                           seconds: float | None, kwargs: dict[str, Any],
+                           carrier: dict[str, str]
+                           ) -> tuple[dict[int, SlotResult[ObsT]], set[int],
+                                      dict[int, StepResult[ObsT]]]:
+        answers: dict[int, SlotResult[ObsT]] = {}
+        try:
+            answer = await self._call(s, method, *self._args(method, s, slots, per_slot,
+                                                             seconds, kwargs, carrier),
+                                      wait=self._wait(seconds))
+        except _ShardLost as lost:
+            await self._recover(lost, carrier)
+            if method == "reset":
+                for i in slots:
+                    self._lost.pop(i, None)
+            answers = {i: self._lost[i] for i in slots if i in self._lost}
+            redo = [i for i in slots if i not in self._lost]
+            if not redo:
+                return answers, set(), {}
+            try:
+                answer = await self._call(s, method, *self._args(method, s, redo, per_slot,
+                                                                 seconds, kwargs, carrier),
+                                          wait=self._wait(seconds))
+            except _ShardLost as again:
+                for i in redo:
+                    answers[i] = self._lose(i, again)
+                return answers, set(), {}
+        got, auto, fin = self._absorb(s, answer)
+        answers.update(got)
+        return answers, auto, fin
+
+    def _args(self, method: str, s: int, slots: list[int],
+              per_slot: Sequence[Any] | Mapping[int, Any],
+              seconds: float | None, kwargs: dict[str, Any],
+              carrier: dict[str, str]) -> tuple[Any, ...]:
+        offset, n = self._bounds[s]
+        mask = [False] * n
+        values: list[Any] = [None] * n
+        for i in slots:
+            mask[i - offset] = True
+            values[i - offset] = per_slot[i]
+        if method == "reset":
+            return values, mask, seconds, kwargs, carrier
+        return values, mask, seconds, carrier
+
+    def _absorb(self, s: int, answer: ShardAnswer
+                ) -> tuple[dict[int, SlotResult[ObsT]], set[int], dict[int, StepResult[ObsT]]]:
+        offset = self._bounds[s][0]
+        for j, mirror in answer.mirrors.items():
+            self._mirrors[offset + j].absorb(mirror)
+        if answer.view is not None:
+            self._views[s] = answer.view
+        got = {offset + j: answer.items[j] for j in answer.ready}
+        return (got, {offset + j for j in answer.autoreset},
+                {offset + j: r for j, r in answer.final.items()})
+
+    # ------------------------------------------------------------------ ready-first
+
+    async def _send_shard(self, s: int, slots: list[int], carrier: dict[str, str]) -> None:
+        seconds = self._send_deadline
+        try:
+            await self._call(s, "step_send", *self._args("step", s, slots, self._inflight,
+                                                         seconds, {}, carrier),
+                             wait=self._wait(seconds))
+        except _ShardLost as lost:
+            await self._redo_sent(lost, slots, carrier)
+        if s not in self._collectors:
+            self._collectors[s] = asyncio.ensure_future(self._collect(s))
+
+    async def _redo_sent(self, lost: _ShardLost, slots: list[int],
+                         carrier: dict[str, str]) -> None:
+        """After a shard died with sent steps: answer the lost ones, send the others again."""
+        await self._recover(lost, carrier)
+        s = lost.shard
+        redo = [i for i in slots if i not in self._lost]
+        for i in slots:
+            if i in self._lost:
+                self._buffer[i] = self._lost[i]
+        if redo:
+            try:
+                await self._call(s, "step_send", *self._args(
+                    "step", s, redo, self._inflight, self._send_deadline, {}, carrier),
+                    wait=self._wait(self._send_deadline))
+            except _ShardLost as again:
+                for i in redo:
+                    self._buffer[i] = self._lose(i, again)
+        self._wake()
+
+    def _pending(self, s: int) -> list[int]:
+        offset, n = self._bounds[s]
+        return [i for i in self._inflight if offset <= i < offset + n and i not in self._buffer]
+
+    async def _collect(self, s: int) -> None:
+        """Collect shard ``s``'s sent steps as they answer, into the driver's buffer."""
+        try:
+            while self._pending(s):
+                try:
+                    answer = await self._call(s, "step_recv", _carrier(),
+                                              wait=self._wait(self._send_deadline))
+                except _ShardLost as lost:
+                    await self._redo_sent(lost, self._pending(s), _carrier())
+                    continue
+                got, auto, fin = self._absorb(s, answer)
+                self._buffer.update(got)
+                self._buf_autoreset |= auto
+                self._buf_final.update(fin)
+                self._wake()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a caller's bug raised in the shard: recv re-raises it
+            self._collect_error = exc
+            self._wake()
+        finally:
+            self._collectors.pop(s, None)
+
+    def _wake(self) -> None:
+        for event in self._waiters:
+            event.set()
+
+    # ------------------------------------------------------------------ shards
+
+    def _spawn(self, s: int) -> None:
+        self._actors[s] = self._remote.options(**self._actor_options[s]).remote(self._specs[s])
+        self._generation[s] += 1
+
+    async def _call(self, s: int, method: str, *args: Any, wait: float | None) -> Any:
+        """Call shard ``s``; Ray's errors become :class:`_ShardLost` or the shard's own."""
+        actor, generation = self._actors[s], self._generation[s]
+        expiry = None
+        try:
+            ref = getattr(actor, method).remote(*args)
+            async with bounded(wait) as expiry:
+                return await ref
+        except ray.exceptions.RayTaskError as exc:
+            # (Ray raises a subclass of both RayTaskError and the shard's exception.)
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                raise cause from None  # the shard's own error (a caller's bug)
+            raise _ShardLost(s, generation, _reason(exc)) from None
+        except ray.exceptions.RayError as exc:
+            raise _ShardLost(s, generation, _reason(exc)) from None
+        except TimeoutError:
+            if expiry is None or not expiry.expired():
+                raise
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            raise _ShardLost(s, generation, f"no answer within {wait:g} s") from None
+
+    async def _recover(self, lost: _ShardLost, carrier: dict[str, str]) -> None:
+        """Replace a dead shard's actor (once per death) and take over its slots."""
+        s = lost.shard
+        running = self._recovering.get(s)
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        if self._generation[s] != lost.generation:
+            return  # already replaced
+        future = asyncio.get_running_loop().create_future()
+        self._recovering[s] = future
+        try:
+            await self._replace(lost, carrier)
+        finally:
+            del self._recovering[s]
+            future.set_result(None)
+
+    async def _replace(self, lost: _ShardLost, carrier: dict[str, str]) -> None:
+        s = lost.shard
+        offset, n = self._bounds[s]
+        _log.warning(LOG_RAY_SHARD_LOST, shard=s, reason=lost.reason,
+                     policy=self.on_session_lost)
+        with contextlib.suppress(Exception):
+            ray.kill(self._actors[s], no_restart=True)
+        self._spawn(s)
+        self._views[s] = None
+        records: dict[int, SlotRestore] = {}
+        for i in range(offset, offset + n):
+            m = self._mirrors[i]
+            replay = (self.on_session_lost == "replay" and m.active and i not in self._lost
+                      and m.journal is not None and m.journal.replayable)
+            if m.active and i not in self._lost and not replay:
+                self._lost[i] = self._lose(i, lost)
+            records[i - offset] = m.restore(replay=replay)
+            if not replay:
+                m.journal, m.actions = None, None
+        try:
+            outcome = await self._call(s, "restore", records, carrier, wait=None)
+        except _ShardLost as again:
+            for j, r in records.items():
+                if r.journal is not None:
+                    self._lost[offset + j] = self._lose(offset + j, again)
+            return
+        for j, error in outcome.items():
+            if error is not None:
+                self._lost[offset + j] = error
+                self._mirrors[offset + j].journal = None
+
+    def _lose(self, i: int, lost: _ShardLost) -> SessionLostError:
+        journal = self._mirrors[i].journal
+        return SessionLostError(
+            f"slot {i}: its shard actor ({lost.shard}) was lost ({lost.reason}) and the "
+            "session with it", journal=journal.snapshot() if journal is not None else None)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _group(self, slots: list[int]) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for i in slots:
+            groups.setdefault(self._shard_of[i], []).append(i)
+        return groups
+
+    def _wait(self, seconds: float | None) -> float | None:
+        return None if seconds is None else seconds + self._margin
+
+    def _attrs(self, chosen: list[int]) -> dict[str, Any] | None:
+        if not self._tel.tracing_enabled():
+            return None
+        return {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(chosen),
+                ATTR_RAY_SHARDS: self.shards}
+
+    def _chosen(self, mask: Sequence[bool] | None,
+                actions: Sequence[Any] | None = None) -> list[int]:
+        if self._closed:
+            raise ClientClosedError("the pool is closed")
+        if actions is not None and (isinstance(actions, (str, bytes))
+                                    or len(actions) != self.size):
+            raise ValueError(f"actions must be a sequence of {self.size} (one per slot)")
+        if mask is None:
+            chosen = list(range(self.size))
+        else:
+            if isinstance(mask, (str, bytes)) or len(mask) != self.size:
+                raise ValueError(f"mask must be a sequence of {self.size} booleans")
+            chosen = [i for i, m in enumerate(mask) if m]
+        busy = [i for i in chosen if i in self._inflight or i in self._running]
+        if busy:
+            raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
+                             "step with step_recv(); one batch call at a time per slot)")
+        return chosen
+
+    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
+        seconds = self.batch_timeout if timeout is UNSET else timeout
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
+        return seconds
+
+    def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
+        tel = self._tel
+        errors = batch.errors
+        tel.record(tel.pool_batch_duration, time.perf_counter() - start,
+                   {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"})
+        if batch.stragglers:
+            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
+        if span.is_recording():
+            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
+            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
+            if errors:
+                kinds = sorted({e.error_type for e in errors.values()})
+                span.set_attribute(ATTR_POOL_ERROR_TYPE,
+                                   kinds[0] if len(kinds) == 1 else "mixed")
+
+    def __repr__(self) -> str:
+        return (f"<RayEnvPool size={self.size} shards={self.shards} "
+                f"endpoints={len(self.endpoints)}{' closed' if self._closed else ''}>")
+
+
+def _carrier() -> dict[str, str]:
+    """The current trace context (W3C ``traceparent``), to carry into a shard actor."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -1,0 +1,84 @@
+"""The shard body of envlink.ray, without Ray: mirrored journals rebuild an episode elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from envlink import ReplayDivergedError, StepResult
+from envlink._ray_shard import DriverSlot, Shard, ShardSpec, SlotRestore
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _spec(url: str, size: int, **options: Any) -> ShardSpec:
+    return ShardSpec(shard=0, offset=10, size=size, endpoints=(url,), pool_options=options)
+
+
+async def test_mirrors_are_deltas_and_rebuild_the_episode(det_servers: Any) -> None:
+    """Answers carry journal deltas; the driver's copy replays the episode on another shard."""
+    server = await det_servers()
+    first, second = Shard(_spec(server.url, 2)), Shard(_spec(server.url, 2))
+    kept = [DriverSlot(), DriverSlot()]
+    try:
+        answer = await first.reset([0, 1], [True, True], None, {"max_steps": 20})
+        assert answer.mirrors[0].head is not None and answer.mirrors[0].entries == ()
+        for mirror_slot, m in answer.mirrors.items():
+            kept[mirror_slot].absorb(m)
+        for move in (1, 2, -1):
+            answer = await first.step([{"move": move}] * 2, [True, True], None)
+            delta = answer.mirrors[1]
+            assert delta.head is None and len(delta.entries) == 1
+            for mirror_slot, m in answer.mirrors.items():
+                kept[mirror_slot].absorb(m)
+        journal = kept[1].journal
+        assert journal is not None and journal.step_count == 3 and journal.replayable
+        assert journal.reset_kwargs == {"seed": 1, "max_steps": 20}
+        restored = await second.restore({i: kept[i].restore(replay=True) for i in range(2)})
+        assert restored == {0: None, 1: None}
+        expected = await first.step([{"move": 1}] * 2, [True, True], None)
+        got = await second.step([{"move": 1}] * 2, [True, True], None)
+        assert all(isinstance(r, StepResult) for r in got.items)
+        assert [r.observation for r in got.items] == [r.observation for r in expected.items]
+        # A new episode on the new shard is mirrored whole again.
+        assert got.mirrors[0].head is not None and len(got.mirrors[0].entries) == 4
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_restore_refuses_a_journal_the_environment_contradicts(det_servers: Any) -> None:
+    """A journal whose answers differ from the environment's gives ReplayDivergedError."""
+    server = await det_servers()
+    first, second = Shard(_spec(server.url, 1)), Shard(_spec(server.url, 1))
+    slot = DriverSlot()
+    try:
+        slot.absorb((await first.reset([0], [True], None, {})).mirrors[0])
+        slot.absorb((await first.step([{"move": 1}], [True], None)).mirrors[0])
+        assert slot.journal is not None
+        slot.journal.reset_kwargs = {"seed": 99}  # another episode than the one recorded
+        outcome = await second.restore({0: slot.restore(replay=True)})
+        assert isinstance(outcome[0], ReplayDivergedError)
+        assert outcome[0].journal is not None and outcome[0].journal.step_count == 1
+        flags_only = SlotRestore(journal=None, actions=None, needs_reset=True, episodes=3,
+                                 reset_kwargs={"seed": 5})
+        await second.restore({0: flags_only})
+        assert second.pool._slots[0].needs_reset and second.pool._slots[0].episodes == 3
+    finally:
+        await first.close()
+        await second.close()
+
+
+def test_a_step_of_unknown_outcome_makes_the_copy_unreplayable() -> None:
+    """A mirrored journal with a step of unknown outcome is not replayable on the driver."""
+    from envlink import EpisodeJournal
+    from envlink._ray_shard import SlotMirror
+
+    head = EpisodeJournal(reset_kwargs={"seed": 0}, reset_response_json="{}", episode_id="e")
+    slot = DriverSlot()
+    slot.absorb(SlotMirror(episode_id="e", head=head))
+    assert slot.journal is not None and slot.journal.replayable
+    slot.absorb(SlotMirror(episode_id="e", base=0, unknown_steps=('{"move": 1}',)))
+    assert not slot.journal.replayable and slot.journal.unknown_steps == ['{"move": 1}']
+    assert slot.restore(replay=False).journal is None

@@ -1,0 +1,234 @@
+"""envlink.ray against a real local Ray and real reference servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+from _ray_support import require_ray
+
+require_ray()
+
+import asyncio  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from _processes import ServerProcess  # noqa: E402
+from envlink import EnvPool, SessionLostError, StepResult  # noqa: E402
+from envlink.ray import RayEnvPool  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _actions(n: int, t: int) -> list[dict[str, int]]:
+    return [{"move": (i * 7 + t) % 5 - 2} for i in range(n)]
+
+
+def _rows(batch: list[Any]) -> list[Any]:
+    out = []
+    for r in batch:
+        if isinstance(r, StepResult):
+            out.append((r.observation, r.reward, r.done))
+        else:
+            out.append(r if r is None else type(r).__name__)
+    return out
+
+
+async def _episode(pool: Any, n: int, steps: int) -> list[Any]:
+    rows = [_rows(await pool.reset(seeds=0, max_steps=4))]
+    for t in range(steps):
+        batch = await pool.step(_actions(n, t))
+        rows.append((_rows(batch), batch.autoreset, sorted(batch.final)))
+    return rows
+
+
+@pytest.mark.parametrize(("shards", "size", "autoreset"),
+                         [(2, 16, "next_step"), (3, 24, "same_step"), (4, 32, "next_step")])
+async def test_same_results_as_the_in_process_pool(
+        ray_local: Any, server_processes: list[ServerProcess], shards: int, size: int,
+        autoreset: Any) -> None:
+    """2-4 shards x 16-32 sessions answer exactly what one in-process EnvPool answers."""
+    urls = [p.url for p in server_processes]
+    async with EnvPool(urls, size, autoreset=autoreset) as local:
+        expected = await _episode(local, size, 6)
+    async with RayEnvPool(urls, size, shards=shards, autoreset=autoreset) as remote:
+        got = await _episode(remote, size, 6)
+        view = remote.view()
+    assert got == expected
+    assert any(auto for _rows_, auto, _final in expected[1:])  # episodes ended and restarted
+    assert sum(e.sessions for e in view.endpoints) == size
+    assert set(view.slots) == {"active"}
+
+
+async def test_masks_ready_first_and_sync_facade(
+        ray_local: Any, server_processes: list[ServerProcess]) -> None:
+    """Masks, step_send/step_recv(min_ready) across shards and the blocking facade."""
+    urls = [p.url for p in server_processes]
+    pool = RayEnvPool(urls, 8, shards=2)
+    sync = pool.sync()
+    try:
+        first = await asyncio.to_thread(sync.reset, 0, mask=[i % 2 == 0 for i in range(8)])
+        assert first.ready == (0, 2, 4, 6) and first[1] is None
+        assert isinstance(first[0], StepResult)
+        with pytest.raises(ValueError, match="actions must be"):
+            await asyncio.to_thread(sync.step, [{"move": 1}] * 3)
+        await asyncio.to_thread(sync.reset, 0)
+        await asyncio.to_thread(sync.step_send, [{"move": 1}] * 8)
+        with pytest.raises(ValueError, match="in flight"):
+            await asyncio.to_thread(sync.step, [{"move": 1}] * 8)
+        some = await asyncio.to_thread(sync.step_recv, 3)
+        assert len(some.ready) >= 3
+        assert set(some.ready) | set(some.stragglers) == set(range(8))
+        rest = await asyncio.to_thread(sync.step_recv)
+        assert set(rest.ready) == set(some.stragglers)
+        merged = [some[i] if i in some.ready else rest[i] for i in range(8)]
+        assert all(isinstance(r, StepResult) and r.observation["position"] == 1
+                   for r in merged)
+        empty = await asyncio.to_thread(sync.step_recv)
+        assert empty.ready == () and list(empty) == [None] * 8
+    finally:
+        await asyncio.to_thread(sync.close)
+    with pytest.raises(Exception, match="closed"):
+        await pool.step([{"move": 1}] * 8)
+
+
+def _stall_next(st: Any) -> int:
+    """Make every open connection hold its next request unanswered; the step count now."""
+
+    def apply(server: Any) -> int:
+        for handle in server.connections:
+            handle.faults.stall_after = handle.requests + 1
+        return int(server._counters.get("request.step"))
+
+    return int(st.call(apply))
+
+
+async def _kill_mid_batch(ray: Any, st: Any, pool: RayEnvPool[Any, Any], size: int,
+                          shard: int) -> Any:
+    """Step every slot, wait until every step reached the server (held), kill ``shard``."""
+    before = _stall_next(st)
+    task = asyncio.ensure_future(pool.step([{"move": 1}] * size))
+    await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + size))
+    ray.kill(pool.actors()[shard], no_restart=True)
+    st.call(lambda s: s.unstall_all())
+    return await task
+
+
+async def test_killed_shard_under_raise_answers_lost_with_journals(
+        ray_local: Any, threads: Any) -> None:
+    """ray.kill mid-batch, raise: that shard's slots answer SessionLostError with journals."""
+    st = threads()
+    async with RayEnvPool([st.url], 8, shards=2) as pool:
+        await pool.reset(seeds=0, max_steps=50)
+        for _ in range(2):
+            assert (await pool.step([{"move": 1}] * 8)).ok
+        batch = await _kill_mid_batch(ray_local, st, pool, 8, shard=1)
+        assert [isinstance(r, StepResult) for r in batch] == [True] * 4 + [False] * 4
+        for i in range(4, 8):
+            err = batch[i]
+            assert isinstance(err, SessionLostError) and "shard actor (1)" in str(err)
+            assert err.journal is not None and err.journal.step_count == 2
+            assert err.journal.reset_kwargs == {"seed": i, "max_steps": 50}
+            assert [e.response["observation"]["position"] for e in err.journal.entries] == [1, 2]
+        assert pool.view().slots[4:] == ("lost",) * 4
+        # Lost until reset: the next step answers the same error without touching a server.
+        again = await pool.step([{"move": 1}] * 8)
+        assert isinstance(again[5], SessionLostError) and again[5].journal is not None
+        assert isinstance(again[0], StepResult) and again[0].observation["position"] == 4
+        fresh = await pool.reset(seeds=0, mask=[i >= 4 for i in range(8)], max_steps=50)
+        assert all(isinstance(fresh[i], StepResult) for i in range(4, 8))
+        assert (await pool.step([{"move": 1}] * 8)).ok
+
+
+async def test_killed_shard_under_replay_rebuilds_the_episodes(
+        ray_local: Any, threads: Any) -> None:
+    """ray.kill mid-batch, replay: a new shard replays each episode; answers are unchanged."""
+    st = threads()
+    async with EnvPool([st.url], 8) as local:
+        await local.reset(seeds=0, max_steps=50)
+        expected = [_rows(await local.step([{"move": m}] * 8)) for m in (1, -1, 1, 1)]
+    async with RayEnvPool([st.url], 8, shards=2, on_session_lost="replay") as pool:
+        first_actor = pool.actors()[0]
+        await pool.reset(seeds=0, max_steps=50)
+        got = [_rows(await pool.step([{"move": m}] * 8)) for m in (1, -1)]
+        got.append(_rows(await _kill_mid_batch(ray_local, st, pool, 8, shard=0)))
+        got.append(_rows(await pool.step([{"move": 1}] * 8)))
+        assert pool.actors()[0] is not first_actor
+    assert got == expected
+
+
+@pytest.mark.parametrize("policy", ["raise", "replay"])
+async def test_killed_shard_with_sent_steps(ray_local: Any, threads: Any, policy: Any) -> None:
+    """A shard killed with ready-first steps in flight: per-slot errors, or replayed steps."""
+    st = threads()
+    async with RayEnvPool([st.url], 4, shards=2, on_session_lost=policy) as pool:
+        await pool.reset(seeds=0)
+        assert (await pool.step([{"move": 2}] * 4)).ok
+        before = _stall_next(st)
+        await pool.step_send([{"move": 1}] * 4)
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 4))
+        ray_local.kill(pool.actors()[0], no_restart=True)
+        first = await pool.step_recv(min_ready=2)
+        st.call(lambda s: s.unstall_all())
+        rest = await pool.step_recv()
+        answers = {i: (first[i] if i in first.ready else rest[i]) for i in range(4)}
+        assert set(first.ready) | set(rest.ready) == set(range(4))
+        for i in range(4):
+            answer = answers[i]
+            if policy == "raise" and i < 2:
+                assert isinstance(answer, SessionLostError)
+                assert answer.journal is not None and answer.journal.step_count == 1
+            else:
+                assert isinstance(answer, StepResult)
+                assert answer.observation["position"] == 3 and answer.observation["step"] == 2
+
+
+async def test_idle_shard_death_and_a_callers_bug(ray_local: Any, threads: Any) -> None:
+    """A shard that died between calls is replaced; a bad action raises the TypeError itself."""
+    st = threads()
+    async with RayEnvPool([st.url], 4, shards=2) as pool:
+        await pool.reset(seeds=0)
+        ray_local.kill(pool.actors()[1], no_restart=True)
+        batch = await pool.step([{"move": 1}] * 4)
+        assert isinstance(batch[0], StepResult)
+        assert all(isinstance(batch[i], SessionLostError) for i in (2, 3))
+        assert (await pool.reset(seeds=0)).ok
+        with pytest.raises(TypeError):
+            await pool.step([{"move": 1}, {"move": 1}, 3, {"move": 1}])
+
+
+def test_public_names_and_validation(ray_local: Any) -> None:
+    """envlink.ray exports its names; bad options raise ValueError/TypeError at once."""
+    import envlink.ray
+
+    assert set(envlink.ray.__all__) == {"RayEnvPool", "ShardTelemetry"}
+    with pytest.raises(ValueError, match="shards"):
+        RayEnvPool("ws://127.0.0.1:9", 4, shards=0)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        RayEnvPool("ws://127.0.0.1:9", 2, shards=3)
+    with pytest.raises(ValueError, match="autoreset"):
+        RayEnvPool("ws://127.0.0.1:9", 4, autoreset="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        RayEnvPool("ws://127.0.0.1:9", 4, client=int)  # type: ignore[arg-type]
+
+
+async def test_an_unresponsive_shard_is_replaced(ray_local: Any, threads: Any) -> None:
+    """A shard that stops answering (its loop blocked) is killed and replaced: no hang."""
+    import time
+
+    st = threads()
+    # Slot 0's automatic reset blocks its shard's event loop (a stuck actor).
+    stuck = lambda slot, episode: (time.sleep(120) if slot == 0 else None) or {}  # noqa: E731
+    async with RayEnvPool([st.url], 4, shards=2, autoreset_kwargs=stuck,
+                          shard_timeout_margin=1.0) as pool:
+        first_actor = pool.actors()[0]
+        await pool.reset(seeds=0, max_steps=1)
+        assert all(r.done for r in (await pool.step([{"move": 1}] * 4)).results())
+        started = time.monotonic()
+        batch = await pool.step([{"move": 1}] * 4, timeout=1.0)
+        # Two bounded waits at most: the call, then its retry on the new actor.
+        assert time.monotonic() - started < 30
+        assert batch.autoreset == (2, 3)
+        assert all(isinstance(batch[i], StepResult) for i in (2, 3))
+        for i in (0, 1):
+            assert isinstance(batch[i], SessionLostError)
+            assert "no answer within 2 s" in str(batch[i])
+        assert pool.actors()[0] is not first_actor
