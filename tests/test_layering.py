@@ -146,7 +146,7 @@ def test_import_envlink_never_imports_ray() -> None:
 
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
 CLIENT = ["_session.py", "_retry.py", "_recovery.py", "_hooks.py", "_driver.py",
-          "_connector.py", "_client.py", "_mock.py", "_transport.py"]
+          "_connector.py", "_client.py", "_mock.py", "_transport.py", "_http.py", "_mcp.py"]
 
 
 def runtime_import_froms(path: Path) -> set[tuple[str, str]]:
@@ -219,11 +219,11 @@ def test_the_server_dispatch_is_pure() -> None:
 
 
 def test_only_the_server_io_layers_import_websockets() -> None:
-    """In the server, websockets is used by the listener, the handshake and the connection
-    handle only (others name its types in annotations at most)."""
+    """In the server, websockets is used by the listener, the handshake, the connection
+    handle and the POST /mcp reader only (others name its types in annotations at most)."""
     users = sorted(p.name for p in SERVER.glob("*.py")
                    if "websockets" in top(runtime_imports(p)))
-    assert users == ["_connection.py", "_handshake.py", "_server.py"]
+    assert users == ["_connection.py", "_handshake.py", "_mcp_http.py", "_server.py"]
 
 
 def test_the_chaos_suite_uses_the_public_api_only() -> None:
@@ -254,6 +254,14 @@ def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
     assert internal == {"envlink._errors"}, internal
 
 
+def test_the_http_client_depends_on_the_error_tree_only() -> None:
+    """_http (POST /mcp for OpenEnv detached sessions) imports no websockets and no other
+    envlink module but the errors; only the transport and the connector use it."""
+    names = imported(SRC / "_http.py")
+    assert "websockets" not in top(names)
+    assert {n for n in names if n.startswith("envlink.")} <= {"envlink._errors"}
+    users = sorted(p.name for p in SRC.glob("*.py") if "envlink._http" in imported(p))
+    assert users == ["_connector.py", "_websocket.py"]
 @pytest.mark.parametrize("module", [*CLIENT, "_telemetry_client.py", "names.py", "_websocket.py",
                                     "_config.py", "_policies.py", "_protocol.py", "_journal.py"])
 def test_client_modules_stay_small(module: str) -> None:

@@ -33,6 +33,7 @@ EXPECTED = {
     "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
+    "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
     "__version__",
 }
 

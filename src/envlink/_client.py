@@ -8,6 +8,8 @@ and never a step applied twice.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -26,11 +28,15 @@ from envlink._config import (
 )
 from envlink._connector import Connector
 from envlink._driver import SessionDriver
-from envlink._errors import EnvlinkError, ProtocolError
+from envlink._errors import (
+    EnvlinkError,
+    ProtocolError,
+)
 from envlink._hooks import ClientHook, combine_client_hooks
 from envlink._journal import EpisodeJournal
-from envlink._policies import ReconnectPolicy, SessionLostPolicy
-from envlink._protocol import ObservationFrame, StateFrame
+from envlink._mcp import McpMethods
+from envlink._policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
+from envlink._protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._session import Call, SessionCore
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
@@ -49,7 +55,7 @@ ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 _R = TypeVar("_R")
-_F = TypeVar("_F", ObservationFrame, StateFrame)
+_F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 
 
 @dataclass
@@ -69,7 +75,7 @@ class StepResult(Generic[ObsT]):
     metadata: dict[str, Any] | None = None
 
 
-class EnvClient(Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -140,10 +146,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
     ) -> None:
-        if on_session_lost not in ("raise", "replay", "resume"):
-            raise ValueError(
-                f"on_session_lost must be 'raise', 'replay' or 'resume', got {on_session_lost!r}"
-            )
+        # Everything new_session() needs to open a sibling session with the same options.
+        self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
+        _check_policy(on_session_lost)
+        self._children: list[EnvClient[Any, Any, Any]] = []
+        self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
         base = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
         self.timeouts: Timeout = Timeout(
@@ -210,20 +217,27 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     @property
     def on_session_lost(self) -> SessionLostPolicy:
-        """The recovery policy: ``"raise"``, ``"replay"`` or ``"resume"``."""
+        """The recovery policy: ``"raise"``, ``"replay"``, ``"resume"`` or ``"auto"``."""
         return self._core.on_session_lost
 
     @on_session_lost.setter
     def on_session_lost(self, policy: SessionLostPolicy) -> None:
-        if policy not in ("raise", "replay", "resume"):
-            raise ValueError(f"on_session_lost must be 'raise', 'replay' or 'resume', "
-                             f"got {policy!r}")
+        _check_policy(policy)
         self._core.on_session_lost = policy
 
     @property
+    def recovery(self) -> str:
+        """How a session lost now would be recovered (``envlink-resume``, ``openenv-resume``,
+        ``replay``, ``raise``), per ``on_session_lost`` and what the server offered so far."""
+        return self._core.mechanism
+
+    @property
     def base_url(self) -> str:
-        """The server's ``/ws`` URL (without credentials)."""
-        return self._endpoint.ws_url
+        """The base URL as given, no trailing slash or credentials (as OpenEnv's client)."""
+        return self._endpoint.base_url
+
+    ws_url = property(lambda self: self._endpoint.ws_url,
+                      doc="The server's ``/ws`` URL the client connects to (no credentials).")
 
     @property
     def closed(self) -> bool:
@@ -303,7 +317,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         async def run(call: Call) -> None:
             async with driver.turn(call):
                 if not self.connected:
-                    await driver.connector.open("connect", reason="connect")
+                    await driver.connector.open_session("connect", reason="connect")
 
         await driver.call("connect", self._seconds(timeout), run)
         return self
@@ -398,11 +412,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """Close the client for good. Idempotent.
 
         A call in flight is cancelled and its caller gets :class:`ClientClosedError`,
-        as does every queued or later call.
+        as does every queued or later call. The server session is ended (an OpenEnv
+        detached session with ``openenv/session/close``, attached or not), and so are
+        the sessions opened with :meth:`new_session`.
         """
         if self.closed:
             return
         seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        children, self._children = self._children, []
+        if children:
+            await asyncio.gather(*(child.close(timeout=timeout) for child in children),
+                                 return_exceptions=True)
         await self._driver.close(seconds)
 
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
@@ -468,6 +488,12 @@ def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str
 
 def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
     return recorded == actual
+
+
+def _check_policy(policy: object) -> None:
+    if policy not in SESSION_LOST_POLICIES:
+        raise ValueError(f"on_session_lost must be 'raise', 'replay', 'resume' or 'auto', "
+                         f"got {policy!r}")
 
 
 class GenericEnvClient(EnvClient[dict[str, Any], dict[str, Any], dict[str, Any]]):

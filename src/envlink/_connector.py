@@ -16,23 +16,58 @@ from typing import Any
 from opentelemetry import propagate
 
 from envlink._config import ConnectionOptions, Timeout
-from envlink._errors import EnvlinkError
+from envlink._errors import (
+    CapacityReachedError,
+    ConnectError,
+    ConnectionLostError,
+    EnvlinkError,
+    ErrorCode,
+    FactoryError,
+    ServerError,
+    SessionError,
+)
 from envlink._hooks import ClientEvent, ClientHook, PhaseFinished, PhaseStarted
+from envlink._http import NoAnswerError as _NoAnswer
 from envlink._policies import ReconnectPolicy
-from envlink._protocol import RESUME_TOKEN_HEADER, StateFrame, decode_response
+from envlink._protocol import (
+    RESUME_TOKEN_HEADER,
+    ErrorFrame,
+    StateFrame,
+    decode_response,
+    server_error,
+)
 from envlink._retry import BackoffDetails, Retry
 from envlink._session import SessionCore
 from envlink._timeouts import bounded
-from envlink._transport import Connection, Endpoint, Transport
+from envlink._transport import (
+    Connection,
+    Endpoint,
+    NotWrittenError,
+    RpcAnswer,
+    RpcTransport,
+    Transport,
+)
 from envlink.names import (
     HOOK_RECONNECT,
     LOG_CONNECTION_DISCARDED,
+    LOG_DETACHED_UNAVAILABLE,
     LOG_DISCONNECT,
     LOG_RECONNECT_SCHEDULED,
     LOG_SESSION_RELEASE_FAILED,
 )
 
-__all__ = ["Connector"]
+__all__ = ["Connector", "DetachedSessionGone"]
+
+
+class DetachedSessionGone(ConnectError):
+    """Attaching failed: the server no longer knows the client's detached session."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+#: JSON-RPC's "method not found": a server without OpenEnv's session methods.
+_METHOD_NOT_FOUND = -32601
 
 
 class Connector:
@@ -63,6 +98,11 @@ class Connector:
         self.conn: Connection | None = None
         #: Housekeeping tasks (session releases); close() waits for them, bounded.
         self.background: set[asyncio.Task[Any]] = set()
+        #: The detached session's ``step_count`` read when this connection attached.
+        self.attached_count: int | None = None
+        #: Whether an attempt of the last :meth:`open` could not reach the server.
+        self.saw_unreachable = False
+        self._rpc_ids = 0
 
     @property
     def is_open(self) -> bool:
@@ -92,10 +132,21 @@ class Connector:
 
         retry = Retry(self.policy, operation="connect", sleep=asyncio.sleep,
                       clock=core.clock, attempts_used=used, on_backoff=on_backoff)
+        self.saw_unreachable = False
         conn = await retry.run(lambda attempt: self._open_once(method, attempt, reason,
                                                                resume_token))
         core.connects_made(retry.tries)
         return conn
+
+    async def open_session(self, method: str, *, reason: str) -> Connection:
+        """:meth:`open` for a call outside recovery: a detached session found gone is
+        replaced by a new one (no episode runs on it: a call in mid-episode recovers
+        instead, and a reset starts a new episode anyway)."""
+        try:
+            return await self.open(method, reason=reason)
+        except DetachedSessionGone:
+            self.core.detached_id = None
+            return await self.open(method, reason=reason)
 
     async def _open_once(self, method: str, attempt: int, reason: str,
                          resume_token: str | None) -> Connection:
@@ -110,25 +161,156 @@ class Connector:
             propagate.inject(headers)  # the attempt's trace context, to the server
             if resume_token is not None:
                 headers[RESUME_TOKEN_HEADER] = resume_token
+            reattached = False
+            core = self.core
+            if resume_token is None and core.wants_detached and isinstance(
+                    self.transport, RpcTransport):
+                reattached = core.detached_id is not None
+                if core.detached_id is None:
+                    await self._create_detached()
+                endpoint = endpoint.attached(core.detached_id)
             conn = await self.transport.connect(
                 endpoint, self.options, headers=headers, timeout=self.timeouts.connect,
                 offer_extensions=self.offer_extensions)
-            self._adopt(conn)
+            if endpoint.session_id is not None:
+                await self._confirm_attached(conn)
+            self._adopt(conn, reattached=reattached)
             return conn
         except BaseException as exc:
             error = exc
+            if isinstance(exc, ConnectError) and not isinstance(
+                    exc, (_AttachRefused, DetachedSessionGone)):
+                self.saw_unreachable = True
             raise
         finally:
             self.hook.phase_finished(PhaseFinished(
                 phase, error, self.core.session_id if conn is not None else None,
                 conn.extensions.enabled if conn is not None else None), mark)
 
-    def _adopt(self, conn: Connection) -> None:
+    def _adopt(self, conn: Connection, *, reattached: bool = False) -> None:
         previous = self.conn
         if previous is not None and previous is not conn:
             previous.abort()
         self.conn = conn
-        self.core.connected(conn.extensions)
+        self.core.connected(conn.extensions, reattached=reattached)
+
+    # ----------------------------------------------- OpenEnv detached sessions
+
+    async def rpc(self, method: str, params: dict[str, Any],
+                  timeout: float | None) -> RpcAnswer | None:
+        """One JSON-RPC request to the server's ``/mcp``; ``None`` if the transport has none."""
+        transport = self.transport
+        if not isinstance(transport, RpcTransport):
+            return None
+        self._rpc_ids += 1
+        async with bounded(timeout):
+            return await transport.rpc(self.endpoint, self.options, method, params,
+                                       request_id=self._rpc_ids)
+
+    async def _create_detached(self) -> None:
+        """``openenv/session/create``: the server's session, kept across dropped sockets.
+
+        A server that does not offer it (no ``/mcp``, or no such method) is noted, and
+        the client uses plain sessions from then on.
+
+        Raises:
+            CapacityReachedError, FactoryError, ServerError: the server refused.
+            ConnectError: the server could not be reached (retryable).
+        """
+        core = self.core
+        try:
+            answer = await self.rpc("openenv/session/create", {}, self.timeouts.connect)
+        except TimeoutError as exc:
+            raise ConnectError(f"timed out creating a session on {self.endpoint.mcp_url}",
+                               retryable=True) from exc
+        except _NoAnswer:
+            # Accepted, then closed without a byte of HTTP: not an OpenEnv server
+            # (websockets' server, for one, drops a request with a body this way).
+            answer = None
+        except ConnectionLostError as exc:
+            # A session may have been created that we will never know of; the server's
+            # reaper (if any) ends it. Retry: a new one is created.
+            raise ConnectError(f"creating a session on {self.endpoint.mcp_url} failed: {exc}",
+                               retryable=True) from exc
+        body = None if answer is None else answer.body
+        if answer is not None and answer.status >= 500:
+            raise ConnectError(f"{self.endpoint.mcp_url} answered HTTP {answer.status}",
+                               retryable=True)
+        result = body.get("result") if isinstance(body, dict) else None
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(result, dict) and isinstance(result.get("session_id"), str):
+            core.detached_id = result["session_id"]
+            core.detached_offered = True
+            return
+        if isinstance(error, dict) and error.get("code") != _METHOD_NOT_FOUND and (
+                answer is not None and answer.status == 200):
+            raise _rpc_refusal(error)
+        # No /mcp (404, 426...), no such method, or not JSON-RPC: an older server.
+        core.detached_offered = False
+        self.hook.event(ClientEvent(LOG_DETACHED_UNAVAILABLE, core.session_id,
+                                    {"status": None if answer is None else answer.status}))
+
+    async def _confirm_attached(self, conn: Connection) -> None:
+        """Read the attached session's state: the server refuses an attach only after
+        accepting the socket, with a ``SESSION_ERROR`` frame. Keeps its ``step_count``."""
+        self.attached_count = None
+        text = self.core.encode("state", None, None)
+        try:
+            async with bounded(self.timeouts.connect):
+                try:
+                    await conn.send(text)
+                    raw: str | bytes | None = await conn.recv()
+                except NotWrittenError:
+                    raw = await conn.take_buffered()
+                except ConnectionLostError:
+                    raw = await conn.take_buffered()
+        except TimeoutError as exc:
+            conn.abort()
+            raise ConnectError("timed out attaching to the session", retryable=True) from exc
+        if raw is None:
+            conn.abort()
+            raise ConnectError("the server closed the connection while attaching",
+                               retryable=True)
+        frame = decode_response(raw, max_size=self.options.max_message_size)
+        if isinstance(frame, StateFrame):
+            value = frame.data.get("step_count")
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.attached_count = value
+            return
+        conn.abort()
+        if isinstance(frame, ErrorFrame):
+            error = server_error(frame)
+            if isinstance(error, SessionError) and "Unknown session_id" in error.message:
+                raise DetachedSessionGone(
+                    f"the server no longer knows the session ({error.message.split(':')[0]})")
+            if isinstance(error, SessionError):
+                # Still attached to a dead previous socket the server has not noticed
+                # yet, or still initialising: both pass; retry under the policy.
+                raise _AttachRefused(f"the server refused the attach for now: "
+                                     f"{error.message.split(':')[0]}") from error
+            raise error
+        raise ConnectError(f"unexpected {frame.type!r} frame while attaching", retryable=False)
+
+    async def close_detached(self, session_id: str, timeout: float | None) -> None:
+        """``openenv/session/close``: end a detached session. Best effort, bounded."""
+        try:
+            answer = await self.rpc("openenv/session/close", {"session_id": session_id},
+                                    timeout)
+        except (EnvlinkError, TimeoutError) as exc:
+            self.hook.event(ClientEvent(LOG_SESSION_RELEASE_FAILED, None, {"error": str(exc)}))
+            return
+        body = None if answer is None else answer.body
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            self.hook.event(ClientEvent(LOG_SESSION_RELEASE_FAILED, None, {
+                "error": str(body["error"].get("message"))}))
+
+    def close_detached_later(self, session_id: str) -> None:
+        """:meth:`close_detached` in the background (:meth:`wait_background` waits)."""
+        limit, close = self.timeouts.release, self.timeouts.close
+        seconds = limit if close is None else min(limit, close)
+        task = asyncio.get_running_loop().create_task(self.close_detached(session_id, seconds))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     # ------------------------------------------------------------------ ending
 
@@ -153,20 +335,24 @@ class Connector:
         self.background = set()
 
     async def close(self, *, graceful: bool, timeout: float | None = None) -> None:
-        """End the session: ``close`` frame (when graceful), closing handshake, drop."""
+        """End the session: ``close`` frame (when graceful), closing handshake, drop;
+        then ``openenv/session/close`` for a detached session, attached or not."""
         conn, self.conn = self.conn, None
         core = self.core
+        detached = core.detached_id
         core.closed()
-        if conn is None:
-            return
         seconds = self.timeouts.close if timeout is None else timeout
-        if graceful and conn.is_open:
-            frame = core.encode("close", None, core.next_request_id())
-            with contextlib.suppress(EnvlinkError, TimeoutError):
-                async with bounded(seconds):
-                    await conn.send(frame)
-        await conn.close(seconds)
-        self.hook.event(ClientEvent(LOG_DISCONNECT, core.session_id, {}))
+        if conn is not None:
+            if graceful and conn.is_open:
+                frame = core.encode("close", None, core.next_request_id())
+                with contextlib.suppress(EnvlinkError, TimeoutError):
+                    async with bounded(seconds):
+                        await conn.send(frame)
+            await conn.close(seconds)
+            self.hook.event(ClientEvent(LOG_DISCONNECT, core.session_id, {}))
+        if detached is not None:
+            # After the socket: an attached session would only be marked for closing.
+            await self.close_detached(detached, seconds)
 
     async def release(self, token: str, *, count_steps: bool = False) -> int | None:
         """End a detached server session the client gives up on. Best effort, bounded.
@@ -228,3 +414,29 @@ class Connector:
         """Wait (bounded) for housekeeping still running."""
         if self.background:
             await asyncio.wait(set(self.background), timeout=timeout)
+
+
+class _AttachRefused(ConnectError):
+    """The server refused an attach for now (``already has an attached WebSocket``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
+def _rpc_refusal(error: dict[str, Any]) -> ServerError:
+    """The typed error for a refused ``openenv/session/create`` (JSON-RPC error object)."""
+    message = str(error.get("message", "the server refused to create a session"))
+    data = error.get("data") if isinstance(error.get("data"), dict) else {}
+    assert isinstance(data, dict)
+    if "active_sessions" in data or "max_sessions" in data:
+        counts = [v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+                  for v in (data.get("active_sessions"), data.get("max_sessions"))]
+        return CapacityReachedError(message, ErrorCode.CAPACITY_REACHED,
+                                    active_sessions=counts[0], max_sessions=counts[1],
+                                    details=dict(data))
+    if "factory_name" in data:
+        name = data.get("factory_name")
+        return FactoryError(message, ErrorCode.FACTORY_ERROR,
+                            factory_name=name if isinstance(name, str) else None,
+                            details=dict(data))
+    return ServerError(message, str(error.get("code", "MCP_ERROR")), details=dict(data))

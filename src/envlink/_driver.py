@@ -22,14 +22,14 @@ from typing import Any, TypeVar
 from opentelemetry import propagate
 
 from envlink._config import ConnectionOptions, Timeout
-from envlink._connector import Connector
+from envlink._connector import Connector, DetachedSessionGone
 from envlink._errors import (
     CallTimeoutError,
     ClientClosedError,
     ConnectionLostError,
     EnvlinkError,
     ProtocolError,
-    ServerError,
+    SessionGoneError,
 )
 from envlink._hooks import (
     CallFinished,
@@ -39,7 +39,14 @@ from envlink._hooks import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._protocol import ErrorFrame, ObservationFrame, StateFrame, decode_response
+from envlink._protocol import (
+    ErrorFrame,
+    McpFrame,
+    ObservationFrame,
+    StateFrame,
+    decode_response,
+    server_error,
+)
 from envlink._recovery import recover
 from envlink._retry import Again, Retry
 from envlink._session import (
@@ -69,7 +76,7 @@ from envlink.names import (
 __all__ = ["SessionDriver"]
 
 _R = TypeVar("_R")
-_F = TypeVar("_F", ObservationFrame, StateFrame)
+_F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 
 
 class _Lifecycle(enum.Enum):
@@ -258,7 +265,8 @@ class SessionDriver:
             except ConnectionLostError as exc:
                 self.connector.forget()
                 decision = core.after_failure(method, exc,
-                                              written=not isinstance(exc, NotWrittenError))
+                                              written=not isinstance(exc, NotWrittenError),
+                                              data=data)
                 if decision.action is Action.RESEND:
                     raise Again(exc) from None
                 if decision.action is Action.RECOVER:
@@ -302,7 +310,7 @@ class SessionDriver:
         connector.conn = None
         if todo is Preflight.RECOVER:
             return None
-        return await connector.open(method, reason="connect" if number == 1 else "retry")
+        return await connector.open_session(method, reason="connect" if number == 1 else "retry")
 
     def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
         """The answer as ``kind``; an error frame raises ``ServerError``.
@@ -311,9 +319,7 @@ class SessionDriver:
         the plain protocol means it can no longer be trusted.
         """
         if isinstance(frame, ErrorFrame):
-            raise ServerError.from_frame(frame.data.message, frame.data.code,
-                                         active_sessions=frame.data.active_sessions,
-                                         max_sessions=frame.data.max_sessions)
+            raise server_error(frame)
         if not isinstance(frame, kind):
             error = self.core.unexpected_frame(frame, kind, method)
             self.connector.discard()
@@ -358,10 +364,7 @@ class SessionDriver:
                 if buffered is not None:
                     early = decode_response(buffered, max_size=max_size)
                     if isinstance(early, ErrorFrame):
-                        raise ServerError.from_frame(
-                            early.data.message, early.data.code,
-                            active_sessions=early.data.active_sessions,
-                            max_sessions=early.data.max_sessions) from None
+                        raise server_error(early) from None
                 raise
             while True:
                 raw = await conn.recv()
@@ -401,6 +404,31 @@ class SessionDriver:
 
     def forget_connection(self) -> None:
         self.connector.forget()
+
+    async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
+        connector, core = self.connector, self.core
+        try:
+            conn = await connector.open("recover", reason=reason)
+        except DetachedSessionGone as exc:
+            core.detached_id = None
+            restarted = connector.saw_unreachable
+            journal = core.journal
+            what = ("the server was unreachable, then no longer knew the session: it "
+                    "restarted (a restarted OpenEnv server has lost every session)"
+                    if restarted else
+                    "the server no longer knows the session: its idle reaper destroyed it "
+                    "(OpenEnv's session_timeout) or it was closed (openenv/session/close); "
+                    "a stock OpenEnv server does not say which")
+            raise SessionGoneError(
+                f"cannot resume the episode after {journal.step_count} steps: {what}",
+                reason="server_restarted" if restarted else "session_unknown",
+                journal=journal.snapshot()) from exc
+        return conn, connector.attached_count
+
+    def drop_detached(self) -> None:
+        session_id, self.core.detached_id = self.core.detached_id, None
+        if session_id is not None:
+            self.connector.close_detached_later(session_id)
 
     def discard_connection(self) -> None:
         self.connector.discard()

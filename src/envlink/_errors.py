@@ -12,9 +12,14 @@ as ``__cause__``)::
     ├── CallTimeoutError              a deadline expired (also a builtin TimeoutError)
     ├── ServerError                   the server answered with an error frame
     │   ├── CapacityReachedError      ... with code CAPACITY_REACHED
-    │   └── ToolCallError             an MCP tool call reported an error
+    │   ├── ServerValidationError     ... with code VALIDATION_ERROR
+    │   ├── FactoryError              ... with code FACTORY_ERROR
+    │   ├── SessionError              ... with code SESSION_ERROR
+    │   ├── ToolCallError             an MCP tool call reported an error
+    │   └── McpError                  a JSON-RPC ``mcp`` request got an error object
     ├── ProtocolError                 the server sent something the protocol forbids
     ├── SessionLostError              the server-side session is gone mid-episode
+    │   ├── SessionGoneError          ... and resuming it is impossible (says why)
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── ClientClosedError             the client or bridge was closed
@@ -37,13 +42,18 @@ __all__ = [
     "ConnectionLostError",
     "EnvlinkError",
     "ErrorCode",
+    "FactoryError",
     "HandshakeRejectedError",
+    "McpError",
     "OutcomeUnknownError",
     "ProtocolError",
     "ReentrantCallError",
     "ReplayDivergedError",
     "RetryBudgetExhaustedError",
     "ServerError",
+    "ServerValidationError",
+    "SessionError",
+    "SessionGoneError",
     "SessionLostError",
     "ToolCallError",
 ]
@@ -120,9 +130,18 @@ class OutcomeUnknownError(ConnectionLostError):
     """The connection was lost after a non-idempotent request was sent.
 
     The server may or may not have applied it, so envlink does not resend it.
+
+    Attributes:
+        applied: ``True`` when the client learned afterwards that the server *did*
+            apply it (for example from a resumed session's ``step_count``) but its
+            answer was lost; ``None`` when nobody can tell.
     """
 
     error_type = "outcome_unknown"
+
+    def __init__(self, message: str, *, applied: bool | None = None) -> None:
+        super().__init__(message)
+        self.applied = applied
 
 
 class CallTimeoutError(EnvlinkError, TimeoutError):
@@ -157,19 +176,24 @@ class ServerError(EnvlinkError):
     Attributes:
         code: the server's error code (an :class:`ErrorCode` when known, else the raw string).
         message: the server's message.
+        details: every other field of the frame's ``data``, as sent (for example
+            ``active_sessions``, ``errors``, ``factory_name``); empty if none.
     """
 
     error_type = "server_error"
 
-    def __init__(self, message: str, code: ErrorCode | str) -> None:
+    def __init__(self, message: str, code: ErrorCode | str, *,
+                 details: dict[str, Any] | None = None) -> None:
         code_text = code.value if isinstance(code, ErrorCode) else code
         super().__init__(f"[{code_text}] {message}")
         self.code = code
         self.message = message
+        self.details: dict[str, Any] = dict(details or {})
 
     @classmethod
     def from_frame(cls, message: str, code: str, *, active_sessions: int | None = None,
-                   max_sessions: int | None = None) -> ServerError:
+                   max_sessions: int | None = None,
+                   details: dict[str, Any] | None = None) -> ServerError:
         """Build the most specific subclass for ``code``.
 
         Args:
@@ -177,15 +201,29 @@ class ServerError(EnvlinkError):
             code: the server's error code.
             active_sessions: the frame's ``active_sessions`` (``CAPACITY_REACHED`` only).
             max_sessions: the frame's ``max_sessions`` (``CAPACITY_REACHED`` only).
+            details: every other field of the frame's ``data``.
         """
         try:
             known: ErrorCode | str = ErrorCode(code)
         except ValueError:
             known = code
+        extra = dict(details or {})
         if known is ErrorCode.CAPACITY_REACHED:
             return CapacityReachedError(message, known, active_sessions=active_sessions,
-                                        max_sessions=max_sessions)
-        return cls(message, known)
+                                        max_sessions=max_sessions, details=extra)
+        if known is ErrorCode.VALIDATION_ERROR:
+            errors = extra.get("errors")
+            return ServerValidationError(
+                message, known, errors=errors if isinstance(errors, list) else None,
+                details=extra)
+        if known is ErrorCode.FACTORY_ERROR:
+            name = extra.get("factory_name")
+            return FactoryError(message, known,
+                                factory_name=name if isinstance(name, str) else None,
+                                details=extra)
+        if known is ErrorCode.SESSION_ERROR:
+            return SessionError(message, known, details=extra)
+        return cls(message, known, details=extra)
 
 
 class CapacityReachedError(ServerError):
@@ -199,10 +237,69 @@ class CapacityReachedError(ServerError):
     error_type = "capacity_reached"
 
     def __init__(self, message: str, code: ErrorCode | str = ErrorCode.CAPACITY_REACHED, *,
-                 active_sessions: int | None = None, max_sessions: int | None = None) -> None:
-        super().__init__(message, code)
+                 active_sessions: int | None = None, max_sessions: int | None = None,
+                 details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, code, details=details)
         self.active_sessions = active_sessions
         self.max_sessions = max_sessions
+
+
+class ServerValidationError(ServerError):
+    """The server refused a request or an action as invalid (``VALIDATION_ERROR``).
+
+    Attributes:
+        errors: the server's list of field errors, as sent (OpenEnv sends pydantic's:
+            ``type``, ``loc``, ``msg``, ``input``...); empty if it sent none.
+    """
+
+    error_type = "validation_error"
+
+    def __init__(self, message: str, code: ErrorCode | str = ErrorCode.VALIDATION_ERROR, *,
+                 errors: list[Any] | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, code, details=details)
+        self.errors: list[Any] = list(errors or [])
+
+
+class FactoryError(ServerError):
+    """The server could not create the environment for a session (``FACTORY_ERROR``).
+
+    Attributes:
+        factory_name: the name of the server's environment factory, if it said so.
+    """
+
+    error_type = "factory_error"
+
+    def __init__(self, message: str, code: ErrorCode | str = ErrorCode.FACTORY_ERROR, *,
+                 factory_name: str | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, code, details=details)
+        self.factory_name = factory_name
+
+
+class SessionError(ServerError):
+    """The server refused the session itself (``SESSION_ERROR``): for example an
+    unknown or already attached ``session_id``."""
+
+    error_type = "session_error"
+
+    def __init__(self, message: str, code: ErrorCode | str = ErrorCode.SESSION_ERROR, *,
+                 details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, code, details=details)
+
+
+class McpError(ServerError):
+    """A JSON-RPC request sent as an ``mcp`` message was answered with an error object.
+
+    Attributes:
+        rpc_code: the JSON-RPC error code (``-32601`` method not found, ...).
+        data: the error object's ``data``, if any.
+    """
+
+    error_type = "mcp_error"
+
+    def __init__(self, message: str, rpc_code: int, *, data: Any = None) -> None:
+        super().__init__(message, "MCP_ERROR", details={"code": rpc_code, "data": data})
+        self.rpc_code = rpc_code
+        self.data = data
 
 
 class ToolCallError(ServerError):
@@ -245,6 +342,29 @@ class SessionLostError(EnvlinkError):
     def __init__(self, message: str, *, journal: EpisodeJournal | None = None) -> None:
         super().__init__(message)
         self.journal = journal
+
+
+class SessionGoneError(SessionLostError):
+    """The session was lost and resuming it is impossible; ``reason`` says why.
+
+    Raised under ``on_session_lost="resume"`` (``"auto"`` replays instead, where it
+    can). The journal is there to rebuild the episode elsewhere.
+
+    Attributes:
+        reason: ``"server_restarted"`` (the server was unreachable, then no longer
+            knew the session), ``"session_unknown"`` (the server stayed up but no
+            longer knows the session: reaped by its idle timeout or closed; a stock
+            OpenEnv server does not say which), ``"session_expired"`` /
+            ``"session_closed"`` (the server said so), or ``"resume_unsupported"``
+            (the server offers no way to resume).
+    """
+
+    error_type = "session_gone"
+
+    def __init__(self, message: str, *, reason: str,
+                 journal: EpisodeJournal | None = None) -> None:
+        super().__init__(message, journal=journal)
+        self.reason = reason
 
 
 class ReplayDivergedError(SessionLostError):

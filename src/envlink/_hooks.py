@@ -136,6 +136,8 @@ class PhaseStarted(NamedTuple):
         replay_steps: for ``replay``: steps to replay.
         server_address: the server's host.
         server_port: the server's port.
+        mechanism: for ``resume`` / ``replay``: the recovery mechanism
+            (``envlink-resume``, ``openenv-resume``, ``replay``).
     """
 
     phase: str
@@ -145,6 +147,7 @@ class PhaseStarted(NamedTuple):
     replay_steps: int | None = None
     server_address: str = ""
     server_port: int = 0
+    mechanism: str | None = None
 
 
 class PhaseFinished(NamedTuple):

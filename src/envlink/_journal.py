@@ -25,11 +25,13 @@ class JournalEntry:
 
     Attributes:
         action_json: the action payload that was sent, as JSON text.
-        response_json: the answer's ``data`` as JSON text.
+        response_json: the answer's ``data`` as JSON text; ``None`` for a step the
+            server is known to have applied but whose answer was lost (settled from
+            a resumed session's ``step_count``).
     """
 
     action_json: str
-    response_json: str
+    response_json: str | None
 
     @property
     def action(self) -> dict[str, Any]:
@@ -38,8 +40,10 @@ class JournalEntry:
         return data
 
     @property
-    def response(self) -> dict[str, Any]:
-        """The answer's ``data`` (a fresh copy each time)."""
+    def response(self) -> dict[str, Any] | None:
+        """The answer's ``data`` (a fresh copy each time); ``None`` if it was lost."""
+        if self.response_json is None:
+            return None
         data: dict[str, Any] = json.loads(self.response_json)
         return data
 
@@ -68,6 +72,8 @@ class EpisodeJournal:
         episode_id: the episode id, when known.
         unknown_steps: action payloads (JSON text) of steps sent whose outcome the
             client does not know yet, in the order they were sent.
+        steps_applied: steps the server applied since the reset, as far as the
+            client knows (also those dropped past ``max_steps``).
     """
 
     reset_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -80,6 +86,7 @@ class EpisodeJournal:
     # The request id of each unknown step (None on the plain protocol), to match its
     # late answer.
     _unknown_ids: list[str | None] = field(default_factory=list, repr=False, compare=False)
+    steps_applied: int = 0
 
     @property
     def reset_response(self) -> dict[str, Any] | None:
@@ -116,6 +123,7 @@ class EpisodeJournal:
         self.truncated = False
         self.unknown_steps = []
         self._unknown_ids = []
+        self.steps_applied = 0
 
     def record_unknown(self, action: dict[str, Any], request_id: str | None) -> None:
         """A step was sent but its outcome is unknown (deadline or cancellation).
@@ -171,20 +179,45 @@ class EpisodeJournal:
             return True
         return False
 
-    def record_step(self, action: dict[str, Any], response: dict[str, Any] | str) -> None:
+    def record_step(self, action: dict[str, Any] | str,
+                    response: dict[str, Any] | str | None) -> None:
         """Append one applied step (or mark the journal truncated past the bound).
 
         Args:
             action: the action payload sent.
-            response: the answer's ``data``, as a dict or as JSON text.
+            response: the answer's ``data``, as a dict or as JSON text; ``None`` when
+                the step is known to be applied but its answer was lost.
         """
+        self.steps_applied += 1
         if self.truncated:
             return
         if len(self.entries) >= self.max_steps:
             self.truncated = True
             self.entries = []
             return
-        self.entries.append(JournalEntry(_encode(action), _encode(response)))
+        self.entries.append(JournalEntry(_encode(action),
+                                         None if response is None else _encode(response)))
+
+    def settle_applied(self, count: int) -> int | None:
+        """Settle the unknown steps from the session's ``step_count`` (steps since reset).
+
+        The server applies a session's steps in order, so the first
+        ``count - steps_applied`` unknown steps were applied (their answers are
+        lost: recorded with no response) and the others never were (dropped).
+
+        Returns:
+            how many unknown steps were applied, or ``None`` if the count does not
+            fit the journal (nothing is changed then).
+        """
+        applied = count - self.steps_applied
+        if not 0 <= applied <= len(self.unknown_steps):
+            return None
+        pending = self.unknown_steps
+        self.unknown_steps = []
+        self._unknown_ids = []
+        for action in pending[:applied]:
+            self.record_step(action, None)
+        return applied
 
     def snapshot(self) -> EpisodeJournal:
         """An independent copy (handed to the caller inside errors)."""
@@ -198,6 +231,7 @@ class EpisodeJournal:
             episode_id=self.episode_id,
             unknown_steps=list(self.unknown_steps),
             _unknown_ids=list(self._unknown_ids),
+            steps_applied=self.steps_applied,
         )
 
     def to_dict(self) -> dict[str, Any]:

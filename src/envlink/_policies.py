@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +28,13 @@ from envlink._errors import (
 )
 
 __all__ = [
+    "MECHANISMS",
+    "MECHANISM_ENVLINK_RESUME",
+    "MECHANISM_OPENENV_RESUME",
+    "MECHANISM_RAISE",
+    "MECHANISM_REPLAY",
+    "SESSION_LOST_POLICIES",
+    "idempotent_mcp",
     "ReconnectPolicy",
     "RetryBudget",
     "SessionLostPolicy",
@@ -36,7 +43,26 @@ __all__ = [
     "testing_enabled",
 ]
 
-SessionLostPolicy = Literal["raise", "replay", "resume"]
+SessionLostPolicy = Literal["raise", "replay", "resume", "auto"]
+#: The ``on_session_lost`` values.
+SESSION_LOST_POLICIES = ("raise", "replay", "resume", "auto")
+#: The recovery mechanisms, as ``client.recovery`` and telemetry name them.
+MECHANISM_RAISE = "raise"
+MECHANISM_REPLAY = "replay"
+#: envlink's extension: re-attach by resume token, the server de-duplicates requests.
+MECHANISM_ENVLINK_RESUME = "envlink-resume"
+#: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
+#: interrupted step from the session's ``step_count``.
+MECHANISM_OPENENV_RESUME = "openenv-resume"
+#: Strategy names (keys of the recovery registry) to mechanism names.
+MECHANISMS = {"resume": MECHANISM_ENVLINK_RESUME, "openenv-resume": MECHANISM_OPENENV_RESUME,
+               "replay": MECHANISM_REPLAY, "raise": MECHANISM_RAISE}
+
+
+def idempotent_mcp(method: str, data: Mapping[str, Any] | None) -> bool:
+    """Whether an ``mcp`` request may be resent: listing tools reads only; a tool call
+    may change the environment."""
+    return method == "mcp" and data is not None and data.get("method") == "tools/list"
 
 
 class RetryBudget:

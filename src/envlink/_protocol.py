@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, to_json
 
-from envlink._errors import ProtocolError
+from envlink._errors import ProtocolError, ServerError
 
 __all__ = [
     "EXTENSION_HEADER",
@@ -41,6 +41,8 @@ __all__ = [
     "ErrorData",
     "ErrorFrame",
     "Extensions",
+    "McpFrame",
+    "McpRequest",
     "ObservationData",
     "ObservationFrame",
     "RequestFrame",
@@ -53,6 +55,7 @@ __all__ = [
     "decode_response",
     "encode_request",
     "encode_response",
+    "server_error",
     "validate_request",
 ]
 
@@ -167,6 +170,14 @@ class CloseRequest(_Request):
     type: Literal["close"] = "close"
 
 
+class McpRequest(_Request):
+    """``{"type": "mcp", "data": {JSON-RPC 2.0 request}}`` (OpenEnv 0.10): ``tools/list``,
+    ``tools/call`` on the session's own environment, around ``step``."""
+
+    type: Literal["mcp"] = "mcp"
+    data: dict[str, Any]
+
+
 RequestFrame = Annotated[
     ResetRequest | StepRequest | StateRequest | CloseRequest, Field(discriminator="type")
 ]
@@ -176,7 +187,9 @@ _REQUEST_ADAPTER: TypeAdapter[ResetRequest | StepRequest | StateRequest | CloseR
 _REQUEST_TYPES = frozenset({"reset", "step", "state", "close"})
 
 
-def encode_request(frame: ResetRequest | StepRequest | StateRequest | CloseRequest) -> str:
+def encode_request(
+    frame: ResetRequest | StepRequest | StateRequest | CloseRequest | McpRequest,
+) -> str:
     """Serialise a request frame to JSON text, omitting unset extension fields.
 
     Raises:
@@ -293,20 +306,38 @@ class ErrorFrame(_Lenient):
     type: Literal["error"]
     data: ErrorData
     id: str | None = None
+    #: The ``data`` object exactly as received: every field the server sent.
+    raw_data: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+
+class McpFrame(_Lenient):
+    """``{"type": "mcp", "data": {JSON-RPC 2.0 response}}``: the answer to an ``mcp`` request."""
+
+    type: Literal["mcp"]
+    data: dict[str, Any]
+    id: str | None = None
 
 
 ResponseFrame = Annotated[
-    ObservationFrame | StateFrame | ErrorFrame, Field(discriminator="type")
+    ObservationFrame | StateFrame | ErrorFrame | McpFrame, Field(discriminator="type")
 ]
-_RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame] = TypeAdapter(
-    ResponseFrame
+_RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame | McpFrame] = (
+    TypeAdapter(ResponseFrame)
 )
-_RESPONSE_TYPES = frozenset({"observation", "state", "error"})
+_RESPONSE_TYPES = frozenset({"observation", "state", "error", "mcp"})
+
+
+def server_error(frame: ErrorFrame) -> ServerError:
+    """The typed error for an error frame, keeping every field the server sent."""
+    details = {k: v for k, v in frame.raw_data.items() if k not in ("message", "code")}
+    return ServerError.from_frame(frame.data.message, frame.data.code,
+                                  active_sessions=frame.data.active_sessions,
+                                  max_sessions=frame.data.max_sessions, details=details)
 
 
 def decode_response(
     raw: str | bytes, *, max_size: int | None = None
-) -> ObservationFrame | StateFrame | ErrorFrame:
+) -> ObservationFrame | StateFrame | ErrorFrame | McpFrame:
     """Validate a frame received from the server.
 
     Args:
@@ -331,7 +362,7 @@ def decode_response(
         frame = _RESPONSE_ADAPTER.validate_python(obj)
     except ValidationError as exc:
         raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
-    if isinstance(frame, ObservationFrame):
+    if isinstance(frame, (ObservationFrame, ErrorFrame)):
         return frame.model_copy(update={"raw_data": obj["data"]})
     return frame
 

@@ -11,6 +11,7 @@ registered in :data:`STRATEGIES`, not a new branch in the client.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -18,18 +19,20 @@ from envlink._errors import (
     ConnectError,
     ConnectionLostError,
     EnvlinkError,
+    OutcomeUnknownError,
     ReplayDivergedError,
-    ServerError,
+    SessionGoneError,
     SessionLostError,
 )
 from envlink._hooks import ClientEvent, ClientHook, PhaseStarted
-from envlink._journal import EpisodeJournal
-from envlink._protocol import ErrorFrame, ObservationFrame
+from envlink._journal import EpisodeJournal, JournalEntry
+from envlink._protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._retry import Again, Retry
 from envlink._session import Call, Frame, SessionCore
 from envlink._transport import Connection
 from envlink.names import (
     HOOK_RECOVERY_FINISHED,
+    LOG_RECOVERY_FALLBACK,
     LOG_REPLAY_DIVERGED,
     LOG_SESSION_LOST,
     LOG_UNKNOWN_STEP_SETTLED,
@@ -37,6 +40,7 @@ from envlink.names import (
 
 __all__ = [
     "STRATEGIES",
+    "OpenEnvResumeStrategy",
     "RaiseStrategy",
     "RecoveryDriver",
     "RecoveryStrategy",
@@ -84,6 +88,21 @@ class RecoveryDriver(Protocol):
 
     def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
         """Report a phase's end."""
+        ...
+
+    async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
+        """Re-attach to the client's OpenEnv detached session under the reconnect policy.
+
+        Returns:
+            the connection and the session's ``step_count`` read when attaching.
+
+        Raises:
+            SessionGoneError: the server no longer knows the session.
+        """
+        ...
+
+    def drop_detached(self) -> None:
+        """Forget the detached session (gone, or given up: ended in the background)."""
         ...
 
     async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
@@ -141,7 +160,7 @@ class ResumeStrategy:
         rid = request_id or core.next_request_id()
 
         async def round_(number: int) -> Frame | None:
-            phase = PhaseStarted("resume", method, number)
+            phase = PhaseStarted("resume", method, number, mechanism="envlink-resume")
             mark = driver.phase(phase)
             error: BaseException | None = None
             try:
@@ -163,6 +182,83 @@ class ResumeStrategy:
                 driver.phase_done(phase, mark, error)
 
         return await driver.retry("resume").run(round_)
+
+
+class OpenEnvResumeStrategy:
+    """Resume on a stock OpenEnv 0.10 server: re-attach to its detached session.
+
+    The session was created with ``openenv/session/create`` and is kept by the
+    server across dropped sockets; re-attaching (``/ws?session_id=``) finds it as it
+    was. The server keeps no answers, so a step whose outcome is unknown (its frame
+    written, no answer read) is settled from the session's ``step_count`` (read on
+    attaching) against the count before it: one more, it was applied and the call
+    raises :class:`OutcomeUnknownError` with ``applied=True`` (its answer is lost);
+    the same, it never was and is sent again. Never applied twice.
+    """
+
+    name = "openenv-resume"
+
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                      request_id: str | None, cause: BaseException | None) -> Frame | None:
+        core, method = driver.core, call.method
+        if core.detached_id is None:
+            return None
+        journal = core.journal
+
+        async def round_(number: int) -> Frame:
+            phase = PhaseStarted("resume", method, number, mechanism=self.name)
+            mark = driver.phase(phase)
+            error: BaseException | None = None
+            try:
+                conn, count = await driver.attach(reason="resume")
+                # What may have reached the old socket unanswered: earlier steps cut by
+                # a deadline, and this call's own request.
+                own = call.unanswered and method in ("step", "mcp")
+                if own and method == "step":
+                    journal.record_unknown(data or {}, None)
+                if journal.unknown_steps:
+                    before, pending = journal.steps_applied, len(journal.unknown_steps)
+                    applied = None if count is None else journal.settle_applied(count)
+                    driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                        "applied": applied, "source": "step_count"}))
+                    if applied is None:
+                        call.unanswered = False
+                        raise OutcomeUnknownError(
+                            f"the connection was lost after {method} was sent and the "
+                            f"session's step_count ({count}) cannot settle it (the client "
+                            f"counted {before} steps before it); it is not resent",
+                            applied=None)
+                    # The server applies in order: the own step, last, was applied iff
+                    # every unknown step was.
+                    if own and method == "step" and applied == pending:
+                        call.unanswered = False
+                        raise OutcomeUnknownError(
+                            "the connection was lost after step was sent; the step WAS "
+                            f"applied (the session's step_count is {count}, which counts "
+                            "it) but its answer was lost; it is not resent", applied=True)
+                if own and method == "mcp" and not _idempotent(data):
+                    call.unanswered = False
+                    raise OutcomeUnknownError(
+                        "the connection was lost after an mcp tools/call was sent; a tool "
+                        "call does not count as a step, so whether the server ran it "
+                        "cannot be told; it is not resent", applied=None)
+                try:
+                    return await driver.exchange(conn, method, data, core.next_request_id(),
+                                                 call=call)
+                except ConnectionLostError as exc:
+                    driver.forget_connection()
+                    raise Again(exc) from None
+            except BaseException as exc:
+                error = exc.error if isinstance(exc, Again) else exc
+                raise
+            finally:
+                driver.phase_done(phase, mark, error)
+
+        return await driver.retry("resume").run(round_)
+
+
+def _idempotent(data: dict[str, Any] | None) -> bool:
+    return data is not None and data.get("method") == "tools/list"
 
 
 class ReplayStrategy:
@@ -210,7 +306,7 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
             raise SessionLostError(
                 f"replay of {what} failed on the server: [{frame.data.code}] "
                 f"{frame.data.message}", journal=journal.snapshot(),
-            ) from ServerError.from_frame(frame.data.message, frame.data.code)
+            ) from server_error(frame)
         actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
         if recorded is None or not driver.replay_verify(recorded, actual):
             driver.hook.event(ClientEvent(LOG_REPLAY_DIVERGED, core.session_id,
@@ -223,8 +319,14 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
     check(-1, journal.reset_response,
           await driver.exchange(conn, "reset", journal.reset_kwargs, core.next_request_id()))
     for index, entry in enumerate(journal.entries):
-        check(index, entry.response,
-              await driver.exchange(conn, "step", entry.action, core.next_request_id()))
+        frame = await driver.exchange(conn, "step", entry.action, core.next_request_id())
+        if entry.response_json is None and isinstance(frame, ObservationFrame):
+            # Applied on the old session, its answer lost: nothing to compare; the
+            # journal takes the answer the rebuilt session gave.
+            journal.entries[index] = JournalEntry(entry.action_json,
+                                                  json.dumps(frame.raw_data))
+            continue
+        check(index, entry.response, frame)
     core.recovered()
 
 
@@ -244,9 +346,10 @@ async def _settle_from_count(driver: RecoveryDriver, conn: Connection, call: Cal
     call.unanswered = False
 
 
-#: The strategies by ``on_session_lost`` name.
+#: The strategies by name (what :meth:`SessionCore.recovery_plan` lists).
 STRATEGIES: Mapping[str, RecoveryStrategy] = {
-    s.name: s for s in (RaiseStrategy(), ReplayStrategy(), ResumeStrategy())
+    s.name: s for s in (RaiseStrategy(), ReplayStrategy(), ResumeStrategy(),
+                        OpenEnvResumeStrategy())
 }
 
 
@@ -262,12 +365,16 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
     core, method = driver.core, call.method
     policy = core.on_session_lost
     journal = core.journal
+    mechanism = core.mechanism
     driver.hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
         "method": method, "policy": policy, "steps": journal.step_count,
-        "error": str(cause) if cause else None}))
+        "error": str(cause) if cause else None, "mechanism": mechanism}))
     token = core.resume_token
     result = "failed"
-    if token is not None and policy != "resume":
+    if core.detached_id is not None and policy not in ("resume", "auto"):
+        # An OpenEnv detached session this policy will not resume: end it.
+        driver.drop_detached()
+    if token is not None and policy not in ("resume", "auto"):
         # The server keeps the detached session for its grace window: end it, so it
         # does not hold a slot (replay needs one right away; "raise" does not wait).
         core.resume_token = None
@@ -281,10 +388,26 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
                     "applied": False, "source": "step_count"}))
         else:
             driver.release_later(token)
+    # After the old session's count settled what it could (replay may apply now).
+    plan = core.recovery_plan()
     try:
         try:
-            strategy = strategies[core.recovery_strategy()]
-            frame = await strategy.recover(driver, call, data, request_id, cause)
+            frame = None
+            for index, name in enumerate(plan):
+                try:
+                    frame = await strategies[name].recover(driver, call, data, request_id,
+                                                           cause)
+                except SessionGoneError as exc:
+                    if index + 1 == len(plan):
+                        raise
+                    # "auto": resuming is impossible, the next strategy rebuilds.
+                    driver.hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
+                        "mechanism": name, "next": plan[index + 1], "reason": exc.reason}))
+                    continue
+                if frame is not None:
+                    break
+        except OutcomeUnknownError:
+            raise  # the session is back; only the interrupted call's outcome is not
         except (ConnectError, ConnectionLostError) as exc:
             raise SessionLostError(
                 f"connection lost mid-episode during {method}; {policy} recovery failed: "
@@ -305,6 +428,11 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
             raise core.cannot_recover(method, cause) from cause
         result = "ok"
         return frame
+    except OutcomeUnknownError:
+        # Re-attached to the same session: the episode goes on; the error says what
+        # became of the interrupted call (and the journal follows the server).
+        result = "ok"
+        raise
     except BaseException as exc:
         if isinstance(exc, ReplayDivergedError):
             result = "diverged"
@@ -314,4 +442,5 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         raise
     finally:
         driver.hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
-            "policy": policy, "result": result, "steps": journal.step_count}))
+            "policy": policy, "result": result, "steps": journal.step_count,
+            "mechanism": mechanism}))

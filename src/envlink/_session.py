@@ -32,14 +32,17 @@ from envlink._errors import (
     EnvlinkError,
     OutcomeUnknownError,
     ProtocolError,
+    SessionGoneError,
     SessionLostError,
 )
 from envlink._journal import EpisodeJournal
-from envlink._policies import ReconnectPolicy, SessionLostPolicy
+from envlink._policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
 from envlink._protocol import (
     CloseRequest,
     ErrorFrame,
     Extensions,
+    McpFrame,
+    McpRequest,
     ObservationFrame,
     ResetRequest,
     StateFrame,
@@ -62,7 +65,8 @@ __all__ = [
     "SessionCore",
 ]
 
-Frame = ObservationFrame | StateFrame | ErrorFrame
+Frame = ObservationFrame | StateFrame | ErrorFrame | McpFrame
+
 
 #: Methods that may be resent after a connection failure whatever happened to the
 #: first request: reset starts the episode over, state only reads.
@@ -167,7 +171,47 @@ _RESEND = Decision(Action.RESEND)
 _FAIL = Decision(Action.FAIL)
 
 
-class SessionCore:
+class _Planning:
+    """How a lost session would be carried on (a base of :class:`SessionCore`)."""
+
+    on_session_lost: SessionLostPolicy
+    journal: EpisodeJournal
+    resume_token: str | None
+    detached_id: str | None
+    detached_offered: bool | None
+
+    @property
+    def wants_detached(self) -> bool:
+        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
+        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
+
+    def recovery_plan(self) -> list[str]:
+        """The strategies to try now, in order: ``resume``/``auto`` use envlink's token,
+        else an OpenEnv detached session; ``auto`` then ``replay``. Empty: none applies."""
+        policy = self.on_session_lost
+        plan: list[str] = []
+        if policy in ("resume", "auto"):
+            if self.resume_token is not None:
+                plan.append("resume")
+            elif self.detached_id is not None:
+                plan.append("openenv-resume")
+        if policy in ("replay", "auto") and self.journal.replayable:
+            plan.append("replay")
+        return plan
+
+    def recovery_strategy(self) -> str:
+        """The strategy ``on_session_lost`` comes to for this session now."""
+        plan = self.recovery_plan()
+        return plan[0] if plan else "raise"
+
+    @property
+    def mechanism(self) -> str:
+        """How a lost session would be recovered now (``client.recovery``)."""
+        return MECHANISMS[self.recovery_strategy()]
+
+
+
+class SessionCore(_Planning):
     """The protocol state of one client session, and every decision about it.
 
     Args:
@@ -207,6 +251,9 @@ class SessionCore:
         self.extensions = Extensions()
         self.session_id: str | None = None
         self.resume_token: str | None = None
+        #: The OpenEnv detached session held (a capability, never logged); offered?
+        self.detached_id: str | None = None
+        self.detached_offered: bool | None = None
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
         self._ids = itertools.count(1)
@@ -264,6 +311,8 @@ class SessionCore:
                             f"{exc.errors(include_url=False)[0]['msg']}") from exc
         if method == "state":
             return encode_request(StateRequest(**ext))
+        if method == "mcp":
+            return encode_request(McpRequest(data=data or {}, **ext))
         return encode_request(CloseRequest(**ext))
 
     def preflight(self, method: str, *, connection_open: bool) -> Preflight:
@@ -417,7 +466,8 @@ class SessionCore:
         self.link = Link.NONE
         return False
 
-    def after_failure(self, method: str, exc: ConnectionLostError, *, written: bool) -> Decision:
+    def after_failure(self, method: str, exc: ConnectionLostError, *, written: bool,
+                      data: dict[str, Any] | None = None) -> Decision:
         """The idempotency rules: what a lost connection during ``method`` leads to.
 
         Args:
@@ -430,21 +480,12 @@ class SessionCore:
             # A new connection is a new server session: only recovery continues the
             # episode (resume re-attaches with the same request id, de-duplicated).
             return Decision(Action.RECOVER, strategy=self.recovery_strategy())
-        if not written or method in IDEMPOTENT:
+        if not written or method in IDEMPOTENT or idempotent_mcp(method, data):
             return _RESEND
         return Decision(Action.FAIL, error=OutcomeUnknownError(
             f"connection lost after {method} was sent; the server may or may not "
             "have applied it, so it is not resent"
         ))
-
-    def recovery_strategy(self) -> str:
-        """The strategy ``on_session_lost`` comes to for this session now."""
-        policy = self.on_session_lost
-        if policy == "resume" and self.resume_token is not None:
-            return "resume"
-        if policy == "replay" and self.journal.replayable:
-            return "replay"
-        return "raise"
 
     def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
         """The error for an episode that no strategy could carry on."""
@@ -459,9 +500,14 @@ class SessionCore:
             return SessionLostError(
                 "the session was lost and cannot be replayed: the journal exceeded "
                 f"max_journal_steps={journal.max_steps}", journal=journal.snapshot())
-        reason = ("the server does not offer session resumption"
-                  if policy == "resume" and self.resume_token is None else
-                  "the server no longer has the session" if policy == "resume" else
+        if policy in ("resume", "auto") and self.resume_token is None and self.detached_id is None:
+            more = "" if policy == "resume" else "; the journal cannot be replayed either"
+            return SessionGoneError(
+                f"connection lost mid-episode during {method}: the server does not offer session "
+                f"resumption (neither envlink's extension nor OpenEnv detached sessions){more}; "
+                f"the episode cannot continue after {journal.step_count} steps",
+                reason="resume_unsupported", journal=journal.snapshot())
+        reason = ("the server no longer has the session" if policy in ("resume", "auto") else
                   "on_session_lost='raise'")
         if method == "step" and cause is not None:
             reason += "; the outcome of the interrupted step is unknown"
@@ -488,18 +534,20 @@ class SessionCore:
 
     # -------------------------------------------------------------------- the link
 
-    def connected(self, extensions: Extensions) -> None:
-        """A connection opened (fresh, or re-attached to the server session)."""
+    def connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
+        """A connection opened: fresh, re-attached by token, or ``reattached`` to the
+        OpenEnv detached session the client already held (the same server session)."""
         self.link = Link.OPEN
         self.extensions = extensions
         self.late.clear()
         self._opened_at = self.clock()
-        if self.episode is Episode.ACTIVE and not extensions.resumed:
+        if self.episode is Episode.ACTIVE and not extensions.resumed and not reattached:
             # A fresh server session cannot carry on this episode; replay rebuilds it
             # (and says so), anything else must not run on it unnoticed.
             self.lose_episode()
         # The resume token is a secret: telemetry gets the server's public id, or ours.
-        self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
+        if not (reattached and self.session_id is not None):
+            self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
         self.resume_token = extensions.session_token if extensions.can_resume else None
 
     def dropped(self) -> None:
@@ -523,6 +571,7 @@ class SessionCore:
         self.episode = Episode.NONE
         self.lost_journal = None
         self.resume_token = None
+        self.detached_id = None
 
     def connect_attempts_used(self, where: str) -> int:
         """Connection attempts this outage has already used (a flapping connection).

@@ -230,6 +230,20 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         """
         self._envlink_call("disconnect", (), {}, timeout)
 
+    def new_session(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        """Open another session on the same server (see :meth:`EnvClient.new_session`).
+
+        The child's facade runs on this facade's bridge; closing this client closes the
+        child's session too.
+
+        Raises:
+            ConnectError, CapacityReachedError, CallTimeoutError, ClientClosedError,
+            ReentrantCallError.
+        """
+        child = self._envlink_call("new_session", (), {}, UNSET)
+        return SyncEnvClient(child, bridge=self._envlink_bridge,
+                             timeout_margin=self._envlink_margin)
+
     def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
         """Close the client, and the bridge if this facade owns it. Idempotent.
 

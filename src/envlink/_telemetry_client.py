@@ -41,6 +41,7 @@ from envlink.names import (
     ATTR_POLICY,
     ATTR_QUEUE_WAIT,
     ATTR_REASON,
+    ATTR_RECOVERY,
     ATTR_REPLAY_STEPS,
     ATTR_RESULT,
     ATTR_RETRY,
@@ -87,6 +88,8 @@ _LEVELS: Mapping[str, str] = {
     "envlink.client_closed": "debug",
     "envlink.session_release_failed": "debug",
     "envlink.unknown_step_settled": "info",
+    "envlink.recovery_fallback": "warning",
+    "envlink.detached_sessions_unavailable": "info",
 }
 _SENT = {ATTR_DIRECTION: "sent"}
 
@@ -279,11 +282,13 @@ class ClientTelemetryHook(ClientHook):
                 ATTR_ATTEMPT: phase.attempt, ATTR_REASON: phase.reason})
             _log.debug(LOG_CONNECT, url=self.url, attempt=phase.attempt, reason=phase.reason)
         elif name == "resume":
-            scope = tel.span("resume", attributes={ATTR_RPC_METHOD: phase.method,
-                                                   ATTR_ATTEMPT: phase.attempt})
+            scope = tel.span("resume", attributes={
+                ATTR_RPC_METHOD: phase.method, ATTR_ATTEMPT: phase.attempt,
+                ATTR_RECOVERY: phase.mechanism or "envlink-resume"})
         elif name == "replay":
             scope = tel.span("replay", attributes={ATTR_ATTEMPT: phase.attempt,
-                                                   ATTR_REPLAY_STEPS: phase.replay_steps})
+                                                   ATTR_REPLAY_STEPS: phase.replay_steps,
+                                                   ATTR_RECOVERY: "replay"})
         elif name == "close":
             attrs = None
             if tel.tracing_enabled():
@@ -358,17 +363,21 @@ class ClientTelemetryHook(ClientHook):
                       attempt=fields["attempt"], reason=fields["reason"], url=self.url)
         elif name == LOG_SESSION_LOST:
             _log.warning(LOG_SESSION_LOST, method=fields["method"], policy=fields["policy"],
-                         session_id=event.session_id, steps=fields["steps"],
-                         error=fields["error"])
+                         recovery=fields.get("mechanism"), session_id=event.session_id,
+                         steps=fields["steps"], error=fields["error"])
             span = _CALL_SPAN.get()
             if span is not None:
-                span.add_event(EVENT_SESSION_LOST, {ATTR_POLICY: fields["policy"]})
+                attrs = {ATTR_POLICY: fields["policy"]}
+                if fields.get("mechanism"):
+                    attrs[ATTR_RECOVERY] = fields["mechanism"]
+                span.add_event(EVENT_SESSION_LOST, attrs)
         elif name == HOOK_RECOVERY_FINISHED:
             tel.add(tel.recoveries, 1, {ATTR_POLICY: fields["policy"],
                                         ATTR_RESULT: fields["result"]})
             if fields["result"] == OUTCOME_OK:
                 _log.info(LOG_SESSION_RECOVERED, policy=fields["policy"],
-                          session_id=event.session_id, steps=fields["steps"])
+                          recovery=fields.get("mechanism"), session_id=event.session_id,
+                          steps=fields["steps"])
         elif name == LOG_REPLAY_DIVERGED:
             _log.error(LOG_REPLAY_DIVERGED, index=fields["index"], session_id=event.session_id)
         else:

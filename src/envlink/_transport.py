@@ -11,10 +11,11 @@ connection), and :class:`NotWrittenError` when a frame provably never left.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
 from envlink._errors import ConnectionLostError
 
@@ -22,7 +23,15 @@ if TYPE_CHECKING:
     from envlink._config import ConnectionOptions
     from envlink._protocol import Extensions
 
-__all__ = ["Connection", "Endpoint", "NotWrittenError", "Transport", "parse_endpoint"]
+__all__ = [
+    "Connection",
+    "Endpoint",
+    "NotWrittenError",
+    "RpcAnswer",
+    "RpcTransport",
+    "Transport",
+    "parse_endpoint",
+]
 
 
 class Transport(Protocol):
@@ -50,6 +59,42 @@ class Transport(Protocol):
             ConnectError: it could not be opened (``retryable`` says whether to retry).
         """
         ...
+
+
+@runtime_checkable
+class RpcTransport(Protocol):
+    """A transport that can also post JSON-RPC to the server's ``/mcp`` (optional).
+
+    OpenEnv 0.10 creates and ends detached sessions there (``openenv/session/create``,
+    ``openenv/session/close``). A transport without it (a ``MockTransport``, say)
+    simply offers no detached sessions.
+    """
+
+    async def rpc(
+        self,
+        endpoint: Endpoint,
+        options: ConnectionOptions,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        request_id: int,
+    ) -> RpcAnswer:
+        """Post one JSON-RPC request to ``endpoint.mcp_url`` (the caller bounds it).
+
+        Raises:
+            ConnectError: nothing reached the server.
+            ConnectionLostError: the request may have reached it, no answer came.
+            ProtocolError: the answer is not HTTP/JSON.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class RpcAnswer:
+    """The HTTP status and the JSON body (``None`` if empty or not JSON on an error)."""
+
+    status: int
+    body: Any
 
 
 class Connection(Protocol):
@@ -115,6 +160,10 @@ class Endpoint:
         port: the server port (``server.port``).
         secure: whether TLS is used.
         auth_header: a ``Basic`` authorization value built from URL credentials, if any.
+        session_id: the OpenEnv detached session to attach to (``/ws?session_id=``),
+            or ``None`` for a plain connection (a new server session). A capability:
+            never shown in ``display``.
+        base_url: the base URL as given (without credentials or a trailing slash).
     """
 
     ws_url: str
@@ -122,11 +171,33 @@ class Endpoint:
     port: int
     secure: bool
     auth_header: str | None = None
+    session_id: str | None = None
+    base_url: str = ""
 
     @property
     def display(self) -> str:
         """The URL safe to show in logs and errors."""
         return self.ws_url
+
+    @property
+    def connect_url(self) -> str:
+        """The URL to open: ``ws_url``, with ``?session_id=`` when attaching."""
+        if self.session_id is None:
+            return self.ws_url
+        joiner = "&" if urlsplit(self.ws_url).query else "?"
+        return f"{self.ws_url}{joiner}{urlencode({'session_id': self.session_id})}"
+
+    @property
+    def mcp_url(self) -> str:
+        """The server's ``/mcp`` JSON-RPC URL (``http(s)://``, no query), as OpenEnv derives it."""
+        parts = urlsplit(self.ws_url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        path = parts.path[:-len("/ws")] if parts.path.endswith("/ws") else parts.path
+        return urlunsplit((scheme, parts.netloc, path.rstrip("/") + "/mcp", "", ""))
+
+    def attached(self, session_id: str | None) -> Endpoint:
+        """The same endpoint, attaching to ``session_id`` (``None``: a plain connection)."""
+        return dataclasses.replace(self, session_id=session_id)
 
 
 def parse_endpoint(base_url: str) -> Endpoint:
@@ -164,6 +235,10 @@ def parse_endpoint(base_url: str) -> Endpoint:
     if not path.endswith("/ws"):
         path = f"{path}/ws"
     ws_url = urlunsplit((scheme, netloc, path, parts.query, ""))
-    return Endpoint(ws_url=ws_url, host=host, port=port, secure=secure, auth_header=auth)
+    # As OpenEnv's client reports it: the URL as given, without a trailing slash (and
+    # here without credentials, which are never shown).
+    given = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+    return Endpoint(ws_url=ws_url, host=host, port=port, secure=secure, auth_header=auth,
+                    base_url=given)
 
 

@@ -40,9 +40,10 @@ from envlink._errors import (
     HandshakeRejectedError,
     ProtocolError,
 )
+from envlink._http import post_json
 from envlink._protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._timeouts import bounded
-from envlink._transport import Endpoint, NotWrittenError
+from envlink._transport import Endpoint, NotWrittenError, RpcAnswer
 
 __all__ = ["WebSocketConnection", "WebSocketTransport", "open_connection"]
 
@@ -254,7 +255,7 @@ async def open_connection(
         kwargs["ssl"] = options.ssl or ssl_module.create_default_context()
     where = endpoint.display
     try:
-        ws = await connect(endpoint.ws_url, **kwargs)
+        ws = await connect(endpoint.connect_url, **kwargs)
     except InvalidStatus as exc:
         response = exc.response
         raise HandshakeRejectedError(
@@ -305,6 +306,33 @@ class WebSocketTransport:
         """Open one connection (see :func:`open_connection`)."""
         return await open_connection(endpoint, options, extra_headers=headers,
                                      open_timeout=timeout, offer_extensions=offer_extensions)
+
+    async def rpc(
+        self,
+        endpoint: Endpoint,
+        options: ConnectionOptions,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        request_id: int,
+    ) -> RpcAnswer:
+        """Post one JSON-RPC request to the server's ``/mcp`` (see :class:`RpcTransport`)."""
+        headers: list[tuple[str, str]] = list(options.headers)
+        if endpoint.auth_header is not None and not any(
+            k.lower() == "authorization" for k, _ in headers
+        ):
+            headers.append(("Authorization", endpoint.auth_header))
+        if options.user_agent is not None:
+            headers.append(("User-Agent", options.user_agent))
+        context = (options.ssl or ssl_module.create_default_context()) if endpoint.secure \
+            else None
+        answer = await post_json(
+            endpoint.mcp_url,
+            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)},
+            headers=headers, ssl=context,
+            proxy=None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy,
+            max_size=options.max_message_size)
+        return RpcAnswer(answer.status, answer.body)
 
     def __repr__(self) -> str:
         return "WebSocketTransport()"

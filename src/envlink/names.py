@@ -49,6 +49,7 @@ __all__ = [
     "ATTR_EXTENSIONS",
     "ATTR_OUTCOME",
     "ATTR_POLICY",
+    "ATTR_RECOVERY",
     "ATTR_QUEUE_WAIT",
     "ATTR_REASON",
     "ATTR_REPLAY_STEPS",
@@ -80,6 +81,8 @@ __all__ = [
     "LOG_REPLAY_DIVERGED",
     "LOG_SESSION_LOST",
     "LOG_SESSION_RECOVERED",
+    "LOG_RECOVERY_FALLBACK",
+    "LOG_DETACHED_UNAVAILABLE",
     "LOG_SESSION_RELEASE_FAILED",
     "LOG_STALE_ANSWER_DROPPED",
     "LOG_UNKNOWN_STEP_SETTLED",
@@ -130,6 +133,8 @@ ATTR_OUTCOME = "envlink.outcome"
 ATTR_REASON = "envlink.reason"
 ATTR_DIRECTION = "envlink.direction"
 ATTR_POLICY = "envlink.recovery.policy"
+#: The recovery mechanism (raise, replay, envlink-resume, openenv-resume).
+ATTR_RECOVERY = "envlink.recovery"
 ATTR_RESULT = "envlink.recovery.result"
 ATTR_BRIDGE_QUEUE_WAIT = "envlink.bridge.queue_wait_s"
 ATTR_BRIDGE_RUN_TIME = "envlink.bridge.run_time_s"
@@ -209,6 +214,8 @@ LOG_RECONNECT_SCHEDULED = "envlink.reconnect_scheduled"
 LOG_CALL_FAILED = "envlink.call_failed"
 LOG_SESSION_LOST = "envlink.session_lost"
 LOG_SESSION_RECOVERED = "envlink.session_recovered"
+LOG_RECOVERY_FALLBACK = "envlink.recovery_fallback"
+LOG_DETACHED_UNAVAILABLE = "envlink.detached_sessions_unavailable"
 LOG_REPLAY_DIVERGED = "envlink.replay_diverged"
 LOG_UNKNOWN_STEP_SETTLED = "envlink.unknown_step_settled"
 LOG_POOL_BREAKER_CHANGED = "envlink.pool.breaker_changed"
@@ -227,7 +234,8 @@ LOG_EVENTS: tuple[str, ...] = (
     LOG_STALE_ANSWER_DROPPED, LOG_CLIENT_CLOSED, LOG_PEER_UNRESPONSIVE,
     LOG_UNATTRIBUTABLE_FRAME, LOG_SESSION_RELEASE_FAILED, LOG_RECONNECT_SCHEDULED,
     LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
-    LOG_UNKNOWN_STEP_SETTLED, LOG_POOL_BREAKER_CHANGED, LOG_POOL_CAPACITY_WAIT,
+    LOG_UNKNOWN_STEP_SETTLED, LOG_RECOVERY_FALLBACK, LOG_DETACHED_UNAVAILABLE,
+    LOG_POOL_BREAKER_CHANGED, LOG_POOL_CAPACITY_WAIT,
     LOG_POOL_SESSION_MOVED,
 )
 #: Hook events that are counted, not logged.

@@ -545,7 +545,7 @@ class _Runner:
             index += 1
             arming = self._arm(plan.protocol, kind, rng, timeout) if kind else None
             await run(call)
-            lost = call.error in ("SessionLostError", "ReplayDivergedError")
+            lost = call.error in ("SessionLostError", "ReplayDivergedError", "SessionGoneError")
             carried = None
             if lost and arming is not None and arming.kind in ("refused_upgrade", "capacity") \
                     and plan.policy == "raise":
@@ -697,7 +697,7 @@ class _Runner:
                 self.stats.faults[kind] += 1
                 server.wait_restarted(restarts + 1)
             seg.calls.append(call)
-            if call.error in ("SessionLostError", "ReplayDivergedError"):
+            if call.error in ("SessionLostError", "ReplayDivergedError", "SessionGoneError"):
                 seg = None
         if seg is not None:
             final = Call(index, "state", seg.seed, None, 8.0, 0, 0)

@@ -45,13 +45,14 @@ MAX_STEPS = 1_000_000
 #: Errors that say the call's outcome is unknown (the step may have been applied).
 UNKNOWN_OUTCOME = frozenset({
     "OutcomeUnknownError", "CallTimeoutError", "ProtocolError", "SessionLostError",
-    "ReplayDivergedError",
+    "ReplayDivergedError", "SessionGoneError",
 })
 #: Errors that say the call definitely failed: its step must not have been applied.
 #: ``CallTimeoutError(not sent)`` is a ``CallTimeoutError`` whose ``outcome_unknown``
 #: is false.
 DEFINITE_FAILURES = frozenset({
     "CallTimeoutError(not sent)", "ServerError", "CapacityReachedError", "ToolCallError",
+    "ServerValidationError", "FactoryError", "SessionError", "McpError",
     "ConnectError", "HandshakeRejectedError", "ConnectionLostError", "RetryBudgetExhaustedError",
     "ClientClosedError", "ReentrantCallError",
 })

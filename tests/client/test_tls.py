@@ -44,6 +44,7 @@ async def test_trusted_certificate_works_over_https_url(tls_server: EnvServer,
     context = ssl.create_default_context()
     ca.configure_trust(context)
     async with GenericEnvClient(tls_server.http_url, ssl=context) as env:
-        assert env.base_url.startswith("wss://")
+        assert env.ws_url.startswith("wss://")
+        assert env.base_url == tls_server.http_url.rstrip("/")
         reset = await env.reset()
         assert reset.observation["echoed_message"] == "Echo environment ready!"

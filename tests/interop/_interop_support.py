@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
@@ -34,6 +35,8 @@ TAG_HEADER = "x-interop-test"
 PLAIN_ENVELOPE_KEYS = frozenset({"type", "data"})
 PLAIN_REQUEST_TYPES = frozenset({"reset", "step", "state", "close"})
 
+#: Lifecycle lines the interop servers print (``servers/_harness.py``, ``announce``).
+EVENT_PREFIX = "openenv serve: event "
 _READY = re.compile(r"listening on (?:ws|http)://127\.0\.0\.1:(\d+)")
 STARTUP_DEADLINE = 45.0
 
@@ -59,6 +62,7 @@ class ServerProcess:
     port: int | None = None
     proc: subprocess.Popen[str] | None = None
     stdout_lines: list[str] = field(default_factory=list)
+    _lines_changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     @property
     def stderr_path(self) -> Path:
@@ -116,9 +120,38 @@ class ServerProcess:
         assert self.proc is not None
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.stdout_lines.append(line)
+            with self._lines_changed:
+                self.stdout_lines.append(line)
+                self._lines_changed.notify_all()
             lines.put(line)
         lines.put(None)
+        with self._lines_changed:
+            self._lines_changed.notify_all()
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The lifecycle events ``name`` the server printed so far (see ``announce``)."""
+        prefix = f"{EVENT_PREFIX}{name} "
+        with self._lines_changed:
+            lines = list(self.stdout_lines)
+        return [json.loads(line[len(prefix):]) for line in lines if line.startswith(prefix)]
+
+    def wait_for_event(self, name: str, *, deadline: float, **match: Any) -> dict[str, Any]:
+        """Block (bounded) until the server prints event ``name`` with fields ``match``.
+
+        Woken by each new stdout line, never by polling.
+        """
+        end = time.monotonic() + deadline
+        with self._lines_changed:
+            while True:
+                for event in self.events(name):
+                    if all(event.get(k) == v for k, v in match.items()):
+                        return event
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(
+                        f"{self.name}: no event {name} {match} within {deadline}s\n"
+                        f"{self.diagnostics()}")
+                self._lines_changed.wait(remaining)
 
     def kill(self) -> None:
         """SIGKILL the process (a crash: no close frames, no cleanup) and reap it."""
@@ -186,6 +219,7 @@ class Connection:
 
     conn: int
     request_headers: dict[str, str]
+    query: str = ""
     accept_headers: dict[str, str] | None = None
     sent: list[dict[str, Any]] = field(default_factory=list)  # client -> server, parsed
     received: list[dict[str, Any]] = field(default_factory=list)  # server -> client, parsed
@@ -193,6 +227,53 @@ class Connection:
     @property
     def errors(self) -> list[dict[str, Any]]:
         return [frame for frame in self.received if frame.get("type") == "error"]
+
+    @property
+    def session_id(self) -> str | None:
+        """The ``session_id`` this connection attached to (``/ws?session_id=``), if any."""
+        values = parse_qs(self.query).get("session_id")
+        return values[0] if values else None
+
+
+@dataclass
+class RpcExchange:
+    """One recorded ``POST /mcp`` JSON-RPC exchange."""
+
+    conn: int
+    headers: dict[str, str]
+    request: dict[str, Any] | None
+    status: int | None
+    response: dict[str, Any] | None
+
+    @property
+    def method(self) -> str | None:
+        return None if self.request is None else self.request.get("method")
+
+
+def read_rpc(frame_log: Path, tag: str | None = None) -> list[RpcExchange]:
+    """The ``POST /mcp`` exchanges of a frame log (those with ``TAG_HEADER: tag``)."""
+    exchanges: list[RpcExchange] = []
+    if not frame_log.exists():
+        return exchanges
+    for line in frame_log.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        if event["event"] != "http":
+            continue
+        if tag is not None and event["headers"].get(TAG_HEADER) != tag:
+            continue
+
+        def parsed(text: str) -> dict[str, Any] | None:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+
+        exchanges.append(RpcExchange(event["conn"], event["headers"], parsed(event["request"]),
+                                     event["status"], parsed(event["response"])))
+    return exchanges
 
 
 def read_connections(frame_log: Path, tag: str | None = None) -> list[Connection]:
@@ -206,7 +287,7 @@ def read_connections(frame_log: Path, tag: str | None = None) -> list[Connection
         event = json.loads(line)
         number = event["conn"]
         if event["event"] == "upgrade":
-            conns[number] = Connection(number, event["headers"])
+            conns[number] = Connection(number, event["headers"], event.get("query", ""))
             continue
         conn = conns.get(number)
         if conn is None:

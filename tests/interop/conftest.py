@@ -29,6 +29,7 @@ from _interop_support import (
     openenv_python,
     openenv_server,
 )
+from _proxy import CuttingProxy
 
 
 def _targets_this_suite(config: pytest.Config) -> bool:
@@ -154,3 +155,21 @@ def tag(request: pytest.FixtureRequest) -> str:
 def tag_headers(tag: str) -> dict[str, Any]:
     """Upgrade headers marking this test's connections."""
     return {TAG_HEADER: tag}
+
+
+@pytest.fixture
+def cutting_proxy() -> Iterator[Callable[[int], CuttingProxy]]:
+    """Start loopback proxies that cut connections on demand; all stopped afterwards."""
+    started: list[CuttingProxy] = []
+
+    def start(target_port: int) -> CuttingProxy:
+        proxy = CuttingProxy(target_port)
+        started.append(proxy)
+        proxy.start()
+        return proxy
+
+    try:
+        yield start
+    finally:
+        for proxy in started:
+            proxy.stop()

@@ -241,3 +241,24 @@ def test_openenv_client_across_envlink_server_restart(
     assert "error" in report["interrupted"], report["interrupted"]
     assert report["new_episode"] == report["before"]
     assert report["new_first_step"] == report["first_step"]
+
+
+def test_openenv_production_client_uses_detached_sessions_on_envlink_server(
+        openenv_py: str, envlink_server: Callable[..., ServerProcess]) -> None:
+    """OpenEnv's MCPToolClient (production mode) creates, attaches to and closes a detached
+    session on envlink's server started with --detached-sessions, as on its own server."""
+    import urllib.request
+
+    server = envlink_server("echo", "--detached-sessions")
+    report = run_driver(openenv_py, "detached", server.base_url)
+    assert isinstance(report["session_id"], str) and report["session_id"]
+    assert report["reset"]["observation"]["echoed_message"] == "Echo environment ready!"
+    assert report["step"]["observation"]["tool_name"] == "echo_message"
+    assert report["state"] == {"step_count": 1}
+    with urllib.request.urlopen(f"{server.base_url}/health", timeout=10) as answer:
+        counters = json.loads(answer.read())["counters"]
+    # One session, created by POST /mcp (not by the socket), and two JSON-RPC calls:
+    # openenv/session/create and the openenv/session/close of OpenEnv's close().
+    assert counters.get("session.created") == 1
+    assert counters.get("session.attached") == 1
+    assert counters.get("rpc") == 2

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve the plain OpenEnv protocol only")
     p.add_argument("--resume-grace", type=_non_negative_float, default=30.0, metavar="S",
                    help="seconds a detached session stays resumable (default: %(default)s)")
+    p.add_argument("--detached-sessions", action="store_true",
+                   help="offer OpenEnv 0.10's detached sessions: POST /mcp "
+                        "openenv/session/create|close and /ws?session_id= on the same port")
     p.add_argument("--session-store", metavar="DIR", default=None,
                    help="persist extension sessions in DIR so a restart can resume them")
     p.add_argument("--events", action="store_true",
@@ -97,7 +100,7 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.refuse_for:
         faults.refuse_for(args.refuse_for)
-    return {
+    options: dict[str, Any] = {
         "env": args.env,
         "host": args.host,
         "port": args.port,
@@ -108,6 +111,9 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "session_store": args.session_store,
         "faults": faults,
     }
+    if args.detached_sessions:
+        options["detached_sessions"] = True
+    return options
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The WebSocket upgrade: ``/health``, refusals, extension negotiation, session resumption.
 
-``process_request`` answers plain HTTP (``/health``, 404) and refuses upgrades by
+``process_request`` answers plain HTTP (``/health``, ``POST /mcp`` for detached
+sessions, 404) and refuses upgrades by
 fault injection; ``process_response`` negotiates the envlink extensions on a
 successful upgrade and decides the connection's :class:`Plan` (a new session or
 a resumed one, and the caller's trace context), which the connection handler
@@ -14,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from opentelemetry import propagate
 from opentelemetry.context import Context
@@ -31,6 +32,7 @@ from envlink._protocol import (
     SESSION_ID_HEADER,
     SESSION_TOKEN_HEADER,
 )
+from envlink.server._mcp_http import rpc_response
 from envlink.server._session import Session, new_session_id, new_token
 
 if TYPE_CHECKING:
@@ -50,6 +52,8 @@ class Plan:
     trace_context: Context | None = None
     #: Public id of the session the connection will get (advertised for telemetry).
     session_id: str | None = None
+    #: ``/ws?session_id=``: the OpenEnv detached session to attach to.
+    attach: str | None = None
 
 
 class Handshake:
@@ -80,6 +84,9 @@ class Handshake:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
+        if path == "/mcp" and server.detached_sessions:
+            return rpc_response(connection, server._registry, server.max_sessions,
+                                server._counters)
         if path != "/ws":
             return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
         faults = server.faults
@@ -98,6 +105,14 @@ class Handshake:
         server = self._server
         registry = server._registry
         plan = Plan(trace_context=propagate.extract(_carrier(request.headers)))
+        if server.detached_sessions:
+            wanted_ids = parse_qs(urlsplit(request.path).query).get("session_id")
+            if wanted_ids:
+                # Attaching to a detached session: plain OpenEnv semantics, checked by
+                # the handler (which answers SESSION_ERROR as OpenEnv does).
+                plan.attach = wanted_ids[0]
+                self._plans[connection] = plan
+                return
         offered = _header(request.headers, EXTENSION_HEADER) == EXTENSION_VERSION
         if server.extensions and offered:
             plan.extensions = True

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 
 from envlink.server._counters import AwaitableCounters
 from envlink.server._environment import EnvironmentFactory
@@ -76,6 +77,37 @@ class SessionRegistry:
         self.persist(session)
         return session
 
+    def create_detached(self) -> Session:
+        """An OpenEnv detached session (``openenv/session/create``), attached to nothing."""
+        session = Session(id=str(uuid.uuid4()), env=self.factory(), extensions=False,
+                          detached=True)
+        self._sessions[session.id] = session
+        self._counters.incr("session.created")
+        return session
+
+    def attach(self, session_id: str, connection: object) -> tuple[Session | None, str | None]:
+        """Attach a socket to a detached session, or the message OpenEnv refuses it with."""
+        session = self._sessions.get(session_id)
+        if session is None or not session.detached or session.closed:
+            return None, f"Unknown session_id: {session_id}"
+        if session.connection is not None:
+            return None, f"Session {session_id} already has an attached WebSocket"
+        session.connection = connection
+        self._counters.incr("session.attached")
+        return session, None
+
+    def close_detached(self, session_id: str) -> bool | None:
+        """``openenv/session/close``: ``True`` closed now, ``False`` closed when its socket
+        goes, ``None`` unknown session."""
+        session = self._sessions.get(session_id)
+        if session is None or not session.detached:
+            return None
+        if session.connection is not None:
+            session.pending_close = True
+            return False
+        self.destroy(session)
+        return True
+
     def claim(self, session: Session, connection: object) -> object | None:
         """Attach ``session`` to ``connection``; return the connection it had, if any."""
         if session.timer is not None:
@@ -94,6 +126,14 @@ class SessionRegistry:
         if session.connection is not connection:
             return  # taken over by a resumed connection
         session.connection = None
+        if session.detached:
+            # An OpenEnv detached session outlives its sockets ("close" included)
+            # until openenv/session/close.
+            if session.pending_close:
+                self.destroy(session)
+            else:
+                self._counters.incr("session.detached")
+            return
         if destroy or not session.extensions:
             self.destroy(session)
         else:

@@ -40,6 +40,7 @@ from envlink.server._echo import EchoEnvironment
 from envlink.server._environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
+from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
 from envlink.server._session import Session, SessionStore
@@ -81,6 +82,10 @@ class EnvServer(Observable):
         ping_timeout: seconds to wait for a pong before closing.
         close_timeout: seconds to wait for the client's close frame.
         ssl: an ``ssl.SSLContext`` to serve ``wss://`` (and ``https://`` health).
+        detached_sessions: offer OpenEnv 0.10's detached sessions on the same port:
+            ``POST /mcp`` ``openenv/session/create`` / ``openenv/session/close``, and
+            ``/ws?session_id=`` to attach (``SESSION_ERROR`` for an unknown or already
+            attached session). A detached session outlives its sockets until closed.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class EnvServer(Observable):
         ping_timeout: float | None = 20.0,
         close_timeout: float = 5.0,
         ssl: ssl_module.SSLContext | None = None,
+        detached_sessions: bool = False,
     ) -> None:
         if isinstance(env, str):
             try:
@@ -130,6 +136,7 @@ class EnvServer(Observable):
         self._ping_timeout = ping_timeout
         self._close_timeout = close_timeout
         self._ssl = ssl
+        self.detached_sessions = detached_sessions
 
         self._ws: Server | None = None
         self._started = False
@@ -205,6 +212,7 @@ class EnvServer(Observable):
             close_timeout=self._close_timeout,
             logger=REDACTING_LOGGER,
             ssl=self._ssl,
+            create_connection=HttpAwareConnection if self.detached_sessions else None,
         )
         if self.port == 0:
             self.port = int(self._ws.sockets[0].getsockname()[1])
@@ -268,7 +276,11 @@ class EnvServer(Observable):
         destroy = False
         try:
             refusal: dict[str, Any] | None = None
-            if session is None:
+            if plan.attach is not None:
+                session, message = self._registry.attach(plan.attach, connection)
+                if message is not None:
+                    refusal = {"message": message, "code": ErrorCode.SESSION_ERROR.value}
+            elif session is None:
                 session, refusal = self._open_session(plan, connection)
             elif plan.resumed:
                 self._counters.incr("resume")
@@ -277,6 +289,9 @@ class EnvServer(Observable):
             if refusal is not None or session is None:
                 with contextlib.suppress(ConnectionClosed):
                     await connection.send(encode_response("error", refusal or {}))
+                if plan.attach is not None:
+                    with contextlib.suppress(ConnectionClosed):
+                        await connection.close()
                 return
             outcome = await self._serve(connection, handle, session, plan)
             destroy = outcome in (Outcome.CLOSE, Outcome.END)

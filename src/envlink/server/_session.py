@@ -56,6 +56,12 @@ class Session:
     expires_at: float | None = None
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     closed: bool = False
+    #: Created with ``POST /mcp`` ``openenv/session/create`` (OpenEnv 0.10): kept
+    #: across sockets until ``openenv/session/close``.
+    detached: bool = False
+    #: ``openenv/session/close`` arrived while a socket was attached: destroyed when
+    #: that socket goes.
+    pending_close: bool = False
 
     def info(self, now: float) -> SessionInfo:
         """A read-only view."""

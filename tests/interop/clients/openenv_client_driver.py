@@ -202,7 +202,30 @@ async def restart(url: str, headers: dict[str, str], **_: Any) -> dict[str, Any]
     return out
 
 
+async def detached(url: str, headers: dict[str, str], **_: Any) -> dict[str, Any]:
+    """MCPToolClient in production mode: a detached session (POST /mcp
+    openenv/session/create, /ws?session_id=), an episode on it, then close."""
+    from openenv.core import MCPToolClient
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    out: dict[str, Any] = {}
+    env = MCPToolClient(base_url=url, headers=headers, message_timeout_s=20)
+    try:
+        await env.connect()
+        out["session_id"] = env._production_session_id
+        out["reset"] = _result(await env.reset())
+        out["step"] = _result(await env.step(
+            CallToolAction(tool_name="echo_message", arguments={"message": "hi"})))
+        state = await env.state()
+        out["state"] = {"step_count": state.step_count}
+    finally:
+        await env.close()
+    out["closed_session_id"] = env._production_session_id
+    return out
+
+
 SCENARIOS: dict[str, Callable[..., Any]] = {
+    "detached": detached,
     "echo_async": echo_async,
     "echo_sync": echo_sync,
     "echo_errors": echo_errors,

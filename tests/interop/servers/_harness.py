@@ -4,9 +4,14 @@ Runs under the openenv virtualenv's python, never under envlink's. It adds no
 behaviour to the OpenEnv app: it binds the socket itself (so ``--port 0`` works
 and a restarted server can take the same port again), prints one readiness line
 once uvicorn accepts connections, and optionally wraps the app in a pure
-observer that appends every WebSocket event (upgrade headers, frames in and
-out, closes) to a JSON-lines file, so a test can prove what the client really
-put on the wire and that the server accepted it.
+observer that appends every WebSocket event (upgrade headers and query, frames
+in and out, closes) and every ``POST /mcp`` JSON-RPC exchange to a JSON-lines
+file, so a test can prove what the client really put on the wire and that the
+server accepted it.
+
+``--session-timeout`` passes OpenEnv's own ``ConcurrencyConfig.session_timeout``
+(its idle-session reaper), unchanged. :func:`announce` prints lifecycle lines
+(for example an environment being closed by the reaper) that a test waits for.
 """
 
 from __future__ import annotations
@@ -42,9 +47,31 @@ def parse_args(description: str,
                         help="OpenEnv's max_concurrent_envs")
     parser.add_argument("--frame-log", default=None,
                         help="append every WebSocket event to this JSON-lines file")
+    parser.add_argument("--session-timeout", type=float, default=None,
+                        help="OpenEnv's session_timeout: idle seconds before its reaper "
+                             "destroys a session (default: never)")
     if configure is not None:
         configure(parser)
     return parser.parse_args()
+
+
+def concurrency(args: argparse.Namespace) -> dict[str, Any]:
+    """``create_app`` keyword arguments for the session limit and the idle reaper."""
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    if args.session_timeout is None:
+        return {"max_concurrent_envs": args.max_sessions}
+    return {"concurrency_config": ConcurrencyConfig(
+        max_concurrent_envs=args.max_sessions, session_timeout=args.session_timeout)}
+
+
+#: Lifecycle lines start with this; the test side matches on the rest.
+EVENT_PREFIX = "openenv serve: event "
+
+
+def announce(event: str, **fields: Any) -> None:
+    """Print one lifecycle line (``openenv serve: event NAME {json}``) on stdout."""
+    print(f"{EVENT_PREFIX}{event} {json.dumps(fields, sort_keys=True)}", flush=True)
 
 
 class FrameRecorder:
@@ -63,6 +90,9 @@ class FrameRecorder:
             self._file.flush()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/mcp":
+            await self._record_http(scope, receive, send)
+            return
         if scope["type"] != "websocket":
             await self._app(scope, receive, send)
             return
@@ -70,6 +100,7 @@ class FrameRecorder:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         self._write({"conn": conn, "event": "upgrade", "path": scope["path"],
+                     "query": scope.get("query_string", b"").decode("latin-1"),
                      "headers": headers})
 
         async def recording_receive() -> Message:
@@ -93,6 +124,49 @@ class FrameRecorder:
             await send(message)
 
         await self._app(scope, recording_receive, recording_send)
+
+    async def _record_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Record one HTTP exchange on ``/mcp``: method, body in, status and body out."""
+        number = next(self._ids)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        body_in = bytearray()
+        body_out = bytearray()
+        status: list[int] = []
+        written = False
+
+        def record() -> None:
+            nonlocal written
+            if written:
+                return
+            written = True
+            self._write({"conn": number, "event": "http", "method": scope["method"],
+                         "path": scope["path"], "headers": headers,
+                         "request": body_in.decode("utf-8", "replace"),
+                         "status": status[0] if status else None,
+                         "response": body_out.decode("utf-8", "replace")})
+
+        async def recording_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                body_in.extend(message.get("body", b""))
+            return message
+
+        async def recording_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            elif message["type"] == "http.response.body":
+                body_out.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # Recorded before the client can see the answer: a test that got
+                    # the answer finds the exchange in the log.
+                    record()
+            await send(message)
+
+        try:
+            await self._app(scope, recording_receive, recording_send)
+        finally:
+            record()
 
 
 class _AnnouncingServer(uvicorn.Server):

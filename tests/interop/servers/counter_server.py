@@ -10,17 +10,23 @@ A counter starts at ``start`` (a reset kwarg) and each ``CounterAction`` adds
 shifts every total: a server restarted with another offset answers a replayed
 episode differently, which is how the tests make a replay diverge.
 
+When OpenEnv destroys a session (its reaper, ``openenv/session/close``, a socket
+that owned its session closing) it calls the environment's ``close()``; this one
+then prints ``openenv serve: event environment_closed {...}`` with its episode id
+and step count, and refuses further steps, as a real environment whose resources
+are gone would.
+
 Usage (with the openenv virtualenv's python)::
 
     python tests/interop/servers/counter_server.py --port 0 [--max-sessions N]
-        [--frame-log F] [--offset K]
+        [--frame-log F] [--offset K] [--session-timeout S]
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from _harness import parse_args, serve
+from _harness import announce, concurrency, parse_args, serve
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
 from pydantic import Field
 
@@ -59,6 +65,7 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
         super().__init__()
         self._state = CounterState(episode_id=None, step_count=0)
         self._history: list[int] = []
+        self._closed = False
 
     def reset(self, seed: int | None = None, episode_id: str | None = None,
               start: int = 0, target: int = 10, **kwargs: Any) -> CounterObservation:
@@ -71,6 +78,8 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
 
     def step(self, action: CounterAction, timeout_s: float | None = None,
              **kwargs: Any) -> CounterObservation:
+        if self._closed:
+            raise RuntimeError("the environment was closed")
         self._state.step_count += 1
         self._state.total += action.delta
         self._history.append(action.delta)
@@ -83,14 +92,19 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
     def state(self) -> CounterState:
         return self._state
 
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            announce("environment_closed", episode_id=self._state.episode_id,
+                     step_count=self._state.step_count)
+
 
 def main() -> None:
     args = parse_args(__doc__ or "", lambda parser: parser.add_argument(
         "--offset", type=int, default=0, help="added to every episode's start"))
     CounterEnvironment.OFFSET = args.offset
     app = create_app(CounterEnvironment, CounterAction, CounterObservation,
-                     env_name="counter_env", max_concurrent_envs=args.max_sessions,
-                     state_cls=CounterState)
+                     env_name="counter_env", state_cls=CounterState, **concurrency(args))
     serve(app, args)
 
 

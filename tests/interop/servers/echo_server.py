@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
-from _harness import parse_args, serve
+from _harness import concurrency, parse_args, serve
 from fastmcp import FastMCP
 from openenv.core.env_server import (
     Action,
@@ -85,7 +85,7 @@ class EchoEnvironment(MCPEnvironment):
 def main() -> None:
     args = parse_args(__doc__ or "")
     app = create_app(EchoEnvironment, CallToolAction, CallToolObservation,
-                     env_name="echo_env", max_concurrent_envs=args.max_sessions)
+                     env_name="echo_env", **concurrency(args))
     serve(app, args)
 
 
