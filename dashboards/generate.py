@@ -152,6 +152,53 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
     }
 
 
+def pool_panels(ids: _Ids, y: int) -> list[dict[str, Any]]:
+    """The EnvPool row: sessions, breakers, placements, batch latency, stragglers."""
+    s = SEL
+    ep = "server_address, server_port"
+    where = "{{server_address}}:{{server_port}}"
+    return [
+        row(ids, "EnvPool", y),
+        panel(ids, "Pool sessions by endpoint and state",
+              "EnvPool sessions on each endpoint (envlink.pool.sessions), by state: "
+              "placing, active, recovering, lost (a lost session counts where it was "
+              "lost until it is placed again).", "short",
+              [target(f"sum by ({ep}, envlink_pool_session_state) "
+                      f"(envlink_pool_sessions{{{s}}})",
+                      f"{where} {{{{envlink_pool_session_state}}}}")],
+              (0, y + 1, 8, 8), stack=True),
+        panel(ids, "Breaker transitions by endpoint and state",
+              "Circuit-breaker transitions of EnvPool endpoints "
+              "(envlink.pool.breaker.transitions), by the new state: open (the "
+              "endpoint failed breaker_threshold connections in a row), half_open "
+              "(one probe let through), closed (the probe succeeded).", "ops",
+              [target(f"sum by ({ep}, envlink_breaker_state) (rate("
+                      f"envlink_pool_breaker_transitions_total{{{s}}}[{RI}]))",
+                      f"{where} {{{{envlink_breaker_state}}}}")],
+              (8, y + 1, 8, 8), stack=True),
+        panel(ids, "Placements by endpoint and result",
+              "Attempts to open an EnvPool session on an endpoint "
+              "(envlink.pool.placements), by result: placed, capacity_reached, "
+              "unreachable.", "ops",
+              [target(f"sum by ({ep}, envlink_placement_result) (rate("
+                      f"envlink_pool_placements_total{{{s}}}[{RI}]))",
+                      f"{where} {{{{envlink_placement_result}}}}")],
+              (16, y + 1, 8, 8), stack=True),
+        panel(ids, "Pool batch duration p50 / p95 / p99 by method",
+              "Quantiles of envlink.pool.batch.duration: a whole batch reset or step "
+              "(its slowest session, placement and recovery included), or the wait "
+              "of a ready-first receive (recv).", "s",
+              quantiles("envlink_pool_batch_duration_seconds", "rpc_method", s,
+                        "{{rpc_method}}"), (0, y + 9, 12, 8)),
+        panel(ids, "Pool stragglers",
+              "Sessions still in flight when a ready-first receive "
+              "(step_recv(min_ready=...)) returned (envlink.pool.stragglers), per "
+              "second.", "ops",
+              [target(f"sum by (rpc_method) (rate(envlink_pool_stragglers_total"
+                      f"{{{s}}}[{RI}]))", "{{rpc_method}}")], (12, y + 9, 12, 8)),
+    ]
+
+
 def overview() -> dict[str, Any]:
     ids = _Ids()
     s = SEL
@@ -237,10 +284,12 @@ def overview() -> dict[str, Any]:
                    [t for t in quantiles("envlink_client_message_size_bytes",
                                          "envlink_direction", s, "{{envlink_direction}}")
                     if "0.95" not in t["expr"]], (12, 35, 12, 8)))
+    p.extend(pool_panels(ids, 43))
     return dashboard(
         "envlink-overview", "envlink / Overview",
         "envlink clients: call rate, errors, latency, reconnects, retries, session "
-        "recovery, bridge wait and message sizes (docs/operations.md).", p,
+        "recovery, bridge wait, message sizes and EnvPool sessions, breakers, "
+        "placements and batches (docs/operations.md).", p,
         links=[{"title": "Drill-down", "type": "link", "url": "/d/envlink-drilldown",
                 "includeVars": True, "keepTime": True, "icon": "dashboard",
                 "targetBlank": False, "asDropdown": False, "tags": [], "tooltip": ""}])

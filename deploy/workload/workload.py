@@ -11,7 +11,12 @@ Runs one cycle of scenarios after another until stopped (SIGTERM/SIGINT) or unti
   mid-episode recovered by ``replay`` and by ``resume``, one lost under
   ``on_session_lost="raise"`` (a failed recovery), a call over its deadline
   (``timeout``), and repeated refusals that exhaust a small retry budget
-  (``retry_budget_exhausted``).
+  (``retry_budget_exhausted``);
+- a small ``EnvPool`` over the in-process server and an endpoint that is down
+  (nothing listens there): placements ``placed`` and ``unreachable``, the down
+  endpoint's breaker opening (and, each later cycle, its half-open probe failing),
+  batch resets and steps, and a ready-first step (``step_recv(min_ready=...)``
+  with one slow session) that leaves a straggler.
 
 Telemetry: ``envlink.telemetry.configure()``; ``--prometheus-port`` serves a scrape
 endpoint (its URL is printed as ``workload: metrics URL``), and the standard
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
+import socket
 import sys
 import threading
 import time
@@ -34,6 +40,7 @@ from envlink import (
     CallToolAction,
     EchoEnv,
     EnvlinkError,
+    EnvPool,
     ReconnectPolicy,
     RetryBudget,
     Timeout,
@@ -72,6 +79,14 @@ def _server_faults(st: ServerThread, **faults: Any) -> None:
     st.call(apply)
 
 
+def _down_url() -> str:
+    """A loopback URL nothing listens on (a port taken, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
 def _step(env: Any, i: int) -> None:
     env.step(CallToolAction(tool_name="echo_message", arguments={"message": f"m{i}" * 8}))
 
@@ -85,6 +100,7 @@ class Workload:
         self._chaos = chaos
         self._target = target or chaos.url
         self._steps = steps
+        self._down = _down_url()
 
     def _client(self, url: str, **kwargs: Any) -> EchoEnv:
         kwargs.setdefault("reconnect", _FAST)
@@ -93,7 +109,27 @@ class Workload:
 
     def scenarios(self) -> list[Callable[[], None]]:
         return [self.clean, self.error_frame, self.refused_upgrade, self.replay,
-                self.resume, self.lost, self.deadline, self.budget_exhausted]
+                self.resume, self.lost, self.deadline, self.budget_exhausted, self.pool]
+
+    def pool(self) -> None:
+        # The down endpoint refuses the connection: its breaker (threshold 1) opens,
+        # and after 50 ms lets one probe through (half-open), which fails again.
+        size = 3
+        action = CallToolAction(tool_name="echo_message", arguments={"message": "p"})
+        with EnvPool([self._chaos.url, self._down], size, client=EchoEnv,
+                     client_options={"reconnect": _FAST}, batch_timeout=10.0,
+                     breaker_threshold=1, breaker_reset_timeout=0.05,
+                     tracer_provider=self._handle.tracer_provider,
+                     meter_provider=self._handle.meter_provider).sync() as pool:
+            pool.reset(seeds=0)
+            pool.step([action] * size)
+            # Ready-first: the newest session answers 0.2 s late, so a receive of
+            # size - 1 answers returns with it still in flight (a straggler).
+            _arm(self._chaos, latency=0.2)
+            pool.step_send([action] * size)
+            first = pool.step_recv(min_ready=size - 1)
+            if first.stragglers:
+                pool.step_recv()  # collect it
 
     def clean(self) -> None:
         with self._client(self._target).sync() as env:

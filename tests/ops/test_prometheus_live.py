@@ -3,10 +3,11 @@
 A real Prometheus server (127.0.0.1, a free port, a temporary data directory, the
 rules of deploy/prometheus) scrapes the demo workload (deploy/workload), a separate
 process that runs episodes through envlink with faults injected, so error, retry,
-reconnect, recovery and retry-budget series exist. The test waits, with a bound and
-by polling Prometheus' API, for the target to be up and the series to appear; then
-each query of each dashboard panel and template variable, and each recording rule,
-must return at least one sample with a number (not NaN).
+reconnect, recovery and retry-budget series exist, and an EnvPool with a down
+endpoint and a straggler, so placement, breaker and straggler series exist. The test
+waits, with a bound and by polling Prometheus' API, for the target to be up and the
+series to appear; then each query of each dashboard panel and template variable, and
+each recording rule, must return at least one sample with a number (not NaN).
 """
 
 from __future__ import annotations
@@ -234,13 +235,15 @@ def test_every_recording_rule_returns_data(stack: Stack) -> None:
 
 
 def test_scrape_endpoint_passes_promtool(stack: Stack) -> None:
-    """The workload's scrape endpoint, with every fault series in it, passes promtool."""
+    """The workload's scrape endpoint, with every fault and pool series in it, passes promtool."""
     promtool = require_tool("promtool")
     with urllib.request.urlopen(stack.metrics_url, timeout=10) as response:
         text = response.read().decode()
     for series in ("envlink_client_errors_total", "envlink_client_reconnects_total",
                    "envlink_session_recoveries_total", 'envlink_retry="true"',
-                   'error_type="retry_budget_exhausted"', 'envlink_recovery_result="failed"'):
+                   'error_type="retry_budget_exhausted"', 'envlink_recovery_result="failed"',
+                   'envlink_placement_result="unreachable"', 'envlink_breaker_state="open"',
+                   "envlink_pool_stragglers_total", "envlink_pool_sessions"):
         assert series in text, series
     result = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
                             capture_output=True, timeout=30, check=False)
