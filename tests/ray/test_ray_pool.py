@@ -107,7 +107,15 @@ async def _kill_mid_batch(ray: Any, st: Any, pool: RayEnvPool[Any, Any], size: i
     before = _stall_next(st)
     task = asyncio.ensure_future(pool.step([{"move": 1}] * size))
     await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + size))
-    ray.kill(pool.actors()[shard], no_restart=True)
+    actor = pool.actors()[shard]
+    ray.kill(actor, no_restart=True)
+    # ray.kill returns before the actor is gone, and until then the shard could still pass
+    # the released answers on: release them only once a call to the actor fails.
+    while True:
+        try:
+            await actor.view.remote()
+        except ray.exceptions.RayActorError:
+            break
     st.call(lambda s: s.unstall_all())
     return await task
 
