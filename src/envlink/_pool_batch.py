@@ -111,12 +111,7 @@ class BatchRunner(Generic[ObsT]):
             return Batch([None] * self.size)  # nothing left to collect
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
-        want = len(pending) if min_ready is None else min_ready
-        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
-            raise ValueError(f"min_ready must be in 1..{len(pending)} (the slots in flight), "
-                             f"got {min_ready!r}")
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        want = _recv_want(len(pending), min_ready, timeout)
         start = time.perf_counter()
         attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
                   ATTR_POOL_MIN_READY: want} if self.tel.tracing_enabled() else None)
@@ -212,3 +207,17 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]],
             raise
         return CallTimeoutError(f"the batch deadline of {seconds:g} s expired",
                                 timeout=seconds)
+
+
+def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
+    """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``.
+
+    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    """
+    want = pending if min_ready is None else min_ready
+    if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= pending:
+        raise ValueError(f"min_ready must be in 1..{pending} (the slots in flight), "
+                         f"got {min_ready!r}")
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    return want

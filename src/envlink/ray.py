@@ -42,6 +42,7 @@ from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
 from envlink._policies import ReconnectPolicy
 from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list
+from envlink._pool_batch import _recv_want
 from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
 from envlink._ray_shard import (
     DriverSlot,
@@ -370,12 +371,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             return Batch([None] * self.size)
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
-        want = len(pending) if min_ready is None else min_ready
-        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
-            raise ValueError(f"min_ready must be in 1..{len(pending)} (the slots in flight), "
-                             f"got {min_ready!r}")
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        want = _recv_want(len(pending), min_ready, timeout)
         start = time.perf_counter()
         attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
                   ATTR_POOL_MIN_READY: want, ATTR_RAY_SHARDS: self.shards}
