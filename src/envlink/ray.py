@@ -41,7 +41,7 @@ from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
 from envlink._policies import ReconnectPolicy
-from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list
+from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list, _slot_mask
 from envlink._pool_batch import _recv_want
 from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
 from envlink._ray_shard import (
@@ -317,9 +317,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             EnvlinkError: that slot's error.
             IndexError: no such slot.
         """
-        if not 0 <= index < self.size:
-            raise IndexError(f"slot {index} out of range for a pool of {self.size}")
-        mask = [i == index for i in range(self.size)]
+        mask = _slot_mask(index, self.size)
         return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
 
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
