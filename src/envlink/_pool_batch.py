@@ -163,19 +163,7 @@ class BatchRunner(Generic[ObsT]):
                      final={i: r for i, r in final.items() if i in ready})
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        tel = self.tel
-        errors = batch.errors
-        attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
-        tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
-        if batch.stragglers:
-            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
-        if span.is_recording():
-            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
-            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
-            if errors:
-                kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_POOL_ERROR_TYPE,
-                                   kinds[0] if len(kinds) == 1 else "mixed")
+        _record_batch(self.tel, span, method, batch, start)
 
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
@@ -221,3 +209,23 @@ def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> in
     if timeout is not None and not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
     return want
+
+
+def _record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
+                  start: float) -> None:
+    """Record one finished batch: its duration, stragglers and span attributes.
+
+    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    """
+    errors = batch.errors
+    attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
+    tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
+    if batch.stragglers:
+        tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
+    if span.is_recording():
+        span.set_attribute(ATTR_POOL_ERRORS, len(errors))
+        span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
+        if errors:
+            kinds = sorted({e.error_type for e in errors.values()})
+            span.set_attribute(ATTR_POOL_ERROR_TYPE,
+                               kinds[0] if len(kinds) == 1 else "mixed")

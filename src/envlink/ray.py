@@ -42,7 +42,7 @@ from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
 from envlink._policies import ReconnectPolicy
 from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list, _slot_mask
-from envlink._pool_batch import _recv_want
+from envlink._pool_batch import _record_batch, _recv_want
 from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
 from envlink._ray_shard import (
     DriverSlot,
@@ -53,15 +53,10 @@ from envlink._ray_shard import (
     SlotRestore,
 )
 from envlink._telemetry import (
-    ATTR_OUTCOME,
-    ATTR_POOL_ERROR_TYPE,
-    ATTR_POOL_ERRORS,
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
-    ATTR_POOL_STRAGGLERS,
     ATTR_RAY_SHARDS,
-    ATTR_RPC_METHOD,
     LOG_RAY_SHARD_LOST,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
@@ -735,19 +730,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         return seconds
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        tel = self._tel
-        errors = batch.errors
-        tel.record(tel.pool_batch_duration, time.perf_counter() - start,
-                   {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"})
-        if batch.stragglers:
-            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
-        if span.is_recording():
-            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
-            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
-            if errors:
-                kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_POOL_ERROR_TYPE,
-                                   kinds[0] if len(kinds) == 1 else "mixed")
+        _record_batch(self._tel, span, method, batch, start)
 
     def __repr__(self) -> str:
         return (f"<RayEnvPool size={self.size} shards={self.shards} "
