@@ -188,6 +188,19 @@ def test_the_client_emits_telemetry_only_through_its_hooks(module: str) -> None:
     assert not modules & forbidden, module
 
 
+def test_the_propagation_helper_only_reads_the_trace_context() -> None:
+    """_propagation (the driver's per-frame trace context) uses the OpenTelemetry API's
+    propagation and current-span lookup only, and no envlink module."""
+    froms = runtime_import_froms(SRC / "_propagation.py")
+    otel = {(m, n) for m, n in froms if m.split(".")[0] == "opentelemetry"}
+    assert otel == {("opentelemetry", "propagate"), ("opentelemetry", "trace"),
+                    ("opentelemetry.baggage.propagation", "W3CBaggagePropagator"),
+                    ("opentelemetry.propagators.composite", "CompositePropagator"),
+                    ("opentelemetry.trace.propagation.tracecontext",
+                     "TraceContextTextMapPropagator")}, otel
+    assert not {m for m, _ in froms if m.startswith("envlink")}
+
+
 def test_only_the_client_module_knows_the_emitter() -> None:
     """The default telemetry hook is wired in one place: the client's constructor."""
     users = sorted(p.name for p in SRC.glob("*.py")

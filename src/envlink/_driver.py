@@ -12,14 +12,12 @@ to the client's hook; it logs and measures nothing itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, TypeVar
-
-from opentelemetry import propagate
 
 from envlink._config import ConnectionOptions, Timeout
 from envlink._connector import Connector, DetachedSessionGone
@@ -39,6 +37,7 @@ from envlink._hooks import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._propagation import trace_carrier
 from envlink._protocol import (
     ErrorFrame,
     McpFrame,
@@ -157,20 +156,9 @@ class SessionDriver:
                 method, outcome, time.perf_counter() - start, error, call.queue_wait,
                 call.step_index, core.session_id, endpoint.host, endpoint.port), token)
 
-    @contextlib.asynccontextmanager
-    async def turn(self, call: Call) -> AsyncIterator[None]:
+    def turn(self, call: Call) -> _Turn:
         """One request in flight per session; callers wait FIFO (asyncio.Lock is fair)."""
-        lock = self._bind_loop()
-        queued = time.perf_counter()
-        async with lock:
-            call.queue_wait = time.perf_counter() - queued
-            if self.closed:
-                raise ClientClosedError("the client is closed")
-            self.active = asyncio.current_task()
-            try:
-                yield
-            finally:
-                self.active = None
+        return _Turn(self, call)
 
     def drop_if_inherited(self) -> None:
         """In a forked child, forget the parent's connection without any I/O on it.
@@ -341,8 +329,7 @@ class SessionDriver:
         core, hook = self.core, self.hook
         carrier: dict[str, str] | None = None
         if request_id is not None:
-            carrier = {}
-            propagate.inject(carrier)  # per-message trace context (negotiated extension)
+            carrier = trace_carrier()  # per-message trace context (negotiated extension)
         text = core.encode(method, data, request_id, carrier)
         hook.message("sent", len(text))
         max_size = self.options.max_message_size
@@ -458,3 +445,34 @@ class SessionDriver:
 
 def _never(exc: BaseException) -> bool:
     return False
+
+
+class _Turn:
+    """:meth:`Driver.turn`: the session's lock, held for one call (no generator frame)."""
+
+    __slots__ = ("_call", "_driver", "_lock")
+
+    def __init__(self, driver: SessionDriver, call: Call) -> None:
+        self._driver = driver
+        self._call = call
+        self._lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        driver = self._driver
+        lock = driver._bind_loop()
+        queued = time.perf_counter()
+        await lock.acquire()
+        self._call.queue_wait = time.perf_counter() - queued
+        if driver.closed:
+            lock.release()
+            raise ClientClosedError("the client is closed")
+        self._lock = lock
+        driver.active = asyncio.current_task()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._driver.active = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+

@@ -363,7 +363,9 @@ def decode_response(
     except ValidationError as exc:
         raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
     if isinstance(frame, (ObservationFrame, ErrorFrame)):
-        return frame.model_copy(update={"raw_data": obj["data"]})
+        # The frame was just built and nobody else holds it: set the exact ``data``
+        # object on it in place rather than copy the whole (frozen) model for one field.
+        object.__setattr__(frame, "raw_data", obj["data"])
     return frame
 
 

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 
 from envlink._errors import CallTimeoutError
 
@@ -85,23 +87,73 @@ else:  # pragma: no cover - exercised on Python 3.10 only
             handle.cancel()
 
 
-@contextlib.asynccontextmanager
-async def deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
-    """A call's deadline: :class:`~envlink.CallTimeoutError` when it expires.
+if sys.version_info >= (3, 11):
 
-    Raises:
-        CallTimeoutError: the deadline expired inside the block.
-    """
-    if seconds is None:
-        yield
-        return
-    expiry: _Expiry | None = None
-    try:
-        async with bounded(seconds) as expiry:
+    class _Deadline:
+        """:func:`deadline` on 3.11+: ``asyncio.timeout`` directly, no generator frames."""
+
+        __slots__ = ("_cm", "_method", "_seconds")
+
+        def __init__(self, seconds: float | None, method: str) -> None:
+            self._seconds = seconds
+            self._method = method
+            self._cm: asyncio.Timeout | None = None
+
+        async def __aenter__(self) -> None:
+            if self._seconds is not None:
+                self._cm = asyncio.timeout(self._seconds)
+                await self._cm.__aenter__()
+
+        async def __aexit__(self, exc_type: type[BaseException] | None,
+                            exc: BaseException | None, tb: TracebackType | None) -> None:
+            cm = self._cm
+            if cm is None:
+                return
+            try:
+                # Raises TimeoutError when this deadline's own cancellation ends the
+                # block; anything else the block raised propagates unchanged.
+                await cm.__aexit__(exc_type, exc, tb)
+            except TimeoutError as err:
+                if not cm.expired() or isinstance(err, CallTimeoutError):
+                    raise  # not this deadline's
+                raise self._timed_out() from err
+            if isinstance(exc, TimeoutError) and not isinstance(exc, CallTimeoutError) \
+                    and cm.expired():
+                raise self._timed_out() from exc  # as bounded() + deadline() did
+
+        def _timed_out(self) -> CallTimeoutError:
+            seconds = self._seconds
+            assert seconds is not None
+            return CallTimeoutError(f"{self._method} did not complete within {seconds:g} s",
+                                    method=self._method, timeout=seconds)
+
+    def deadline(seconds: float | None, method: str) -> AbstractAsyncContextManager[None]:
+        """A call's deadline: :class:`~envlink.CallTimeoutError` when it expires.
+
+        Raises:
+            CallTimeoutError: the deadline expired inside the block.
+        """
+        return _Deadline(seconds, method)
+
+else:  # pragma: no cover - exercised on Python 3.10 only
+
+    @contextlib.asynccontextmanager
+    async def deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
+        """A call's deadline: :class:`~envlink.CallTimeoutError` when it expires.
+
+        Raises:
+            CallTimeoutError: the deadline expired inside the block.
+        """
+        if seconds is None:
             yield
-    except TimeoutError as exc:
-        if expiry is None or not expiry.expired() or isinstance(exc, CallTimeoutError):
-            raise  # not this deadline's
-        raise CallTimeoutError(
-            f"{method} did not complete within {seconds:g} s", method=method, timeout=seconds,
-        ) from exc
+            return
+        expiry: _Expiry | None = None
+        try:
+            async with bounded(seconds) as expiry:
+                yield
+        except TimeoutError as exc:
+            if expiry is None or not expiry.expired() or isinstance(exc, CallTimeoutError):
+                raise  # not this deadline's
+            raise CallTimeoutError(
+                f"{method} did not complete within {seconds:g} s", method=method, timeout=seconds,
+            ) from exc
