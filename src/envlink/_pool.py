@@ -247,9 +247,7 @@ class EnvPool(Generic[ActT, ObsT]):
             EnvlinkError: that slot's error.
             IndexError: no such slot.
         """
-        if not 0 <= index < self.size:
-            raise IndexError(f"slot {index} out of range for a pool of {self.size}")
-        mask = [i == index for i in range(self.size)]
+        mask = _slot_mask(index, self.size)
         return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
 
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
@@ -470,6 +468,13 @@ def _only(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:
         raise result
     assert result is not None
     return result
+
+
+def _slot_mask(index: int, size: int) -> list[bool]:
+    """A mask choosing slot ``index`` alone; IndexError if there is no such slot."""
+    if not 0 <= index < size:
+        raise IndexError(f"slot {index} out of range for a pool of {size}")
+    return [i == index for i in range(size)]
 
 
 def _seed_list(seeds: int | Sequence[int | None] | None, size: int) -> list[int | None]:

@@ -111,12 +111,7 @@ class BatchRunner(Generic[ObsT]):
             return Batch([None] * self.size)  # nothing left to collect
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
-        want = len(pending) if min_ready is None else min_ready
-        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
-            raise ValueError(f"min_ready must be in 1..{len(pending)} (the slots in flight), "
-                             f"got {min_ready!r}")
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        want = _recv_want(len(pending), min_ready, timeout)
         start = time.perf_counter()
         attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
                   ATTR_POOL_MIN_READY: want} if self.tel.tracing_enabled() else None)
@@ -168,19 +163,7 @@ class BatchRunner(Generic[ObsT]):
                      final={i: r for i, r in final.items() if i in ready})
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        tel = self.tel
-        errors = batch.errors
-        attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
-        tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
-        if batch.stragglers:
-            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
-        if span.is_recording():
-            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
-            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
-            if errors:
-                kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_POOL_ERROR_TYPE,
-                                   kinds[0] if len(kinds) == 1 else "mixed")
+        _record_batch(self.tel, span, method, batch, start)
 
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
@@ -212,3 +195,37 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]],
             raise
         return CallTimeoutError(f"the batch deadline of {seconds:g} s expired",
                                 timeout=seconds)
+
+
+def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
+    """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``.
+
+    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    """
+    want = pending if min_ready is None else min_ready
+    if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= pending:
+        raise ValueError(f"min_ready must be in 1..{pending} (the slots in flight), "
+                         f"got {min_ready!r}")
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    return want
+
+
+def _record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
+                  start: float) -> None:
+    """Record one finished batch: its duration, stragglers and span attributes.
+
+    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    """
+    errors = batch.errors
+    attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
+    tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
+    if batch.stragglers:
+        tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
+    if span.is_recording():
+        span.set_attribute(ATTR_POOL_ERRORS, len(errors))
+        span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
+        if errors:
+            kinds = sorted({e.error_type for e in errors.values()})
+            span.set_attribute(ATTR_POOL_ERROR_TYPE,
+                               kinds[0] if len(kinds) == 1 else "mixed")

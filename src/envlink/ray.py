@@ -41,7 +41,8 @@ from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
 from envlink._policies import ReconnectPolicy
-from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list
+from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list, _slot_mask
+from envlink._pool_batch import _record_batch, _recv_want
 from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
 from envlink._ray_shard import (
     DriverSlot,
@@ -52,15 +53,10 @@ from envlink._ray_shard import (
     SlotRestore,
 )
 from envlink._telemetry import (
-    ATTR_OUTCOME,
-    ATTR_POOL_ERROR_TYPE,
-    ATTR_POOL_ERRORS,
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
-    ATTR_POOL_STRAGGLERS,
     ATTR_RAY_SHARDS,
-    ATTR_RPC_METHOD,
     LOG_RAY_SHARD_LOST,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
@@ -316,9 +312,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             EnvlinkError: that slot's error.
             IndexError: no such slot.
         """
-        if not 0 <= index < self.size:
-            raise IndexError(f"slot {index} out of range for a pool of {self.size}")
-        mask = [i == index for i in range(self.size)]
+        mask = _slot_mask(index, self.size)
         return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
 
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
@@ -370,12 +364,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             return Batch([None] * self.size)
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
-        want = len(pending) if min_ready is None else min_ready
-        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= len(pending):
-            raise ValueError(f"min_ready must be in 1..{len(pending)} (the slots in flight), "
-                             f"got {min_ready!r}")
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        want = _recv_want(len(pending), min_ready, timeout)
         start = time.perf_counter()
         attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
                   ATTR_POOL_MIN_READY: want, ATTR_RAY_SHARDS: self.shards}
@@ -741,19 +730,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         return seconds
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        tel = self._tel
-        errors = batch.errors
-        tel.record(tel.pool_batch_duration, time.perf_counter() - start,
-                   {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"})
-        if batch.stragglers:
-            tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
-        if span.is_recording():
-            span.set_attribute(ATTR_POOL_ERRORS, len(errors))
-            span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
-            if errors:
-                kinds = sorted({e.error_type for e in errors.values()})
-                span.set_attribute(ATTR_POOL_ERROR_TYPE,
-                                   kinds[0] if len(kinds) == 1 else "mixed")
+        _record_batch(self._tel, span, method, batch, start)
 
     def __repr__(self) -> str:
         return (f"<RayEnvPool size={self.size} shards={self.shards} "
