@@ -524,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="use the virtualenvs as they are (they must exist)")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
+    LOG_DIR.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no results/ yet
 
     # A thousand sessions need a thousand sockets in one client process.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
