@@ -370,7 +370,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
                 call.step_index = self._core.journal.step_count
                 frame = driver.expect(await driver.request(call, payload), ObservationFrame,
                                      "step")
-                self._core.answered("step", payload, frame)
+                self._core.answered("step", payload, frame, call=call)
                 return _parse(self._parse_result, frame.raw_data, "observation")
 
         return await driver.call("step", self._seconds(timeout), run)

@@ -373,6 +373,7 @@ class SessionDriver:
                     continue
                 if call is not None:
                     call.unanswered = False
+                    call.answer, call.sent, call.received = frame, text, raw
                 return frame
         except ProtocolError:
             if core.protocol_error():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 from pydantic_core import to_json
 
@@ -24,6 +24,51 @@ def _encode(value: dict[str, Any] | str) -> str:
         to_json(value, inf_nan_mode="constants").decode()
 
 
+class _Text:
+    """A :class:`JournalEntry` field: JSON text, extracted from a frame on first read.
+
+    An entry recorded by the client holds the request frame it sent and the answer
+    frame it received, as they were on the wire; the payload's JSON text is cut out of
+    them only when someone reads it (replay, an error's journal, ``to_dict``). A step
+    thus costs the journal one object, not two serialisations.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.frame = f"_{name}_frame"
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> NoReturn: ...
+    @overload
+    def __get__(self, obj: JournalEntry, owner: type | None = None) -> str | None: ...
+
+    def __get__(self, obj: JournalEntry | None, owner: type | None = None) -> str | None:
+        if obj is None:
+            raise AttributeError(self.name)  # no default (dataclass field protocol)
+        values = obj.__dict__
+        try:
+            value: str | None = values[self.name]
+            return value
+        except KeyError:
+            pass
+        frame = values.get(self.frame)
+        if frame is None:  # another thread extracted it just now
+            value = values[self.name]
+            return value
+        value = _frame_data(frame)
+        values[self.name] = value
+        del values[self.frame]
+        return value
+
+    def __set__(self, obj: JournalEntry, value: str | None) -> None:
+        obj.__dict__[self.name] = value
+
+
+def _frame_data(frame: str | bytes) -> str:
+    """The ``data`` of a frame's JSON text, as compact JSON text."""
+    return _encode(json.loads(frame)["data"])
+
+
 @dataclass(frozen=True)
 class JournalEntry:
     """One applied step: the action payload sent and the ``data`` the server answered.
@@ -35,8 +80,23 @@ class JournalEntry:
             a resumed session's ``step_count``).
     """
 
-    action_json: str
-    response_json: str | None
+    if TYPE_CHECKING:  # plain required fields, as far as type checkers go
+        action_json: str
+        response_json: str | None
+    else:
+        action_json: str = _Text()
+        response_json: str | None = _Text()
+
+    @classmethod
+    def _of_frames(cls, sent: str | bytes, received: str | bytes) -> JournalEntry:
+        """An entry holding the step's request and answer frames as sent and received.
+
+        The frames are JSON text with the payload under ``data``; the fields are cut
+        out of them on first read (so a step costs no serialisation).
+        """
+        entry = _new(cls)
+        entry.__dict__.update(_action_json_frame=sent, _response_json_frame=received)
+        return entry
 
     @property
     def action(self) -> dict[str, Any]:
@@ -51,6 +111,9 @@ class JournalEntry:
             return None
         data: dict[str, Any] = json.loads(self.response_json)
         return data
+
+
+_new = object.__new__
 
 
 @dataclass
@@ -202,6 +265,26 @@ class EpisodeJournal:
             return
         self.entries.append(JournalEntry(_encode(action),
                                          None if response is None else _encode(response)))
+
+    def record_frames(self, sent: str | bytes, received: str | bytes) -> None:
+        """Append one applied step from its request and answer frames, as on the wire.
+
+        What :meth:`record_step` does, without serialising anything: the entry keeps
+        both frames and cuts the payloads out of them when they are first read.
+
+        Args:
+            sent: the step's request frame (its ``data`` is the action payload).
+            received: the observation frame that answered it.
+        """
+        self.steps_applied += 1
+        if self.truncated:
+            return
+        entries = self.entries
+        if len(entries) >= self.max_steps:
+            self.truncated = True
+            self.entries = []
+            return
+        entries.append(JournalEntry._of_frames(sent, received))
 
     def settle_applied(self, count: int) -> int | None:
         """Settle the unknown steps from the session's ``step_count`` (steps since reset).

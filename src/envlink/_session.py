@@ -155,7 +155,8 @@ class Dropped(NamedTuple):
 class Call:
     """What one public call's own request went through (for its error and journal)."""
 
-    __slots__ = ("method", "queue_wait", "request_id", "step_index", "unanswered")
+    __slots__ = ("answer", "method", "queue_wait", "received", "request_id", "sent",
+                 "step_index", "unanswered")
 
     def __init__(self, method: str) -> None:
         self.method = method
@@ -165,6 +166,11 @@ class Call:
         self.unanswered = False
         #: Its request id, when the connection uses them.
         self.request_id: str | None = None
+        #: The answer returned to the call, with the frames as sent and received
+        #: (the journal keeps those rather than serialising the payloads again).
+        self.answer: Frame | None = None
+        self.sent: str = ""
+        self.received: str | bytes = ""
 
 
 _RESEND = Decision(Action.RESEND)
@@ -430,8 +436,13 @@ class SessionCore(_Planning):
         return True
 
     def answered(self, method: str, data: dict[str, Any] | None, frame: Frame,
-                 *, episode_id: str | None = None) -> None:
-        """A request was answered (not with an error): follow it in the journal."""
+                 *, episode_id: str | None = None, call: Call | None = None) -> None:
+        """A request was answered (not with an error): follow it in the journal.
+
+        ``call``: the public call, when it holds ``frame`` with the frames as sent
+        and received (the journal then keeps those instead of serialising ``data``
+        and the answer again).
+        """
         if method == "reset" and isinstance(frame, ObservationFrame):
             self.journal.record_reset(data or {}, frame.raw_data)
             self.journal.episode_id = episode_id or uuid.uuid4().hex
@@ -439,7 +450,10 @@ class SessionCore(_Planning):
             self.lost_journal = None
         elif method == "step" and isinstance(frame, ObservationFrame):
             if self.episode is Episode.ACTIVE:
-                self.journal.record_step(data or {}, frame.raw_data)
+                if call is not None and call.answer is frame:
+                    self.journal.record_frames(call.sent, call.received)
+                else:
+                    self.journal.record_step(data or {}, frame.raw_data)
         elif method == "state" and isinstance(frame, StateFrame):
             found = frame.data.get("episode_id")
             if isinstance(found, str) and self.episode is Episode.ACTIVE:

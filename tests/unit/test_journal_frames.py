@@ -1,0 +1,126 @@
+"""Journal entries kept as the frames sent and received, read lazily."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import pickle
+import threading
+from typing import Any
+
+import pytest
+
+from envlink import EpisodeJournal, GenericEnvClient, JournalEntry, MockTransport
+
+pytestmark = pytest.mark.timeout(30)
+
+ACTION = {"tool": "echo", "args": {"text": "h\u00e9", "n": [1, 2.5, None, True]}}
+DATA = {"observation": {"echo": "h\u00e9", "nested": {"x": [1, {"y": None}]}},
+        "reward": 1.5, "done": False, "metadata": {"extra": 1}}
+
+
+def _frames(request_id: str | None = "p-1") -> tuple[str, str]:
+    envelope: dict[str, Any] = {"type": "step", "data": ACTION}
+    answer: dict[str, Any] = {"type": "observation", "data": DATA}
+    if request_id is not None:
+        envelope.update(id=request_id, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+        answer["id"] = request_id
+    return json.dumps(envelope), json.dumps(answer)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_entry_from_frames_equals_the_serialised_one(binary: bool) -> None:
+    """An entry kept as frames reads exactly as one built by serialising action and answer."""
+    sent, received = _frames()
+    lazy, eager = EpisodeJournal(), EpisodeJournal()
+    lazy.record_frames(sent, received.encode() if binary else received)
+    eager.record_step(ACTION, DATA)
+    assert lazy.entries == eager.entries
+    (entry,) = lazy.entries
+    assert entry.action == ACTION and entry.response == DATA
+    assert (entry.action_json, entry.response_json) == (eager.entries[0].action_json,
+                                                        eager.entries[0].response_json)
+    assert hash(entry) == hash(eager.entries[0])
+    assert repr(entry) == repr(eager.entries[0])
+    assert lazy.steps_applied == 1
+
+
+def test_entry_from_frames_keeps_the_dataclass_protocol() -> None:
+    """Fields, asdict, pickling and immutability are those of a frozen dataclass."""
+    sent, received = _frames(None)
+    journal = EpisodeJournal()
+    journal.record_frames(sent, received)
+    entry = journal.entries[0]
+    assert [f.name for f in dataclasses.fields(JournalEntry)] == ["action_json", "response_json"]
+    assert dataclasses.asdict(pickle.loads(pickle.dumps(entry))) == {
+        "action_json": json.dumps(ACTION, separators=(",", ":"), ensure_ascii=False),
+        "response_json": json.dumps(DATA, separators=(",", ":"), ensure_ascii=False)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        entry.action_json = "{}"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        JournalEntry()  # type: ignore[call-arg]
+    assert JournalEntry('{"a":1}', None).response is None
+
+
+def test_entry_from_frames_read_by_many_threads_gives_one_value() -> None:
+    """Threads reading a fresh entry at once all get the same text (no lost extraction)."""
+    sent, received = _frames()
+    for _ in range(50):
+        journal = EpisodeJournal()
+        journal.record_frames(sent, received)
+        entry = journal.entries[0]
+        seen: list[tuple[str, str | None]] = []
+        barrier = threading.Barrier(4)
+
+        def read(entry: JournalEntry, barrier: threading.Barrier,
+                 seen: list[tuple[str, str | None]]) -> None:
+            barrier.wait()
+            seen.append((entry.action_json, entry.response_json))
+
+        threads = [threading.Thread(target=read, args=(entry, barrier, seen))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(seen)) == 1 and len(seen) == 4
+
+
+def test_record_frames_respects_the_bound() -> None:
+    """Past max_steps the journal is truncated, as with record_step."""
+    sent, received = _frames()
+    journal = EpisodeJournal(max_steps=2)
+    journal.record_reset({}, {"observation": {}})
+    for _ in range(3):
+        journal.record_frames(sent, received)
+    assert journal.truncated and not journal.replayable and journal.steps_applied == 3
+
+
+@pytest.mark.parametrize("extensions", [True, False])
+def test_client_journal_holds_what_was_sent_and_is_immune_to_the_caller(
+        extensions: bool) -> None:
+    """A step's entry is the payload sent and the data answered, serialised only when
+    read; mutating the action or the returned observation afterwards changes neither."""
+
+    def handler(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "close":
+            return None
+        return {"type": "observation", "data": {**DATA, "observation": {"got": request.get(
+            "data", {})}}}
+
+    async def main() -> None:
+        client = GenericEnvClient("http://env.test",
+                                  transport=MockTransport(handler, extensions=extensions))
+        await client.reset()
+        action = json.loads(json.dumps(ACTION))
+        result = await client.step(action)
+        action["args"]["n"].append("later")
+        result.observation["got"]["tool"] = "changed"
+        entry = client.journal.entries[0]
+        assert "action_json" not in vars(entry)  # nothing serialised at step time
+        assert entry.action == ACTION
+        assert entry.response == {**DATA, "observation": {"got": ACTION}}
+        await client.close()
+
+    asyncio.run(main())
