@@ -25,7 +25,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import PydanticSerializationError, SchemaSerializer, core_schema, to_json
 
 from envlink._errors import ProtocolError, ServerError
 
@@ -53,6 +53,7 @@ __all__ = [
     "StepRequest",
     "decode_request",
     "decode_response",
+    "encode_data_request",
     "encode_request",
     "encode_response",
     "server_error",
@@ -185,6 +186,8 @@ _REQUEST_ADAPTER: TypeAdapter[ResetRequest | StepRequest | StateRequest | CloseR
     TypeAdapter(RequestFrame)
 )
 _REQUEST_TYPES = frozenset({"reset", "step", "state", "close"})
+_DATA_REQUESTS: dict[str, type[ResetRequest | StepRequest | McpRequest]] = {
+    "reset": ResetRequest, "step": StepRequest, "mcp": McpRequest}
 
 
 def encode_request(
@@ -206,6 +209,52 @@ def encode_request(
     if "NaN" in text or "Infinity" in text:
         # Usually inside a string; parsing tells a real constant from text.
         json.loads(text, parse_constant=lambda name: _refuse_constant(frame.type, name))
+    return text
+
+
+#: Plain values of a ``dict[str, Any]`` as pydantic's ``model_dump`` gives them (a
+#: pydantic model nested anywhere becomes a dict), without building a request model.
+_DATA_SERIALIZER = SchemaSerializer(
+    core_schema.dict_schema(core_schema.str_schema(), core_schema.any_schema()))
+_is_str = str.__instancecheck__
+
+
+def encode_data_request(kind: str, data: dict[str, Any],
+                        request_id: str | None = None, traceparent: str | None = None,
+                        tracestate: str | None = None) -> str:
+    """The text of a ``reset``, ``step`` or ``mcp`` request carrying ``data``.
+
+    Exactly what :func:`encode_request` gives for the same frame, without building
+    and dumping the request model on the common path.
+
+    A plain ``dict`` with string keys is serialised directly; anything else goes
+    through the request model, with its checks and errors.
+
+    Raises:
+        TypeError, ValueError: as :func:`encode_request`;
+        pydantic.ValidationError: ``data`` is not a JSON object with string keys.
+    """
+    if type(data) is not dict or not all(map(_is_str, data)):
+        ext = {"id": request_id, "traceparent": traceparent, "tracestate": tracestate}
+        model = _DATA_REQUESTS[kind]
+        return encode_request(model(data=data, **{k: v for k, v in ext.items()
+                                                 if v is not None}))
+    frame: dict[str, Any] = {}
+    # The key order of the request models' dump: envelope extensions, type, data.
+    if request_id is not None:
+        frame["id"] = request_id
+    if traceparent is not None:
+        frame["traceparent"] = traceparent
+    if tracestate is not None:
+        frame["tracestate"] = tracestate
+    frame["type"] = kind
+    try:
+        frame["data"] = _DATA_SERIALIZER.to_python(data)
+        text = to_json(frame, inf_nan_mode="constants").decode()
+    except PydanticSerializationError as exc:
+        raise TypeError(f"{kind} data is not JSON-serialisable: {exc}") from exc
+    if "NaN" in text or "Infinity" in text:
+        json.loads(text, parse_constant=lambda name: _refuse_constant(kind, name))
     return text
 
 

@@ -42,13 +42,11 @@ from envlink._protocol import (
     ErrorFrame,
     Extensions,
     McpFrame,
-    McpRequest,
     ObservationFrame,
-    ResetRequest,
     StateFrame,
     StateRequest,
-    StepRequest,
     decode_response,
+    encode_data_request,
     encode_request,
 )
 
@@ -302,23 +300,21 @@ class SessionCore(_Planning):
         Raises:
             TypeError: ``data`` is not a JSON object with string keys.
         """
+        traceparent = tracestate = None
+        if request_id is not None and trace:
+            traceparent, tracestate = trace.get("traceparent"), trace.get("tracestate")
+        if method == "reset" or method == "step" or method == "mcp":
+            try:
+                return encode_data_request(method, data or {}, request_id, traceparent,
+                                           tracestate)
+            except ValidationError as exc:
+                raise TypeError(f"{method} data must be a JSON object with string keys: "
+                                f"{exc.errors(include_url=False)[0]['msg']}") from exc
         ext: dict[str, Any] = {}
         if request_id is not None:
-            trace = trace or {}
-            ext = {"id": request_id, "traceparent": trace.get("traceparent"),
-                   "tracestate": trace.get("tracestate")}
-        try:
-            if method == "reset":
-                return encode_request(ResetRequest(data=data or {}, **ext))
-            if method == "step":
-                return encode_request(StepRequest(data=data or {}, **ext))
-        except ValidationError as exc:
-            raise TypeError(f"{method} data must be a JSON object with string keys: "
-                            f"{exc.errors(include_url=False)[0]['msg']}") from exc
+            ext = {"id": request_id, "traceparent": traceparent, "tracestate": tracestate}
         if method == "state":
             return encode_request(StateRequest(**ext))
-        if method == "mcp":
-            return encode_request(McpRequest(data=data or {}, **ext))
         return encode_request(CloseRequest(**ext))
 
     def preflight(self, method: str, *, connection_open: bool) -> Preflight:

@@ -8,13 +8,14 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from envlink import ProtocolError
 from envlink._protocol import (
     EXTENSION_HEADER,
     ErrorFrame,
     Extensions,
+    McpRequest,
     ObservationFrame,
     ResetRequest,
     StateFrame,
@@ -22,6 +23,7 @@ from envlink._protocol import (
     StepRequest,
     decode_request,
     decode_response,
+    encode_data_request,
     encode_request,
     encode_response,
 )
@@ -171,3 +173,54 @@ def test_non_finite_number_inside_a_nested_model_is_refused(bad: float) -> None:
         encode_request(frame)
     fine = StepRequest(data={"m": Inner(x=2.0)})
     assert json.loads(encode_request(fine)) == {"type": "step", "data": {"m": {"x": 2.0}}}
+
+
+_REQUEST_MODELS = {"reset": ResetRequest, "step": StepRequest, "mcp": McpRequest}
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["reset", "step", "mcp"]),
+       data=st.dictionaries(st.text(), json_values | st.floats(), max_size=6),
+       request_id=st.none() | st.text(max_size=8),
+       traceparent=st.none() | st.just("00-" + "a" * 32 + "-" + "b" * 16 + "-01"),
+       tracestate=st.none() | st.just("k=v"))
+def test_direct_request_encoding_is_the_models_encoding(
+        kind: str, data: dict[str, object], request_id: str | None,
+        traceparent: str | None, tracestate: str | None) -> None:
+    """encode_data_request gives the request model's text byte for byte, or its error."""
+    ext = {k: v for k, v in (("id", request_id), ("traceparent", traceparent),
+                             ("tracestate", tracestate)) if v is not None}
+    try:
+        expected: str | type[Exception] = encode_request(
+            _REQUEST_MODELS[kind](data=data, **ext))  # type: ignore[arg-type]
+    except ValueError:
+        expected = ValueError
+    try:
+        got: str | type[Exception] = encode_data_request(kind, data, request_id,
+                                                          traceparent, tracestate)
+    except ValueError:
+        got = ValueError
+    assert got == expected
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_direct_request_encoding_refuses_what_the_model_refuses(bad: float) -> None:
+    """A nested model's NaN is refused, other keys and mappings take the model's path."""
+
+    class Inner(BaseModel):
+        x: float
+
+    with pytest.raises(ValueError, match="JSON cannot represent"):
+        encode_data_request("step", {"m": [Inner(x=bad)]})
+    assert json.loads(encode_data_request("step", {"m": Inner(x=2.0)})) == {
+        "type": "step", "data": {"m": {"x": 2.0}}}
+    with pytest.raises(ValidationError):
+        encode_data_request("step", {1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="not JSON-serialisable"):
+        encode_data_request("step", {"f": object()})
+
+    class Ordered(dict):  # type: ignore[type-arg]
+        pass
+
+    assert encode_data_request("mcp", Ordered(a=1), "7") == encode_request(
+        McpRequest(data={"a": 1}, id="7"))
