@@ -74,6 +74,8 @@ from envlink.names import (
 
 __all__ = ["SessionDriver"]
 
+_current_task = asyncio.current_task
+
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 
@@ -177,9 +179,8 @@ class SessionDriver:
             core.discarded()
             core.resume_token = None
 
-    def _bind_loop(self) -> asyncio.Lock:
+    def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         self.drop_if_inherited()
-        loop = asyncio.get_running_loop()
         if self._loop is not loop or self._lock is None:
             if (self._loop is not None and not self._loop.is_closed()
                     and self.connector.is_open):
@@ -460,7 +461,10 @@ class _Turn:
 
     async def __aenter__(self) -> None:
         driver = self._driver
-        lock = driver._bind_loop()
+        # One running-loop look-up (a getpid() system call on 3.11) for task and loop.
+        task = _current_task()
+        lock = driver._bind_loop(
+            asyncio.get_running_loop() if task is None else task.get_loop())
         queued = time.perf_counter()
         await lock.acquire()
         self._call.queue_wait = time.perf_counter() - queued
@@ -468,7 +472,7 @@ class _Turn:
             lock.release()
             raise ClientClosedError("the client is closed")
         self._lock = lock
-        driver.active = asyncio.current_task()
+        driver.active = task
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:

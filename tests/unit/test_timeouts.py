@@ -94,3 +94,31 @@ def test_no_wait_for_in_the_client_library() -> None:
                     node.value, ast.Name) and node.value.id == "asyncio":
                 users.append(path.name)
     assert users == []
+
+
+async def test_deadline_passes_on_a_cancellation_that_coincides_with_its_expiry() -> None:
+    """A cancellation from outside that lands with the deadline's own is the caller's:
+    it stays a CancelledError (the deadline cannot claim it as its timeout)."""
+    entered = asyncio.Event()
+
+    async def call() -> None:
+        async with deadline(0.0, "step"):  # expires on the next loop iteration
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(call())
+    await entered.wait()  # runs before the expiry, in the same iteration
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_deadline_that_did_not_expire_leaves_the_task_uncancelled() -> None:
+    """A block that ends in time leaves no pending cancellation and no live timer."""
+    for _ in range(3):
+        async with deadline(0.05, "step"):
+            await asyncio.sleep(0)
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    await asyncio.sleep(0.1)  # past every deadline above: none fires late
+    assert task.cancelling() == 0
