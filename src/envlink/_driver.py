@@ -47,7 +47,7 @@ from envlink._protocol import (
     server_error,
 )
 from envlink._recovery import recover
-from envlink._retry import Again, Retry
+from envlink._retry import Again, Retry, succeeded
 from envlink._session import (
     Action,
     Call,
@@ -264,7 +264,15 @@ class SessionDriver:
                 raise decision.error from exc
 
         try:
-            return await self.retry("resend").run(attempt)
+            # The first try runs here; the retry loop is built only once it failed.
+            start = core.clock()
+            try:
+                result = await attempt(1)
+            except BaseException as exc:
+                first = exc
+            else:
+                return succeeded(self.connector.policy, result)
+            return await self.retry("resend").continue_after(first, attempt, start)
         except asyncio.CancelledError:
             # A deadline or a cancellation once the frame may be on the wire: the
             # server may have applied it; the journal says so until the client learns

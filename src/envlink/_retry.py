@@ -48,6 +48,7 @@ __all__ = [
     "Clock",
     "Retry",
     "Sleep",
+    "succeeded",
 ]
 
 _T = TypeVar("_T")
@@ -121,6 +122,14 @@ class _OnClock(stop_base):
         view.start_time = self._start
         view.outcome_timestamp = self._clock()
         return bool(self._inner(view))
+
+
+def succeeded(policy: ReconnectPolicy, result: _T) -> _T:
+    """A first try succeeded: the shared budget earns back a fraction of a token."""
+    budget = policy.budget
+    if budget is not None:
+        budget.record_success()
+    return result
 
 
 class Retry:
@@ -207,14 +216,30 @@ class Retry:
         try:
             result = await attempt(1 + self.attempts_used)
         except BaseException as exc:
-            first: BaseException | None = exc
+            first = exc
         else:
             return self._succeeded(result)
+        return await self.continue_after(first, attempt, start)
+
+    async def continue_after(self, first: BaseException,
+                             attempt: Callable[[int], Awaitable[_T]], start: float) -> _T:
+        """:meth:`run` after a first try made by the caller failed with ``first``.
+
+        For a hot path that makes its first try itself (and builds this loop only
+        once that failed); the result is what :meth:`run` would have given.
+
+        Args:
+            first: the first try's failure.
+            attempt: as for :meth:`run`.
+            start: when the first try began, on :attr:`clock`.
+        """
+        self.tries = 1
+        pending: BaseException | None = first
         try:
             async for state in self.retrying(start):
                 with state:
-                    if first is not None:
-                        failed, first = first, None
+                    if pending is not None:
+                        failed, pending = pending, None
                         raise failed  # tenacity decides from the first try's outcome
                     self.tries += 1
                     result = await attempt(self.tries + self.attempts_used)
@@ -227,10 +252,7 @@ class Retry:
         return self._succeeded(result)
 
     def _succeeded(self, result: _T) -> _T:
-        budget = self.policy.budget
-        if budget is not None:
-            budget.record_success()
-        return result
+        return succeeded(self.policy, result)
 
     async def _wait(self, seconds: float) -> None:
         if seconds > 0 and not testing_enabled():
