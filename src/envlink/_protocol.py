@@ -12,8 +12,10 @@ only when the server advertised them in the upgrade response; see
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from json.decoder import JSONDecoder
+from json.scanner import c_make_scanner  # type: ignore[attr-defined]
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -431,7 +433,23 @@ def encode_response(
     return json.dumps(obj, separators=(",", ":"))
 
 
+# json.loads's own C scanner, called directly: json.loads wraps it in three Python
+# frames and two whitespace regex matches per document.
+_scan: Callable[[str, int], tuple[Any, int]] | None = (
+    None if c_make_scanner is None else c_make_scanner(JSONDecoder()))
+
+
 def _loads(raw: str | bytes, *, code: str) -> Any:
+    if _scan is not None and type(raw) is str and raw[:1] == "{":
+        # A frame as servers send it; anything else (bytes, whitespace around it, a
+        # fault) is left to json.loads, whose result and errors are the reference.
+        try:
+            obj, end = _scan(raw, 0)
+        except Exception:  # json.loads below says what is wrong
+            pass
+        else:
+            if end == len(raw):
+                return obj
     try:
         return json.loads(raw)
     except RecursionError as exc:

@@ -21,6 +21,7 @@ from envlink._protocol import (
     StateFrame,
     StateRequest,
     StepRequest,
+    _loads,
     decode_request,
     decode_response,
     encode_data_request,
@@ -224,3 +225,18 @@ def test_direct_request_encoding_refuses_what_the_model_refuses(bad: float) -> N
 
     assert encode_data_request("mcp", Ordered(a=1), "7") == encode_request(
         McpRequest(data={"a": 1}, id="7"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=st.dictionaries(st.text(), json_values | st.floats(), max_size=5),
+       cut=st.integers(min_value=0, max_value=200), pad=st.sampled_from(["", " ", "\n", "x"]))
+def test_frame_parsing_is_json_loads(obj: dict[str, object], cut: int, pad: str) -> None:
+    """Frames parse exactly as json.loads parses them: whole, cut short, or padded."""
+    for text in (json.dumps(obj), json.dumps(obj)[:cut], json.dumps(obj) + pad):
+        try:
+            expected = json.dumps(json.loads(text))
+        except ValueError:
+            with pytest.raises(ProtocolError, match="not valid JSON"):
+                _loads(text, code="")
+        else:
+            assert json.dumps(_loads(text, code="")) == expected
