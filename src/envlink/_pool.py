@@ -319,8 +319,10 @@ class EnvPool(Generic[ActT, ObsT]):
         if self._closed:
             return
         self._closed = True
-        await self._batches.cancel_all()
         engine = self._engine
+        if engine is not None:
+            self._tel.remove_breaker_source(engine)
+        await self._batches.cancel_all()
         if engine is not None:
             for slot in self._slots:
                 engine.detach(slot)
@@ -387,6 +389,7 @@ class EnvPool(Generic[ActT, ObsT]):
                                 capacity=self._capacity, verify=self._verify, tel=self._tel)
             holder.append(engine)
             self._engine = engine
+            self._tel.add_breaker_source(engine)  # envlink.pool.breaker.state
         return self._engine
 
     def _chosen(self, mask: Sequence[bool] | None,

@@ -14,7 +14,7 @@ import contextlib
 import enum
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from envlink import _logging
@@ -143,6 +143,11 @@ class SlotEngine:
         _log.warning(LOG_POOL_BREAKER_CHANGED, url=ep.url, old=old.value, new=new.value,
                      failures=ep.breaker.consecutive_failures)
         self.notify()
+
+    def breaker_states(self) -> Iterable[tuple[str, int, str]]:
+        """Each endpoint's ``(host, port, breaker state)``; a read only, for metric collection."""
+        return [(ep.host, ep.port, ep.breaker.peek().value)
+                for ep in self.placement.endpoints]
 
     def notify(self) -> None:
         """Something changed (a slot freed, a breaker moved): wake waiting placements."""

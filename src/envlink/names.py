@@ -29,6 +29,7 @@ __all__ = [
     "METRIC_POOL_STRAGGLERS",
     "METRIC_POOL_SESSIONS",
     "METRIC_POOL_BREAKER_TRANSITIONS",
+    "METRIC_POOL_BREAKER_STATE",
     "METRIC_POOL_PLACEMENTS",
     "SPAN_POOL_PREFIX",
     "SPAN_POOL_RECV",
@@ -173,6 +174,9 @@ METRIC_POOL_BATCH_DURATION = "envlink.pool.batch.duration"
 METRIC_POOL_STRAGGLERS = "envlink.pool.stragglers"
 METRIC_POOL_SESSIONS = "envlink.pool.sessions"
 METRIC_POOL_BREAKER_TRANSITIONS = "envlink.pool.breaker.transitions"
+#: The current state of each EnvPool endpoint's breaker (a state set: 1 for the current
+#: state, 0 for the others), read when metrics are collected.
+METRIC_POOL_BREAKER_STATE = "envlink.pool.breaker.state"
 METRIC_POOL_PLACEMENTS = "envlink.pool.placements"
 #: Every metric envlink emits (the contract documented in docs/telemetry.md).
 METRIC_NAMES: tuple[str, ...] = (
@@ -180,7 +184,7 @@ METRIC_NAMES: tuple[str, ...] = (
     METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS,
     METRIC_INFLIGHT, METRIC_MESSAGE_SIZE, METRIC_RECOVERIES, METRIC_POOL_BATCH_DURATION,
     METRIC_POOL_STRAGGLERS, METRIC_POOL_SESSIONS, METRIC_POOL_BREAKER_TRANSITIONS,
-    METRIC_POOL_PLACEMENTS,
+    METRIC_POOL_BREAKER_STATE, METRIC_POOL_PLACEMENTS,
 )
 
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
