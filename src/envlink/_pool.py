@@ -165,7 +165,9 @@ class EnvPool(Generic[ActT, ObsT]):
         CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
         self._verify = replay_verify or same_answer
         self._slots = [Slot(i) for i in range(size)]
-        self._batches: BatchRunner[ObsT] = BatchRunner(size, self._tel, max_inflight)
+        self._batches: BatchRunner[ObsT] = BatchRunner(
+            size, self._tel, max_inflight,
+            cut_after_send=lambda i: self._slots[i].cut_after_send)
         self._closed = False
 
     # ------------------------------------------------------------------ properties
@@ -408,6 +410,8 @@ class EnvPool(Generic[ActT, ObsT]):
         if busy:
             raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
                              "step with step_recv(); one batch call at a time per slot)")
+        for i in chosen:  # a new call: no cut yet (it may be cut before it even starts)
+            self._slots[i].cut_after_send = False
         return chosen
 
     def _step_calls(self, chosen: list[int], actions: Sequence[ActT | None],

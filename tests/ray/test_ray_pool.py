@@ -12,7 +12,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 
 from _processes import ServerProcess  # noqa: E402
-from envlink import EnvPool, SessionLostError, StepResult  # noqa: E402
+from envlink import CallTimeoutError, EnvPool, SessionLostError, StepResult  # noqa: E402
 from envlink.ray import RayEnvPool  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -240,3 +240,42 @@ async def test_an_unresponsive_shard_is_replaced(ray_local: Any, threads: Any) -
             assert isinstance(batch[i], SessionLostError)
             assert "no answer within 2 s" in str(batch[i])
         assert pool.actors()[0] is not first_actor
+
+
+async def test_a_batch_deadline_on_a_shard_says_whether_the_step_was_sent(
+        ray_local: Any, threads: Any) -> None:
+    """Through Ray as in-process: a step sent then cut is outcome_unknown, one never sent not."""
+    st = threads()
+
+    def latency(seconds: float) -> int:
+        """Answers leave the server ``seconds`` late (it keeps reading); the step count now."""
+
+        def apply(server: Any) -> int:
+            server.faults.latency = seconds
+            return int(server._counters.get("request.step"))
+
+        return int(st.call(apply))
+
+    async with RayEnvPool([st.url], 2, shards=1, max_inflight=1) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        # Slot 0's step reaches the server and is answered 5 s late (a long deadline:
+        # it keeps the window of one); slot 1's step, in a batch of its own with a
+        # short deadline, waits behind it and is never sent.
+        before = latency(5.0)
+        await pool.step_send([{"move": 1}, None], mask=[True, False], timeout=60)
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
+        alone = await pool.step([None, {"move": 1}], mask=[False, True], timeout=0.5)
+        unsent = alone[1]
+        assert isinstance(unsent, CallTimeoutError) and unsent.outcome_unknown is False
+        assert "was sent" not in str(unsent)
+        assert st.call(lambda s: int(s._counters.get("request.step"))) == before + 1
+        assert isinstance((await pool.step_recv())[0], StepResult)
+        # Now slot 0's step is sent and cut by its deadline: its outcome is unknown.
+        before = latency(3.0)
+        batch = await pool.step([{"move": 1}, None], mask=[True, False], timeout=1.0)
+        assert st.call(lambda s: int(s._counters.get("request.step"))) == before + 1
+        latency(0.0)
+        sent = batch[0]
+        assert isinstance(sent, CallTimeoutError)
+        assert sent.outcome_unknown is True and sent.method == "step"
+        assert "was sent" in str(sent)
