@@ -40,6 +40,9 @@ __all__ = [
     "ATTR_RAY_SHARD",
     "ATTR_RAY_SHARDS",
     "LOG_RAY_SHARD_LOST",
+    "RAY_METRIC_SHARD_RESTARTS",
+    "RAY_RESTART_DIED",
+    "RAY_RESTART_UNRESPONSIVE",
     "ATTR_ATTEMPT",
     "ATTR_BRIDGE_QUEUE_WAIT",
     "ATTR_BRIDGE_RUN_TIME",
@@ -232,6 +235,13 @@ SPAN_RAY_SHARD_PREFIX = "envlink.ray.shard "
 ATTR_RAY_SHARD = "envlink.ray.shard"
 ATTR_RAY_SHARDS = "envlink.ray.shards"
 LOG_RAY_SHARD_LOST = "envlink.ray.shard_lost"
+#: Shard actors replaced by the driver (attributes ``envlink.ray.shard``, ``envlink.reason``).
+#: Not ``METRIC_*``: every ``METRIC_*`` name is in METRIC_NAMES, the single-process contract.
+RAY_METRIC_SHARD_RESTARTS = "envlink.ray.shard.restarts"
+#: ``envlink.reason`` of a restart: the actor died (killed, node or process lost)...
+RAY_RESTART_DIED = "died"
+#: ... or did not answer within the batch deadline plus ``shard_timeout_margin``.
+RAY_RESTART_UNRESPONSIVE = "unresponsive"
 #: Every log event envlink's client emits (the contract documented in docs/telemetry.md).
 LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_CONNECTION_DISCARDED,
