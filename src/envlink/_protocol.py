@@ -55,6 +55,7 @@ __all__ = [
     "StepRequest",
     "decode_request",
     "decode_response",
+    "encode_call",
     "encode_data_request",
     "encode_request",
     "encode_response",
@@ -258,6 +259,33 @@ def encode_data_request(kind: str, data: dict[str, Any],
     if "NaN" in text or "Infinity" in text:
         json.loads(text, parse_constant=lambda name: _refuse_constant(kind, name))
     return text
+
+
+def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None,
+                trace: Mapping[str, str] | None = None) -> str:
+    """The text frame of a client's request (``reset``, ``step``, ``mcp``, ``state``,
+    ``close``); trace context is set only with a request id.
+
+    Raises:
+        TypeError: ``data`` is not a JSON object with string keys.
+        ValueError: ``data`` holds NaN or an infinity.
+    """
+    traceparent = tracestate = None
+    if request_id is not None and trace:
+        traceparent, tracestate = trace.get("traceparent"), trace.get("tracestate")
+    if method == "reset" or method == "step" or method == "mcp":
+        try:
+            return encode_data_request(method, data or {}, request_id, traceparent,
+                                       tracestate)
+        except ValidationError as exc:
+            raise TypeError(f"{method} data must be a JSON object with string keys: "
+                            f"{exc.errors(include_url=False)[0]['msg']}") from exc
+    ext: dict[str, Any] = {}
+    if request_id is not None:
+        ext = {"id": request_id, "traceparent": traceparent, "tracestate": tracestate}
+    if method == "state":
+        return encode_request(StateRequest(**ext))
+    return encode_request(CloseRequest(**ext))
 
 
 def _refuse_constant(frame_type: str, name: str) -> None:

@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pydantic import ValidationError
-
 from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
@@ -38,16 +36,13 @@ from envlink._errors import (
 from envlink._journal import EpisodeJournal
 from envlink._policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
 from envlink._protocol import (
-    CloseRequest,
     ErrorFrame,
     Extensions,
     McpFrame,
     ObservationFrame,
     StateFrame,
-    StateRequest,
     decode_response,
-    encode_data_request,
-    encode_request,
+    encode_call,
 )
 
 __all__ = [
@@ -300,22 +295,7 @@ class SessionCore(_Planning):
         Raises:
             TypeError: ``data`` is not a JSON object with string keys.
         """
-        traceparent = tracestate = None
-        if request_id is not None and trace:
-            traceparent, tracestate = trace.get("traceparent"), trace.get("tracestate")
-        if method == "reset" or method == "step" or method == "mcp":
-            try:
-                return encode_data_request(method, data or {}, request_id, traceparent,
-                                           tracestate)
-            except ValidationError as exc:
-                raise TypeError(f"{method} data must be a JSON object with string keys: "
-                                f"{exc.errors(include_url=False)[0]['msg']}") from exc
-        ext: dict[str, Any] = {}
-        if request_id is not None:
-            ext = {"id": request_id, "traceparent": traceparent, "tracestate": tracestate}
-        if method == "state":
-            return encode_request(StateRequest(**ext))
-        return encode_request(CloseRequest(**ext))
+        return encode_call(method, data, request_id, trace)
 
     def preflight(self, method: str, *, connection_open: bool) -> Preflight:
         """What to do before sending ``method``."""
@@ -433,12 +413,8 @@ class SessionCore(_Planning):
 
     def answered(self, method: str, data: dict[str, Any] | None, frame: Frame,
                  *, episode_id: str | None = None, call: Call | None = None) -> None:
-        """A request was answered (not with an error): follow it in the journal.
-
-        ``call``: the public call, when it holds ``frame`` with the frames as sent
-        and received (the journal then keeps those instead of serialising ``data``
-        and the answer again).
-        """
+        """A request was answered (not with an error): follow it in the journal (from
+        ``call``'s frames as sent and received when it holds ``frame``)."""
         if method == "reset" and isinstance(frame, ObservationFrame):
             self.journal.record_reset(data or {}, frame.raw_data)
             self.journal.episode_id = episode_id or uuid.uuid4().hex
