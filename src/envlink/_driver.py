@@ -44,6 +44,7 @@ from envlink._protocol import (
     ObservationFrame,
     StateFrame,
     decode_response,
+    encode_call,
     server_error,
 )
 from envlink._recovery import recover
@@ -339,7 +340,7 @@ class SessionDriver:
         carrier: dict[str, str] | None = None
         if request_id is not None:
             carrier = trace_carrier()  # per-message trace context (negotiated extension)
-        text = core.encode(method, data, request_id, carrier)
+        text = encode_call(method, data, request_id, carrier)  # core.encode, one frame less
         hook.message("sent", len(text))
         max_size = self.options.max_message_size
         # From the moment send() is entered the frame may be on the wire (websockets
