@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate
 
-from envlink._errors import EnvlinkError
+from envlink._errors import ClientClosedError, EnvlinkError
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._pool import EnvPool
 from envlink._pool_types import Batch, PoolView, SlotResult
@@ -270,28 +270,37 @@ class Shard:
         wait (not only the answers of the steps in flight when the wait began).
         """
         with self._span("recv", carrier, 1):
-            await self._until_answered()
-            # Collects what has answered by now (nothing in flight: the pool's ValueError).
-            batch = await self.pool.step_recv(1, timeout=0)
+            waited = await self._until_answered()
+            if waited and self.pool.closed and not self.pool._batches.inflight:
+                # Closed during the wait (its steps cancelled): as the pool's own recv.
+                items: list[SlotResult[Any]] = [None] * self.spec.size
+                for i, task in waited.items():
+                    items[i] = (task.result() if task.done() and not task.cancelled()
+                                else ClientClosedError("the pool was closed during the call"))
+                batch: Batch[Any] = Batch(items, ready=sorted(waited))
+            else:
+                # What has answered by now (nothing in flight: the pool's ValueError).
+                batch = await self.pool.step_recv(1, timeout=0)
         return self._answer(batch)
 
-    def _sent_tasks(self) -> set[asyncio.Task[Any]]:
-        """The tasks of the pool's sent and not yet collected steps."""
-        return set(self.pool._batches.inflight.values())
-
-    async def _until_answered(self) -> None:
-        """Return once a sent step has answered (or none is in flight)."""
+    async def _until_answered(self) -> dict[int, asyncio.Task[Any]]:
+        """Return once a sent step has answered (or none is in flight): the sent steps'
+        tasks by slot, as last seen (before the pool forgot them, if it was closed)."""
         sent = asyncio.Event()
         self._recv_waiters.add(sent)
+        tasks: dict[int, asyncio.Task[Any]] = {}
         try:
             while True:
-                tasks = self._sent_tasks()
-                if not tasks or any(t.done() for t in tasks):
-                    return
+                if not self.pool._batches.inflight:
+                    return tasks
+                tasks = dict(self.pool._batches.inflight)
+                if any(t.done() for t in tasks.values()):
+                    return tasks
                 sent.clear()
                 woken = asyncio.ensure_future(sent.wait())
                 try:
-                    await asyncio.wait({*tasks, woken}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait({*tasks.values(), woken},
+                                       return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     woken.cancel()
         finally:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from envlink import ReplayDivergedError, StepResult
+from envlink import ClientClosedError, ReplayDivergedError, StepResult
 from envlink._ray_shard import DriverSlot, Shard, ShardSpec, SlotRestore
 
 pytestmark = pytest.mark.timeout(30)
@@ -120,4 +120,26 @@ async def test_a_waiting_recv_sees_steps_sent_while_it_waits(det_servers: Any) -
     finally:
         if waiting is not None and not waiting.done():
             waiting.cancel()
+        await shard.close()
+
+
+async def test_a_waiting_recv_answers_closed_when_the_pool_closes(det_servers: Any) -> None:
+    """Closing a shard's pool under a waiting step_recv answers ClientClosedError per slot."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        for handle in server.connections:
+            handle.faults.stall_after = handle.requests + 1  # no step answers
+        before = server.counter("request.step")
+        await shard.step_send([{"move": 1}] * 2, [True, True], None)
+        waiting = asyncio.ensure_future(shard.step_recv())
+        await server.wait_for_request("step", before + 2)
+        assert not waiting.done()
+        await shard.pool.close()
+        answer = await waiting
+        assert answer.ready == (0, 1)
+        assert all(isinstance(r, ClientClosedError) for r in answer.items)
+    finally:
+        server.unstall_all()
         await shard.close()
