@@ -103,6 +103,9 @@ _OWN_SPAN = frozenset({"close"})
 #: Token of a call recorded without a span (no tracing, or a nested hook without SDK).
 _METRICS_ONLY = object()
 _time_ns = time.time_ns
+_get_current = otel_context.get_current
+_attach = otel_context.attach
+_set_span_in_context = trace.set_span_in_context
 
 #: Default: one successful call in this many (per method) is recorded in
 #: ``envlink.bridge.wait.duration``, the first one included; failed calls always.
@@ -168,12 +171,15 @@ class BridgeTelemetryHook:
         method = call.method
         info = _method_infos.get(method) or _method_info(method)
         try:
-            span = tel.tracer.start_span(info.span_name, kind=_INTERNAL,
+            # The caller's OpenTelemetry context, read once: the span's parent, and the
+            # context the coroutine's copy gets with the span in it.
+            parent = _get_current()
+            span = tel.tracer.start_span(info.span_name, context=parent, kind=_INTERNAL,
                                          attributes=info.span_attrs)
         except Exception:  # a failing span processor must never fail the call
             return _METRICS_ONLY
         if span.is_recording():
-            call.context.run(otel_context.attach, trace.set_span_in_context(span))
+            call.context.run(_attach, _set_span_in_context(span, parent))
         return span
 
     def call_finished(self, call: BridgeCallFinished, token: Any) -> None:
