@@ -110,6 +110,8 @@ _set_span_in_context = trace.set_span_in_context
 #: Default: one successful call in this many (per method) is recorded in
 #: ``envlink.bridge.wait.duration``, the first one included; failed calls always.
 WAIT_SAMPLE = 16
+#: Methods whose calls are counted for that sampling; beyond, every call's wait is recorded.
+_MAX_SAMPLED_METHODS = 4096
 
 
 class BridgeTelemetryHook:
@@ -198,10 +200,15 @@ class BridgeTelemetryHook:
                 tel.bridge_wait_duration.record(wait, attrs)
             else:
                 seen = self._seen
-                n = seen.get(method, 0)
-                seen[method] = n + 1
-                if n % self.wait_sample == 0:
+                n = seen.get(method)
+                if n is None:  # a method's first call, or one past the bound: recorded
+                    if len(seen) < _MAX_SAMPLED_METHODS:  # names come from code; bounded
+                        seen[method] = 1
                     tel.bridge_wait_duration.record(wait, attrs)
+                else:
+                    seen[method] = n + 1
+                    if n % self.wait_sample == 0:
+                        tel.bridge_wait_duration.record(wait, attrs)
             if type(token) is BridgeHop:
                 if token.claimed:
                     return  # the client's span covers the call and shows the wait

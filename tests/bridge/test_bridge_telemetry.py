@@ -197,3 +197,20 @@ def test_outcome_of_errors_raised_by_the_coroutine(otel: Otel) -> None:
     outcomes = {p.attributes[ATTR_RPC_METHOD]: p.attributes[ATTR_OUTCOME]
                 for p in otel.points(METRIC_BRIDGE_CALL_DURATION)}
     assert outcomes == {"client_deadline": "timeout", "client_closed": "error"}
+
+
+def test_wait_sampling_state_is_bounded(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound of counted methods a new method's calls are all recorded (nothing more
+    is remembered), while the counted methods keep their sampling."""
+    import envlink._telemetry_bridge as tb
+
+    monkeypatch.setattr(tb, "_MAX_SAMPLED_METHODS", 1)
+    hook = BridgeTelemetryHook(otel.tracer_provider, otel.meter_provider)
+    with Bridge(hooks=[hook]) as bridge:
+        for _ in range(3):
+            bridge.call(noop, timeout=5)
+            bridge.call(noop, timeout=5, method="late")
+    wait = {p.attributes[ATTR_RPC_METHOD]: p.count
+            for p in otel.points(METRIC_BRIDGE_WAIT_DURATION)}
+    assert wait == {"noop": 1, "late": 3}
+    assert set(hook._seen) == {"noop"}
