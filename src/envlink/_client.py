@@ -40,7 +40,6 @@ from envlink._protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._session import Call, SessionCore
 from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
-from envlink._websocket import WebSocketTransport
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -73,6 +72,14 @@ class StepResult(Generic[ObsT]):
     reward: float | None = None
     done: bool = False
     metadata: dict[str, Any] | None = None
+
+
+def _websocket() -> Transport:
+    # websockets (with urllib.request, http.client, email...) is imported by the first
+    # client that needs it, not by `import envlink`.
+    from envlink._websocket import WebSocketTransport
+
+    return WebSocketTransport()
 
 
 class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
@@ -185,7 +192,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
                                  "arguments (headers, ping_interval, ...), not both")
             built = options
         self._options: ConnectionOptions = built
-        self._transport: Transport = transport if transport is not None else WebSocketTransport()
+        self._transport: Transport = transport if transport is not None else _websocket()
         policy = reconnect or ReconnectPolicy()
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
