@@ -130,3 +130,22 @@ def test_star_import_and_from_import_of_lazy_names() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=50, cwd=ROOT)
     assert done.returncode == 0, done.stderr
+
+
+def test_protocol_models_are_built_at_first_use() -> None:
+    """`import envlink` builds no validator of the protocol frames (pydantic defer_build);
+    the first reset and step build the ones a client uses (not the server's request
+    adapter), and encode and decode work."""
+    code = ("from envlink import _protocol as p\n"
+            "frames = [p.ResetRequest, p.StepRequest, p.ObservationFrame, p.ErrorFrame]\n"
+            "assert not any(f.__pydantic_complete__ for f in frames)\n"
+            + MOCK_STEP +
+            "assert p.StepRequest.__pydantic_complete__ and p._RESPONSE_ADAPTER.pydantic_complete\n"
+            "assert not p._REQUEST_ADAPTER.pydantic_complete  # a server's, never built here\n"
+            "text = p.encode_request(p.StepRequest(data={'a': 1.5}))\n"
+            "assert text == '{\"type\":\"step\",\"data\":{\"a\":1.5}}', text\n"
+            "frame = p.decode_response('{\"type\":\"error\",\"data\":{\"message\":\"m\"}}')\n"
+            "assert isinstance(frame, p.ErrorFrame) and frame.data.code == 'EXECUTION_ERROR'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
