@@ -8,8 +8,12 @@ over rounds, and the ratio is computed within each round::
 
     git archive <baseline-commit> src | tar -x -C /tmp/base
     python benchmarks/bench_import.py --baseline /tmp/base/src --rounds 21
-    python benchmarks/bench_import.py --baseline /tmp/base/src --stmt \
-        "import envlink; envlink.EchoEnv('ws://127.0.0.1:9').sync()"
+    python benchmarks/bench_import.py --baseline /tmp/base/src --first-step
+
+``--first-step`` times, instead of the import alone, what a script pays up to its
+first answer: ``import envlink``, an ``EchoEnv`` (the transport), ``.sync()``
+(the bridge), connect, ``reset()`` and one ``step()`` against ``envlink serve``
+on loopback (started once, from this checkout, for both trees).
 
 ``--importtime N`` also runs ``python -X importtime`` N times per tree and prints
 the median cumulative time of the slowest modules (what ``import envlink`` pulls
@@ -29,6 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1] / "src"
+
+FIRST_STEP = """import envlink
+with envlink.EchoEnv("{url}").sync() as env:
+    env.reset()
+    env.step(envlink.CallToolAction(tool_name="echo_message", arguments={{"message": "hi"}}))"""
 
 
 def sample(python: str, src: str, stmt: str) -> tuple[float, float]:
@@ -65,11 +74,30 @@ def main() -> None:
     parser.add_argument("--candidate", default=str(HERE), help="default: this checkout's src")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--stmt", default="import envlink")
+    parser.add_argument("--first-step", action="store_true",
+                        help="time import + connect + reset + step on a local server")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", type=int, default=0, metavar="N")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     trees = {"baseline": args.baseline, "candidate": args.candidate}
+    server = None
+    if args.first_step:
+        server = subprocess.Popen(
+            [args.python, "-m", "envlink", "serve", "--port", "0"], cwd="/",
+            env={**os.environ, "PYTHONPATH": args.candidate}, stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[-1]  # "envlink serve: listening on ws://..."
+        args.stmt = FIRST_STEP.format(url=url)
+    try:
+        run(args, trees)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def run(args: argparse.Namespace, trees: dict[str, str]) -> None:
 
     inproc: dict[str, list[float]] = defaultdict(list)
     whole: dict[str, list[float]] = defaultdict(list)

@@ -40,6 +40,11 @@ NEVER_AT_IMPORT = [
     "urllib.request",     # only to look up proxies for POST /mcp
     "http.client",
     "structlog",          # only once something is logged that can be shown
+    "envlink._telemetry_client",  # the emitter: imported by the first client
+    "envlink._telemetry_bridge",  # and by the first bridge
+    "envlink._telemetry",
+    "envlink._logging",
+    "opentelemetry.metrics",
 ]
 
 
@@ -80,6 +85,7 @@ def test_a_client_on_the_mock_transport_loads_no_websockets() -> None:
     default transport imports websockets at construction."""
     loaded = loaded_after(MOCK_STEP)
     assert loaded["envlink._mock"] and loaded["envlink._sync"]
+    assert loaded["envlink._telemetry_client"] and loaded["envlink._telemetry_bridge"]
     assert not loaded["websockets"] and not loaded["urllib.request"], loaded
     assert not loaded["structlog"] and not loaded["envlink.server"], loaded
     loaded = loaded_after("import envlink\nenvlink.EnvClient('ws://127.0.0.1:9')")
@@ -146,6 +152,27 @@ def test_protocol_models_are_built_at_first_use() -> None:
             "assert text == '{\"type\":\"step\",\"data\":{\"a\":1.5}}', text\n"
             "frame = p.decode_response('{\"type\":\"error\",\"data\":{\"message\":\"m\"}}')\n"
             "assert isinstance(frame, p.ErrorFrame) and frame.data.code == 'EXECUTION_ERROR'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_bridge_still_gets_envlinks_telemetry_by_default() -> None:
+    """The bridge's default hook, installed by `import envlink` without importing the
+    emitter, is envlink's OpenTelemetry emitter: a bare Bridge call makes its span."""
+    code = ("import envlink\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+            "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+            "InMemorySpanExporter\n"
+            "exporter = InMemorySpanExporter()\n"
+            "provider = TracerProvider()\n"
+            "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+            "async def nothing():\n    return 7\n"
+            "with envlink.Bridge(tracer_provider=provider) as bridge:\n"
+            "    assert bridge.call(nothing, timeout=10, method='nothing') == 7\n"
+            "names = [s.name for s in exporter.get_finished_spans()]\n"
+            "assert names == ['envlink.bridge nothing'], names\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=50, cwd=ROOT)
     assert done.returncode == 0, done.stderr

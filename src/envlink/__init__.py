@@ -11,6 +11,7 @@ from __future__ import annotations
 __version__ = "0.1.0.dev0"
 
 import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from envlink._bridge import (
@@ -56,7 +57,6 @@ from envlink._hooks import (
 )
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
-from envlink._telemetry_bridge import default_bridge_hooks
 
 if TYPE_CHECKING:
     from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
@@ -67,8 +67,17 @@ if TYPE_CHECKING:
     from envlink._sync import SyncEnvClient
     from envlink.telemetry import configure
 
+
+
+def _bridge_hooks(tracer_provider: Any, meter_provider: Any) -> Sequence[BridgeHook]:
+    # The emitter (and its OpenTelemetry metrics API) is imported by the first bridge.
+    from envlink._telemetry_bridge import default_bridge_hooks
+
+    return default_bridge_hooks(tracer_provider, meter_provider)
+
+
 # The generic bridge imports no telemetry: envlink gives it its OpenTelemetry emitter.
-set_default_hooks(default_bridge_hooks)
+set_default_hooks(_bridge_hooks)
 
 #: Public names whose module is imported on first access (PEP 562), not by
 #: `import envlink`: what a plain client does not need to connect and step (the

@@ -38,7 +38,6 @@ from envlink._mcp import McpMethods
 from envlink._policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._session import Call, SessionCore
-from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
 
 if TYPE_CHECKING:
@@ -80,6 +79,15 @@ def _websocket() -> Transport:
     from envlink._websocket import WebSocketTransport
 
     return WebSocketTransport()
+
+
+def _telemetry_hook(tracer_provider: TracerProvider | None,
+                    meter_provider: MeterProvider | None, url: str) -> ClientHook:
+    # The emitter (OpenTelemetry's metrics API, envlink's instruments) is imported by
+    # the first client that uses it, not by `import envlink`.
+    from envlink._telemetry_client import ClientTelemetryHook
+
+    return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
 class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
@@ -197,8 +205,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         if hooks is None:
-            hook: ClientHook = ClientTelemetryHook(tracer_provider, meter_provider,
-                                                   url=self._endpoint.display)
+            hook = _telemetry_hook(tracer_provider, meter_provider, self._endpoint.display)
         else:
             hook = combine_client_hooks(list(hooks))
         self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
