@@ -15,6 +15,15 @@ first answer: ``import envlink``, an ``EchoEnv`` (the transport), ``.sync()``
 (the bridge), connect, ``reset()`` and one ``step()`` against ``envlink serve``
 on loopback (started once, from this checkout, for both trees).
 
+Bytecode: an installed envlink (``pip install``) imports from ``.pyc`` files
+written at install time, while a checkout run with ``PYTHONDONTWRITEBYTECODE=1``
+(as on the development machine) compiles every module from source on every
+start. By default both trees are measured as installed: bytecode caching is on,
+into a private ``PYTHONPYCACHEPREFIX`` (nothing is written into the trees), and
+the untimed warm-up runs fill it. ``--from-source`` measures the other case
+(``PYTHONDONTWRITEBYTECODE=1``: every module of a tree without ``__pycache__`` is
+compiled at each start; site-packages keeps its own bytecode).
+
 ``--importtime N`` also runs ``python -X importtime`` N times per tree and prints
 the median cumulative time of the slowest modules (what ``import envlink`` pulls
 in, and what a change removed). Not part of the test run; standard library only.
@@ -27,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,9 +50,13 @@ with envlink.EchoEnv("{url}").sync() as env:
     env.step(envlink.CallToolAction(tool_name="echo_message", arguments={{"message": "hi"}}))"""
 
 
+#: The environment of every sample (set by main: bytecode caching on or off).
+ENV: dict[str, str] = dict(os.environ)
+
+
 def sample(python: str, src: str, stmt: str) -> tuple[float, float]:
     code = f"import time; t0 = time.perf_counter()\n{stmt}\nprint(time.perf_counter() - t0)"
-    env = {**os.environ, "PYTHONPATH": src}
+    env = {**ENV, "PYTHONPATH": src}
     t0 = time.perf_counter()
     out = subprocess.run([python, "-c", code], check=True, cwd="/", env=env,
                          stdout=subprocess.PIPE, text=True).stdout
@@ -50,7 +64,7 @@ def sample(python: str, src: str, stmt: str) -> tuple[float, float]:
 
 
 def importtime(python: str, src: str, stmt: str) -> dict[str, tuple[int, int]]:
-    env = {**os.environ, "PYTHONPATH": src}
+    env = {**ENV, "PYTHONPATH": src}
     err = subprocess.run([python, "-X", "importtime", "-c", stmt], check=True, cwd="/",
                          env=env, stderr=subprocess.PIPE, text=True).stderr
     found: dict[str, tuple[int, int]] = {}
@@ -78,9 +92,18 @@ def main() -> None:
                         help="time import + connect + reset + step on a local server")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", type=int, default=0, metavar="N")
+    parser.add_argument("--from-source", action="store_true",
+                        help="no bytecode cache: compile every module at every start")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     trees = {"baseline": args.baseline, "candidate": args.candidate}
+    cache = tempfile.TemporaryDirectory(prefix="bench-import-pycache-")
+    if args.from_source:
+        ENV["PYTHONDONTWRITEBYTECODE"] = "1"
+        ENV.pop("PYTHONPYCACHEPREFIX", None)
+    else:
+        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+        ENV["PYTHONPYCACHEPREFIX"] = cache.name
     server = None
     if args.first_step:
         server = subprocess.Popen(
@@ -95,6 +118,7 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(10)
+        cache.cleanup()
 
 
 def run(args: argparse.Namespace, trees: dict[str, str]) -> None:
@@ -110,7 +134,8 @@ def run(args: argparse.Namespace, trees: dict[str, str]) -> None:
             a, b = sample(args.python, trees[name], args.stmt)
             inproc[name].append(a)
             whole[name].append(b)
-    print(f"statement: {args.stmt!r}  ({args.rounds} interleaved rounds, fresh interpreter each)")
+    print(f"statement: {args.stmt!r}  ({args.rounds} interleaved rounds, fresh interpreter each, "
+          f"{'compiled from source each time' if args.from_source else 'bytecode cached'})")
     print(f"load average: {os.getloadavg()[0]:.2f}")
     for name in names:
         print(f"  {name:9s} in-process {med_range(inproc[name])} s   "
