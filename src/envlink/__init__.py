@@ -10,8 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0.dev0"
 
-import importlib
-from collections.abc import Sequence
+from importlib import import_module as _import_module
 from typing import TYPE_CHECKING, Any
 
 from envlink._bridge import (
@@ -59,6 +58,8 @@ from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._mock import MockTransport
     from envlink._pool import AutoresetMode, EnvPool
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
     from envlink._pool_types import Batch, EndpointView, PoolView
     from envlink._sync import SyncEnvClient
     from envlink.telemetry import configure
-
 
 
 def _bridge_hooks(tracer_provider: Any, meter_provider: Any) -> Sequence[BridgeHook]:
@@ -101,13 +101,19 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def _lazy_attribute(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'envlink' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_import_module(module), name)
     globals()[name] = value  # later lookups are plain module attributes
     return value
+
+
+if not TYPE_CHECKING:
+    # Hidden from type checkers, which see the names imported above and so still
+    # report a misspelt `envlink.Nmae` (a module __getattr__ would make it Any).
+    __getattr__ = _lazy_attribute
 
 
 def __dir__() -> list[str]:
