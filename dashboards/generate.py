@@ -189,13 +189,23 @@ def pool_panels(ids: _Ids, y: int) -> list[dict[str, Any]]:
               "(its slowest session, placement and recovery included), or the wait "
               "of a ready-first receive (recv).", "s",
               quantiles("envlink_pool_batch_duration_seconds", "rpc_method", s,
-                        "{{rpc_method}}"), (0, y + 9, 12, 8)),
+                        "{{rpc_method}}"), (0, y + 9, 8, 8)),
         panel(ids, "Pool stragglers",
               "Sessions still in flight when a ready-first receive "
               "(step_recv(min_ready=...)) returned (envlink.pool.stragglers), per "
               "second.", "ops",
               [target(f"sum by (rpc_method) (rate(envlink_pool_stragglers_total"
-                      f"{{{s}}}[{RI}]))", "{{rpc_method}}")], (12, y + 9, 12, 8)),
+                      f"{{{s}}}[{RI}]))", "{{rpc_method}}")], (8, y + 9, 8, 8)),
+        panel(ids, "Breaker state by endpoint",
+              "The current state of each EnvPool endpoint's circuit breaker "
+              "(envlink.pool.breaker.state): a state set, 1 for the state it is in "
+              "and 0 for the others, summed over pools and instances (the count of "
+              "breakers in each state). An open breaker past its reset timeout reads "
+              "half_open.", "short",
+              [target(f"sum by ({ep}, envlink_breaker_state) "
+                      f"(envlink_pool_breaker_state{{{s}}})",
+                      f"{where} {{{{envlink_breaker_state}}}}")],
+              (16, y + 9, 8, 8), stack=True),
     ]
 
 

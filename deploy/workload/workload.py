@@ -12,11 +12,16 @@ Runs one cycle of scenarios after another until stopped (SIGTERM/SIGINT) or unti
   ``on_session_lost="raise"`` (a failed recovery), a call over its deadline
   (``timeout``), and repeated refusals that exhaust a small retry budget
   (``retry_budget_exhausted``);
-- a small ``EnvPool`` over the in-process server and an endpoint that is down
-  (nothing listens there): placements ``placed`` and ``unreachable``, the down
-  endpoint's breaker opening (and, each later cycle, its half-open probe failing),
-  batch resets and steps, and a ready-first step (``step_recv(min_ready=...)``
-  with one slow session) that leaves a straggler.
+- one small ``EnvPool``, kept from cycle to cycle, over two in-process servers of
+  its own: a steady one that takes 2 of its 3 sessions (``max_sessions=2``) and a
+  flapping one, up one cycle and down the next. When it goes down its session is
+  lost; the next batch reset finds it gone, its breaker opens, the steady server
+  is full (``capacity_reached``), a half-open probe fails (``unreachable``) and
+  that slot's reset fails. When it is back, the slot's reset probes it again and
+  the breaker closes (``placed``). So every breaker transition (``open``,
+  ``half_open``, ``closed``), the breaker-state gauge moving between them, batch
+  resets and steps, and a ready-first step (``step_recv(min_ready=...)`` with one
+  slow session) that leaves a straggler.
 
 Telemetry: ``envlink.telemetry.configure()``; ``--prometheus-port`` serves a scrape
 endpoint (its URL is printed as ``workload: metrics URL``), and the standard
@@ -33,7 +38,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from envlink import (
@@ -43,6 +48,7 @@ from envlink import (
     EnvPool,
     ReconnectPolicy,
     RetryBudget,
+    SyncEnvPool,
     Timeout,
 )
 from envlink.server import ServerThread
@@ -55,6 +61,13 @@ CYCLE_PREFIX = "workload: cycle "
 
 _FAST = ReconnectPolicy(max_attempts=3, initial_delay=0.01, max_delay=0.05,
                         stable_after=0.0)
+#: The workload's EnvPool: sessions, and how long a slot waits for room: longer than
+#: the breaker's reset timeout (one half-open probe of the down server, which fails),
+#: short enough that the slot gives up within the cycle.
+POOL_SIZE = 3
+_POOL_BREAKER_RESET = 0.1
+_POOL_CAPACITY = ReconnectPolicy(max_attempts=20, initial_delay=0.02, max_delay=0.05,
+                                 max_elapsed=0.3)
 
 
 def _arm(st: ServerThread, **faults: Any) -> None:
@@ -79,6 +92,25 @@ def _server_faults(st: ServerThread, **faults: Any) -> None:
     st.call(apply)
 
 
+@contextlib.contextmanager
+def _slow_newest(st: ServerThread, seconds: float) -> Iterator[None]:
+    """Delay every answer on the server's newest connection, until the block ends."""
+    handles: list[Any] = []
+
+    def slow(server: Any) -> None:
+        handles.append(server.connections[-1])
+        handles[0].faults.latency = seconds
+
+    def restore(server: Any) -> None:
+        handles[0].faults.latency = 0.0
+
+    st.call(slow)
+    try:
+        yield
+    finally:
+        st.call(restore)
+
+
 def _down_url() -> str:
     """A loopback URL nothing listens on (a port taken, then released)."""
     with socket.socket() as s:
@@ -100,7 +132,15 @@ class Workload:
         self._chaos = chaos
         self._target = target or chaos.url
         self._steps = steps
-        self._down = _down_url()
+        # The pool's servers: a steady one with room for all but one of its sessions,
+        # and one that is up every other cycle, on a port kept for it.
+        self._steady = ServerThread(env="echo", max_sessions=POOL_SIZE - 1,
+                                    tracer_provider=handle.tracer_provider)
+        self._steady.start()
+        self._flapping_url = _down_url()
+        self._flapping_port = int(self._flapping_url.rsplit(":", 1)[1])
+        self._flapping: ServerThread | None = None
+        self._pool: SyncEnvPool[Any, Any] | None = None
 
     def _client(self, url: str, **kwargs: Any) -> EchoEnv:
         kwargs.setdefault("reconnect", _FAST)
@@ -112,24 +152,64 @@ class Workload:
                 self.resume, self.lost, self.deadline, self.budget_exhausted, self.pool]
 
     def pool(self) -> None:
-        # The down endpoint refuses the connection: its breaker (threshold 1) opens,
-        # and after 50 ms lets one probe through (half-open), which fails again.
-        size = 3
+        # One pool for the workload's life (see the module docstring): the flapping
+        # server toggles each cycle, so its breaker goes open -> half_open -> closed.
+        self._flap()
+        pool = self._ensure_pool()
         action = CallToolAction(tool_name="echo_message", arguments={"message": "p"})
-        with EnvPool([self._chaos.url, self._down], size, client=EchoEnv,
-                     client_options={"reconnect": _FAST}, batch_timeout=10.0,
-                     breaker_threshold=1, breaker_reset_timeout=0.05,
-                     tracer_provider=self._handle.tracer_provider,
-                     meter_provider=self._handle.meter_provider).sync() as pool:
-            pool.reset(seeds=0)
-            pool.step([action] * size)
-            # Ready-first: the newest session answers 0.2 s late, so a receive of
-            # size - 1 answers returns with it still in flight (a straggler).
-            _arm(self._chaos, latency=0.2)
-            pool.step_send([action] * size)
-            first = pool.step_recv(min_ready=size - 1)
-            if first.stragglers:
-                pool.step_recv()  # collect it
+        reset = pool.reset(seeds=0)
+        live = [i not in reset.errors for i in range(POOL_SIZE)]
+        if not any(live):
+            return
+        pool.step([action] * POOL_SIZE, mask=live)
+        # Ready-first: the newest session of the steady server (always one of the
+        # pool's) answers 0.2 s late, so a receive of all but one returns with it
+        # still in flight (a straggler); the delay is removed once it is collected.
+        pool.step_send([action] * POOL_SIZE, mask=live)
+        if sum(live) > 1:
+            with _slow_newest(self._steady, 0.2):
+                first = pool.step_recv(min_ready=sum(live) - 1)
+                if first.stragglers:
+                    pool.step_recv()  # collect it
+        else:
+            pool.step_recv()
+
+    def _ensure_pool(self) -> SyncEnvPool[Any, Any]:
+        if self._pool is None:
+            self._pool = EnvPool(
+                [self._steady.url, self._flapping_url], POOL_SIZE, client=EchoEnv,
+                client_options={"reconnect": _FAST}, batch_timeout=10.0,
+                breaker_threshold=1, breaker_reset_timeout=_POOL_BREAKER_RESET,
+                capacity=_POOL_CAPACITY,
+                tracer_provider=self._handle.tracer_provider,
+                meter_provider=self._handle.meter_provider).sync()
+        return self._pool
+
+    def _flap(self) -> bool:
+        """Start the flapping server if it is down, stop it if it is up; whether it is up."""
+        if self._flapping is not None:
+            self._flapping.stop()
+            self._flapping = None
+            return False
+        flapping = ServerThread(env="echo", port=self._flapping_port,
+                                tracer_provider=self._handle.tracer_provider)
+        try:
+            flapping.start()
+        except OSError as exc:  # the port was taken meanwhile: it stays down this cycle
+            print(f"workload: flapping server: {exc}", file=sys.stderr, flush=True)
+            return False
+        self._flapping = flapping
+        return True
+
+    def close(self) -> None:
+        """Close the pool and stop the pool's servers."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._flapping is not None:
+            self._flapping.stop()
+            self._flapping = None
+        self._steady.stop()
 
     def clean(self) -> None:
         with self._client(self._target).sync() as env:
@@ -205,23 +285,31 @@ def run(args: argparse.Namespace, stop: threading.Event) -> int:
             print(METRICS_PREFIX + handle.prometheus_url, flush=True)
         with ServerThread(env="echo", tracer_provider=handle.tracer_provider) as chaos:
             work = Workload(handle, chaos, args.target, args.steps)
-            deadline = time.monotonic() + args.duration if args.duration else None
-            cycle = 0
-            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                for scenario in work.scenarios():
-                    if stop.is_set():
-                        break
-                    try:
-                        scenario()
-                    except EnvlinkError as exc:  # a fault that outlived its scenario
-                        print(f"workload: {scenario.__name__}: {type(exc).__name__}: {exc}",
-                              file=sys.stderr, flush=True)
-                cycle += 1
-                print(f"{CYCLE_PREFIX}{cycle}", flush=True)
-                stop.wait(args.pause)
+            try:
+                _cycles(work, args, stop)
+            finally:
+                work.close()
     finally:
         handle.shutdown(timeout_s=10)
     return 0
+
+
+def _cycles(work: Workload, args: argparse.Namespace, stop: threading.Event) -> None:
+    """Run every scenario, cycle after cycle, until stopped or ``--duration`` is over."""
+    deadline = time.monotonic() + args.duration if args.duration else None
+    cycle = 0
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        for scenario in work.scenarios():
+            if stop.is_set():
+                break
+            try:
+                scenario()
+            except EnvlinkError as exc:  # a fault that outlived its scenario
+                print(f"workload: {scenario.__name__}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+        cycle += 1
+        print(f"{CYCLE_PREFIX}{cycle}", flush=True)
+        stop.wait(args.pause)
 
 
 def serve(args: argparse.Namespace, extra: list[str]) -> int:

@@ -62,6 +62,16 @@ class CircuitBreaker:
             self._move(BreakerState.HALF_OPEN)
         return self._state
 
+    def peek(self) -> BreakerState:
+        """The state :attr:`state` would read now, without moving it (no ``on_change``).
+
+        A plain read, safe from any thread (metric collection reads it).
+        """
+        state = self._state
+        if state is BreakerState.OPEN and self._timed_out():
+            return BreakerState.HALF_OPEN
+        return state
+
     @property
     def consecutive_failures(self) -> int:
         """Connection failures since the last success."""

@@ -165,7 +165,9 @@ class EnvPool(Generic[ActT, ObsT]):
         CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
         self._verify = replay_verify or same_answer
         self._slots = [Slot(i) for i in range(size)]
-        self._batches: BatchRunner[ObsT] = BatchRunner(size, self._tel, max_inflight)
+        self._batches: BatchRunner[ObsT] = BatchRunner(
+            size, self._tel, max_inflight,
+            cut_after_send=lambda i: self._slots[i].cut_after_send)
         self._closed = False
 
     # ------------------------------------------------------------------ properties
@@ -319,8 +321,10 @@ class EnvPool(Generic[ActT, ObsT]):
         if self._closed:
             return
         self._closed = True
-        await self._batches.cancel_all()
         engine = self._engine
+        if engine is not None:
+            self._tel.remove_breaker_source(engine)
+        await self._batches.cancel_all()
         if engine is not None:
             for slot in self._slots:
                 engine.detach(slot)
@@ -387,6 +391,7 @@ class EnvPool(Generic[ActT, ObsT]):
                                 capacity=self._capacity, verify=self._verify, tel=self._tel)
             holder.append(engine)
             self._engine = engine
+            self._tel.add_breaker_source(engine)  # envlink.pool.breaker.state
         return self._engine
 
     def _chosen(self, mask: Sequence[bool] | None,
@@ -405,6 +410,8 @@ class EnvPool(Generic[ActT, ObsT]):
         if busy:
             raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
                              "step with step_recv(); one batch call at a time per slot)")
+        for i in chosen:  # a new call: no cut yet (it may be cut before it even starts)
+            self._slots[i].cut_after_send = False
         return chosen
 
     def _step_calls(self, chosen: list[int], actions: Sequence[ActT | None],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Generic, TypeVar
 
 from opentelemetry.trace import Span
@@ -46,9 +46,12 @@ class BatchRunner(Generic[ObsT]):
         tel: telemetry.
     """
 
-    def __init__(self, size: int, tel: Telemetry, max_inflight: int | None = None) -> None:
+    def __init__(self, size: int, tel: Telemetry, max_inflight: int | None = None,
+                 cut_after_send: Callable[[int], bool] | None = None) -> None:
         self.size = size
         self.tel = tel
+        # Whether slot i's call, cut by the batch deadline, had sent its step.
+        self._cut_after_send = cut_after_send
         # Created on first use, on the loop that runs the pool.
         self._max_inflight = max_inflight
         self._gate: asyncio.Semaphore | None = None
@@ -61,10 +64,12 @@ class BatchRunner(Generic[ObsT]):
         self.running: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
 
     def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
-                 seconds: float | None) -> Coroutine[Any, Any, SlotResult[Any]]:
+                 seconds: float | None, index: int,
+                 method: str) -> Coroutine[Any, Any, SlotResult[Any]]:
         if self._max_inflight is not None and self._gate is None:
             self._gate = asyncio.Semaphore(self._max_inflight)
-        return _bounded(_gated(coro, self._gate), seconds)
+        return _bounded(_gated(coro, self._gate), seconds, method,
+                        lambda: self._cut_after_send is not None and self._cut_after_send(index))
 
     def busy(self, chosen: list[int]) -> list[int]:
         """The slots among ``chosen`` that still have a call in flight."""
@@ -81,7 +86,7 @@ class BatchRunner(Generic[ObsT]):
         start = time.perf_counter()
         with self.tel.span(SPAN_POOL_PREFIX + method,
                            attributes=self._span_attrs(calls)) as span:
-            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds))
+            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds, i, method))
                      for i, c in calls.items()}
             self.running.update(tasks)
             try:
@@ -102,7 +107,8 @@ class BatchRunner(Generic[ObsT]):
         """Start every slot's step; :meth:`recv` collects them."""
         with self.tel.span(SPAN_POOL_PREFIX + "step", attributes=self._span_attrs(calls)):
             for i, coro in calls.items():
-                self.inflight[i] = asyncio.ensure_future(self._bounded(coro, seconds))
+                self.inflight[i] = asyncio.ensure_future(
+                    self._bounded(coro, seconds, i, "step"))
 
     async def recv(self, min_ready: int | None, timeout: float | None) -> Batch[ObsT]:
         """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them."""
@@ -181,9 +187,14 @@ async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
             coro.close()  # cancelled while queued: it never ran
 
 
-async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]],
-                   seconds: float | None) -> SlotResult[Any]:
-    """One slot's call under the batch deadline; an envlink error becomes its answer."""
+async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | None,
+                   method: str, cut_after_send: Callable[[], bool]) -> SlotResult[Any]:
+    """One slot's call under the batch deadline; an envlink error becomes its answer.
+
+    A step cut by the deadline after it may have reached the server answers a
+    :class:`~envlink.CallTimeoutError` with ``outcome_unknown=True`` (as the client's
+    own deadline does): the step stays in the session journal's ``unknown_steps``.
+    """
     expiry = None
     try:
         async with bounded(seconds) as expiry:
@@ -193,8 +204,13 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]],
     except TimeoutError:
         if expiry is None or not expiry.expired():
             raise
+        if cut_after_send():
+            return CallTimeoutError(
+                f"the batch deadline of {seconds:g} s expired; the step was sent, so the "
+                "server may or may not have applied it (see journal.unknown_steps)",
+                method=method, timeout=seconds, outcome_unknown=True)
         return CallTimeoutError(f"the batch deadline of {seconds:g} s expired",
-                                timeout=seconds)
+                                method=method, timeout=seconds)
 
 
 def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:

@@ -14,7 +14,7 @@ import contextlib
 import enum
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from envlink import _logging
@@ -69,8 +69,8 @@ class SlotState(str, enum.Enum):
 class Slot:
     """One environment of the pool (internal; the view exposes what users need)."""
 
-    __slots__ = ("actions", "client", "endpoint", "episodes", "index", "needs_reset",
-                 "reset_kwargs", "state", "task")
+    __slots__ = ("actions", "client", "cut_after_send", "endpoint", "episodes", "index",
+                 "needs_reset", "reset_kwargs", "state", "task", "unsettled")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -85,6 +85,12 @@ class Slot:
         self.actions: list[Any] | None = None
         self.needs_reset = False
         self.task: asyncio.Task[Any] | None = None
+        # Whether the current operation was cut (batch deadline, cancellation) after its
+        # step frame may have reached the server (the step's outcome is unknown).
+        self.cut_after_send = False
+        # Whether the session's journal may hold steps of unknown outcome (it is read
+        # before the next step, so a cut step is told from one cut earlier).
+        self.unsettled = False
 
 
 ClientFactory = Callable[[str], EnvClient[Any, Any, Any]]
@@ -144,6 +150,11 @@ class SlotEngine:
                      failures=ep.breaker.consecutive_failures)
         self.notify()
 
+    def breaker_states(self) -> Iterable[tuple[str, int, str]]:
+        """Each endpoint's ``(host, port, breaker state)``; a read only, for metric collection."""
+        return [(ep.host, ep.port, ep.breaker.peek().value)
+                for ep in self.placement.endpoints]
+
     def notify(self) -> None:
         """Something changed (a slot freed, a breaker moved): wake waiting placements."""
         event, self._changed = self._changed, None
@@ -195,6 +206,7 @@ class SlotEngine:
 
     async def reset(self, slot: Slot, kwargs: dict[str, Any]) -> StepResult[Any]:
         """Start a new episode on the slot; place a session first if it has none."""
+        slot.cut_after_send = False
         client = slot.client
         if client is None:
             result = await self._place(slot, kwargs)
@@ -217,13 +229,14 @@ class SlotEngine:
 
     async def step(self, slot: Slot, action: Any) -> StepResult[Any]:
         """One step on the slot's session, recovered elsewhere under ``replay``."""
+        slot.cut_after_send = False
         client = slot.client
         if client is None:
             raise SessionLostError(
                 f"slot {slot.index} has no session (never reset, or its session was lost "
                 "or could not be placed); reset it first")
         try:
-            result = await client.step(action)
+            result = await self._send_step(slot, client, action)
         except ReplayDivergedError:
             self.detach(slot, SlotState.LOST)
             raise
@@ -237,6 +250,29 @@ class SlotEngine:
         if slot.actions is not None:
             slot.actions.append(action)
         return result
+
+    async def _send_step(self, slot: Slot, client: EnvClient[Any, Any, Any],
+                         action: Any) -> StepResult[Any]:
+        """``client.step(action)``, noting in ``slot.cut_after_send`` whether a cut
+        (the batch deadline, a cancellation) came after the step may have been sent.
+
+        The client keeps such a step in its journal's ``unknown_steps``: one more there
+        after the cut than before the call means this step's outcome is unknown. The
+        journal is only read when it may hold some (after a cut), never per step.
+        """
+        before = 0
+        if slot.unsettled:
+            before = len(client.journal.unknown_steps)
+            slot.unsettled = before > 0
+        try:
+            return await client.step(action)
+        except asyncio.CancelledError:
+            slot.cut_after_send = len(client.journal.unknown_steps) > before
+            slot.unsettled = True
+            raise
+        except CallTimeoutError as exc:  # the client's own deadline
+            slot.unsettled = slot.unsettled or exc.outcome_unknown
+            raise
 
     # ------------------------------------------------------------------ placement
 
@@ -353,7 +389,7 @@ class SlotEngine:
         self.detach(slot, SlotState.RECOVERING)
         try:
             client = await self._replay_onto(slot, journal, actions)
-            result = await client.step(action)
+            result = await self._send_step(slot, client, action)
         except BaseException as exc:
             if slot.state is not SlotState.EMPTY or slot.client is not None:
                 self.detach(slot, SlotState.LOST)

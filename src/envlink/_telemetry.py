@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from opentelemetry.metrics import (
     Histogram,
     Meter,
     MeterProvider,
+    ObservableGauge,
     ObservableUpDownCounter,
     Observation,
     UpDownCounter,
@@ -47,8 +48,11 @@ from opentelemetry.trace import (
 from envlink import names
 from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 from envlink.names import (
+    ATTR_BREAKER_STATE,
     ATTR_ERROR_TYPE,
     ATTR_RPC_METHOD,
+    ATTR_SERVER_ADDRESS,
+    ATTR_SERVER_PORT,
     DURATION_BUCKETS,
     METRIC_ATTEMPTS,
     METRIC_BRIDGE_CALL_DURATION,
@@ -59,6 +63,7 @@ from envlink.names import (
     METRIC_INFLIGHT,
     METRIC_MESSAGE_SIZE,
     METRIC_POOL_BATCH_DURATION,
+    METRIC_POOL_BREAKER_STATE,
     METRIC_POOL_BREAKER_TRANSITIONS,
     METRIC_POOL_PLACEMENTS,
     METRIC_POOL_SESSIONS,
@@ -128,6 +133,20 @@ class InflightSource(Protocol):
 
     @property
     def inflight(self) -> Mapping[str, int]: ...
+
+
+class BreakerSource(Protocol):
+    """What ``envlink.pool.breaker.state`` reads: ``(host, port, state)`` per endpoint.
+
+    Called on the thread that collects metrics: it must only read, never move a
+    breaker (see :meth:`~envlink._breaker.CircuitBreaker.peek`).
+    """
+
+    def breaker_states(self) -> Iterable[tuple[str, int, str]]: ...
+
+
+#: The states of ``envlink.breaker.state`` on the breaker-state gauge (a state set).
+_BREAKER_STATES = ("closed", "open", "half_open")
 
 
 class Telemetry:
@@ -227,6 +246,13 @@ class Telemetry:
             METRIC_POOL_BREAKER_TRANSITIONS, unit="{transition}",
             description="Circuit-breaker transitions of EnvPool endpoints, by new state.",
         )
+        # Breaker states: each pool's endpoints are read when the SDK collects.
+        self._breaker_sources: weakref.WeakSet[BreakerSource] = weakref.WeakSet()
+        self.pool_breaker_state: ObservableGauge = m.create_observable_gauge(
+            METRIC_POOL_BREAKER_STATE, callbacks=[self._observe_breakers], unit="{breaker}",
+            description="EnvPool endpoints' circuit breakers in each state (1: the current "
+                        "state, 0: the others).",
+        )
         self.pool_placements: Counter = m.create_counter(
             METRIC_POOL_PLACEMENTS, unit="{placement}",
             description="Attempts to place an EnvPool session on an endpoint, by result.",
@@ -248,6 +274,28 @@ class Telemetry:
                 totals[method] = totals.get(method, 0) + count
         return [Observation(count, {ATTR_RPC_METHOD: method})
                 for method, count in totals.items()]
+
+    def add_breaker_source(self, source: BreakerSource) -> None:
+        """Report ``source``'s breakers in ``envlink.pool.breaker.state`` until removed."""
+        with self._inflight_lock:
+            self._breaker_sources.add(source)
+
+    def remove_breaker_source(self, source: BreakerSource) -> None:
+        """Stop reporting ``source``'s breakers (its series end at the next collection)."""
+        with self._inflight_lock:
+            self._breaker_sources.discard(source)
+
+    def _observe_breakers(self, options: CallbackOptions) -> list[Observation]:
+        with self._inflight_lock:
+            sources = list(self._breaker_sources)
+        counts: dict[tuple[str, int], dict[str, int]] = {}
+        for source in sources:
+            for host, port, state in source.breaker_states():
+                by_state = counts.setdefault((host, port), dict.fromkeys(_BREAKER_STATES, 0))
+                by_state[state] = by_state.get(state, 0) + 1
+        return [Observation(n, {ATTR_SERVER_ADDRESS: host, ATTR_SERVER_PORT: port,
+                                ATTR_BREAKER_STATE: state})
+                for (host, port), by_state in counts.items() for state, n in by_state.items()]
 
     def metrics_enabled(self) -> bool:
         """Whether measurements would be recorded: ``False`` under the API's no-op providers.

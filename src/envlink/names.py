@@ -29,6 +29,7 @@ __all__ = [
     "METRIC_POOL_STRAGGLERS",
     "METRIC_POOL_SESSIONS",
     "METRIC_POOL_BREAKER_TRANSITIONS",
+    "METRIC_POOL_BREAKER_STATE",
     "METRIC_POOL_PLACEMENTS",
     "SPAN_POOL_PREFIX",
     "SPAN_POOL_RECV",
@@ -39,6 +40,9 @@ __all__ = [
     "ATTR_RAY_SHARD",
     "ATTR_RAY_SHARDS",
     "LOG_RAY_SHARD_LOST",
+    "RAY_METRIC_SHARD_RESTARTS",
+    "RAY_RESTART_DIED",
+    "RAY_RESTART_UNRESPONSIVE",
     "ATTR_ATTEMPT",
     "ATTR_BRIDGE_QUEUE_WAIT",
     "ATTR_BRIDGE_RUN_TIME",
@@ -173,6 +177,9 @@ METRIC_POOL_BATCH_DURATION = "envlink.pool.batch.duration"
 METRIC_POOL_STRAGGLERS = "envlink.pool.stragglers"
 METRIC_POOL_SESSIONS = "envlink.pool.sessions"
 METRIC_POOL_BREAKER_TRANSITIONS = "envlink.pool.breaker.transitions"
+#: The current state of each EnvPool endpoint's breaker (a state set: 1 for the current
+#: state, 0 for the others), read when metrics are collected.
+METRIC_POOL_BREAKER_STATE = "envlink.pool.breaker.state"
 METRIC_POOL_PLACEMENTS = "envlink.pool.placements"
 #: Every metric envlink emits (the contract documented in docs/telemetry.md).
 METRIC_NAMES: tuple[str, ...] = (
@@ -180,7 +187,7 @@ METRIC_NAMES: tuple[str, ...] = (
     METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS,
     METRIC_INFLIGHT, METRIC_MESSAGE_SIZE, METRIC_RECOVERIES, METRIC_POOL_BATCH_DURATION,
     METRIC_POOL_STRAGGLERS, METRIC_POOL_SESSIONS, METRIC_POOL_BREAKER_TRANSITIONS,
-    METRIC_POOL_PLACEMENTS,
+    METRIC_POOL_BREAKER_STATE, METRIC_POOL_PLACEMENTS,
 )
 
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
@@ -228,6 +235,13 @@ SPAN_RAY_SHARD_PREFIX = "envlink.ray.shard "
 ATTR_RAY_SHARD = "envlink.ray.shard"
 ATTR_RAY_SHARDS = "envlink.ray.shards"
 LOG_RAY_SHARD_LOST = "envlink.ray.shard_lost"
+#: Shard actors replaced by the driver (attributes ``envlink.ray.shard``, ``envlink.reason``).
+#: Not ``METRIC_*``: every ``METRIC_*`` name is in METRIC_NAMES, the single-process contract.
+RAY_METRIC_SHARD_RESTARTS = "envlink.ray.shard.restarts"
+#: ``envlink.reason`` of a restart: the actor died (killed, node or process lost)...
+RAY_RESTART_DIED = "died"
+#: ... or did not answer within the batch deadline plus ``shard_timeout_margin``.
+RAY_RESTART_UNRESPONSIVE = "unresponsive"
 #: Every log event envlink's client emits (the contract documented in docs/telemetry.md).
 LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_CONNECTION_DISCARDED,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
@@ -56,16 +57,22 @@ from envlink._telemetry import (
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
+    ATTR_RAY_SHARD,
     ATTR_RAY_SHARDS,
+    ATTR_REASON,
     LOG_RAY_SHARD_LOST,
+    RAY_METRIC_SHARD_RESTARTS,
+    RAY_RESTART_DIED,
+    RAY_RESTART_UNRESPONSIVE,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
+    Telemetry,
     get_telemetry,
 )
 from envlink._timeouts import bounded
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.metrics import Counter, MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
     from envlink._bridge import Bridge
@@ -85,11 +92,28 @@ DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "scheduling_strategy"
 class _ShardLost(Exception):
     """A shard actor died or stopped answering (internal: never reaches the caller)."""
 
-    def __init__(self, shard: int, generation: int, reason: str) -> None:
+    def __init__(self, shard: int, generation: int, reason: str,
+                 kind: str = RAY_RESTART_DIED) -> None:
         super().__init__(reason)
         self.shard = shard
         self.generation = generation
         self.reason = reason
+        self.kind = kind
+
+
+#: ``envlink.ray.shard.restarts``, one counter per meter (created once: the SDK would
+#: warn about a duplicate instrument for each new pool).
+_restart_counters: weakref.WeakKeyDictionary[Telemetry, Counter] = weakref.WeakKeyDictionary()
+
+
+def _restart_counter(tel: Telemetry) -> Counter:
+    counter = _restart_counters.get(tel)
+    if counter is None:
+        counter = _restart_counters[tel] = tel.meter.create_counter(
+            RAY_METRIC_SHARD_RESTARTS, unit="{restart}",
+            description="Shard actors of a RayEnvPool replaced after they died or stopped "
+                        "answering.")
+    return counter
 
 
 class RayEnvPool(Generic[ActT, ObsT]):
@@ -192,6 +216,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self._tel = get_telemetry(tracer_provider, meter_provider)
+        self._restarts = _restart_counter(self._tel)
         self._margin = float(shard_timeout_margin)
         base, extra = divmod(size, shards)
         self._bounds: list[tuple[int, int]] = []
@@ -631,7 +656,8 @@ class RayEnvPool(Generic[ActT, ObsT]):
                 raise
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-            raise _ShardLost(s, generation, f"no answer within {wait:g} s") from None
+            raise _ShardLost(s, generation, f"no answer within {wait:g} s",
+                             RAY_RESTART_UNRESPONSIVE) from None
 
     async def _recover(self, lost: _ShardLost, carrier: dict[str, str]) -> None:
         """Replace a dead shard's actor (once per death) and take over its slots."""
@@ -655,6 +681,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         offset, n = self._bounds[s]
         _log.warning(LOG_RAY_SHARD_LOST, shard=s, reason=lost.reason,
                      policy=self.on_session_lost)
+        self._tel.add(self._restarts, 1, {ATTR_RAY_SHARD: s, ATTR_REASON: lost.kind})
         with contextlib.suppress(Exception):
             ray.kill(self._actors[s], no_restart=True)
         self._spawn(s)

@@ -3,8 +3,10 @@
 A real Prometheus server (127.0.0.1, a free port, a temporary data directory, the
 rules of deploy/prometheus) scrapes the demo workload (deploy/workload), a separate
 process that runs episodes through envlink with faults injected, so error, retry,
-reconnect, recovery and retry-budget series exist, and an EnvPool with a down
-endpoint and a straggler, so placement, breaker and straggler series exist. The test
+reconnect, recovery and retry-budget series exist, and an EnvPool kept across cycles
+over a steady server and one that flaps (up one cycle, down the next) and with a
+straggler, so placement, breaker (every transition, and the state gauge) and
+straggler series exist. The test
 waits, with a bound and by polling Prometheus' API, for the target to be up and the
 series to appear; then each query of each dashboard panel and template variable, and
 each recording rule, must return at least one sample with a number (not NaN).
@@ -243,8 +245,28 @@ def test_scrape_endpoint_passes_promtool(stack: Stack) -> None:
                    "envlink_session_recoveries_total", 'envlink_retry="true"',
                    'error_type="retry_budget_exhausted"', 'envlink_recovery_result="failed"',
                    'envlink_placement_result="unreachable"', 'envlink_breaker_state="open"',
-                   "envlink_pool_stragglers_total", "envlink_pool_sessions"):
+                   "envlink_pool_stragglers_total", "envlink_pool_sessions",
+                   "envlink_pool_breaker_state"):
         assert series in text, series
     result = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
                             capture_output=True, timeout=30, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_kept_pools_breaker_goes_through_every_state(stack: Stack) -> None:
+    """The flapping endpoint's breaker opens, half-opens and closes; the gauge saw 1 and 0."""
+    window = "[5m]"
+    queries = [(f"transitions to {state}",
+                f'max(envlink_pool_breaker_transitions_total{{envlink_breaker_state="{state}"}})'
+                " > 0") for state in ("open", "half_open", "closed")]
+    # The same endpoint's gauge was 1 for closed at some scrape and 0 at another.
+    queries += [
+        ("gauge closed at 1", "max_over_time(envlink_pool_breaker_state"
+                              f'{{envlink_breaker_state="closed"}}{window}) == 1'),
+        ("gauge closed at 0 on an endpoint that was closed too",
+         f'min_over_time(envlink_pool_breaker_state{{envlink_breaker_state="closed"}}{window})'
+         f' == 0 and max_over_time(envlink_pool_breaker_state'
+         f'{{envlink_breaker_state="closed"}}{window}) == 1'),
+    ]
+    missing = _wait_for_data(stack.api, queries)
+    assert missing == {}

@@ -248,6 +248,41 @@ async def test_max_inflight_bounds_the_calls_running_at_once(
         EnvPool(srv.url, 1, max_inflight=0)
 
 
+async def test_a_step_cut_by_the_batch_deadline_says_whether_it_was_sent(
+        det_servers: Callable[..., Any]) -> None:
+    """Sent then cut: outcome_unknown=True, kept in unknown_steps; never sent: False."""
+    srv = await det_servers()
+    async with EnvPool(srv.url, 2, max_inflight=1) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        clients = pool.clients()
+        # Slot 0 answers; slot 1's step is written to a connection the server no
+        # longer reads: sent, its outcome unknown.
+        await _stall_slot(srv, pool, 1)
+        first = await pool.step([{"move": 1}] * 2, timeout=1.0)
+        assert isinstance(first[0], StepResult)
+        cut = first[1]
+        assert isinstance(cut, CallTimeoutError)
+        assert cut.outcome_unknown is True and cut.method == "step"
+        assert "was sent" in str(cut)
+        assert clients[1].journal.unknown_steps == ['{"move":1}']  # type: ignore[union-attr]
+        # Slot 0's step is sent and held (a long deadline: it keeps the window of one);
+        # slot 1's, sent behind it with a short deadline, never gets out: False,
+        # although its journal still holds the earlier step of unknown outcome.
+        held = await _stall_slot(srv, pool, 0)
+        applied = srv.steps_applied
+        await pool.step_send([{"move": 1}, None], mask=[True, False], timeout=20)
+        await pool.step_send([None, {"move": 1}], mask=[False, True], timeout=0.3)
+        second = await pool.step_recv(min_ready=1)
+        assert second.ready == (1,) and second.stragglers == (0,)
+        unsent = second[1]
+        assert isinstance(unsent, CallTimeoutError) and unsent.outcome_unknown is False
+        assert "was sent" not in str(unsent)
+        assert clients[1].journal.unknown_steps == ['{"move":1}']  # type: ignore[union-attr]
+        assert srv.steps_applied == applied
+        held.unstall()
+        assert isinstance((await pool.step_recv())[0], StepResult)
+
+
 async def test_a_window_gives_the_same_results(det_servers: Callable[..., Any]) -> None:
     """A window smaller than the batch changes nothing in the answers."""
     srv = await det_servers()

@@ -10,9 +10,11 @@ import asyncio  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from _processes import ServerProcess  # noqa: E402
-from envlink import EnvPool, SessionLostError, StepResult  # noqa: E402
+from envlink import CallTimeoutError, EnvPool, SessionLostError, StepResult  # noqa: E402
 from envlink.ray import RayEnvPool  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -189,18 +191,33 @@ async def test_killed_shard_with_sent_steps(ray_local: Any, threads: Any, policy
                 assert answer.observation["position"] == 3 and answer.observation["step"] == 2
 
 
+def _restarts(reader: InMemoryMetricReader) -> dict[tuple[int, str], int]:
+    """envlink.ray.shard.restarts by (shard, reason)."""
+    data = reader.get_metrics_data()
+    points = [] if data is None else [
+        p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        if m.name == "envlink.ray.shard.restarts" for p in m.data.data_points]
+    return {(p.attributes["envlink.ray.shard"], p.attributes["envlink.reason"]): p.value
+            for p in points}
+
+
 async def test_idle_shard_death_and_a_callers_bug(ray_local: Any, threads: Any) -> None:
     """A shard that died between calls is replaced; a bad action raises the TypeError itself."""
     st = threads()
-    async with RayEnvPool([st.url], 4, shards=2) as pool:
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    async with RayEnvPool([st.url], 4, shards=2, meter_provider=mp) as pool:
         await pool.reset(seeds=0)
+        assert _restarts(reader) == {}
         ray_local.kill(pool.actors()[1], no_restart=True)
         batch = await pool.step([{"move": 1}] * 4)
         assert isinstance(batch[0], StepResult)
         assert all(isinstance(batch[i], SessionLostError) for i in (2, 3))
+        assert _restarts(reader) == {(1, "died"): 1}  # the restart is counted once
         assert (await pool.reset(seeds=0)).ok
         with pytest.raises(TypeError):
             await pool.step([{"move": 1}, {"move": 1}, 3, {"move": 1}])
+    mp.shutdown()
 
 
 def test_public_names_and_validation(ray_local: Any) -> None:
@@ -225,8 +242,10 @@ async def test_an_unresponsive_shard_is_replaced(ray_local: Any, threads: Any) -
     st = threads()
     # Slot 0's automatic reset blocks its shard's event loop (a stuck actor).
     stuck = lambda slot, episode: (time.sleep(120) if slot == 0 else None) or {}  # noqa: E731
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
     async with RayEnvPool([st.url], 4, shards=2, autoreset_kwargs=stuck,
-                          shard_timeout_margin=1.0) as pool:
+                          shard_timeout_margin=1.0, meter_provider=mp) as pool:
         first_actor = pool.actors()[0]
         await pool.reset(seeds=0, max_steps=1)
         assert all(r.done for r in (await pool.step([{"move": 1}] * 4)).results())
@@ -240,3 +259,44 @@ async def test_an_unresponsive_shard_is_replaced(ray_local: Any, threads: Any) -
             assert isinstance(batch[i], SessionLostError)
             assert "no answer within 2 s" in str(batch[i])
         assert pool.actors()[0] is not first_actor
+        assert _restarts(reader) == {(0, "unresponsive"): 1}
+    mp.shutdown()
+
+
+async def test_a_batch_deadline_on_a_shard_says_whether_the_step_was_sent(
+        ray_local: Any, threads: Any) -> None:
+    """Through Ray as in-process: a step sent then cut is outcome_unknown, one never sent not."""
+    st = threads()
+
+    def latency(seconds: float) -> int:
+        """Answers leave the server ``seconds`` late (it keeps reading); the step count now."""
+
+        def apply(server: Any) -> int:
+            server.faults.latency = seconds
+            return int(server._counters.get("request.step"))
+
+        return int(st.call(apply))
+
+    async with RayEnvPool([st.url], 2, shards=1, max_inflight=1) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        # Slot 0's step reaches the server and is answered 5 s late (a long deadline:
+        # it keeps the window of one); slot 1's step, in a batch of its own with a
+        # short deadline, waits behind it and is never sent.
+        before = latency(5.0)
+        await pool.step_send([{"move": 1}, None], mask=[True, False], timeout=60)
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
+        alone = await pool.step([None, {"move": 1}], mask=[False, True], timeout=0.5)
+        unsent = alone[1]
+        assert isinstance(unsent, CallTimeoutError) and unsent.outcome_unknown is False
+        assert "was sent" not in str(unsent)
+        assert st.call(lambda s: int(s._counters.get("request.step"))) == before + 1
+        assert isinstance((await pool.step_recv())[0], StepResult)
+        # Now slot 0's step is sent and cut by its deadline: its outcome is unknown.
+        before = latency(3.0)
+        batch = await pool.step([{"move": 1}, None], mask=[True, False], timeout=1.0)
+        assert st.call(lambda s: int(s._counters.get("request.step"))) == before + 1
+        latency(0.0)
+        sent = batch[0]
+        assert isinstance(sent, CallTimeoutError)
+        assert sent.outcome_unknown is True and sent.method == "step"
+        assert "was sent" in str(sent)

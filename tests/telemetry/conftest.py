@@ -156,13 +156,20 @@ def run_scripted_episode() -> Episode:
                 _arm(st, drop_after=1)
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "s"}))
                 session_ids.append(resuming.session_id or "")
-            dead_port = _run_scripted_pool(st, tp, mp)
-        return Episode(otel.spans(), otel.metrics(), list(logs), port, session_ids,
-                       (dead_port,))
+            dead_port, while_open = _run_scripted_pool(st, otel)
+        metrics = otel.metrics()
+        # Gauges read from a live pool (breaker states) end with it: take them as
+        # collected while it was open.
+        ended = {m.name for m in metrics}
+        metrics += [m for m in while_open if m.name not in ended]
+        return Episode(otel.spans(), metrics, list(logs), port, session_ids, (dead_port,))
 
 
-def _run_scripted_pool(st: Any, tp: Any, mp: Any) -> int:
-    """An EnvPool over the server and a dead endpoint: breaker, replay elsewhere, stragglers."""
+def _run_scripted_pool(st: Any, otel: Otel) -> tuple[int, list[Any]]:
+    """An EnvPool over the server and a dead endpoint: breaker, replay elsewhere, stragglers.
+
+    Returns the dead endpoint's port and the metrics collected while the pool was open.
+    """
     import socket
 
     from envlink import ConnectError, EnvPool, ReconnectPolicy
@@ -171,10 +178,12 @@ def _run_scripted_pool(st: Any, tp: Any, mp: Any) -> int:
         s.bind(("127.0.0.1", 0))
         dead = f"ws://127.0.0.1:{s.getsockname()[1]}"
     say = [{"message": f"p{i}"} for i in range(2)]
+    tp, mp = otel.tracer_provider, otel.meter_provider
     with EnvPool([dead, st.url], 2, on_session_lost="replay", breaker_threshold=1,
                  breaker_reset_timeout=600, tracer_provider=tp,
                  meter_provider=mp).sync() as pool:
         pool.reset()          # the dead endpoint's breaker opens
+        while_open = otel.metrics()
         pool.step(say)
         _arm(st, drop_after=1)
         pool.step(say)        # one session is dropped and rebuilt by replay
@@ -188,7 +197,7 @@ def _run_scripted_pool(st: Any, tp: Any, mp: Any) -> int:
                  capacity=ReconnectPolicy(max_attempts=1, initial_delay=0.001)).sync() as pool:
         (error,) = pool.reset()
         assert isinstance(error, ConnectError)
-    return int(dead.rsplit(":", 1)[1])
+    return int(dead.rsplit(":", 1)[1]), while_open
 
 
 @pytest.fixture(scope="module")

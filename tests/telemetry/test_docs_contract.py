@@ -7,8 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.metrics import Counter, Histogram, ObservableUpDownCounter, UpDownCounter
+from opentelemetry.metrics import (
+    Counter,
+    Histogram,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    Gauge as GaugeData,
+)
 from opentelemetry.sdk.metrics.export import (
     Histogram as HistogramData,
 )
@@ -82,6 +91,8 @@ def _documented_spans() -> list[tuple[re.Pattern[str], str, set[str]]]:
 def _kind_of(metric_data: Any) -> str:
     if isinstance(metric_data, HistogramData):
         return "Histogram"
+    if isinstance(metric_data, GaugeData):
+        return "Gauge"
     assert isinstance(metric_data, Sum)
     return "Counter" if metric_data.is_monotonic else "UpDownCounter"
 
@@ -93,7 +104,17 @@ class _Inflight:
         self.inflight = inflight
 
 
-_SOURCES: list[_Inflight] = []  # kept alive: telemetry holds its sources weakly
+class _Breakers:
+    """A stand-in for a pool's engine: its endpoints' breaker states."""
+
+    def __init__(self, states: list[tuple[str, int, str]]) -> None:
+        self.states = states
+
+    def breaker_states(self) -> list[tuple[str, int, str]]:
+        return self.states
+
+
+_SOURCES: list[Any] = []  # kept alive: telemetry holds its sources weakly
 
 
 def _record_every_instrument(tel: Telemetry) -> list[str]:
@@ -109,6 +130,11 @@ def _record_every_instrument(tel: Telemetry) -> list[str]:
             source = _Inflight({"step": 1})
             _SOURCES.append(source)
             tel.add_inflight_source(source)
+        elif isinstance(value, ObservableGauge):
+            # Observed at collection time from the pools' breakers.
+            breakers = _Breakers([("127.0.0.1", 8000, "open")])
+            _SOURCES.append(breakers)
+            tel.add_breaker_source(breakers)
         else:
             continue
         names.append(value.name)

@@ -135,3 +135,18 @@ def test_parse_endpoints_rejects_bad_urls(endpoints: list[object], error: type) 
     """Empty lists, hostless or bad-port URLs, duplicates and non-strings are refused."""
     with pytest.raises(error):
         parse_endpoints(endpoints)  # type: ignore[arg-type]
+
+
+def test_peek_reads_the_state_without_moving_it() -> None:
+    """peek() says half_open once the timeout passed, yet no transition happens until state."""
+    clock = Clock()
+    changes: list[str] = []
+    b = CircuitBreaker(1, 5.0, clock=clock, on_change=lambda old, new: changes.append(new.value))
+    assert b.peek() is BreakerState.CLOSED
+    b.record_failure()
+    assert b.peek() is BreakerState.OPEN
+    clock.now += 5.0
+    assert b.peek() is BreakerState.HALF_OPEN
+    assert changes == ["open"]  # peek moved nothing
+    assert b.state is BreakerState.HALF_OPEN
+    assert changes == ["open", "half_open"]
