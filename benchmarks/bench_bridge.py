@@ -81,12 +81,14 @@ def _plain_loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
     return loop, thread
 
 
-def _time_per_call(fn: Callable[[], object], calls: int) -> float:
+def _time_per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """Wall-clock and process CPU time (every thread: caller, loop, exporters) per call."""
     gc.collect()
+    cpu = time.process_time()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,27 +135,39 @@ def main(argv: list[str] | None = None) -> int:
 
     names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in variants}
+    cpus: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_time_per_call(variants[name], args.calls))
+            wall, cpu = _time_per_call(variants[name], args.calls)
+            times[name].append(wall)
+            cpus[name].append(cpu)
 
     base = times[names[0]]
+    cpu_base = cpus[names[0]]
     targets = {"bridge, telemetry off": 1.0, "bridge, telemetry on (batch)": 1.3,
                "bridge, telemetry on (simple)": 1.3}
     print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls, "
-          "no-op coroutine, median per call [range over rounds]")
+          "no-op coroutine, median per call [range over rounds]; CPU: the process's CPU "
+          "time per call (all threads), less sensitive to other load than wall time")
     report: dict[str, dict[str, float]] = {}
     for name, samples in times.items():
         ratios = [s / b for s, b in zip(samples, base, strict=True)]
         ratio = statistics.median(ratios)
+        cpu_ratios = [c / b for c, b in zip(cpus[name], cpu_base, strict=True)]
         report[name] = {"us_per_call": statistics.median(samples) * 1e6,
                         "us_min": min(samples) * 1e6, "us_max": max(samples) * 1e6,
-                        "ratio": ratio, "ratio_min": min(ratios), "ratio_max": max(ratios)}
+                        "ratio": ratio, "ratio_min": min(ratios), "ratio_max": max(ratios),
+                        "cpu_us_per_call": statistics.median(cpus[name]) * 1e6,
+                        "cpu_ratio": statistics.median(cpu_ratios),
+                        "cpu_ratio_min": min(cpu_ratios), "cpu_ratio_max": max(cpu_ratios)}
         target = targets.get(name)
         verdict = "" if target is None else (
             f"   (target <= {target:.1f}: {'met' if ratio <= target else 'NOT met'})")
         print(f"  {name:<38} {statistics.median(samples) * 1e6:8.1f} us/call"
               f"   ratio {ratio:5.2f} [{min(ratios):.2f}-{max(ratios):.2f}]{verdict}")
+        print(f"  {'':<38} {statistics.median(cpus[name]) * 1e6:8.1f} us CPU/call"
+              f"  ratio {statistics.median(cpu_ratios):5.2f} "
+              f"[{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": args.rounds, "calls": args.calls, "variants": report}, f,

@@ -4,7 +4,8 @@ Run: ``python benchmarks/bench_telemetry.py [--iterations N] [--repeats R]``.
 
 Drives envlink's two telemetry hooks exactly as one ``step`` through the sync
 facade does (the bridge hook in the caller's context, then, in the copied
-context, the client hook: call started, first attempt, two messages, call
+context, the client hook: call started, first attempt, the request frame's trace
+context as the driver builds it on an envlink server, two messages, call
 finished; then the bridge hook's end of call), with nothing else around them,
 so the figure is the telemetry's own CPU per call. Configurations, measured in
 one run against a baseline (building the hooks' input records only):
@@ -15,8 +16,8 @@ one run against a baseline (building the hooks' input records only):
   sets them); the sync facade's default shape: one span per call;
 * ``SDK, merged, SDK-default exemplars``: the same with the SDK's default
   ``trace_based`` exemplar filter;
-* ``SDK, nested``: ``nested_spans=True``: the bridge's span and both bridge
-  histograms as well (the shape before issue 11).
+* ``SDK, nested``: ``nested_spans=True``: the bridge's span and its
+  ``envlink.bridge.call.duration`` as well (the shape before issue 11).
 
 ``benchmarks/run.py`` measures the same end to end (real server, real threads).
 """
@@ -38,6 +39,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from envlink import BridgeCallFinished, BridgeCallStarted
 from envlink._hooks import CallFinished, CallStarted, PhaseFinished, PhaseStarted
+from envlink._propagation import trace_carrier
 from envlink.telemetry import BridgeTelemetryHook, ClientTelemetryHook
 
 
@@ -60,6 +62,7 @@ def _make_call(bridge_hook: BridgeTelemetryHook | None,
             return
         token = client_hook.call_started(started)
         mark = client_hook.phase_started(attempt)
+        trace_carrier()  # the request frame's traceparent (per-message extension)
         client_hook.message("sent", 120)
         client_hook.message("received", 240)
         client_hook.phase_finished(PhaseFinished(attempt, None), mark)
@@ -80,11 +83,15 @@ def _make_call(bridge_hook: BridgeTelemetryHook | None,
     return call
 
 
-def _per_call(fn: Callable[[], None], iterations: int) -> float:
+def _per_call(fn: Callable[[], None], iterations: int) -> tuple[float, float]:
+    """Wall-clock and this thread's CPU time per call (the CPU time leaves out the batch
+    span processor's export thread and other processes sharing the machine)."""
+    cpu = time.thread_time()
     start = time.perf_counter()
     for _ in range(iterations):
         fn()
-    return (time.perf_counter() - start) / iterations
+    return ((time.perf_counter() - start) / iterations,
+            (time.thread_time() - cpu) / iterations)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,20 +120,27 @@ def main(argv: list[str] | None = None) -> int:
         _per_call(fn, 500)  # warm up
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpus: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_per_call(variants[name], args.iterations))
-    base = times[names[0]]
+            wall, cpu = _per_call(variants[name], args.iterations)
+            times[name].append(wall)
+            cpus[name].append(cpu)
     print(f"python {sys.version.split()[0]}, {args.repeats} interleaved rounds x "
           f"{args.iterations} calls, single thread; median [range]")
-    print(f"  {'configuration':<38}{'us/call':>20}{'added over baseline us':>26}")
+    print(f"  {'configuration':<38}{'us/call':>20}{'added over baseline us':>26}"
+          f"{'added CPU us (this thread)':>30}")
     report: dict[str, Any] = {}
     for name in names:
         us = [t * 1e6 for t in times[name]]
-        added = [(t - b) * 1e6 for t, b in zip(times[name], base, strict=True)]
-        report[name] = {"us": statistics.median(us), "added_us": statistics.median(added)}
+        added = [(t - b) * 1e6 for t, b in zip(times[name], times[names[0]], strict=True)]
+        added_cpu = [(t - b) * 1e6 for t, b in zip(cpus[name], cpus[names[0]], strict=True)]
+        report[name] = {"us": statistics.median(us), "added_us": statistics.median(added),
+                        "added_cpu_us": statistics.median(added_cpu)}
         print(f"  {name:<38}{statistics.median(us):>9.1f} [{min(us):.1f}-{max(us):.1f}]"
-              f"{statistics.median(added):>14.1f} [{min(added):.1f}-{max(added):.1f}]")
+              f"{statistics.median(added):>14.1f} [{min(added):.1f}-{max(added):.1f}]"
+              f"{statistics.median(added_cpu):>16.1f} [{min(added_cpu):.1f}-"
+              f"{max(added_cpu):.1f}]")
     tp.shutdown()
     mp.shutdown()
     mp_exemplars.shutdown()

@@ -190,10 +190,12 @@ def test_the_client_emits_telemetry_only_through_its_hooks(module: str) -> None:
 
 def test_the_propagation_helper_only_reads_the_trace_context() -> None:
     """_propagation (the driver's per-frame trace context) uses the OpenTelemetry API's
-    propagation and current-span lookup only, and no envlink module."""
+    propagation, current context, current-span and baggage lookup only, and no envlink
+    module."""
     froms = runtime_import_froms(SRC / "_propagation.py")
     otel = {(m, n) for m, n in froms if m.split(".")[0] == "opentelemetry"}
     assert otel == {("opentelemetry", "propagate"), ("opentelemetry", "trace"),
+                    ("opentelemetry", "baggage"), ("opentelemetry", "context"),
                     ("opentelemetry.baggage.propagation", "W3CBaggagePropagator"),
                     ("opentelemetry.propagators.composite", "CompositePropagator"),
                     ("opentelemetry.trace.propagation.tracecontext",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0.dev0"
 
+from importlib import import_module as _import_module
 from typing import TYPE_CHECKING, Any
 
 from envlink._bridge import (
@@ -22,7 +23,6 @@ from envlink._bridge import (
 )
 from envlink._client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, ConnectionOptions, Timeout
-from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
 from envlink._errors import (
     CallTimeoutError,
     CapacityReachedError,
@@ -55,29 +55,70 @@ from envlink._hooks import (
     PhaseStarted,
 )
 from envlink._journal import EpisodeJournal, JournalEntry
-from envlink._mock import MockTransport
 from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
-from envlink._pool import AutoresetMode, EnvPool
-from envlink._pool_sync import SyncEnvPool
-from envlink._pool_types import Batch, EndpointView, PoolView
-from envlink._sync import SyncEnvClient
-from envlink._telemetry_bridge import default_bridge_hooks
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._mock import MockTransport
+    from envlink._pool import AutoresetMode, EnvPool
+    from envlink._pool_sync import SyncEnvPool
+    from envlink._pool_types import Batch, EndpointView, PoolView
+    from envlink._sync import SyncEnvClient
     from envlink.telemetry import configure
 
+
+def _bridge_hooks(tracer_provider: Any, meter_provider: Any) -> Sequence[BridgeHook]:
+    # The emitter (and its OpenTelemetry metrics API) is imported by the first bridge.
+    from envlink._telemetry_bridge import default_bridge_hooks
+
+    return default_bridge_hooks(tracer_provider, meter_provider)
+
+
 # The generic bridge imports no telemetry: envlink gives it its OpenTelemetry emitter.
-set_default_hooks(default_bridge_hooks)
+set_default_hooks(_bridge_hooks)
+
+#: Public names whose module is imported on first access (PEP 562), not by
+#: `import envlink`: what a plain client does not need to connect and step (the
+#: pools, the echo environment, the mock transport, the sync facade's class) and
+#: configure(), which lives with the OpenTelemetry SDK. tests/test_import_laziness.py
+#: pins what `import envlink` leaves unloaded.
+_LAZY = {
+    "CallToolAction": "envlink._echo",
+    "EchoEnv": "envlink._echo",
+    "EchoObservation": "envlink._echo",
+    "ListToolsAction": "envlink._echo",
+    "MockTransport": "envlink._mock",
+    "AutoresetMode": "envlink._pool",
+    "EnvPool": "envlink._pool",
+    "SyncEnvPool": "envlink._pool_sync",
+    "Batch": "envlink._pool_types",
+    "EndpointView": "envlink._pool_types",
+    "PoolView": "envlink._pool_types",
+    "SyncEnvClient": "envlink._sync",
+    "configure": "envlink.telemetry",
+}
 
 
-def __getattr__(name: str) -> Any:
-    # configure() lives with the OpenTelemetry SDK setup; import it only when asked
-    # for, so that `import envlink` stays light for applications that bring their own.
-    if name == "configure":
-        from envlink.telemetry import configure
+def _lazy_attribute(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'envlink' has no attribute {name!r}")
+    value = getattr(_import_module(module), name)
+    globals()[name] = value  # later lookups are plain module attributes
+    return value
 
-        return configure
-    raise AttributeError(f"module 'envlink' has no attribute {name!r}")
+
+if not TYPE_CHECKING:
+    # Hidden from type checkers, which see the names imported above and so still
+    # report a misspelt `envlink.Nmae` (a module __getattr__ would make it Any).
+    __getattr__ = _lazy_attribute
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "UNSET",

@@ -38,9 +38,7 @@ from envlink._mcp import McpMethods
 from envlink._policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._session import Call, SessionCore
-from envlink._telemetry_client import ClientTelemetryHook
 from envlink._transport import Transport, parse_endpoint
-from envlink._websocket import WebSocketTransport
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -73,6 +71,23 @@ class StepResult(Generic[ObsT]):
     reward: float | None = None
     done: bool = False
     metadata: dict[str, Any] | None = None
+
+
+def _websocket() -> Transport:
+    # websockets (with urllib.request, http.client, email...) is imported by the first
+    # client that needs it, not by `import envlink`.
+    from envlink._websocket import WebSocketTransport
+
+    return WebSocketTransport()
+
+
+def _telemetry_hook(tracer_provider: TracerProvider | None,
+                    meter_provider: MeterProvider | None, url: str) -> ClientHook:
+    # The emitter (OpenTelemetry's metrics API, envlink's instruments) is imported by
+    # the first client that uses it, not by `import envlink`.
+    from envlink._telemetry_client import ClientTelemetryHook
+
+    return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
 class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
@@ -185,13 +200,12 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
                                  "arguments (headers, ping_interval, ...), not both")
             built = options
         self._options: ConnectionOptions = built
-        self._transport: Transport = transport if transport is not None else WebSocketTransport()
+        self._transport: Transport = transport if transport is not None else _websocket()
         policy = reconnect or ReconnectPolicy()
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         if hooks is None:
-            hook: ClientHook = ClientTelemetryHook(tracer_provider, meter_provider,
-                                                   url=self._endpoint.display)
+            hook = _telemetry_hook(tracer_provider, meter_provider, self._endpoint.display)
         else:
             hook = combine_client_hooks(list(hooks))
         self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,

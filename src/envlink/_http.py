@@ -19,7 +19,6 @@ import base64
 import json
 import ssl as ssl_module
 import sys
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +48,8 @@ def _proxy_for(scheme: str, host: str, proxy: str | bool | None) -> str | None:
         return None
     if isinstance(proxy, str):
         return proxy
+    import urllib.request  # (email, http.client...) only when a proxy may be configured
+
     if urllib.request.proxy_bypass(host):
         return None
     proxies = urllib.request.getproxies()

@@ -9,6 +9,11 @@ span is active carries ``trace_id`` and ``span_id`` whatever the application's
 structlog configuration (including structlog's default one), the logger binds
 them itself at each call; with no active span that is one context-variable read.
 
+structlog itself is imported on first need, not with envlink: a debug or info
+line logged while structlog has never been imported is dropped without importing
+it (nothing can have configured it), so a client that only logs its connects
+never loads structlog.
+
 Applications that log through structlog themselves add :func:`add_trace_context`
 to their processor chain to get the same two keys on their own lines;
 :func:`configure_logging` is a ready-made configuration for scripts and the demo
@@ -23,7 +28,6 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
-import structlog
 from opentelemetry import trace
 
 __all__ = [
@@ -89,10 +93,23 @@ class EnvlinkLogger:
     so the application's processors, level filtering and output all apply.
     """
 
-    __slots__ = ("_logger",)
+    __slots__ = ("_bound", "_initial", "_name")
 
-    def __init__(self, logger: Any) -> None:
-        self._logger = logger
+    def __init__(self, logger: Any = None, *, name: str = LOGGER_NAME,
+                 initial_values: dict[str, Any] | None = None) -> None:
+        # ``logger`` None: structlog's logger ``name`` is made (and structlog
+        # imported) on first use.
+        self._bound = logger
+        self._name = name
+        self._initial = initial_values or {}
+
+    @property
+    def _logger(self) -> Any:
+        if self._bound is None:
+            import structlog
+
+            self._bound = structlog.get_logger(self._name, **self._initial)
+        return self._bound
 
     def bind(self, **new_values: Any) -> EnvlinkLogger:
         """A new logger with ``new_values`` bound to every event."""
@@ -111,6 +128,10 @@ class EnvlinkLogger:
         return EnvlinkLogger(self._logger.new(**new_values))
 
     def _log(self, method: str, event: str, kw: dict[str, Any]) -> Any:
+        if method in _QUIET_UNCONFIGURED and "structlog" not in sys.modules:
+            return None  # never imported, so not configured: dropped, as below
+        import structlog
+
         logger = self._logger
         if not structlog.is_configured():
             # Like the stdlib's last-resort handler: an application that never set
@@ -174,7 +195,7 @@ def get_logger(name: str = LOGGER_NAME, **initial_values: Any) -> EnvlinkLogger:
         An :class:`EnvlinkLogger` whose events carry ``trace_id``/``span_id``
         whenever a span is active.
     """
-    return EnvlinkLogger(structlog.get_logger(name, **initial_values))
+    return EnvlinkLogger(name=name, initial_values=initial_values)
 
 
 _LEVELS = {
@@ -208,6 +229,8 @@ def configure_logging(
     Raises:
         ValueError: ``level`` is not a known level name.
     """
+    import structlog
+
     out = stream if stream is not None else sys.stderr
     if isinstance(level, str):
         try:

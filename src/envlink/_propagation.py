@@ -1,17 +1,22 @@
-"""The trace context sent in each request frame, without work when there is none.
+"""The trace context sent in each request frame, without the propagator walk when it can.
 
-``propagate.inject`` walks the global propagator (16 Python calls per frame with
-the default one) even when there is no span to propagate. With the default W3C
-propagators nothing envlink sends (``traceparent``, ``tracestate``) is injected
-without a valid span context, so that walk is skipped then; any other propagator
-is always asked, since it may inject without a span.
+``propagate.inject`` walks the global propagator (the composite, then W3C trace
+context, then W3C baggage: about 30 Python calls per frame with the default
+one). When the global propagator is made of W3C trace context and baggage only
+(the default), what it would write is known: nothing without a valid span
+context; else ``traceparent`` (and ``tracestate`` when the span context has
+one), plus ``baggage`` when baggage is set and the baggage propagator is there.
+The common case (a valid span, no trace state, no baggage) is formatted here,
+exactly as the W3C propagator formats it; everything else, and any other
+propagator, goes through ``propagate.inject``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -19,26 +24,60 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 __all__ = ["trace_carrier"]
 
 _W3C = (TraceContextTextMapPropagator, W3CBaggagePropagator)
-#: The global propagator last checked, and whether it is W3C trace context and
-#: baggage only (the check is redone whenever the global propagator changes).
-_checked: list[Any] = [None, False]
+#: The global propagator last checked, whether it is W3C trace context and baggage
+#: only, and whether it includes the baggage propagator (redone when it changes; one
+#: tuple, so that a reader never sees half of a change).
+_checked: tuple[Any, bool, bool] = (None, False, False)
+_get_current = otel_context.get_current
+_get_current_span = trace.get_current_span
+_get_global_textmap = propagate.get_global_textmap
+_INVALID = trace.INVALID_SPAN_CONTEXT
+#: The context key of the baggage (the API's private constant: a dict lookup instead
+#: of three Python calls per frame); without it, the public ``baggage.get_all``.
+_BAGGAGE_KEY: Any = getattr(baggage, "_BAGGAGE_KEY", None)
 
 
-def _w3c_only(textmap: Any) -> bool:
-    if _checked[0] is not textmap:
-        # CompositePropagator keeps its parts in ``_propagators`` (no public accessor);
-        # an unknown shape counts as "not only W3C", so it is always asked.
-        parts = getattr(textmap, "_propagators", None) \
-            if isinstance(textmap, CompositePropagator) else [textmap]
-        only = parts is not None and all(type(p) in _W3C for p in parts)
-        _checked[:] = [textmap, only]
-    return bool(_checked[1])
+def _has_baggage(ctx: Any) -> bool:
+    if _BAGGAGE_KEY is not None:
+        return bool(ctx.get(_BAGGAGE_KEY))
+    return bool(baggage.get_all(ctx))  # pragma: no cover - API without the private key
+
+
+def _check(textmap: Any) -> tuple[Any, bool, bool]:
+    global _checked
+    # CompositePropagator keeps its parts in ``_propagators`` (no public accessor);
+    # an unknown shape counts as "not only W3C", so it is always asked.
+    parts = getattr(textmap, "_propagators", None) \
+        if isinstance(textmap, CompositePropagator) else [textmap]
+    only = parts is not None and all(type(p) in _W3C for p in parts)
+    with_baggage = only and any(type(p) is W3CBaggagePropagator for p in parts or ())
+    _checked = (textmap, only, with_baggage)
+    return _checked
 
 
 def trace_carrier() -> dict[str, str]:
     """The current trace context as message headers (empty when there is none to send)."""
-    carrier: dict[str, str] = {}
-    if trace.get_current_span().get_span_context().is_valid \
-            or not _w3c_only(propagate.get_global_textmap()):
+    textmap = _get_global_textmap()
+    checked = _checked
+    if checked[0] is not textmap:
+        checked = _check(textmap)
+    if not checked[1]:
+        carrier: dict[str, str] = {}
         propagate.inject(carrier)
-    return carrier
+        return carrier
+    ctx = _get_current()
+    span_context = _get_current_span(ctx).get_span_context()
+    if checked[2] and (ctx.get(_BAGGAGE_KEY) if _BAGGAGE_KEY is not None
+                       else _has_baggage(ctx)):
+        carrier = {}
+        propagate.inject(carrier, ctx)
+        return carrier
+    if span_context == _INVALID:
+        return {}
+    if span_context.trace_state:
+        carrier = {}
+        propagate.inject(carrier, ctx)
+        return carrier
+    # TraceContextTextMapPropagator.inject's format, without its walk.
+    return {"traceparent": f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+                           f"{span_context.trace_flags:02x}"}

@@ -136,12 +136,20 @@ class Extensions:
 # --------------------------------------------------------------------------- requests
 
 
+#: The frame unions' adapters are built at first use too (a client never validates
+#: a request frame, a server never a response frame).
+_DEFERRED = ConfigDict(defer_build=True)
+
+
 class _Request(BaseModel):
     # A vanilla OpenEnv server forbids extra envelope fields; these are only set
     # (and so only serialised) when the server negotiated the extension.
     # NaN and infinities are serialised as the JavaScript constants here only so that
     # encode_request can find and refuse them (pydantic's default would send null).
-    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    # defer_build: validators and serialisers are built at first use, not by `import
+    # envlink` (docs/performance.md: the first reset pays about what the import saves).
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants",
+                              defer_build=True)
 
     id: str | None = None
     traceparent: str | None = None
@@ -186,7 +194,7 @@ RequestFrame = Annotated[
     ResetRequest | StepRequest | StateRequest | CloseRequest, Field(discriminator="type")
 ]
 _REQUEST_ADAPTER: TypeAdapter[ResetRequest | StepRequest | StateRequest | CloseRequest] = (
-    TypeAdapter(RequestFrame)
+    TypeAdapter(RequestFrame, config=_DEFERRED)
 )
 _REQUEST_TYPES = frozenset({"reset", "step", "state", "close"})
 _DATA_REQUESTS: dict[str, type[ResetRequest | StepRequest | McpRequest]] = {
@@ -327,7 +335,7 @@ def validate_request(obj: Any) -> ResetRequest | StepRequest | StateRequest | Cl
 class _Lenient(BaseModel):
     # Servers may add fields (OpenEnv adds "metadata" beside the observation);
     # unknown fields are ignored, missing or mistyped ones are errors.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)  # as _Request
 
 
 class ObservationData(_Lenient):
@@ -401,7 +409,7 @@ ResponseFrame = Annotated[
     ObservationFrame | StateFrame | ErrorFrame | McpFrame, Field(discriminator="type")
 ]
 _RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame | McpFrame] = (
-    TypeAdapter(ResponseFrame)
+    TypeAdapter(ResponseFrame, config=_DEFERRED)
 )
 _RESPONSE_TYPES = frozenset({"observation", "state", "error", "mcp"})
 

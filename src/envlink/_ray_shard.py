@@ -12,6 +12,7 @@ This module imports no Ray: :mod:`envlink.ray` wraps :class:`Shard` with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate
 
-from envlink._errors import EnvlinkError
+from envlink._errors import ClientClosedError, EnvlinkError
 from envlink._journal import EpisodeJournal, JournalEntry
 from envlink._pool import EnvPool
 from envlink._pool_types import Batch, PoolView, SlotResult
@@ -232,6 +233,9 @@ class Shard:
                              spec.size)
         # Per slot: the episode id, journal entries and typed actions already mirrored.
         self._sent: list[tuple[str | None, int, int]] = [(None, 0, 0)] * spec.size
+        # step_recv calls waiting for an answer: a step_send wakes them, so that they
+        # wait for the new steps too (Ray runs step_send while a step_recv waits).
+        self._recv_waiters: set[asyncio.Event] = set()
 
     async def reset(self, seeds: Sequence[int | None], mask: Sequence[bool],
                     timeout: float | None, kwargs: Mapping[str, Any],
@@ -256,19 +260,56 @@ class Shard:
         """The pool's ``step_send`` on this shard's slots."""
         with self._span("step", carrier, sum(mask)):
             await self.pool.step_send(list(actions), list(mask), timeout=timeout)
+        for event in self._recv_waiters:
+            event.set()
 
     async def step_recv(self, carrier: Mapping[str, str] | None = None) -> ShardAnswer:
-        """Wait until at least one sent step answered; collect every answered one."""
+        """Wait until at least one sent step answered; collect every answered one.
+
+        Steps sent while it waits count too: the first answer of any of them ends the
+        wait (not only the answers of the steps in flight when the wait began).
+        """
         with self._span("recv", carrier, 1):
-            batch = await self.pool.step_recv(1)
+            waited = await self._until_answered()
+            if waited and self.pool.closed and not self.pool._batches.inflight:
+                # Closed during the wait (its steps cancelled): as the pool's own recv.
+                items: list[SlotResult[Any]] = [None] * self.spec.size
+                for i, task in waited.items():
+                    items[i] = (task.result() if task.done() and not task.cancelled()
+                                else ClientClosedError("the pool was closed during the call"))
+                batch: Batch[Any] = Batch(items, ready=sorted(waited))
+            else:
+                # What has answered by now (nothing in flight: the pool's ValueError).
+                batch = await self.pool.step_recv(1, timeout=0)
         return self._answer(batch)
+
+    async def _until_answered(self) -> dict[int, asyncio.Task[Any]]:
+        """Return once a sent step has answered (or none is in flight): the sent steps'
+        tasks by slot, as last seen (before the pool forgot them, if it was closed)."""
+        sent = asyncio.Event()
+        self._recv_waiters.add(sent)
+        tasks: dict[int, asyncio.Task[Any]] = {}
+        try:
+            while True:
+                if not self.pool._batches.inflight:
+                    return tasks
+                tasks = dict(self.pool._batches.inflight)
+                if any(t.done() for t in tasks.values()):
+                    return tasks
+                sent.clear()
+                woken = asyncio.ensure_future(sent.wait())
+                try:
+                    await asyncio.wait({*tasks.values(), woken},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+        finally:
+            self._recv_waiters.discard(sent)
 
     async def restore(self, slots: Mapping[int, SlotRestore],
                       carrier: Mapping[str, str] | None = None
                       ) -> dict[int, EnvlinkError | None]:
         """Take over slots of a dead shard; per slot ``None`` or why it is lost."""
-        import asyncio
-
         async def one(index: int, r: SlotRestore) -> EnvlinkError | None:
             try:
                 await self.pool._restore(index, r.journal, r.actions, needs_reset=r.needs_reset,

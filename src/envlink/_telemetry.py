@@ -78,9 +78,11 @@ from envlink.names import (
 __all__ = [
     *names.__all__,
     "Telemetry",
+    "end_current_span",
     "error_type_of",
     "get_telemetry",
     "mark_error",
+    "start_current_span",
 ]
 
 def error_type_of(exc: BaseException) -> str:
@@ -416,21 +418,12 @@ class _SpanScope(contextlib.AbstractContextManager[Span]):
     def __enter__(self) -> Span:
         if not self._tel.tracing_enabled():
             return INVALID_SPAN
-        try:
-            span = self._tel.tracer.start_span(
-                self._name, kind=self._kind, attributes=self._attributes,
-                start_time=self._start_time,
-            )
-        except Exception:  # a failing span processor must never fail the call
+        started = start_current_span(self._tel.tracer, self._name, self._kind,
+                                     self._attributes, self._start_time)
+        if started is None:
             return INVALID_SPAN
-        try:
-            self._token = _attach(_set_span_in_context(span))
-        except Exception:  # pragma: no cover - the context API does not fail
-            with contextlib.suppress(Exception):
-                span.end()
-            return INVALID_SPAN
-        self._span = span
-        return span
+        self._span, self._token = started
+        return self._span
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -438,21 +431,57 @@ class _SpanScope(contextlib.AbstractContextManager[Span]):
         if token is None:
             return
         self._token = None
-        span = self._span
-        if exc is not None:
-            mark_error(span, exc)
-        # The span's context is detached before end() runs, so nothing is left
-        # attached; a span processor's on_end may fail: the caller's own outcome
-        # (result, or its exception, which still propagates) must not be replaced.
-        with contextlib.suppress(Exception):
-            _detach(token)  # type: ignore[arg-type]
-        with contextlib.suppress(Exception):
-            span.end()
+        end_current_span(self._span, token, exc)
 
 
 _attach = otel_context.attach
 _detach = otel_context.detach
+_get_current = otel_context.get_current
 _set_span_in_context = trace.set_span_in_context
+
+
+def start_current_span(tracer: Tracer, name: str, kind: SpanKind,
+                       attributes: Mapping[str, Any] | None,
+                       start_time: int | None) -> tuple[Span, object] | None:
+    """Start a span, child of the current context, and attach it: ``(span, token)``.
+
+    The current context is read once and handed to the SDK (which otherwise reads
+    it three times: parent, sampler, parent's trace state). ``None`` if the SDK
+    failed: a failing span processor must never fail the call.
+    """
+    try:
+        ctx = _get_current()
+        span = tracer.start_span(name, context=ctx, kind=kind, attributes=attributes,
+                                 start_time=start_time)
+    except Exception:
+        return None
+    try:
+        return span, _attach(_set_span_in_context(span, ctx))
+    except Exception:  # pragma: no cover - the context API does not fail
+        try:  # noqa: SIM105 - per call: no contextlib machinery
+            span.end()
+        except Exception:
+            pass
+        return None
+
+
+def end_current_span(span: Span, token: object, exc: BaseException | None) -> None:
+    """End what :func:`start_current_span` started (``exc``: the call failed by it).
+
+    The span's context is detached before ``end()`` runs, so nothing is left
+    attached; a span processor's ``on_end`` may fail: the caller's own outcome
+    (result, or its exception, which still propagates) must not be replaced.
+    """
+    if exc is not None:
+        mark_error(span, exc)
+    try:  # noqa: SIM105 - per call: no contextlib machinery
+        _detach(token)  # type: ignore[arg-type]
+    except Exception:
+        pass
+    try:  # noqa: SIM105
+        span.end()
+    except Exception:
+        pass
 
 
 def mark_error(span: Span, exc: BaseException) -> None:

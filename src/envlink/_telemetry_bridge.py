@@ -14,10 +14,15 @@ run time as attributes) and both histograms.
 *Nested* (the default of a :class:`~envlink.Bridge`, which may run any
 coroutine, and an option of the sync facade): every bridged call gets its
 INTERNAL span, started in the caller's thread and made the current span of the
-coroutine's context (so it is the parent of the client's span), and records both
-``envlink.bridge.wait.duration`` and ``envlink.bridge.call.duration``. With no
-SDK configured nothing is allocated or recorded. The names are the contract of
-``docs/telemetry.md``.
+coroutine's context (so it is the parent of the client's span), and records
+``envlink.bridge.call.duration``.
+
+``envlink.bridge.wait.duration`` is *sampled* in both shapes: one successful call
+in ``wait_sample`` (16) per method, the first included, and every failed one, so
+that a call on the hot path makes one duration record, not two. The wait is a
+distribution (dashboards read its quantiles); every call's own wait is on its
+span (``envlink.bridge.queue_wait_s``). With no SDK configured nothing is
+allocated or recorded. The names are the contract of ``docs/telemetry.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from envlink._telemetry import (
     mark_error,
 )
 
-__all__ = ["BridgeTelemetryHook", "default_bridge_hooks"]
+__all__ = ["WAIT_SAMPLE", "BridgeTelemetryHook", "default_bridge_hooks"]
 
 _log = logging.getLogger("envlink.bridge")
 _INTERNAL = SpanKind.INTERNAL
@@ -56,11 +61,13 @@ _INTERNAL = SpanKind.INTERNAL
 class _MethodInfo:
     """Per-method constants, built once so that the hot path allocates nothing."""
 
-    __slots__ = ("attrs", "error_attrs", "method", "span_name")
+    __slots__ = ("attrs", "error_attrs", "method", "span_attrs", "span_name")
 
     def __init__(self, method: str) -> None:
         self.method = method
         self.span_name = f"{SPAN_BRIDGE_PREFIX}{method}"
+        #: Given at the span's start: validated once there, not set under the span's lock.
+        self.span_attrs = {ATTR_RPC_METHOD: method}
         self.attrs = {outcome: {ATTR_RPC_METHOD: method, ATTR_OUTCOME: outcome}
                       for outcome in OUTCOMES}
         self.error_attrs: dict[tuple[str, str], dict[str, str]] = {}
@@ -96,6 +103,15 @@ _OWN_SPAN = frozenset({"close"})
 #: Token of a call recorded without a span (no tracing, or a nested hook without SDK).
 _METRICS_ONLY = object()
 _time_ns = time.time_ns
+_get_current = otel_context.get_current
+_attach = otel_context.attach
+_set_span_in_context = trace.set_span_in_context
+
+#: Default: one successful call in this many (per method) is recorded in
+#: ``envlink.bridge.wait.duration``, the first one included; failed calls always.
+WAIT_SAMPLE = 16
+#: Methods whose calls are counted for that sampling; beyond, every call's wait is recorded.
+_MAX_SAMPLED_METHODS = 4096
 
 
 class BridgeTelemetryHook:
@@ -113,14 +129,29 @@ class BridgeTelemetryHook:
             histograms: the default, right for any coroutine. ``False`` (what
             the sync facade's own bridge uses): one span per bridged call, the
             client's, with the hop merged into it (see the module doc).
+        wait_sample: record the queue wait of one successful call in this many,
+            per method, in ``envlink.bridge.wait.duration`` (the first one
+            included; failed calls always; ``1``: every call). The histogram is
+            a distribution of waits, not a count of calls.
+
+    Raises:
+        ValueError: ``wait_sample`` is not an int >= 1.
     """
 
-    __slots__ = ("_nested", "_tel")
+    __slots__ = ("_nested", "_seen", "_tel", "wait_sample")
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None, *, nested: bool = True) -> None:
+                 meter_provider: MeterProvider | None = None, *, nested: bool = True,
+                 wait_sample: int = WAIT_SAMPLE) -> None:
+        if isinstance(wait_sample, bool) or not isinstance(wait_sample, int) \
+                or wait_sample < 1:
+            raise ValueError(f"wait_sample must be an int >= 1, not {wait_sample!r}")
         self._tel = get_telemetry(tracer_provider, meter_provider)
         self._nested = bool(nested)
+        self.wait_sample = wait_sample
+        #: Successful calls seen per method, for the wait's sampling. Not locked:
+        #: concurrent callers may both read one count, which only shifts the sample.
+        self._seen: dict[str, int] = {}
 
     @property
     def nested(self) -> bool:
@@ -142,12 +173,15 @@ class BridgeTelemetryHook:
         method = call.method
         info = _method_infos.get(method) or _method_info(method)
         try:
-            span = tel.tracer.start_span(info.span_name, kind=_INTERNAL)
+            # The caller's OpenTelemetry context, read once: the span's parent, and the
+            # context the coroutine's copy gets with the span in it.
+            parent = _get_current()
+            span = tel.tracer.start_span(info.span_name, context=parent, kind=_INTERNAL,
+                                         attributes=info.span_attrs)
         except Exception:  # a failing span processor must never fail the call
             return _METRICS_ONLY
         if span.is_recording():
-            span.set_attribute(ATTR_RPC_METHOD, method)
-            call.context.run(otel_context.attach, trace.set_span_in_context(span))
+            call.context.run(_attach, _set_span_in_context(span, parent))
         return span
 
     def call_finished(self, call: BridgeCallFinished, token: Any) -> None:
@@ -162,7 +196,19 @@ class BridgeTelemetryHook:
             attrs = info.attributes(call.outcome,
                                     None if error is None else error_type_of(error))
             wait = call.queue_wait
-            tel.bridge_wait_duration.record(wait, attrs)
+            if error is not None:
+                tel.bridge_wait_duration.record(wait, attrs)
+            else:
+                seen = self._seen
+                n = seen.get(method)
+                if n is None:  # a method's first call, or one past the bound: recorded
+                    if len(seen) < _MAX_SAMPLED_METHODS:  # names come from code; bounded
+                        seen[method] = 1
+                    tel.bridge_wait_duration.record(wait, attrs)
+                else:
+                    seen[method] = n + 1
+                    if n % self.wait_sample == 0:
+                        tel.bridge_wait_duration.record(wait, attrs)
             if type(token) is BridgeHop:
                 if token.claimed:
                     return  # the client's span covers the call and shows the wait
@@ -174,9 +220,10 @@ class BridgeTelemetryHook:
             if token is not _METRICS_ONLY:
                 span: Span = token
                 if span.is_recording():
-                    span.set_attribute(ATTR_BRIDGE_QUEUE_WAIT, wait)
-                    if call.run_time is not None:
-                        span.set_attribute(ATTR_BRIDGE_RUN_TIME, call.run_time)
+                    # One call (one lock, one validation) for both attributes.
+                    span.set_attributes(
+                        {ATTR_BRIDGE_QUEUE_WAIT: wait} if call.run_time is None else
+                        {ATTR_BRIDGE_QUEUE_WAIT: wait, ATTR_BRIDGE_RUN_TIME: call.run_time})
                     if error is not None:
                         mark_error(span, error)
                 span.end()
@@ -187,15 +234,14 @@ class BridgeTelemetryHook:
                              start_ns: int) -> None:
         """The bridge's span of a call no client span covered, from its start to now."""
         try:
+            attributes: dict[str, Any] = {ATTR_RPC_METHOD: call.method,
+                                          ATTR_BRIDGE_QUEUE_WAIT: call.queue_wait}
+            if call.run_time is not None:
+                attributes[ATTR_BRIDGE_RUN_TIME] = call.run_time
             span = self._tel.tracer.start_span(info.span_name, kind=_INTERNAL,
-                                               start_time=start_ns)
-            if span.is_recording():
-                span.set_attribute(ATTR_RPC_METHOD, call.method)
-                span.set_attribute(ATTR_BRIDGE_QUEUE_WAIT, call.queue_wait)
-                if call.run_time is not None:
-                    span.set_attribute(ATTR_BRIDGE_RUN_TIME, call.run_time)
-                if call.error is not None:
-                    mark_error(span, call.error)
+                                               attributes=attributes, start_time=start_ns)
+            if call.error is not None:
+                mark_error(span, call.error)  # (a no-op on a span that does not record)
             span.end()
         except Exception:  # a failing span processor must never fail the call
             _log.debug("envlink bridge: span processor failed", exc_info=True)

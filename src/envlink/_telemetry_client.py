@@ -9,7 +9,6 @@ that creates spans, records metrics or logs; it never raises into the caller.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import time
 from collections.abc import Mapping
@@ -28,7 +27,14 @@ from envlink._hooks import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._telemetry import BRIDGE_HOP, Telemetry, error_type_of, get_telemetry
+from envlink._telemetry import (
+    BRIDGE_HOP,
+    Telemetry,
+    end_current_span,
+    error_type_of,
+    get_telemetry,
+    start_current_span,
+)
 from envlink.names import (
     ATTR_ATTEMPT,
     ATTR_BRIDGE_QUEUE_WAIT,
@@ -109,20 +115,24 @@ _CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
 
 
 class _CallToken:
-    __slots__ = ("reset", "rpc", "scope", "span")
+    """A call's span, its context token, and whether it records (asked once)."""
 
-    def __init__(self, scope: contextlib.AbstractContextManager[Span] | None, span: Span,
-                 rpc: bool) -> None:
-        self.scope = scope
+    __slots__ = ("context", "recording", "reset", "rpc", "span")
+
+    def __init__(self, span: Span, context: object, rpc: bool) -> None:
         self.span = span
+        self.context = context  # the token of the span's attached context; None: no span
         self.rpc = rpc
-        self.reset = _CALL_SPAN.set(span) if span.is_recording() else None
+        self.recording = recording = span.is_recording()
+        self.reset = _CALL_SPAN.set(span) if recording else None
 
 
 # Tokens of calls traced without a span (no SDK, or tracing off): shared, never allocated.
-_NO_SPAN_RPC = _CallToken(None, INVALID_SPAN, True)
-_NO_SPAN_OTHER = _CallToken(None, INVALID_SPAN, False)
+_NO_SPAN_RPC = _CallToken(INVALID_SPAN, None, True)
+_NO_SPAN_OTHER = _CallToken(INVALID_SPAN, None, False)
 _perf = time.perf_counter
+_CLIENT = SpanKind.CLIENT
+_INTERNAL = SpanKind.INTERNAL
 
 #: Default: one message in this many (per direction) is recorded in
 #: ``envlink.client.message.size``, the first one included.
@@ -211,9 +221,11 @@ class ClientTelemetryHook(ClientHook):
                 attributes = dict(base)
             attributes[ATTR_BRIDGE_QUEUE_WAIT] = _perf() - hop.submitted
             start_time = hop.start_ns or None
-        scope = tel.span(method, kind=SpanKind.CLIENT if rpc else SpanKind.INTERNAL,
-                         attributes=attributes, start_time=start_time)
-        return _CallToken(scope, scope.__enter__(), rpc)
+        started = start_current_span(tel.tracer, method, _CLIENT if rpc else _INTERNAL,
+                                     attributes, start_time)
+        if started is None:  # the SDK failed: the call goes on without its span
+            return _NO_SPAN_RPC if rpc else _NO_SPAN_OTHER
+        return _CallToken(started[0], started[1], rpc)
 
     def call_finished(self, call: CallFinished, token: _CallToken) -> None:
         tel = self.tel
@@ -223,7 +235,7 @@ class ClientTelemetryHook(ClientHook):
         if rpc:
             self.inflight[method] -= 1
         span = token.span
-        if span.is_recording():
+        if token.recording:
             if call.queue_wait is not None:
                 span.set_attribute(ATTR_QUEUE_WAIT, call.queue_wait)
             if call.step_index is not None:
@@ -231,15 +243,18 @@ class ClientTelemetryHook(ClientHook):
         if token.reset is not None:
             _CALL_SPAN.reset(token.reset)
         if error is None:
-            if token.scope is not None:
-                token.scope.__exit__(None, None, None)
+            if token.context is not None:
+                end_current_span(span, token.context, None)
             if rpc and tel.metrics_enabled():
                 attrs = self._ok_attrs.get(method)
                 if attrs is None or attrs[ATTR_SERVER_ADDRESS] != call.server_address \
                         or attrs[ATTR_SERVER_PORT] != call.server_port:
                     attrs = self._duration_attrs(call, None)
                     self._ok_attrs[method] = attrs
-                tel.record(tel.call_duration, call.duration, attrs)
+                try:  # noqa: SIM105 - per call: no contextlib machinery
+                    tel.call_duration.record(call.duration, attrs)
+                except Exception:  # telemetry never raises into the caller
+                    pass
             return
         error_type = error_type_of(error)
         if isinstance(error, Exception):
@@ -247,8 +262,8 @@ class ClientTelemetryHook(ClientHook):
                 tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method, ATTR_ERROR_TYPE: error_type})
             _log.info(LOG_CALL_FAILED, method=method, error_type=error_type,
                       error=str(error), session_id=call.session_id)
-        if token.scope is not None:
-            token.scope.__exit__(type(error), error, None)
+        if token.context is not None:
+            end_current_span(span, token.context, error)
         if rpc:
             tel.record(tel.call_duration, call.duration, self._duration_attrs(call, error))
 

@@ -1,4 +1,4 @@
-"""Telemetry of bridged calls: the sync-hop span and the two bridge histograms."""
+"""Telemetry of bridged calls: the sync-hop span and the two bridge histograms (wait sampled)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from _otel_support import Otel
-from envlink import CallTimeoutError, ClientClosedError
+from envlink import Bridge, CallTimeoutError, ClientClosedError
 from envlink._telemetry import (
     ATTR_BRIDGE_QUEUE_WAIT,
     ATTR_BRIDGE_RUN_TIME,
@@ -22,6 +22,8 @@ from envlink._telemetry import (
     METRIC_BRIDGE_CALL_DURATION,
     METRIC_BRIDGE_WAIT_DURATION,
 )
+from envlink._telemetry_bridge import WAIT_SAMPLE
+from envlink.telemetry import BridgeTelemetryHook
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -123,11 +125,13 @@ def test_cancelled_outcome_when_closed_during_call(otel: Otel) -> None:
 
 
 def test_histograms_count_every_call(otel: Otel) -> None:
-    """Both histograms get one point per call, by (rpc.method, outcome), in seconds with the
-    envlink bucket boundaries; a call lasts at least as long as its wait."""
-    for _ in range(5):
-        otel.bridge.call(noop, timeout=5)
-    otel.bridge.call(noop, timeout=5, method="other")
+    """With wait_sample=1 both histograms get one point per call, by (rpc.method, outcome), in
+    seconds with the envlink bucket boundaries; a call lasts at least as long as its wait."""
+    hook = BridgeTelemetryHook(otel.tracer_provider, otel.meter_provider, wait_sample=1)
+    with Bridge(hooks=[hook]) as bridge:
+        for _ in range(5):
+            bridge.call(noop, timeout=5)
+        bridge.call(noop, timeout=5, method="other")
     key = frozenset({ATTR_RPC_METHOD: "noop", ATTR_OUTCOME: "ok"}.items())
     wait = by_attrs(otel.points(METRIC_BRIDGE_WAIT_DURATION))
     call = by_attrs(otel.points(METRIC_BRIDGE_CALL_DURATION))
@@ -136,6 +140,34 @@ def test_histograms_count_every_call(otel: Otel) -> None:
     assert wait[key].count == call[key].count == 5
     assert 0 <= wait[key].sum <= call[key].sum < 5
     assert tuple(call[key].explicit_bounds) == DURATION_BUCKETS
+
+
+def test_wait_histogram_sampled_by_default(otel: Otel) -> None:
+    """By default the wait is recorded for one successful call in 16 per method (the first
+    included) and for every failed call, while the call duration counts every call."""
+    for _ in range(WAIT_SAMPLE * 2 + 1):
+        otel.bridge.call(noop, timeout=5)
+    otel.bridge.call(noop, timeout=5, method="other")
+    for _ in range(3):
+        with pytest.raises(KeyError):
+            otel.bridge.call(fail, timeout=5)
+    ok = frozenset({ATTR_RPC_METHOD: "noop", ATTR_OUTCOME: "ok"}.items())
+    other = frozenset({ATTR_RPC_METHOD: "other", ATTR_OUTCOME: "ok"}.items())
+    failed = frozenset({ATTR_RPC_METHOD: "fail", ATTR_OUTCOME: "error",
+                        ATTR_ERROR_TYPE: "KeyError"}.items())
+    wait = by_attrs(otel.points(METRIC_BRIDGE_WAIT_DURATION))
+    call = by_attrs(otel.points(METRIC_BRIDGE_CALL_DURATION))
+    assert call[ok].count == WAIT_SAMPLE * 2 + 1
+    assert wait[ok].count == 3  # calls 1, 17 and 33
+    assert wait[other].count == call[other].count == 1  # a method's first call is recorded
+    assert wait[failed].count == call[failed].count == 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "16", None])
+def test_wait_sample_must_be_a_positive_int(bad: Any) -> None:
+    """wait_sample= rejects anything but an int >= 1 with a ValueError."""
+    with pytest.raises(ValueError, match="wait_sample"):
+        BridgeTelemetryHook(wait_sample=bad)
 
 
 def test_metric_units_are_seconds(otel: Otel) -> None:
@@ -165,3 +197,20 @@ def test_outcome_of_errors_raised_by_the_coroutine(otel: Otel) -> None:
     outcomes = {p.attributes[ATTR_RPC_METHOD]: p.attributes[ATTR_OUTCOME]
                 for p in otel.points(METRIC_BRIDGE_CALL_DURATION)}
     assert outcomes == {"client_deadline": "timeout", "client_closed": "error"}
+
+
+def test_wait_sampling_state_is_bounded(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound of counted methods a new method's calls are all recorded (nothing more
+    is remembered), while the counted methods keep their sampling."""
+    import envlink._telemetry_bridge as tb
+
+    monkeypatch.setattr(tb, "_MAX_SAMPLED_METHODS", 1)
+    hook = BridgeTelemetryHook(otel.tracer_provider, otel.meter_provider)
+    with Bridge(hooks=[hook]) as bridge:
+        for _ in range(3):
+            bridge.call(noop, timeout=5)
+            bridge.call(noop, timeout=5, method="late")
+    wait = {p.attributes[ATTR_RPC_METHOD]: p.count
+            for p in otel.points(METRIC_BRIDGE_WAIT_DURATION)}
+    assert wait == {"noop": 1, "late": 3}
+    assert set(hook._seen) == {"noop"}

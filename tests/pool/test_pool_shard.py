@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from envlink import ReplayDivergedError, StepResult
+from envlink import ClientClosedError, ReplayDivergedError, StepResult
 from envlink._ray_shard import DriverSlot, Shard, ShardSpec, SlotRestore
 
 pytestmark = pytest.mark.timeout(30)
@@ -82,3 +83,63 @@ def test_a_step_of_unknown_outcome_makes_the_copy_unreplayable() -> None:
     slot.absorb(SlotMirror(episode_id="e", base=0, unknown_steps=('{"move": 1}',)))
     assert not slot.journal.replayable and slot.journal.unknown_steps == ['{"move": 1}']
     assert slot.restore(replay=False).journal is None
+
+
+async def test_a_waiting_recv_sees_steps_sent_while_it_waits(det_servers: Any) -> None:
+    """A shard's step_recv, already waiting on a held step, returns a step sent after it."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2))
+    waiting: asyncio.Future[Any] | None = None
+    try:
+        assert all(isinstance(r, StepResult)
+                   for r in (await shard.reset([0, 1], [True, True], None, {})).items)
+        client = shard.pool._slots[0].client
+        assert client is not None
+        (held,) = [h for h in server.connections if h.session_id == client.session_id]
+        held.faults.stall_after = held.requests + 1  # slot 0's next step goes unanswered
+        before = server.counter("request.step")
+        await shard.step_send([{"move": 1}, None], [True, False], None)
+        waiting = asyncio.ensure_future(shard.step_recv())
+        # Slot 0's step is at the server and held there: the recv is waiting on it.
+        await server.wait_for_request("step", before + 1)
+        assert held.stalled and not waiting.done()
+        await shard.step_send([None, {"move": 2}], [False, True], None)
+        await asyncio.wait({waiting}, timeout=20)  # a bound: slot 1 answers at once
+        assert waiting.done(), "the waiting recv did not see the step sent after it began"
+        answer = waiting.result()
+        assert answer.ready == (1,) and answer.stragglers == (0,)
+        assert isinstance(answer.items[1], StepResult)
+        assert answer.items[1].observation["position"] == 2
+        assert set(answer.mirrors) == {1}
+        held.unstall()
+        rest = await shard.step_recv()
+        assert rest.ready == (0,) and rest.stragglers == ()
+        assert isinstance(rest.items[0], StepResult) and rest.items[0].observation["position"] == 1
+        with pytest.raises(ValueError, match="no step in flight"):
+            await shard.step_recv()
+    finally:
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
+        await shard.close()
+
+
+async def test_a_waiting_recv_answers_closed_when_the_pool_closes(det_servers: Any) -> None:
+    """Closing a shard's pool under a waiting step_recv answers ClientClosedError per slot."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        for handle in server.connections:
+            handle.faults.stall_after = handle.requests + 1  # no step answers
+        before = server.counter("request.step")
+        await shard.step_send([{"move": 1}] * 2, [True, True], None)
+        waiting = asyncio.ensure_future(shard.step_recv())
+        await server.wait_for_request("step", before + 2)
+        assert not waiting.done()
+        await shard.pool.close()
+        answer = await waiting
+        assert answer.ready == (0, 1)
+        assert all(isinstance(r, ClientClosedError) for r in answer.items)
+    finally:
+        server.unstall_all()
+        await shard.close()

@@ -300,3 +300,33 @@ async def test_a_batch_deadline_on_a_shard_says_whether_the_step_was_sent(
         assert isinstance(sent, CallTimeoutError)
         assert sent.outcome_unknown is True and sent.method == "step"
         assert "was sent" in str(sent)
+
+
+async def test_ready_first_sees_a_step_sent_while_its_shard_waits(
+        ray_local: Any, threads: Any) -> None:
+    """A second step_send's answers reach step_recv while the shard still waits on a held step."""
+    st = threads()
+    async with RayEnvPool([st.url], 2, shards=1) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        before = _stall_next(st)
+        await pool.step_send([{"move": 1}, None], mask=[True, False])
+        # Slot 0's step is held at the server (its shard now waits to collect it); the
+        # other connection is not stalled after all.
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
+
+        def release_others(server: Any) -> None:
+            for handle in server.connections:
+                if not handle.stalled:
+                    handle.faults.stall_after = None
+
+        st.call(release_others)
+        await pool.step_send([None, {"move": 2}], mask=[False, True])
+        # A bound, not a timing check: slot 1 answers at once, slot 0 not before it is freed.
+        first = await pool.step_recv(min_ready=1, timeout=30)
+        assert first.ready == (1,) and first.stragglers == (0,)
+        assert isinstance(first[1], StepResult) and first[1].observation["position"] == 2
+        st.call(lambda s: s.unstall_all())
+        rest = await pool.step_recv()
+        assert rest.ready == (0,)
+        assert isinstance(rest[0], StepResult) and rest[0].observation["position"] == 1
+        assert (await pool.step([{"move": 1}] * 2)).ok

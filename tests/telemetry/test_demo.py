@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -65,6 +66,88 @@ def test_demo_reports_calls_tree_and_percentiles() -> None:
     table = out.split("latency by method")[1]
     assert re.search(r"step\s+5\s+[\d.]+ ms\s+[\d.]+ ms\s+[\d.]+ ms", table)
     assert re.search(r"reset\s+1\s", table)
+
+
+def test_demo_survives_a_dropped_connection_by_resuming() -> None:
+    """The demo's mid-episode drop is resumed (same session, no replay, nothing twice)."""
+    result = _demo("--steps", "3", "--json-logs")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    # The call that hit the drop says so; every answer is still the right one.
+    assert re.search(r"step echo_message\('hello 2'\)\s+[\d.]+ ms\s+-> 'hello 2'  "
+                     r"\(connection dropped after the step was applied; session resumed\)",
+                     out), out
+    recovery = out.split("session recovery (on_session_lost='auto'):\n")[1]
+    assert recovery.startswith(
+        "  fault:  the server dropped the connection after applying step 2 "
+        "(echo_message 'hello 2'), before answering\n"), out
+    assert re.match(r"  resume: same session, envlink-resume, 1 try in [\d.]+ ms, no replay; "
+                    r"the lost answer came from the server's de-duplication cache\n",
+                    recovery.split("\n", 1)[1]), out
+    # 3 echo_message + echo_with_length + list_tools, counted by the server's session.
+    assert ("  steps:  5 of 5 kept; the server's step_count is 5 (5 asked), "
+            "each applied once\n") in recovery
+    assert "step_count': 5" in out or "'s..." in out  # state() is printed (maybe cut)
+    # The span tree shows the reconnect under the call that hit it: the failed server
+    # span, then the resume with its connect, then the step answered from the cache.
+    assert re.search(r"\n    step \[client\] [\d.]+ ms\n"
+                     r"      step \[server\] [\d.]+ ms error\.type=fault_injected\n"
+                     r"      resume \[internal\] [\d.]+ ms envlink\.recovery=envlink-resume\n"
+                     r"        connect \[client\] [\d.]+ ms envlink\.reason=resume\n"
+                     r"(?:          .*\n)*"
+                     r"        step \[server\] [\d.]+ ms envlink\.server\.dedup=true\n", out), out
+    assert "replay [internal]" not in out
+    assert out.count("resume [internal]") == 1
+    # The client's own log says the same: lost once, recovered once, by resuming.
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    events = [(r["event"], r.get("recovery")) for r in records
+              if r["event"] in ("envlink.session_lost", "envlink.session_recovered")]
+    assert events == [("envlink.session_lost", "envlink-resume"),
+                      ("envlink.session_recovered", "envlink-resume")]
+
+
+def test_demo_no_fault_runs_without_a_drop() -> None:
+    """--no-fault: no dropped connection, no resume, every step still counted once."""
+    result = _demo("--steps", "2", "--no-fault")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "session resumed" not in out and "resume [internal]" not in out
+    assert "error.type" not in out
+    assert ("session recovery (on_session_lost='auto'):\n  no fault injected (--no-fault)\n"
+            "  steps:  4 of 4 kept; the server's step_count is 4 (4 asked), "
+            "each applied once\n") in out
+
+
+def test_demo_fails_when_the_session_is_not_resumed() -> None:
+    """If the client replayed instead of resuming, the demo's check fails it in one line."""
+    code = (
+        "import sys\n"
+        "import envlink._demo as demo\n"
+        "demo._POLICY = 'replay'\n"  # a new session, the journal replayed into it
+        "sys.exit(demo.run_demo(['--steps', '3']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=25, env=_env())
+    assert result.returncode == 1, result.stdout
+    lines = [line for line in result.stderr.splitlines()
+             if line.startswith("envlink demo: error:")]
+    assert lines == ["envlink demo: error: session recovery check failed: 5 steps asked, "
+                     "but the steps the server applied is 7; the server created 2 sessions"
+                     ], result.stderr
+
+
+def test_demo_recovery_check_catches_a_step_applied_twice() -> None:
+    """The demo's check refuses a server count above the steps asked (a step applied twice)."""
+    from envlink._demo import DemoError, _check, _Recovery
+
+    fine = _Recovery(fault_step=2, steps_asked=5, journal_steps=5, mechanism="envlink-resume",
+                     state_step_count=5, session_step_count=5, steps_applied=5,
+                     sessions_created=1, resumes=1, dedup_hits=1, drops=1)
+    _check(fine)
+    twice = dataclasses.replace(fine, state_step_count=6, session_step_count=6,
+                                steps_applied=6, dedup_hits=0)
+    with pytest.raises(DemoError, match="state\\(\\) step_count is 6"):
+        _check(twice)
 
 
 def test_demo_json_logs_carry_trace_ids() -> None:
@@ -158,3 +241,19 @@ def test_demo_server_failure_fails_in_one_line() -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["envlink demo: error: the reference server failed to start: "
                      "[Errno 98] Address already in use"]
+
+
+def test_readme_shows_what_the_demo_prints() -> None:
+    """The README's excerpts of the demo's recovery report and span tree match a real run."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    excerpts = re.findall(r"```text\n(.*?)\n```", quickstart, re.S)
+    assert len(excerpts) == 2
+    result = _demo()  # the Quickstart's command: default options
+    assert result.returncode == 0, result.stderr
+    for excerpt in excerpts:
+        # Durations differ from run to run; everything else must be printed as shown.
+        pattern = r"[\d.]+ ms".join(map(re.escape, re.split(r"\d+\.\d+ ms", excerpt)))
+        assert re.search(pattern, result.stdout), (excerpt, result.stdout)

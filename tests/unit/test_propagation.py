@@ -6,10 +6,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry import propagate, trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import Setter, TextMapPropagator, default_setter
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from envlink._propagation import trace_carrier
 
@@ -62,10 +68,71 @@ def test_another_propagator_is_always_asked(textmap: None) -> None:
     propagate.set_global_textmap(fixed)
     assert trace_carrier()["traceparent"].startswith("00-abab")
     assert fixed.calls == 1
-    from opentelemetry.propagators.composite import CompositePropagator
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator()]))
     assert trace_carrier() == {}
     propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), fixed]))
     assert "traceparent" in trace_carrier()
     assert fixed.calls == 2
+
+
+def _expected(ctx: Context | None = None) -> dict[str, str]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, ctx)
+    return carrier
+
+
+_ids = st.integers(min_value=0, max_value=2**128 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trace_id=_ids, span_id=st.integers(min_value=0, max_value=2**64 - 1),
+       flags=st.integers(min_value=0, max_value=255), remote=st.booleans(),
+       state=st.lists(st.tuples(st.from_regex(r"[a-z][a-z0-9_\-*/]{0,10}", fullmatch=True),
+                                st.from_regex(r"[a-zA-Z0-9]{1,8}", fullmatch=True)),
+                      max_size=3, unique_by=lambda kv: kv[0]),
+       bag=st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True),
+                           st.from_regex(r"[a-z0-9]{1,6}", fullmatch=True), max_size=2))
+def test_carrier_equals_what_propagate_inject_writes(
+        trace_id: int, span_id: int, flags: int, remote: bool,
+        state: list[tuple[str, str]], bag: dict[str, str]) -> None:
+    """For any span context (valid or not, any flags, with or without trace state) and any
+    baggage, under the default propagator, the frame's carrier is exactly what
+    propagate.inject writes."""
+    span_context = SpanContext(trace_id=trace_id, span_id=span_id, is_remote=remote,
+                               trace_flags=TraceFlags(flags), trace_state=TraceState(state))
+    ctx = trace.set_span_in_context(NonRecordingSpan(span_context))
+    for key, value in bag.items():
+        ctx = baggage.set_baggage(key, value, ctx)
+    token = otel_context.attach(ctx)
+    try:
+        assert trace_carrier() == _expected()
+    finally:
+        otel_context.detach(token)
+
+
+def test_sdk_span_carrier_equals_inject(textmap: None) -> None:
+    """Inside a real SDK span (sampled, the common case) the carrier is inject's traceparent,
+    and without baggage propagator baggage is not sent."""
+    tracer = TracerProvider().get_tracer("t")
+    with tracer.start_as_current_span("s"):
+        assert trace_carrier() == _expected()
+        assert set(trace_carrier()) == {"traceparent"}
+        token = otel_context.attach(baggage.set_baggage("k", "v"))
+        try:
+            assert trace_carrier() == _expected()
+            assert "baggage" in trace_carrier()
+            propagate.set_global_textmap(
+                CompositePropagator([TraceContextTextMapPropagator()]))
+            assert trace_carrier() == _expected()
+            assert "baggage" not in trace_carrier()
+        finally:
+            otel_context.detach(token)
+
+
+def test_baggage_without_span_is_sent(textmap: None) -> None:
+    """Baggage with no span is injected as the default propagator would (baggage only)."""
+    token = otel_context.attach(baggage.set_baggage("k", "v"))
+    try:
+        assert trace_carrier() == _expected() == {"baggage": "k=v"}
+    finally:
+        otel_context.detach(token)

@@ -1,0 +1,178 @@
+"""`import envlink` stays light: what a plain client does not need is imported on first use.
+
+Checks of ``sys.modules`` in a fresh interpreter, never timings (the import time
+itself is measured by ``benchmarks/bench_import.py`` and ``benchmarks/run.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import envlink
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Not imported by `import envlink`, whatever the installed extras.
+NEVER_AT_IMPORT = [
+    "envlink.server",     # the reference server
+    "envlink.ray",        # the Ray extra
+    "ray",
+    "envlink.telemetry",  # configure(), which imports the OpenTelemetry SDK
+    "opentelemetry.sdk",
+    "envlink._pool",      # the pools and their placement, breakers and sync facade
+    "envlink._pool_sync",
+    "envlink._placement",
+    "envlink._breaker",
+    "envlink._sync",      # the sync facade's class (client.sync() imports it)
+    "envlink._echo",      # the echo environment
+    "envlink._mock",      # the test transport
+    "envlink._demo",
+    "envlink._cli",
+    "websockets",         # the transport: imported by the first client that needs it
+    "envlink._websocket",
+    "urllib.request",     # only to look up proxies for POST /mcp
+    "http.client",
+    "structlog",          # only once something is logged that can be shown
+    "envlink._telemetry_client",  # the emitter: imported by the first client
+    "envlink._telemetry_bridge",  # and by the first bridge
+    "envlink._telemetry",
+    "envlink._logging",
+    "opentelemetry.metrics",
+]
+
+
+def loaded_after(code: str) -> dict[str, bool]:
+    """Run ``code`` in a fresh interpreter; which of NEVER_AT_IMPORT are in sys.modules."""
+    probe = (f"{code}\nimport json, sys\n"
+             f"print(json.dumps({{m: m in sys.modules for m in {NEVER_AT_IMPORT!r}}}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    found: dict[str, bool] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
+def test_import_envlink_leaves_the_rest_unloaded() -> None:
+    """`import envlink` imports none of the server, Ray, the SDK, the pools, websockets,
+    urllib.request or structlog."""
+    loaded = loaded_after("import envlink")
+    assert not [m for m, yes in loaded.items() if yes]
+
+
+MOCK_STEP = """
+import envlink
+
+def answer(request):
+    return {"type": "observation", "data": {"observation": {"n": 1}, "done": False}}
+
+client = envlink.GenericEnvClient("ws://127.0.0.1:9", transport=envlink.MockTransport(answer))
+with client.sync() as env:
+    assert env.reset().observation == {"n": 1}
+    assert env.step({"x": 1}).observation == {"n": 1}
+"""
+
+
+def test_a_client_on_the_mock_transport_loads_no_websockets() -> None:
+    """A client given its own transport resets and steps (sync facade, telemetry hooks
+    included) without ever importing websockets, urllib.request or structlog; one with the
+    default transport imports websockets at construction."""
+    loaded = loaded_after(MOCK_STEP)
+    assert loaded["envlink._mock"] and loaded["envlink._sync"]
+    assert loaded["envlink._telemetry_client"] and loaded["envlink._telemetry_bridge"]
+    assert not loaded["websockets"] and not loaded["urllib.request"], loaded
+    assert not loaded["structlog"] and not loaded["envlink.server"], loaded
+    loaded = loaded_after("import envlink\nenvlink.EnvClient('ws://127.0.0.1:9')")
+    assert loaded["websockets"] and loaded["envlink._websocket"]
+    assert not loaded["structlog"] and not loaded["envlink.server"]
+
+
+def test_debug_lines_do_not_import_structlog_but_warnings_do() -> None:
+    """With structlog never imported (so never configured) debug and info lines are
+    dropped without importing it; a warning still reaches stderr through structlog."""
+    code = ("import sys\nfrom envlink._logging import get_logger\nlog = get_logger()\n"
+            "log.debug('envlink.quiet_debug', x=1)\nlog.info('envlink.quiet_info')\n"
+            "assert 'structlog' not in sys.modules\n"
+            "log.warning('envlink.loud_warning', y=2)\n"
+            "assert 'structlog' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "envlink.loud_warning" in done.stderr
+    assert "quiet" not in done.stderr + done.stdout
+
+
+def test_lazy_names_resolve_to_their_modules_objects() -> None:
+    """Every public name imported on first access is its module's own object, cached on
+    the package after the first access, and listed by dir()."""
+    import importlib
+
+    lazy: dict[str, str] = envlink._LAZY
+    assert set(lazy) <= set(envlink.__all__)
+    for name, module in lazy.items():
+        assert getattr(envlink, name) is getattr(importlib.import_module(module), name)
+        assert name in vars(envlink)
+        assert name in dir(envlink)
+    assert set(envlink.__all__) <= set(dir(envlink))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = envlink.NoSuchName
+
+
+def test_star_import_and_from_import_of_lazy_names() -> None:
+    """`from envlink import *` and `from envlink import EnvPool` work in a fresh
+    interpreter (PEP 562 resolves them on demand)."""
+    code = ("from envlink import EnvPool, SyncEnvClient, configure\n"
+            "ns = {}\nexec('from envlink import *', ns)\n"
+            "import envlink\n"
+            "missing = [n for n in envlink.__all__ if n not in ns]\n"
+            "assert not missing, missing\n"
+            "assert ns['EnvPool'] is EnvPool and ns['configure'] is configure\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_protocol_models_are_built_at_first_use() -> None:
+    """`import envlink` builds no validator of the protocol frames (pydantic defer_build);
+    the first reset and step build the ones a client uses (not the server's request
+    adapter), and encode and decode work."""
+    code = ("from envlink import _protocol as p\n"
+            "frames = [p.ResetRequest, p.StepRequest, p.ObservationFrame, p.ErrorFrame]\n"
+            "assert not any(f.__pydantic_complete__ for f in frames)\n"
+            + MOCK_STEP +
+            "assert p.StepRequest.__pydantic_complete__ and p._RESPONSE_ADAPTER.pydantic_complete\n"
+            "assert not p._REQUEST_ADAPTER.pydantic_complete  # a server's, never built here\n"
+            "text = p.encode_request(p.StepRequest(data={'a': 1.5}))\n"
+            "assert text == '{\"type\":\"step\",\"data\":{\"a\":1.5}}', text\n"
+            "frame = p.decode_response('{\"type\":\"error\",\"data\":{\"message\":\"m\"}}')\n"
+            "assert isinstance(frame, p.ErrorFrame) and frame.data.code == 'EXECUTION_ERROR'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_bridge_still_gets_envlinks_telemetry_by_default() -> None:
+    """The bridge's default hook, installed by `import envlink` without importing the
+    emitter, is envlink's OpenTelemetry emitter: a bare Bridge call makes its span."""
+    code = ("import envlink\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+            "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+            "InMemorySpanExporter\n"
+            "exporter = InMemorySpanExporter()\n"
+            "provider = TracerProvider()\n"
+            "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+            "async def nothing():\n    return 7\n"
+            "with envlink.Bridge(tracer_provider=provider) as bridge:\n"
+            "    assert bridge.call(nothing, timeout=10, method='nothing') == 7\n"
+            "names = [s.name for s in exporter.get_finished_spans()]\n"
+            "assert names == ['envlink.bridge nothing'], names\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
