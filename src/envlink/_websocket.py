@@ -40,6 +40,7 @@ from envlink._errors import (
     HandshakeRejectedError,
     ProtocolError,
 )
+from envlink._heap import warm_read_buffers
 from envlink._http import post_json
 from envlink._protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._timeouts import bounded
@@ -205,27 +206,6 @@ def _closed_reason(exc: ConnectionClosed) -> str:
     return f"close code {frame.code}{reason}"
 
 
-# asyncio's socket transport reads with ``sock.recv(256 KiB)`` for every frame. Above
-# glibc's malloc mmap threshold (128 KiB until the process frees a larger block) each
-# such buffer is a fresh mmap, shrunk with mremap and unmapped: three system calls and
-# a page fault per message received (measured: ~13 us of CPU per recv on the benchmark
-# VM, against ~1.4 us once the buffer comes from the heap). glibc raises the threshold
-# to the size of the first mmapped block a program frees; heavy programs do that by
-# accident at import time, a lean client never does. Freeing one block larger than the
-# read buffer once makes every later read buffer come from the heap. Harmless where the
-# allocator works otherwise; costs one allocation per process.
-_READ_BUFFER_WARMUP = 384 * 1024
-_malloc_warmed = False
-
-
-def _warm_malloc() -> None:
-    global _malloc_warmed
-    if not _malloc_warmed:
-        _malloc_warmed = True
-        block = bytes(_READ_BUFFER_WARMUP)  # allocated, then freed at once
-        del block
-
-
 async def open_connection(
     endpoint: Endpoint,
     options: ConnectionOptions,
@@ -248,7 +228,7 @@ async def open_connection(
         ConnectError: refused, unreachable, timed out, TLS failure (retryable or not).
         HandshakeRejectedError: the server answered the upgrade with an HTTP error.
     """
-    _warm_malloc()
+    warm_read_buffers()
     headers: list[tuple[str, str]] = list(options.headers)
     if endpoint.auth_header is not None and not any(
         k.lower() == "authorization" for k, _ in headers

@@ -31,6 +31,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from envlink._errors import ErrorCode
+from envlink._heap import warm_read_buffers
 from envlink._protocol import encode_response
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
@@ -200,6 +201,7 @@ class EnvServer(Observable):
         self._registry.drop_all()
 
     async def _listen(self) -> None:
+        warm_read_buffers()  # every frame received is read into a 256 KiB buffer
         self._ws = await serve(
             self._handle,
             self.host,
