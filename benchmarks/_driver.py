@@ -84,10 +84,11 @@ class _TelemetrySetup:
             def export(self, spans: Any) -> SpanExportResult:
                 return SpanExportResult.SUCCESS
 
-        if mode in ("sdk", "sdk-exemplars", "sdk-nested"):
+        if mode in ("sdk", "sdk-exemplars", "sdk-nested", "sdk-sampled"):
             self.handle = envlink.telemetry.configure(
                 service_name="bench", span_exporters=[DropExporter()],
-                metric_readers=[InMemoryMetricReader()])
+                metric_readers=[InMemoryMetricReader()],
+                trace_sample_ratio=0.1 if mode == "sdk-sampled" else None)
         elif mode == "prometheus":
             self.handle = envlink.telemetry.configure(service_name="bench", prometheus_port=0)
             self.prometheus_url = f"http://127.0.0.1:{self.handle.prometheus_port}/metrics"

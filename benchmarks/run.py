@@ -239,6 +239,7 @@ STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
 TELEMETRY_VARIANTS: dict[str, tuple[str, str, str]] = {
     "envlink sync +SDK, nested spans": ("envlink", "sync", "sdk-nested"),
     "envlink sync +SDK, SDK-default exemplars": ("envlink", "sync", "sdk-exemplars"),
+    "envlink sync +SDK, traces sampled 1/10": ("envlink", "sync", "sdk-sampled"),
     "envlink sync +Prometheus": ("envlink", "sync", "prometheus"),
     "envlink sync +OTLP/HTTP": ("envlink", "sync", "otlp"),
 }

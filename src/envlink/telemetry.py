@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
 from envlink import names
 from envlink._logging import add_trace_context, configure_logging, trace_context
@@ -181,6 +182,7 @@ def configure(
     metric_export_interval: float | None = None,
     set_global: bool = True,
     exemplars: bool | None = None,
+    trace_sample_ratio: float | None = None,
 ) -> TelemetryHandle:
     """Set up the OpenTelemetry SDK for envlink in one call (scripts, notebooks, demo).
 
@@ -225,6 +227,13 @@ def configure(
             offer an exemplar, which costs about 10 µs per measurement on the
             hot path (``docs/performance.md``); pass ``True`` for the SDK's
             trace-based filter.
+        trace_sample_ratio: head sampling of traces: keep this fraction of new
+            traces (``ParentBased(TraceIdRatioBased(ratio))``: a call inside a
+            sampled parent is always kept, one inside an unsampled parent never).
+            Metrics still count every call. Default: every trace, unless
+            ``OTEL_TRACES_SAMPLER`` says otherwise. An unsampled call makes no
+            recording span, which removes most of the SDK's cost per call
+            (``docs/performance.md``).
 
     Returns:
         A :class:`TelemetryHandle`; call its ``shutdown()`` before exiting to flush.
@@ -233,12 +242,13 @@ def configure(
         ImportError: OTLP or Prometheus export was requested but its extra
             (``envlink[otlp]``, ``envlink[prometheus]``) is not installed.
         ValueError: ``otlp_protocol`` (or ``OTEL_EXPORTER_OTLP_PROTOCOL``) is
-            not one of ``http/protobuf``, ``grpc``; or ``prometheus_port`` is
-            out of range.
+            not one of ``http/protobuf``, ``grpc``; ``prometheus_port`` is
+            out of range; or ``trace_sample_ratio`` is not within 0..1.
         OSError: the Prometheus endpoint could not bind its port (e.g. in use).
     """
     if prometheus_port is not None and not 0 <= prometheus_port <= 65535:
         raise ValueError(f"prometheus_port must be within 0..65535, got {prometheus_port}")
+    sampler = _sampler(trace_sample_ratio)
     resource = _make_resource(service_name, resource_attributes)
     interval_ms = metric_export_interval * 1000 if metric_export_interval is not None else None
 
@@ -280,7 +290,8 @@ def configure(
         processors.append(item if isinstance(item, SpanProcessor) else BatchSpanProcessor(item))
     readers.extend(metric_readers)
 
-    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider = (TracerProvider(resource=resource) if sampler is None
+                       else TracerProvider(resource=resource, sampler=sampler))
     for processor in processors:
         tracer_provider.add_span_processor(processor)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers,
@@ -296,6 +307,17 @@ def configure(
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _sampler(ratio: float | None) -> Sampler | None:
+    """``ParentBased(TraceIdRatioBased(ratio))``, or None for the SDK's default."""
+    if ratio is None:
+        return None
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise TypeError(f"trace_sample_ratio must be a number, not {type(ratio).__name__}")
+    if not 0.0 <= ratio <= 1.0:  # also refuses NaN
+        raise ValueError(f"trace_sample_ratio must be within 0..1, got {ratio!r}")
+    return ParentBased(TraceIdRatioBased(float(ratio)))
 
 
 def _exemplar_filter(exemplars: bool | None) -> dict[str, Any]:

@@ -222,3 +222,60 @@ class _Inflight:
 
     def __init__(self, inflight: dict[str, int]) -> None:
         self.inflight = inflight
+
+
+def _span_and_record(h: TelemetryHandle, calls: int) -> None:
+    tel = get_telemetry(h.tracer_provider, h.meter_provider)
+    for _ in range(calls):
+        with tel.span("step", kind=SpanKind.CLIENT):
+            tel.record(tel.call_duration, 0.001, {"rpc.method": "step"})
+
+
+def _duration_count(reader: InMemoryMetricReader) -> int:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return sum(p.count for rm in data.resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics if m.name == "rpc.client.call.duration"
+               for p in m.data.data_points)
+
+
+@pytest.mark.parametrize(("ratio", "kept"), [(0.0, 0), (1.0, 50), (None, 50)])
+def test_trace_sample_ratio_samples_traces_and_keeps_every_measurement(
+        ratio: float | None, kept: int) -> None:
+    """trace_sample_ratio drops (or keeps) new traces; the duration histogram counts every call."""
+    spans = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    with configure(span_exporters=[SimpleSpanProcessor(spans)], metric_readers=[reader],
+                   set_global=False, trace_sample_ratio=ratio) as h:
+        _span_and_record(h, 50)
+        assert len(spans.get_finished_spans()) == kept
+        assert _duration_count(reader) == 50
+
+
+def test_trace_sample_ratio_keeps_the_decision_of_a_sampled_parent() -> None:
+    """ParentBased: under a sampled parent a call is traced even at ratio 0."""
+    spans = InMemorySpanExporter()
+    with configure(span_exporters=[SimpleSpanProcessor(spans)], set_global=False,
+                   trace_sample_ratio=0.0) as h:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+        parent = SpanContext(trace_id=0x1234, span_id=0x5678, is_remote=True,
+                             trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        token = context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+        try:
+            _span_and_record(h, 3)
+        finally:
+            context.detach(token)
+        finished = spans.get_finished_spans()
+        assert len(finished) == 3
+        assert {s.context.trace_id for s in finished} == {0x1234}
+
+
+@pytest.mark.parametrize(("ratio", "error"), [
+    (-0.1, ValueError), (1.5, ValueError), (float("nan"), ValueError),
+    (True, TypeError), ("0.5", TypeError)])
+def test_invalid_trace_sample_ratio_is_refused(ratio: object, error: type[Exception]) -> None:
+    """A ratio outside 0..1, NaN, a bool or a string is refused before anything starts."""
+    with pytest.raises(error, match="trace_sample_ratio"):
+        configure(set_global=False, trace_sample_ratio=ratio)  # type: ignore[arg-type]
