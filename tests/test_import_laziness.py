@@ -52,12 +52,18 @@ def loaded_after(code: str) -> dict[str, bool]:
     """Run ``code`` in a fresh interpreter; which of NEVER_AT_IMPORT are in sys.modules."""
     probe = (f"{code}\nimport json, sys\n"
              f"print(json.dumps({{m: m in sys.modules for m in {NEVER_AT_IMPORT!r}}}))\n")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=50, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    done = _run_python(probe)
     found: dict[str, bool] = json.loads(done.stdout.splitlines()[-1])
     return found
 
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter from the checkout; its assertions must hold."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done
 
 def test_import_envlink_leaves_the_rest_unloaded() -> None:
     """`import envlink` imports none of the server, Ray, the SDK, the pools, websockets,
@@ -101,9 +107,7 @@ def test_debug_lines_do_not_import_structlog_but_warnings_do() -> None:
             "assert 'structlog' not in sys.modules\n"
             "log.warning('envlink.loud_warning', y=2)\n"
             "assert 'structlog' in sys.modules\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=50, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    done = _run_python(code)
     assert "envlink.loud_warning" in done.stderr
     assert "quiet" not in done.stderr + done.stdout
 
@@ -133,9 +137,7 @@ def test_star_import_and_from_import_of_lazy_names() -> None:
             "missing = [n for n in envlink.__all__ if n not in ns]\n"
             "assert not missing, missing\n"
             "assert ns['EnvPool'] is EnvPool and ns['configure'] is configure\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=50, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 def test_protocol_models_are_built_at_first_use() -> None:
@@ -156,9 +158,7 @@ def test_protocol_models_are_built_at_first_use() -> None:
             "assert p.StepRequest.__pydantic_complete__\n"
             "frame = p.decode_response('{\"type\":\"error\",\"data\":{\"message\":\"m\"}}')\n"
             "assert isinstance(frame, p.ErrorFrame) and frame.data.code == 'EXECUTION_ERROR'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=50, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 def test_a_bridge_still_gets_envlinks_telemetry_by_default() -> None:
@@ -177,6 +177,4 @@ def test_a_bridge_still_gets_envlinks_telemetry_by_default() -> None:
             "    assert bridge.call(nothing, timeout=10, method='nothing') == 7\n"
             "names = [s.name for s in exporter.get_finished_spans()]\n"
             "assert names == ['envlink.bridge nothing'], names\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=50, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
