@@ -218,6 +218,30 @@ async def test_other_paths_404(server: EnvServer) -> None:
     assert info.value.response.status_code == 404
 
 
+def _http_post(url: str, body: bytes) -> int:
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_post_without_detached_sessions_is_a_quiet_404(
+        server: EnvServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A POST /mcp (a client probing for detached sessions) on a server that does not
+    offer them gets HTTP 404, with no failed handshake logged (websockets 16 logged one
+    with its traceback, which broke the demo's JSON log lines)."""
+    assert not server.detached_sessions
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create",
+                       "params": {}}).encode()
+    with caplog.at_level(logging.INFO, logger="websockets.server"):
+        status = await asyncio.to_thread(_http_post, server.http_url + "/mcp", body)
+    assert status == 404
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 async def test_reset_kwargs_filtered_by_signature(det_server: EnvServer) -> None:
     """Reset arguments the environment does not accept are dropped, as OpenEnv does."""
     async with open_ws(det_server) as ws:

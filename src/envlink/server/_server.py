@@ -214,7 +214,9 @@ class EnvServer(Observable):
             close_timeout=self._close_timeout,
             logger=REDACTING_LOGGER,
             ssl=self._ssl,
-            create_connection=HttpAwareConnection if self.detached_sessions else None,
+            # Always: a POST (a client probing for detached sessions) then gets a plain
+            # 404 instead of a failed handshake logged with its traceback.
+            create_connection=HttpAwareConnection,
         )
         if self.port == 0:
             self.port = int(self._ws.sockets[0].getsockname()[1])
