@@ -66,9 +66,9 @@ class Bridge(LoopThread):
         meter_provider: OpenTelemetry meter provider of the default hooks
             (default: the global one).
         hooks: observers of every call (:class:`~envlink.BridgeHook`), called in
-            order. Default: envlink's OpenTelemetry emitter (a span and two
-            histograms per call, see ``docs/telemetry.md``) on the providers above;
-            ``()`` for none.
+            order. Default: envlink's OpenTelemetry emitter (a span and an
+            ``envlink.bridge.call.duration`` record per call, the wait sampled; see
+            ``docs/telemetry.md``) on the providers above; ``()`` for none.
 
     Raises:
         TypeError: a duration is not a number.
