@@ -36,7 +36,7 @@ import asyncio, json, sys, time
 from typing import Any
 
 from envlink import GenericEnvClient
-from envlink._protocol import Extensions
+from envlink._sansio.protocol import Extensions
 
 ACTION = {"type": "call_tool", "tool_name": "echo_message",
           "arguments": {"message": "hello"}}

@@ -38,8 +38,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from envlink import BridgeCallFinished, BridgeCallStarted
-from envlink._hooks import CallFinished, CallStarted, PhaseFinished, PhaseStarted
-from envlink._propagation import trace_carrier
+from envlink._client.events import CallFinished, CallStarted, PhaseFinished, PhaseStarted
+from envlink._client.propagation import trace_carrier
 from envlink.telemetry import BridgeTelemetryHook, ClientTelemetryHook
 
 

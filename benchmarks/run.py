@@ -62,7 +62,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DRIVER = HERE / "_driver.py"
+DRIVER = HERE / "_client/driver.py"
 sys.path.insert(0, str(ROOT / "tests" / "interop"))
 
 from _interop_support import ServerProcess, openenv_server  # noqa: E402
@@ -114,7 +114,7 @@ def openenv_venv(path: Path, base_python: str) -> str:
 
 
 class Driver:
-    """A ``_driver.py`` process: one client, commands in, JSON lines out."""
+    """A ``_client/driver.py`` process: one client, commands in, JSON lines out."""
 
     def __init__(self, name: str, python: str, argv: Sequence[str]) -> None:
         self.name = name

@@ -26,24 +26,24 @@ NEVER_AT_IMPORT = [
     "ray",
     "envlink.telemetry",  # configure(), which imports the OpenTelemetry SDK
     "opentelemetry.sdk",
-    "envlink._pool",      # the pools and their placement, breakers and sync facade
-    "envlink._pool_sync",
-    "envlink._placement",
-    "envlink._breaker",
-    "envlink._sync",      # the sync facade's class (client.sync() imports it)
-    "envlink._echo",      # the echo environment
-    "envlink._mock",      # the test transport
-    "envlink._demo",
-    "envlink._cli",
+    "envlink._pool.pool",      # the pools and their placement, breakers and sync facade
+    "envlink._pool.sync_pool",
+    "envlink._pool.placement",
+    "envlink._pool.breaker",
+    "envlink._client.sync_client",      # the sync facade's class (client.sync() imports it)
+    "envlink._client.echo_env",      # the echo environment
+    "envlink._transports.mock",      # the test transport
+    "envlink._cli.demo",
+    "envlink._cli.main",
     "websockets",         # the transport: imported by the first client that needs it
-    "envlink._websocket",
+    "envlink._transports.websocket",
     "urllib.request",     # only to look up proxies for POST /mcp
     "http.client",
     "structlog",          # only once something is logged that can be shown
-    "envlink._telemetry_client",  # the emitter: imported by the first client
-    "envlink._telemetry_bridge",  # and by the first bridge
-    "envlink._telemetry",
-    "envlink._logging",
+    "envlink._telemetry.client_hook",  # the emitter: imported by the first client
+    "envlink._telemetry.bridge_hook",  # and by the first bridge
+    "envlink._telemetry.instruments",
+    "envlink._telemetry.logs",
     "opentelemetry.metrics",
 ]
 
@@ -90,19 +90,19 @@ def test_a_client_on_the_mock_transport_loads_no_websockets() -> None:
     included) without ever importing websockets, urllib.request or structlog; one with the
     default transport imports websockets at construction."""
     loaded = loaded_after(MOCK_STEP)
-    assert loaded["envlink._mock"] and loaded["envlink._sync"]
-    assert loaded["envlink._telemetry_client"] and loaded["envlink._telemetry_bridge"]
+    assert loaded["envlink._transports.mock"] and loaded["envlink._client.sync_client"]
+    assert loaded["envlink._telemetry.client_hook"] and loaded["envlink._telemetry.bridge_hook"]
     assert not loaded["websockets"] and not loaded["urllib.request"], loaded
     assert not loaded["structlog"] and not loaded["envlink.server"], loaded
     loaded = loaded_after("import envlink\nenvlink.EnvClient('ws://127.0.0.1:9')")
-    assert loaded["websockets"] and loaded["envlink._websocket"]
+    assert loaded["websockets"] and loaded["envlink._transports.websocket"]
     assert not loaded["structlog"] and not loaded["envlink.server"]
 
 
 def test_debug_lines_do_not_import_structlog_but_warnings_do() -> None:
     """With structlog never imported (so never configured) debug and info lines are
     dropped without importing it; a warning still reaches stderr through structlog."""
-    code = ("import sys\nfrom envlink._logging import get_logger\nlog = get_logger()\n"
+    code = ("import sys\nfrom envlink._telemetry.logs import get_logger\nlog = get_logger()\n"
             "log.debug('envlink.quiet_debug', x=1)\nlog.info('envlink.quiet_info')\n"
             "assert 'structlog' not in sys.modules\n"
             "log.warning('envlink.loud_warning', y=2)\n"
@@ -145,7 +145,7 @@ def test_protocol_models_are_built_at_first_use() -> None:
     the first reset and step build the ones a client uses (the response adapter; not the
     server's request adapter, nor the request models a plain dict step does without),
     and encode and decode work."""
-    code = ("from envlink import _protocol as p\n"
+    code = ("from envlink._sansio import protocol as p\n"
             "frames = [p.ResetRequest, p.StepRequest, p.ObservationFrame, p.ErrorFrame]\n"
             "assert not any(f.__pydantic_complete__ for f in frames)\n"
             + MOCK_STEP +

@@ -12,8 +12,9 @@ import pytest
 pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
-PURE = ["_errors.py", "_config.py", "_protocol.py", "_policies.py", "_journal.py",
-        "_retry.py", "_session.py", "_breaker.py", "_placement.py"]
+PURE = ["_errors.py", "_config.py", "_sansio/protocol.py", "_sansio/policies.py",
+        "_sansio/journal.py",
+        "_sansio/retry.py", "_sansio/session.py", "_pool/breaker.py", "_pool/placement.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 
 
@@ -54,26 +55,29 @@ def test_pure_modules_import_no_io(module: str) -> None:
     names = top(imported(SRC / module))
     assert not names & IO_MODULES, names & IO_MODULES
     internal = {n for n in names if n.startswith("envlink.")}
-    assert internal <= {f"envlink.{p[:-3]}" for p in PURE}, internal
+    assert internal <= {"envlink." + p[:-3].replace("/", ".") for p in PURE}, internal
 
 
 def test_the_session_core_is_sans_io() -> None:
     """The session core imports neither asyncio, websockets nor opentelemetry."""
-    names = top(imported(SRC / "_session.py"))
+    names = top(imported(SRC / "_sansio/session.py"))
     assert not names & {"asyncio", "websockets", "opentelemetry", "trio", "anyio"}, names
 
 
 def test_only_the_transport_imports_websockets() -> None:
-    """Outside the reference server (an I/O layer of its own), only _websocket.py imports it."""
-    users = sorted(p.name for p in SRC.glob("*.py") if "websockets" in top(imported(p)))
-    assert users == ["_websocket.py"]
+    """Outside the reference server (an I/O layer of its own), only the WebSocket transport
+    imports it."""
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "websockets" in top(imported(p)) and p.parts[-2] != "server")
+    assert users == ["_transports/websocket.py"]
 
 
 def test_telemetry_never_imports_the_client() -> None:
     """Telemetry and logging modules depend on nothing that talks to a server."""
-    forbidden = {"envlink._client", "envlink._sync", "envlink._transport", "envlink._echo",
-                 "envlink._websocket"}
-    for name in ["_telemetry.py", "_logging.py", "telemetry.py"]:
+    forbidden = {"envlink._client.client", "envlink._client.sync_client",
+                 "envlink._transports.base", "envlink._client.echo_env",
+                 "envlink._transports.websocket"}
+    for name in ["_telemetry/instruments.py", "_telemetry/logs.py", "telemetry.py"]:
         assert not imported(SRC / name) & forbidden, name
 
 
@@ -83,9 +87,10 @@ BRIDGE = sorted((SRC / "_bridge").glob("*.py"))
 @pytest.mark.parametrize("path", BRIDGE, ids=lambda p: p.name)
 def test_the_bridge_knows_nothing_of_environments(path: Path) -> None:
     """The generic bridge imports no client, protocol or transport module."""
-    forbidden = {"envlink._client", "envlink._protocol", "envlink._transport", "envlink._echo",
-                 "envlink._websocket",
-                 "envlink._sync", "envlink.server"}
+    forbidden = {"envlink._client.client", "envlink._sansio.protocol", "envlink._transports.base",
+                 "envlink._client.echo_env",
+                 "envlink._transports.websocket",
+                 "envlink._client.sync_client", "envlink.server"}
     assert not imported(path) & forbidden
 
 
@@ -96,19 +101,19 @@ def test_the_bridge_imports_no_telemetry(path: Path) -> None:
     helpers."""
     names = imported(path)
     envlink = {n for n in names if n.startswith("envlink.") and not n.startswith("envlink._bridge")}
-    assert envlink <= {"envlink._errors", "envlink._config", "envlink._timeouts"}, envlink
+    assert envlink <= {"envlink._errors", "envlink._config", "envlink._deadlines"}, envlink
     assert not {n for n in runtime_imports(path) if n.startswith("opentelemetry")}
 
 
 def test_the_bridge_is_split_on_its_seams() -> None:
     """Loop thread, hand-off, adapters, proxy and hooks are modules of their own."""
-    assert {p.name for p in BRIDGE} >= {"_loop.py", "_handoff.py", "_adapters.py", "_proxy.py",
-                                         "_hooks.py", "_core.py"}
+    assert {p.name for p in BRIDGE} >= {"loop.py", "handoff.py", "adapters.py", "proxy.py",
+                                         "hooks.py", "bridge.py"}
 
 
 def test_library_code_uses_the_opentelemetry_api_only() -> None:
     """Only the one-call configure helper and the demo may import the OpenTelemetry SDK."""
-    allowed = {"telemetry.py", "_demo.py"}
+    allowed = {"telemetry.py", "demo.py"}
     for path in SRC.rglob("*.py"):
         if path.name in allowed:
             continue
@@ -118,8 +123,9 @@ def test_library_code_uses_the_opentelemetry_api_only() -> None:
 
 def test_the_pool_builds_on_the_clients_public_surface() -> None:
     """EnvPool's modules never reach below the client: no transport, protocol or server."""
-    forbidden = {"envlink._transport", "envlink._protocol", "envlink.server", "websockets"}
-    for path in [*sorted(SRC.glob("_pool*.py")), SRC / "_ray_shard.py", SRC / "ray.py"]:
+    forbidden = {"envlink._transports.base", "envlink._sansio.protocol", "envlink.server",
+                 "websockets"}
+    for path in [*sorted((SRC / "_pool").glob("*.py")), SRC / "ray.py"]:
         assert not top(imported(path)) & forbidden, path.name
 
 
@@ -137,7 +143,7 @@ def test_import_envlink_never_imports_ray() -> None:
             "EnvPool('ws://127.0.0.1:9', 2).sync().close()\n"
             "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
             "assert not loaded, loaded\n"
-            "import envlink._ray_shard\n"
+            "import envlink._pool.shard\n"
             "assert 'ray' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=25, cwd=SRC.parents[1])
@@ -145,8 +151,9 @@ def test_import_envlink_never_imports_ray() -> None:
 
 
 #: The client: a sans-I/O core, the retry and recovery logic, and its asyncio driver.
-CLIENT = ["_session.py", "_retry.py", "_recovery.py", "_hooks.py", "_driver.py",
-          "_connector.py", "_client.py", "_mock.py", "_transport.py", "_http.py", "_mcp.py"]
+CLIENT = ["_sansio/session.py", "_sansio/retry.py", "_client/recovery.py", "_client/events.py",
+          "_client/driver.py", "_client/connector.py", "_client/client.py", "_transports/mock.py",
+          "_transports/base.py", "_transports/http.py", "_client/mcp.py"]
 
 
 def runtime_import_froms(path: Path) -> set[tuple[str, str]]:
@@ -172,18 +179,19 @@ def test_the_client_emits_telemetry_only_through_its_hooks(module: str) -> None:
 
     The only OpenTelemetry API the client itself uses is ``propagate`` (the trace
     context it sends to the server); structlog and envlink's telemetry modules are
-    imported only by the emitter, ``_telemetry_client.py``, which the client's
+    imported only by the emitter, ``_telemetry/client_hook.py``, which the client's
     constructor installs.
     """
     froms = runtime_import_froms(SRC / module)
     otel = {(m, n) for m, n in froms if m.split(".")[0] == "opentelemetry"}
     assert otel <= {("opentelemetry", "propagate")}, otel
     modules = {m for m, _ in froms}
-    forbidden = {"structlog", "logging", "envlink._logging", "envlink._telemetry",
-                 "envlink._telemetry_client"}
-    if module == "_client.py":
-        forbidden.discard("envlink._telemetry_client")  # wires the default hook, see below
-    if module == "_hooks.py":
+    forbidden = {"structlog", "logging", "envlink._telemetry.logs",
+                 "envlink._telemetry.instruments",
+                 "envlink._telemetry.client_hook"}
+    if module == "_client/client.py":
+        forbidden.discard("envlink._telemetry.client_hook")  # wires the default hook, see below
+    if module == "_client/events.py":
         forbidden.discard("logging")  # a user's hook that raises is reported, as the bridge does
     assert not modules & forbidden, module
 
@@ -192,7 +200,7 @@ def test_the_propagation_helper_only_reads_the_trace_context() -> None:
     """_propagation (the driver's per-frame trace context) uses the OpenTelemetry API's
     propagation, current context, current-span and baggage lookup only, and no envlink
     module."""
-    froms = runtime_import_froms(SRC / "_propagation.py")
+    froms = runtime_import_froms(SRC / "_client/propagation.py")
     otel = {(m, n) for m, n in froms if m.split(".")[0] == "opentelemetry"}
     assert otel == {("opentelemetry", "propagate"), ("opentelemetry", "trace"),
                     ("opentelemetry", "baggage"), ("opentelemetry", "context"),
@@ -205,17 +213,18 @@ def test_the_propagation_helper_only_reads_the_trace_context() -> None:
 
 def test_only_the_client_module_knows_the_emitter() -> None:
     """The default telemetry hook is wired in one place: the client's constructor."""
-    users = sorted(p.name for p in SRC.glob("*.py")
-                   if "envlink._telemetry_client" in imported(p))
-    assert users == ["_client.py", "telemetry.py"]
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "envlink._telemetry.client_hook" in imported(p))
+    assert users == ["_client/client.py", "telemetry.py"]
 
 
 def test_client_modules_point_one_way() -> None:
     """core <- retry/recovery <- connector <- driver <- client: nothing imports upward."""
-    order = ["_session.py", "_retry.py", "_hooks.py", "_recovery.py", "_connector.py",
-             "_driver.py", "_client.py"]
+    order = ["_sansio/session.py", "_sansio/retry.py", "_client/events.py", "_client/recovery.py",
+             "_client/connector.py",
+             "_client/driver.py", "_client/client.py"]
     for i, module in enumerate(order):
-        later = {f"envlink.{m[:-3]}" for m in order[i + 1:]}
+        later = {"envlink." + m[:-3].replace("/", ".") for m in order[i + 1:]}
         assert not imported(SRC / module) & later, module
 
 
@@ -225,12 +234,13 @@ SERVER = SRC / "server"
 def test_the_server_dispatch_is_pure() -> None:
     """What a frame means and what to answer is decided without sockets, asyncio, websockets
     or telemetry, so conformance tests drive it directly; fault decisions are pure too."""
-    for name in ("_dispatch.py", "_faults.py", "_environment.py"):
+    for name in ("_dispatch.py", "_faults.py", "_environments/environment.py"):
         names = top(runtime_imports(SERVER / name))
         assert not names & (IO_MODULES | {"opentelemetry", "threading"}), (name, names)
         internal = {n for n in names if n.startswith("envlink.")}
-        assert internal <= {"envlink._errors", "envlink._protocol", "envlink.server._environment",
-                            "envlink.server._faults", "envlink.server._session"}, (name, internal)
+        assert internal <= {"envlink._errors", "envlink._sansio.protocol",
+                            "envlink.server._environments.environment",
+                            "envlink.server._faults", "envlink.server._store"}, (name, internal)
 
 
 def test_only_the_server_io_layers_import_websockets() -> None:
@@ -265,20 +275,24 @@ def test_the_chaos_suite_uses_the_public_api_only() -> None:
 
 def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
     """_timeouts (used by client, transport and bridge) imports no other envlink module."""
-    internal = {n for n in imported(SRC / "_timeouts.py") if n.startswith("envlink")}
+    internal = {n for n in imported(SRC / "_deadlines.py") if n.startswith("envlink")}
     assert internal == {"envlink._errors"}, internal
 
 
 def test_the_http_client_depends_on_the_error_tree_only() -> None:
     """_http (POST /mcp for OpenEnv detached sessions) imports no websockets and no other
     envlink module but the errors; only the transport and the connector use it."""
-    names = imported(SRC / "_http.py")
+    names = imported(SRC / "_transports/http.py")
     assert "websockets" not in top(names)
     assert {n for n in names if n.startswith("envlink.")} <= {"envlink._errors"}
-    users = sorted(p.name for p in SRC.glob("*.py") if "envlink._http" in imported(p))
-    assert users == ["_connector.py", "_websocket.py"]
-@pytest.mark.parametrize("module", [*CLIENT, "_telemetry_client.py", "names.py", "_websocket.py",
-                                    "_config.py", "_policies.py", "_protocol.py", "_journal.py"])
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "envlink._transports.http" in imported(p))
+    assert users == ["_client/connector.py", "_transports/websocket.py"]
+
+
+@pytest.mark.parametrize("module", [*CLIENT, "_telemetry/client_hook.py", "names.py",
+                                    "_transports/websocket.py", "_config.py", "_sansio/policies.py",
+                                    "_sansio/protocol.py", "_sansio/journal.py"])
 def test_client_modules_stay_small(module: str) -> None:
     """A client module stays under 600 lines and each of its classes under 400."""
     text = (SRC / module).read_text()

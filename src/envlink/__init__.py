@@ -21,7 +21,15 @@ from envlink._bridge import (
     SyncProxy,
     set_default_hooks,
 )
-from envlink._client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.events import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
+)
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -46,32 +54,24 @@ from envlink._errors import (
     SessionLostError,
     ToolCallError,
 )
-from envlink._hooks import (
-    CallFinished,
-    CallStarted,
-    ClientEvent,
-    ClientHook,
-    PhaseFinished,
-    PhaseStarted,
-)
-from envlink._journal import EpisodeJournal, JournalEntry
-from envlink._policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from envlink._echo import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
-    from envlink._mock import MockTransport
-    from envlink._pool import AutoresetMode, EnvPool
-    from envlink._pool_sync import SyncEnvPool
-    from envlink._pool_types import Batch, EndpointView, PoolView
-    from envlink._sync import SyncEnvClient
+    from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._client.sync_client import SyncEnvClient
+    from envlink._pool.pool import AutoresetMode, EnvPool
+    from envlink._pool.results import Batch, EndpointView, PoolView
+    from envlink._pool.sync_pool import SyncEnvPool
+    from envlink._transports.mock import MockTransport
     from envlink.telemetry import configure
 
 
 def _bridge_hooks(tracer_provider: Any, meter_provider: Any) -> Sequence[BridgeHook]:
     # The emitter (and its OpenTelemetry metrics API) is imported by the first bridge.
-    from envlink._telemetry_bridge import default_bridge_hooks
+    from envlink._telemetry.bridge_hook import default_bridge_hooks
 
     return default_bridge_hooks(tracer_provider, meter_provider)
 
@@ -85,18 +85,18 @@ set_default_hooks(_bridge_hooks)
 #: configure(), which lives with the OpenTelemetry SDK. tests/test_import_laziness.py
 #: pins what `import envlink` leaves unloaded.
 _LAZY = {
-    "CallToolAction": "envlink._echo",
-    "EchoEnv": "envlink._echo",
-    "EchoObservation": "envlink._echo",
-    "ListToolsAction": "envlink._echo",
-    "MockTransport": "envlink._mock",
-    "AutoresetMode": "envlink._pool",
-    "EnvPool": "envlink._pool",
-    "SyncEnvPool": "envlink._pool_sync",
-    "Batch": "envlink._pool_types",
-    "EndpointView": "envlink._pool_types",
-    "PoolView": "envlink._pool_types",
-    "SyncEnvClient": "envlink._sync",
+    "CallToolAction": "envlink._client.echo_env",
+    "EchoEnv": "envlink._client.echo_env",
+    "EchoObservation": "envlink._client.echo_env",
+    "ListToolsAction": "envlink._client.echo_env",
+    "MockTransport": "envlink._transports.mock",
+    "AutoresetMode": "envlink._pool.pool",
+    "EnvPool": "envlink._pool.pool",
+    "SyncEnvPool": "envlink._pool.sync_pool",
+    "Batch": "envlink._pool.results",
+    "EndpointView": "envlink._pool.results",
+    "PoolView": "envlink._pool.results",
+    "SyncEnvClient": "envlink._client.sync_client",
     "configure": "envlink.telemetry",
 }
 

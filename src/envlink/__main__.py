@@ -1,5 +1,5 @@
 """``python -m envlink``: the ``envlink`` command."""
 
-from envlink._cli import main
+from envlink._cli.main import main
 
 raise SystemExit(main())

@@ -32,7 +32,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from envlink._journal import EpisodeJournal
+    from envlink._sansio.journal import EpisodeJournal
 
 __all__ = [
     "CallTimeoutError",

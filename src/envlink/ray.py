@@ -37,15 +37,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("envlink.ray needs Ray: pip install 'envlink[ray]'") from exc
 from opentelemetry import propagate
 
-from envlink import _logging
-from envlink._client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
+from envlink._deadlines import bounded
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
-from envlink._policies import ReconnectPolicy
-from envlink._pool import AutoresetMode, EnvPool, _only, _seed_list, _slot_mask
-from envlink._pool_batch import _record_batch, _recv_want
-from envlink._pool_types import Batch, EndpointView, PoolView, SlotResult
-from envlink._ray_shard import (
+from envlink._pool.batch import _record_batch, _recv_want
+from envlink._pool.pool import AutoresetMode, EnvPool, _only, _seed_list, _slot_mask
+from envlink._pool.results import Batch, EndpointView, PoolView, SlotResult
+from envlink._pool.shard import (
     DriverSlot,
     Shard,
     ShardAnswer,
@@ -53,7 +52,9 @@ from envlink._ray_shard import (
     ShardTelemetry,
     SlotRestore,
 )
-from envlink._telemetry import (
+from envlink._sansio.policies import ReconnectPolicy
+from envlink._telemetry import logs as _logging
+from envlink._telemetry.instruments import (
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
@@ -69,14 +70,13 @@ from envlink._telemetry import (
     Telemetry,
     get_telemetry,
 )
-from envlink._timeouts import bounded
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
     from envlink._bridge import Bridge
-    from envlink._pool_sync import SyncEnvPool
+    from envlink._pool.sync_pool import SyncEnvPool
 
 __all__ = ["RayEnvPool", "ShardTelemetry"]
 
@@ -469,7 +469,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             bridge: share an existing :class:`~envlink.Bridge`; by default the facade
                 owns a new one and closes it with the pool.
         """
-        from envlink._pool_sync import SyncEnvPool
+        from envlink._pool.sync_pool import SyncEnvPool
 
         return SyncEnvPool(cast("EnvPool[ActT, ObsT]", self), bridge=bridge)
 

@@ -39,9 +39,9 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
 from envlink import names
-from envlink._logging import add_trace_context, configure_logging, trace_context
-from envlink._telemetry_bridge import BridgeTelemetryHook
-from envlink._telemetry_client import ClientTelemetryHook
+from envlink._telemetry.bridge_hook import BridgeTelemetryHook
+from envlink._telemetry.client_hook import ClientTelemetryHook
+from envlink._telemetry.logs import add_trace_context, configure_logging, trace_context
 from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 
 if TYPE_CHECKING:

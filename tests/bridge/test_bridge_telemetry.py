@@ -12,7 +12,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from _otel_support import Otel
 from envlink import Bridge, CallTimeoutError, ClientClosedError
-from envlink._telemetry import (
+from envlink._telemetry.bridge_hook import WAIT_SAMPLE
+from envlink._telemetry.instruments import (
     ATTR_BRIDGE_QUEUE_WAIT,
     ATTR_BRIDGE_RUN_TIME,
     ATTR_ERROR_TYPE,
@@ -22,7 +23,6 @@ from envlink._telemetry import (
     METRIC_BRIDGE_CALL_DURATION,
     METRIC_BRIDGE_WAIT_DURATION,
 )
-from envlink._telemetry_bridge import WAIT_SAMPLE
 from envlink.telemetry import BridgeTelemetryHook
 
 pytestmark = pytest.mark.timeout(20)
@@ -202,7 +202,7 @@ def test_outcome_of_errors_raised_by_the_coroutine(otel: Otel) -> None:
 def test_wait_sampling_state_is_bounded(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the bound of counted methods a new method's calls are all recorded (nothing more
     is remembered), while the counted methods keep their sampling."""
-    import envlink._telemetry_bridge as tb
+    import envlink._telemetry.bridge_hook as tb
 
     monkeypatch.setattr(tb, "_MAX_SAMPLED_METHODS", 1)
     hook = BridgeTelemetryHook(otel.tracer_provider, otel.meter_provider)

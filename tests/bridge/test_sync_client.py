@@ -11,7 +11,7 @@ import pytest
 
 from envlink import UNSET, ClientClosedError, EnvClient, ReentrantCallError
 from envlink._bridge import Bridge
-from envlink._sync import TIMEOUT_MARGIN, SyncEnvClient
+from envlink._client.sync_client import TIMEOUT_MARGIN, SyncEnvClient
 
 from .conftest import envlink_threads
 

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind
 from _otel_support import Otel
 from envlink import CallTimeoutError, EchoEnv, GenericEnvClient, set_testing
 from envlink._bridge import Bridge
-from envlink._telemetry import METRIC_BRIDGE_CALL_DURATION
+from envlink._telemetry.instruments import METRIC_BRIDGE_CALL_DURATION
 from envlink.server import ServerThread
 
 from .conftest import envlink_threads

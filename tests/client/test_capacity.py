@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envlink import CapacityReachedError, ErrorCode, GenericEnvClient, ServerError
-from envlink._protocol import ErrorFrame, decode_response
+from envlink._sansio.protocol import ErrorFrame, decode_response
 from envlink.server import EnvServer
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,9 +10,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-import envlink._pool
+import envlink._pool.pool
 from envlink import EnvPool, ReconnectPolicy
-from envlink._breaker import CircuitBreaker
+from envlink._pool.breaker import CircuitBreaker
 
 from .conftest import dead_url
 
@@ -56,7 +56,7 @@ async def test_the_gauge_shows_open_then_half_open_then_closed(
         det_servers: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """A dead endpoint's breaker reads open, half_open past its timeout, closed once healed."""
     clock = Clock()
-    monkeypatch.setattr(envlink._pool, "CircuitBreaker",
+    monkeypatch.setattr(envlink._pool.pool, "CircuitBreaker",
                         lambda *a, **kw: CircuitBreaker(*a, clock=clock, **kw))
     reader = InMemoryMetricReader()
     mp = MeterProvider(metric_readers=[reader])

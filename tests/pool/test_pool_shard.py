@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from envlink import ClientClosedError, ReplayDivergedError, StepResult
-from envlink._ray_shard import DriverSlot, Shard, ShardSpec, SlotRestore
+from envlink._pool.shard import DriverSlot, Shard, ShardSpec, SlotRestore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,7 +74,7 @@ async def test_restore_refuses_a_journal_the_environment_contradicts(det_servers
 def test_a_step_of_unknown_outcome_makes_the_copy_unreplayable() -> None:
     """A mirrored journal with a step of unknown outcome is not replayable on the driver."""
     from envlink import EpisodeJournal
-    from envlink._ray_shard import SlotMirror
+    from envlink._pool.shard import SlotMirror
 
     head = EpisodeJournal(reset_kwargs={"seed": 0}, reset_response_json="{}", episode_id="e")
     slot = DriverSlot()

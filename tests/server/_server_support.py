@@ -8,7 +8,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from envlink._protocol import EXTENSION_HEADER, RESUME_TOKEN_HEADER, SESSION_TOKEN_HEADER
+from envlink._sansio.protocol import EXTENSION_HEADER, RESUME_TOKEN_HEADER, SESSION_TOKEN_HEADER
 from envlink.server import EnvServer
 
 OPEN_TIMEOUT = 5.0

@@ -7,7 +7,7 @@ import signal
 import pytest
 from _server_support import STATE, ServeProcess, open_ws, rpc
 
-from envlink.server._cli import build_parser, main, options_from_args
+from envlink.server._command import build_parser, main, options_from_args
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE
 
 pytestmark = pytest.mark.timeout(20)
@@ -106,7 +106,7 @@ async def test_events_flag_announces_server_events() -> None:
 def test_envlink_command_dispatches_to_its_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     """`envlink` is one parser: version, help, serve and demo options, usage errors."""
     from envlink import __version__
-    from envlink._cli import main as envlink_main
+    from envlink._cli.main import main as envlink_main
 
     assert envlink_main(["version"]) == 0
     assert envlink_main(["--version"]) == 0
@@ -126,7 +126,7 @@ def test_envlink_command_dispatches_to_its_subcommands(capsys: pytest.CaptureFix
 
 def test_envlink_serve_and_python_m_server_share_their_options() -> None:
     """`envlink serve` and `python -m envlink.server` parse the same options the same way."""
-    from envlink._cli import build_parser as envlink_parser
+    from envlink._cli.main import build_parser as envlink_parser
 
     argv = ["--port", "0", "--env", "deterministic", "--drop-after", "3", "--no-extensions"]
     top = vars(envlink_parser().parse_args(["serve", *argv]))

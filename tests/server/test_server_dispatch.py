@@ -10,7 +10,7 @@ import pytest
 from envlink.server import DeterministicEnvironment, EchoEnvironment, Faults
 from envlink.server._dispatch import Outcome, Reply, classify, dispatch
 from envlink.server._faults import FaultChain
-from envlink.server._session import Session
+from envlink.server._store import Session
 
 pytestmark = pytest.mark.timeout(10)
 

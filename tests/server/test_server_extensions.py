@@ -8,7 +8,7 @@ import pytest
 from _server_support import RESET, STATE, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed
 
-from envlink._protocol import (
+from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     RESUME_GRACE_HEADER,
     RESUMED_HEADER,

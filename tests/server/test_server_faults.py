@@ -13,7 +13,7 @@ from _server_support import RESET, STATE, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
 from envlink._errors import ProtocolError
-from envlink._protocol import RESUMED_HEADER, decode_response
+from envlink._sansio.protocol import RESUMED_HEADER, decode_response
 from envlink.server import CORRUPT_KINDS, EnvServer, Faults
 
 pytestmark = pytest.mark.timeout(15)

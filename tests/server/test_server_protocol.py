@@ -12,7 +12,7 @@ import pytest
 from _server_support import RESET, STATE, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from envlink._protocol import decode_response
+from envlink._sansio.protocol import decode_response
 from envlink.server import Environment, EnvServer
 
 pytestmark = pytest.mark.timeout(15)

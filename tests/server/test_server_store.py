@@ -10,9 +10,9 @@ import pytest
 from _server_support import RESET, STATE, ServeProcess, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed
 
-from envlink._protocol import RESUMED_HEADER
+from envlink._sansio.protocol import RESUMED_HEADER
 from envlink.server import DeterministicEnvironment, EnvServer
-from envlink.server._session import SessionStore
+from envlink.server._store import SessionStore
 
 pytestmark = pytest.mark.timeout(20)
 

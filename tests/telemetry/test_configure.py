@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from envlink._telemetry import get_telemetry
+from envlink._telemetry.instruments import get_telemetry
 from envlink.telemetry import TelemetryHandle, configure
 
 pytestmark = pytest.mark.timeout(30)
@@ -176,7 +176,7 @@ def test_console_exporters_print_spans_and_metrics() -> None:
     """console=True prints finished spans and, at shutdown, the metrics."""
     code = textwrap.dedent("""
         from opentelemetry.trace import SpanKind
-        from envlink._telemetry import get_telemetry
+        from envlink._telemetry.instruments import get_telemetry
         from envlink.telemetry import configure
         h = configure(console=True, set_global=False)
         tel = get_telemetry(h.tracer_provider, h.meter_provider)

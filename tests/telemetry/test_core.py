@@ -11,9 +11,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from _otel_support import Otel
-from envlink import _telemetry, telemetry
+from envlink import telemetry
 from envlink._errors import CallTimeoutError
-from envlink._telemetry import Telemetry, error_type_of, get_telemetry
+from envlink._telemetry import instruments as _telemetry
+from envlink._telemetry.instruments import Telemetry, error_type_of, get_telemetry
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -95,7 +96,7 @@ def test_global_provider_installed_later_is_used() -> None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
             InMemorySpanExporter)
-        from envlink._telemetry import get_telemetry
+        from envlink._telemetry.instruments import get_telemetry
         tel = get_telemetry()
         with tel.span("before"):
             pass
@@ -140,7 +141,7 @@ def test_telemetry_cache_keeps_no_provider_alive() -> None:
     from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-    from envlink import _telemetry
+    from envlink._telemetry import instruments as _telemetry
 
     refs = []
     for _ in range(20):

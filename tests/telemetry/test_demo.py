@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from envlink._demo import percentile
+from envlink._cli.demo import percentile
 
 from .conftest import Receiver
 
@@ -122,7 +122,7 @@ def test_demo_fails_when_the_session_is_not_resumed() -> None:
     """If the client replayed instead of resuming, the demo's check fails it in one line."""
     code = (
         "import sys\n"
-        "import envlink._demo as demo\n"
+        "import envlink._cli.demo as demo\n"
         "demo._POLICY = 'replay'\n"  # a new session, the journal replayed into it
         "sys.exit(demo.run_demo(['--steps', '3']))\n"
     )
@@ -138,7 +138,7 @@ def test_demo_fails_when_the_session_is_not_resumed() -> None:
 
 def test_demo_recovery_check_catches_a_step_applied_twice() -> None:
     """The demo's check refuses a server count above the steps asked (a step applied twice)."""
-    from envlink._demo import DemoError, _check, _Recovery
+    from envlink._cli.demo import DemoError, _check, _Recovery
 
     fine = _Recovery(fault_step=2, steps_asked=5, journal_steps=5, mechanism="envlink-resume",
                      state_step_count=5, session_step_count=5, steps_applied=5,
@@ -218,7 +218,7 @@ def test_demo_port_in_use_fails_in_one_line() -> None:
 
 def test_demo_usage_errors() -> None:
     """Bad options exit 2: --serve-metrics without a port, --steps 0."""
-    from envlink._demo import run_demo
+    from envlink._cli.demo import run_demo
 
     assert run_demo(["--serve-metrics"]) == 2
     assert run_demo(["--steps", "0"]) == 2
@@ -232,7 +232,7 @@ def test_demo_server_failure_fails_in_one_line() -> None:
         "def broken(self, timeout=10.0):\n"
         "    raise OSError(98, 'Address already in use')\n"
         "ServerThread.start = broken\n"
-        "from envlink._demo import run_demo\n"
+        "from envlink._cli.demo import run_demo\n"
         "sys.exit(run_demo(['--steps', '1']))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from _otel_support import Otel
-from envlink._telemetry import (
+from envlink._telemetry.instruments import (
     DURATION_BUCKETS,
     METRIC_CALL_DURATION,
     METRIC_CONNECT_DURATION,
@@ -313,7 +313,7 @@ def test_failed_spans_record_an_exception_event(scripted_episode: Episode) -> No
 def test_the_names_module_is_the_documented_list() -> None:
     """envlink.names lists exactly the documented metrics, log events and span events,
     and envlink.telemetry re-exports it rather than keeping a copy."""
-    import envlink._telemetry
+    import envlink._telemetry.instruments
     import envlink.telemetry
     from envlink import names
 
@@ -322,7 +322,7 @@ def test_the_names_module_is_the_documented_list() -> None:
     assert set(names.LOG_EVENTS) == logs
     span_events = {_ticks(name)[0] for name, _on, _attrs in _table("### Span events")}
     assert set(names.SPAN_EVENTS) == span_events
-    for module in (envlink.telemetry, envlink._telemetry):
+    for module in (envlink.telemetry, envlink._telemetry.instruments):
         assert set(names.__all__) <= set(module.__all__)
         for name in names.__all__:
             assert getattr(module, name) is getattr(names, name)

@@ -8,7 +8,7 @@ from opentelemetry.trace import SpanKind
 
 from _otel_support import Otel
 from envlink import GenericEnvClient
-from envlink._telemetry_bridge import WAIT_SAMPLE
+from envlink._telemetry.bridge_hook import WAIT_SAMPLE
 from envlink.names import METRIC_BRIDGE_WAIT_DURATION, METRIC_CALL_DURATION
 from envlink.server import ServerThread
 

@@ -13,8 +13,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from _otel_support import Otel
-from envlink import _logging
-from envlink._logging import add_trace_context, get_logger, trace_context
+from envlink._telemetry import logs as _logging
+from envlink._telemetry.logs import add_trace_context, get_logger, trace_context
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -85,7 +85,7 @@ def test_default_structlog_config_lines_carry_ids() -> None:
     """Unconfigured structlog: warnings go to stderr with the span's ids; info is dropped."""
     code = textwrap.dedent("""
         from opentelemetry.sdk.trace import TracerProvider
-        from envlink._logging import get_logger
+        from envlink._telemetry.logs import get_logger
         tracer = TracerProvider().get_tracer("t")
         with tracer.start_as_current_span("s") as span:
             ctx = span.get_span_context()
@@ -111,7 +111,7 @@ def test_configure_logging_renders_ids(as_json: bool) -> None:
     code = textwrap.dedent(f"""
         import sys
         from opentelemetry.sdk.trace import TracerProvider
-        from envlink._logging import configure_logging, get_logger
+        from envlink._telemetry.logs import configure_logging, get_logger
         import structlog
         configure_logging(json={as_json}, level="info", stream=sys.stdout)
         tracer = TracerProvider().get_tracer("t")
@@ -141,7 +141,7 @@ def test_configure_logging_auto_picks_json_off_terminal() -> None:
     """json=None picks JSON for a non-terminal stream."""
     code = textwrap.dedent("""
         import io, sys
-        from envlink._logging import configure_logging, get_logger
+        from envlink._telemetry.logs import configure_logging, get_logger
         buf = io.StringIO()
         configure_logging(stream=buf)
         get_logger().info("envlink.connect", attempt=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry.trace import SpanKind
 
-from envlink._telemetry import get_telemetry
+from envlink._telemetry.instruments import get_telemetry
 from envlink.telemetry import configure
 
 from .conftest import Receiver

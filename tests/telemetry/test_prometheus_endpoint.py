@@ -62,7 +62,7 @@ def _require_promtool() -> None:
 
 
 def _record(h: TelemetryHandle) -> None:
-    from envlink._telemetry import get_telemetry
+    from envlink._telemetry.instruments import get_telemetry
 
     tel = get_telemetry(h.tracer_provider, h.meter_provider)
     tel.record(tel.call_duration, 0.003, {"rpc.method": "step"})

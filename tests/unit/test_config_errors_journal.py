@@ -16,7 +16,7 @@ from envlink import (
     SessionLostError,
     Timeout,
 )
-from envlink._transport import parse_endpoint
+from envlink._transports.base import parse_endpoint
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -117,7 +117,7 @@ def test_unreadable_retry_after_is_ignored(value: str) -> None:
     """A Retry-After that is neither seconds nor an HTTP date is ignored, never raised."""
     from websockets.datastructures import Headers
 
-    from envlink._websocket import _retry_after
+    from envlink._transports.websocket import _retry_after
 
     got = _retry_after(Headers({"Retry-After": value}))
     assert got is None or got == 0.0
@@ -127,7 +127,7 @@ def test_retry_after_accepts_seconds_and_dates() -> None:
     """Retry-After in seconds or as an HTTP date in the past gives a delay >= 0."""
     from websockets.datastructures import Headers
 
-    from envlink._websocket import _retry_after
+    from envlink._transports.websocket import _retry_after
 
     assert _retry_after(Headers({"Retry-After": "2.5"})) == 2.5
     assert _retry_after(Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0

@@ -16,11 +16,11 @@ from envlink import (
     ReconnectPolicy,
     RetryBudget,
     RetryBudgetExhaustedError,
-    _policies,
     set_testing,
 )
-from envlink._policies import is_retryable
-from envlink._retry import Retry, _HonourRetryAfter
+from envlink._sansio import policies as _policies
+from envlink._sansio.policies import is_retryable
+from envlink._sansio.retry import Retry, _HonourRetryAfter
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from envlink._propagation import trace_carrier
+from envlink._client.propagation import trace_carrier
 
 _CTX = SpanContext(trace_id=0x1234, span_id=0x5678, is_remote=False,
                    trace_flags=TraceFlags(TraceFlags.SAMPLED))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from envlink import ProtocolError
-from envlink._protocol import (
+from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     ErrorFrame,
     Extensions,

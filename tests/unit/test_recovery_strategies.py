@@ -19,8 +19,8 @@ from envlink import (
     SessionLostError,
 )
 from envlink._config import ConnectionOptions
-from envlink._protocol import Extensions
-from envlink._transport import Endpoint
+from envlink._sansio.protocol import Extensions
+from envlink._transports.base import Endpoint
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ from envlink import (
     RetryBudgetExhaustedError,
     set_testing,
 )
-from envlink._retry import BackoffDetails, Retry
+from envlink._sansio.retry import BackoffDetails, Retry
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -153,7 +153,7 @@ def test_policy_wait_is_tenacitys_full_jitter() -> None:
 
 async def test_again_is_retried_and_the_original_error_is_raised_at_the_end() -> None:
     """An attempt asks for another try with Again(error); when tries run out, error is raised."""
-    from envlink._retry import Again
+    from envlink._sansio.retry import Again
 
     lost = ConnectionLostError("dropped")
     numbers: list[int] = []

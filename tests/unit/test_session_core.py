@@ -15,8 +15,8 @@ from envlink import (
     ReconnectPolicy,
     SessionLostError,
 )
-from envlink._protocol import Extensions, ObservationFrame, StateFrame
-from envlink._session import Action, Dropped, Episode, Link, Preflight, SessionCore
+from envlink._sansio.protocol import Extensions, ObservationFrame, StateFrame
+from envlink._sansio.session import Action, Dropped, Episode, Link, Preflight, SessionCore
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,12 +12,12 @@ import pytest
 
 import envlink
 from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
-from envlink._http import NoAnswerError, post_json
-from envlink._journal import EpisodeJournal
-from envlink._policies import ReconnectPolicy
-from envlink._protocol import ErrorFrame, McpFrame, decode_response, server_error
-from envlink._session import SessionCore
-from envlink._transport import parse_endpoint
+from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.protocol import ErrorFrame, McpFrame, decode_response, server_error
+from envlink._sansio.session import SessionCore
+from envlink._transports.base import parse_endpoint
+from envlink._transports.http import NoAnswerError, post_json
 
 pytestmark = pytest.mark.timeout(20)
 

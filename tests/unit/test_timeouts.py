@@ -10,9 +10,9 @@ import pytest
 from websockets.protocol import State
 
 from envlink import CallTimeoutError
-from envlink._protocol import Extensions
-from envlink._timeouts import bounded, deadline
-from envlink._websocket import WebSocketConnection as Connection
+from envlink._deadlines import bounded, deadline
+from envlink._sansio.protocol import Extensions
+from envlink._transports.websocket import WebSocketConnection as Connection
 
 pytestmark = pytest.mark.timeout(10)
 

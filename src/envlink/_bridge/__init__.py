@@ -25,8 +25,8 @@ methods become iterators, and an async context manager becomes a context
 manager.
 
 The bridge knows nothing about environments nor about telemetry libraries;
-:mod:`envlink._sync` builds the environment client's sync facade on it, and
-:mod:`envlink._telemetry_bridge` is its OpenTelemetry hook. Modules:
+:mod:`envlink._client.sync_client` builds the environment client's sync facade on it, and
+:mod:`envlink._telemetry.bridge_hook` is its OpenTelemetry hook. Modules:
 
 * ``_loop``: the loop thread and its lifecycle (start, close, fork, exit);
 * ``_handoff``: a call crossing to the loop and back (job, wait, cancel);
@@ -38,8 +38,8 @@ The bridge knows nothing about environments nor about telemetry libraries;
 
 from __future__ import annotations
 
-from envlink._bridge._core import Bridge, ForeignLoopPolicy
-from envlink._bridge._hooks import (
+from envlink._bridge.bridge import Bridge, ForeignLoopPolicy
+from envlink._bridge.hooks import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
     OUTCOME_OK,
@@ -50,8 +50,8 @@ from envlink._bridge._hooks import (
     BridgeHook,
     set_default_hooks,
 )
-from envlink._bridge._loop import _close_all_at_exit as _close_all_at_exit
-from envlink._bridge._proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
+from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
+from envlink._bridge.proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -18,11 +18,11 @@ process restart), and injects faults for tests, benchmarks and the demo::
 
 from __future__ import annotations
 
-from envlink.server._cli import main
+from envlink.server._command import main
 from envlink.server._connection import ConnectionHandle
-from envlink.server._deterministic import DeterministicEnvironment
-from envlink.server._echo import EchoEnvironment
-from envlink.server._environment import (
+from envlink.server._environments.deterministic import DeterministicEnvironment
+from envlink.server._environments.echo import EchoEnvironment
+from envlink.server._environments.environment import (
     Environment,
     EnvironmentFactory,
     InvalidActionError,
@@ -31,7 +31,7 @@ from envlink.server._environment import (
 )
 from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
-from envlink.server._session import SessionInfo
+from envlink.server._store import SessionInfo
 from envlink.server._thread import ServerThread
 
 __all__ = [

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from envlink.server._cli import main
+from envlink.server._command import main
 
 raise SystemExit(main())

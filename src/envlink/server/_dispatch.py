@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from envlink._errors import ErrorCode, ProtocolError
-from envlink._protocol import (
+from envlink._sansio.protocol import (
     CloseRequest,
     ResetRequest,
     StateRequest,
@@ -29,9 +29,9 @@ from envlink._protocol import (
     encode_response,
     validate_request,
 )
-from envlink.server._environment import InvalidActionError, StepResult, accepted_kwargs
+from envlink.server._environments.environment import InvalidActionError, StepResult, accepted_kwargs
 from envlink.server._faults import FaultChain, corrupt_frame
-from envlink.server._session import Session
+from envlink.server._store import Session
 
 __all__ = ["METHODS", "Frame", "Outcome", "Reply", "classify", "dispatch", "respond"]
 

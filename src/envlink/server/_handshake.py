@@ -23,7 +23,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from envlink._protocol import (
+from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     EXTENSION_VERSION,
     RESUME_GRACE_HEADER,
@@ -33,7 +33,7 @@ from envlink._protocol import (
     SESSION_TOKEN_HEADER,
 )
 from envlink.server._mcp_http import rpc_response
-from envlink.server._session import Session, new_session_id, new_token
+from envlink.server._store import Session, new_session_id, new_token
 
 if TYPE_CHECKING:
     from envlink.server._server import EnvServer

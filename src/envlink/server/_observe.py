@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
 from envlink import __version__
-from envlink._telemetry import (
+from envlink._telemetry.instruments import (
     ATTR_ERROR_TYPE,
     ATTR_RPC_METHOD,
     ATTR_RPC_SYSTEM,
@@ -30,7 +30,7 @@ from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
 from envlink.server._dispatch import Frame
 from envlink.server._registry import SessionRegistry
-from envlink.server._session import SessionInfo
+from envlink.server._store import SessionInfo
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection

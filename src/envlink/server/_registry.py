@@ -2,7 +2,7 @@
 
 A plain session dies with its connection. An extension session is detached when
 its connection goes and kept for ``resume_grace`` seconds, re-attachable by its
-token; with a :class:`~envlink.server._session.SessionStore` it is written to disk
+token; with a :class:`~envlink.server._store.SessionStore` it is written to disk
 after every change, so that a restarted server resumes it.
 """
 
@@ -15,8 +15,8 @@ import time
 import uuid
 
 from envlink.server._counters import AwaitableCounters
-from envlink.server._environment import EnvironmentFactory
-from envlink.server._session import Session, SessionInfo, SessionStore, new_session_id
+from envlink.server._environments.environment import EnvironmentFactory
+from envlink.server._store import Session, SessionInfo, SessionStore, new_session_id
 
 __all__ = ["SessionRegistry"]
 

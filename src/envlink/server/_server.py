@@ -32,19 +32,19 @@ from websockets.exceptions import ConnectionClosed
 
 from envlink._errors import ErrorCode
 from envlink._heap import warm_read_buffers
-from envlink._protocol import encode_response
+from envlink._sansio.protocol import encode_response
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._deterministic import DeterministicEnvironment
 from envlink.server._dispatch import METHODS, Frame, Outcome, Reply, classify, respond
-from envlink.server._echo import EchoEnvironment
-from envlink.server._environment import EnvironmentFactory
+from envlink.server._environments.deterministic import DeterministicEnvironment
+from envlink.server._environments.echo import EchoEnvironment
+from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
-from envlink.server._session import Session, SessionStore
+from envlink.server._store import Session, SessionStore
 
 __all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "ENVIRONMENTS", "EnvServer"]
 

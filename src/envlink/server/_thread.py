@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from envlink._bridge import Bridge
-from envlink.server._environment import EnvironmentFactory
+from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._server import EnvServer
 
 __all__ = ["THREAD_NAME", "ServerThread"]

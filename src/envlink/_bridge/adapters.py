@@ -1,0 +1,103 @@
+"""Async iterators and async context managers, used from blocking code through a bridge."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+if TYPE_CHECKING:
+    from envlink._bridge.bridge import Bridge
+
+__all__ = ["BridgedContext", "iterate"]
+
+T = TypeVar("T")
+_log = logging.getLogger("envlink.bridge")
+_get_running_loop = asyncio._get_running_loop
+
+
+class _Stop:
+    __slots__ = ()
+
+
+_STOP = _Stop()
+
+
+async def _anext_or_stop(ait: AsyncIterator[Any]) -> Any:
+    # The end of an iteration is not an error: keep StopAsyncIteration out of the
+    # telemetry (and out of the caller's thread, where it would mean nothing).
+    try:
+        return await ait.__anext__()
+    except StopAsyncIteration:
+        return _STOP
+
+
+def iterate(bridge: Bridge, factory: Callable[[], AsyncIterable[T]], timeout: float | None,
+            name: str) -> Iterator[T]:
+    """A blocking iterator over ``factory()``'s items; each one fetched under ``timeout``.
+
+    Ended early (``break``, an exception, closed or collected), it awaits the async
+    iterator's ``aclose()`` so that its ``finally`` blocks run.
+    """
+    async def open_iterator() -> AsyncIterator[T]:
+        return aiter(factory())
+
+    ait = bridge.call(open_iterator, timeout=timeout, method=name)
+    finished = False
+    try:
+        while True:
+            item = bridge.call(_anext_or_stop, ait, timeout=timeout, method=name)
+            if item is _STOP:
+                finished = True
+                return
+            yield cast(T, item)
+    finally:
+        if not finished:
+            _aclose(bridge, ait, timeout, name)
+
+
+def _aclose(bridge: Bridge, ait: AsyncIterator[Any], timeout: float | None, name: str) -> None:
+    aclose = getattr(ait, "aclose", None)
+    if aclose is None or bridge.closed:
+        return
+    loop = bridge.loop
+    if loop is not None and _get_running_loop() is loop:
+        # Collected or closed on the loop thread: cannot block here, schedule it.
+        loop.create_task(aclose())
+        return
+    try:
+        bridge.call(aclose, timeout=timeout, method=name)
+    except Exception:
+        # Often runs from a generator's finalizer, where raising only prints noise.
+        _log.warning("envlink bridge: closing async iterator %r failed", ait, exc_info=True)
+
+
+class BridgedContext(Generic[T]):
+    """A context manager that runs an async context manager's ``__aenter__``/``__aexit__``
+    on a bridge, each under ``timeout``. It keeps no state between the two, so one
+    instance may be entered again, and a fresh one may exit what another entered.
+    """
+
+    __slots__ = ("_acm", "_bridge", "_method", "_timeout")
+
+    def __init__(self, bridge: Bridge, acm: Any, timeout: float | None, method: str) -> None:
+        if not (hasattr(acm, "__aenter__") and hasattr(acm, "__aexit__")):
+            raise TypeError(f"{type(acm).__qualname__} is not an async context manager")
+        self._bridge = bridge
+        self._acm = acm
+        self._timeout = timeout
+        self._method = method
+
+    def __enter__(self) -> T:
+        acm = self._acm
+        return cast(T, self._bridge.call(type(acm).__aenter__, acm, timeout=self._timeout,
+                                         method=f"{self._method}.__aenter__"))
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        acm = self._acm
+        return bool(self._bridge.call(type(acm).__aexit__, acm, exc_type, exc, tb,
+                                      timeout=self._timeout,
+                                      method=f"{self._method}.__aexit__"))

@@ -1,0 +1,150 @@
+"""What a bridge tells its observers: a hook protocol and frozen detail records.
+
+In the manner of stamina's ``RetryHook``: the bridge reports each call to hook
+objects and knows nothing of what they do with it. envlink's OpenTelemetry
+emitter (:mod:`envlink._telemetry.bridge_hook`) is one such hook, installed by
+default; users may add their own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+__all__ = [
+    "OUTCOMES",
+    "OUTCOME_CANCELLED",
+    "OUTCOME_ERROR",
+    "OUTCOME_OK",
+    "OUTCOME_TIMEOUT",
+    "BridgeCallFinished",
+    "BridgeCallStarted",
+    "BridgeHook",
+    "DefaultHooksFactory",
+    "combine_hooks",
+    "default_hooks",
+    "set_default_hooks",
+]
+
+_log = logging.getLogger("envlink.bridge")
+
+#: Outcomes of a bridged call (the ``envlink.outcome`` telemetry attribute).
+OUTCOME_OK = "ok"
+OUTCOME_ERROR = "error"
+OUTCOME_TIMEOUT = "timeout"
+OUTCOME_CANCELLED = "cancelled"
+OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
+
+
+class BridgeCallStarted(NamedTuple):
+    """A bridged call about to be handed to the loop (reported in the caller's thread).
+
+    Attributes:
+        method: the call's name (``method=`` of :meth:`Bridge.call`).
+        context: the copy of the caller's :mod:`contextvars` context the coroutine
+            will run in. A hook may set variables in it (``context.run(var.set, x)``),
+            e.g. make its span the coroutine's current span.
+    """
+
+    method: str
+    context: contextvars.Context
+
+
+class BridgeCallFinished(NamedTuple):
+    """A bridged call that has ended, from the caller's view (reported in its thread).
+
+    Attributes:
+        method: the call's name.
+        outcome: ``ok``, ``error``, ``timeout`` or ``cancelled`` (:data:`OUTCOMES`):
+            timeouts are the bridge's own or a ``TimeoutError`` of the coroutine,
+            ``cancelled`` an interrupt or the bridge closing under the call.
+        queue_wait: seconds from the hand-off until the loop started the coroutine
+            (until the end if it never started).
+        run_time: seconds the coroutine ran, ``None`` if it never started.
+        duration: seconds from the hand-off until the caller was released.
+        error: what the caller gets raised, ``None`` on success.
+    """
+
+    method: str
+    outcome: str
+    queue_wait: float
+    run_time: float | None
+    duration: float
+    error: BaseException | None
+
+    @property
+    def error_type(self) -> type[BaseException] | None:
+        """The type of :attr:`error`, ``None`` on success."""
+        return None if self.error is None else type(self.error)
+
+
+class BridgeHook(Protocol):
+    """Observer of bridged calls. Both methods run in the caller's thread.
+
+    Hooks must be quick and should not raise: an exception from a hook is logged
+    and never reaches the caller.
+    """
+
+    def call_started(self, call: BridgeCallStarted) -> Any:
+        """A call is about to be handed off; the return value is given back at the end."""
+
+    def call_finished(self, call: BridgeCallFinished, token: Any) -> None:
+        """The call has ended; ``token`` is what :meth:`call_started` returned."""
+
+
+class _HookChain:
+    """Several hooks behaving as one: started in order, finished in reverse order."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: tuple[BridgeHook, ...]) -> None:
+        self.hooks = hooks
+
+    def call_started(self, call: BridgeCallStarted) -> list[tuple[BridgeHook, Any]]:
+        started = []
+        for hook in self.hooks:
+            try:
+                started.append((hook, hook.call_started(call)))
+            except Exception:
+                _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
+        return started
+
+    def call_finished(self, call: BridgeCallFinished,
+                      token: list[tuple[BridgeHook, Any]]) -> None:
+        for hook, hook_token in reversed(token):
+            try:
+                hook.call_finished(call, hook_token)
+            except Exception:
+                _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
+
+
+def combine_hooks(hooks: Sequence[BridgeHook]) -> BridgeHook | None:
+    """One hook standing for ``hooks`` (``None`` for none), so a call pays for what it uses."""
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+    return _HookChain(tuple(hooks))
+
+
+#: Builds the default hooks of a bridge from its ``tracer_provider`` and ``meter_provider``.
+DefaultHooksFactory = Callable[[Any, Any], Sequence[BridgeHook]]
+_default_factory: DefaultHooksFactory | None = None
+
+
+def set_default_hooks(factory: DefaultHooksFactory | None) -> None:
+    """Install what builds the hooks of bridges created without ``hooks=``.
+
+    envlink installs its OpenTelemetry emitter when it is imported; the bridge
+    itself depends on no telemetry library.
+    """
+    global _default_factory
+    _default_factory = factory
+
+
+def default_hooks(tracer_provider: Any, meter_provider: Any) -> Sequence[BridgeHook]:
+    """The hooks of a bridge created without ``hooks=``."""
+    factory = _default_factory
+    return () if factory is None else factory(tracer_provider, meter_provider)

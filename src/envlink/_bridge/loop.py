@@ -1,0 +1,243 @@
+"""The bridge's event loop in a daemon thread: start, stop, fork and exit handling.
+
+:class:`LoopThread` owns one asyncio loop running in a named daemon thread,
+started lazily. Closing it stops the loop (leftover tasks are cancelled and given
+a grace period to clean up) and joins the thread. An ``atexit`` hook closes loop
+threads the program forgot; after ``os.fork()`` the child never touches the
+parent's loop and starts a fresh one on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from envlink._config import check_timeout
+from envlink._deadlines import bounded
+from envlink._errors import ClientClosedError
+
+__all__ = ["LoopThread"]
+
+_log = logging.getLogger("envlink.bridge")
+_thread_ids = itertools.count(1)
+SelfT = TypeVar("SelfT", bound="LoopThread")
+
+
+class LoopThread:
+    """An event loop in a daemon thread, started on first use, closed once.
+
+    Args:
+        name: prefix of the loop thread's name (a counter is appended).
+        cancel_grace: seconds to wait for cancelled tasks to finish their cleanup.
+        join_timeout: seconds :meth:`close` waits for the loop thread to end.
+
+    Raises:
+        TypeError: a duration is not a number.
+        ValueError: a duration is negative or NaN.
+    """
+
+    def __init__(self, *, name: str, cancel_grace: float, join_timeout: float) -> None:
+        grace = check_timeout(cancel_grace, "cancel_grace", allow_zero=True)
+        join = check_timeout(join_timeout, "join_timeout", allow_zero=True)
+        if grace is None or join is None:
+            raise TypeError("cancel_grace and join_timeout must be numbers of seconds, not None")
+        self._name = name
+        self._cancel_grace = grace
+        self._join_timeout = join
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_ident: int | None = None
+        self._closed = False
+        _live.add(self)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The loop thread, or ``None`` before the first call (and after a fork)."""
+        return self._thread
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop, or ``None`` before the first call."""
+        return self._loop
+
+    def on_loop_thread(self) -> bool:
+        """Whether the calling thread is this loop's thread."""
+        return self._thread_ident is not None and threading.get_ident() == self._thread_ident
+
+    def _thread_name(self) -> str:
+        return f"{self._name}-{next(_thread_ids)}"
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("the bridge is closed")
+            loop = self._loop
+            if loop is not None:
+                return loop
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+            thread = threading.Thread(
+                target=_loop_main, args=(loop, ready, self._cancel_grace),
+                name=self._thread_name(), daemon=True,
+            )
+            thread.start()
+            # The loop must run before anyone submits to it, else a call could be
+            # queued on a loop whose thread failed to start.
+            if not ready.wait(max(self._join_timeout, 5.0)):  # pragma: no cover
+                loop.call_soon_threadsafe(loop.stop)
+                raise RuntimeError("the envlink bridge's loop thread did not start")
+            self._thread = thread
+            self._thread_ident = thread.ident
+            self._loop = loop
+            return loop
+
+    def _wake_waiters(self) -> None:
+        """Release every caller blocked on the loop; called by :meth:`close`."""
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close; idempotent.
+
+        Waiting callers are released, leftover tasks are cancelled and given
+        ``cancel_grace`` seconds to clean up, then the loop stops and its thread is
+        joined. Called from the loop thread itself, it stops the loop without joining.
+
+        Args:
+            timeout: seconds to wait for the thread to end (default: ``join_timeout``).
+        """
+        timeout = check_timeout(timeout, allow_zero=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        self._wake_waiters()
+        if loop is None or thread is None:
+            return
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # the loop is already closed
+            return
+        if threading.get_ident() == self._thread_ident:
+            return
+        thread.join(self._join_timeout if timeout is None else timeout)
+        if thread.is_alive():
+            _log.warning("envlink bridge: loop thread %s did not end in time", thread.name)
+
+    def __enter__(self: SelfT) -> SelfT:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Best effort only: stop the loop so the daemon thread ends; never join here
+        # (the collector may run on the loop thread itself).
+        try:
+            if not self._closed and self._loop is not None:
+                self._closed = True
+                self._loop.call_soon_threadsafe(self._loop.stop)
+        except Exception:
+            pass
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's loop and thread do not exist for the child: keep references
+        # (never close or use them, their fds are shared with the parent) and start
+        # afresh on the next call.
+        if self._loop is not None:
+            _abandoned.append(self._loop)
+        self._lock = threading.Lock()
+        self._loop = None
+        self._thread = None
+        self._thread_ident = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("running" if self._loop else "idle")
+        return f"<{type(self).__name__} {self._name!r} {state}>"
+
+
+def _loop_main(loop: asyncio.AbstractEventLoop, ready: threading.Event,
+               cancel_grace: float) -> None:
+    """Body of the loop thread. Holds no reference to its owner, so it can be collected."""
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            _shutdown_loop(loop, cancel_grace)
+        except Exception:  # pragma: no cover - defensive: the thread must end
+            _log.exception("envlink bridge: error while shutting down the event loop")
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
+    """Cancel leftover tasks and wait for them at most ``grace`` seconds in all."""
+    deadline = time.monotonic() + grace
+    cancelled: set[asyncio.Task[Any]] = set()
+    while True:
+        tasks = asyncio.all_tasks(loop)
+        remaining = deadline - time.monotonic()
+        if not tasks or remaining <= 0:
+            break
+        for task in tasks - cancelled:
+            task.cancel()
+        cancelled |= tasks
+        loop.run_until_complete(asyncio.wait(tasks, timeout=remaining))
+    if tasks:
+        _log.warning("envlink bridge: %d task(s) ignored cancellation at close", len(tasks))
+        return
+    # A floor, so that a grace used up by the tasks does not fail these quick steps.
+    remaining = max(deadline - time.monotonic(), 0.1)
+    loop.run_until_complete(_bounded(loop.shutdown_asyncgens(), remaining))
+    loop.run_until_complete(_bounded(loop.shutdown_default_executor(), remaining))
+
+
+async def _bounded(aw: Awaitable[None], timeout: float) -> None:
+    try:
+        async with bounded(timeout):
+            await aw
+    except Exception:
+        _log.warning("envlink bridge: loop cleanup did not finish in time", exc_info=True)
+
+
+# ---------------------------------------------------------------------- process hooks
+
+_live: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+# Loops inherited from the parent process across fork(): referenced forever so they
+# are never collected (and closed) in the child.
+_abandoned: list[asyncio.AbstractEventLoop] = []
+
+
+def _close_all_at_exit() -> None:
+    for owner in list(_live):
+        with contextlib.suppress(Exception):  # never fail interpreter exit
+            owner.close(timeout=owner._join_timeout)
+
+
+def _after_fork_in_child() -> None:
+    for owner in list(_live):
+        owner._after_fork_in_child()
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,3 @@
+"""The ``envlink`` command."""
+
+__all__: list[str] = []

@@ -1,0 +1,90 @@
+"""The ``envlink`` command: ``envlink serve``, ``envlink demo`` and ``envlink version``.
+
+One :mod:`argparse` parser with a subcommand each; the subcommands' options are
+defined next to what they run (:mod:`envlink.server._command`, :mod:`envlink._cli.demo`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from envlink import __version__
+from envlink._cli.demo import DESCRIPTION as DEMO_DESCRIPTION
+from envlink._cli.demo import add_arguments as add_demo_arguments
+from envlink._cli.demo import demo_from_args
+from envlink.server._command import DESCRIPTION as SERVE_DESCRIPTION
+from envlink.server._command import add_arguments as add_serve_arguments
+from envlink.server._command import serve_from_args
+
+__all__ = ["build_parser", "main"]
+
+#: A subcommand: run with the parsed arguments and its own parser (for usage errors).
+Command = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``envlink`` command, with one subparser per subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="envlink", description="envlink: a hardened, traced client SDK for "
+                                    "OpenEnv-compatible environment servers.")
+    parser.add_argument("--version", action="version", version=f"envlink {__version__}")
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", description=SERVE_DESCRIPTION,
+        help="run the reference OpenEnv-compatible server (envlink serve --help)")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_serve, parser=serve)
+    demo = commands.add_parser(
+        "demo", description=DEMO_DESCRIPTION,
+        help="start the reference server on a free loopback port and run a traced "
+             "episode against it through the sync facade (envlink demo --help)")
+    add_demo_arguments(demo)
+    demo.set_defaults(run=demo_from_args, parser=demo)
+    version = commands.add_parser("version", help="print envlink's version")
+    version.set_defaults(run=_version, parser=version)
+    help_ = commands.add_parser("help", help="print this help")
+    help_.set_defaults(run=_help, parser=parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``envlink`` console script.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The process exit status: 0 on success (and for ``--help``), 2 on a usage
+        error, else what the subcommand returns.
+    """
+    parser = build_parser()
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(args_list)
+        if args.command is None:  # no subcommand: usage, as a usage error
+            parser.print_help(sys.stdout)
+            return 2
+        run: Command = args.run
+        return run(args, args.parser)
+    except SystemExit as exc:  # --help, --version, or a usage error reported on stderr
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def _serve(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
+    return serve_from_args(args)
+
+
+def _version(_args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
+    sys.stdout.write(f"envlink {__version__}\n")
+    return 0
+
+
+def _help(_args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

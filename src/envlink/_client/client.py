@@ -1,0 +1,517 @@
+"""The hardened async client for the OpenEnv WebSocket protocol.
+
+One :class:`EnvClient` is one session: at most one request in flight, callers
+queued FIFO, a deadline on every call, reconnects under a
+:class:`~envlink.ReconnectPolicy`, session recovery under ``on_session_lost``,
+and never a step applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from pydantic import BaseModel
+
+from envlink._client.connector import Connector
+from envlink._client.driver import SessionDriver
+from envlink._client.events import ClientHook, combine_client_hooks
+from envlink._client.mcp import McpMethods
+from envlink._config import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    UNSET,
+    ConnectionOptions,
+    Timeout,
+    TimeoutTypes,
+    UnsetType,
+    check_count,
+    check_timeout,
+)
+from envlink._errors import (
+    EnvlinkError,
+    ProtocolError,
+)
+from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
+from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
+from envlink._sansio.session import Call, SessionCore
+from envlink._transports.base import Transport, parse_endpoint
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from envlink._bridge import Bridge
+    from envlink._client.sync_client import SyncEnvClient
+
+__all__ = ["EnvClient", "GenericEnvClient", "StepResult"]
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+StateT = TypeVar("StateT")
+_R = TypeVar("_R")
+_F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
+
+
+@dataclass
+class StepResult(Generic[ObsT]):
+    """The result of a reset or a step, as in OpenEnv.
+
+    Attributes:
+        observation: the environment's observation.
+        reward: the reward, if the environment gives one.
+        done: whether the episode is over.
+        metadata: extra data the server sent beside the observation.
+    """
+
+    observation: ObsT
+    reward: float | None = None
+    done: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+def _websocket() -> Transport:
+    # websockets (with urllib.request, http.client, email...) is imported by the first
+    # client that needs it, not by `import envlink`.
+    from envlink._transports.websocket import WebSocketTransport
+
+    return WebSocketTransport()
+
+
+def _telemetry_hook(tracer_provider: TracerProvider | None,
+                    meter_provider: MeterProvider | None, url: str) -> ClientHook:
+    # The emitter (OpenTelemetry's metrics API, envlink's instruments) is imported by
+    # the first client that uses it, not by `import envlink`.
+    from envlink._telemetry.client_hook import ClientTelemetryHook
+
+    return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
+
+
+class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
+    """Async client for one session on an OpenEnv-compatible server.
+
+    Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
+    ``state``, ``close``, ``async with``, the ``_step_payload`` / ``_parse_result`` /
+    ``_parse_state`` hooks, ``sync()``), plus deadlines, reconnects and recovery.
+    Used as is, actions may be dicts or pydantic models and observations are dicts.
+
+    Args:
+        base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added).
+        timeout: a :class:`Timeout`, a number for every phase, or ``None`` for none.
+        headers: extra handshake headers (e.g. ``Authorization``); never logged.
+        reconnect: the :class:`ReconnectPolicy` for opening connections.
+        on_session_lost: ``"raise"`` (default), ``"replay"`` or ``"resume"``.
+        replay_verify: compares a recorded answer with the replayed one during
+            ``replay`` (default: equality of the whole ``data`` object).
+        max_journal_steps: bound on the steps recorded for ``replay``.
+        ping_interval: keepalive ping interval in seconds (``None``: off).
+        ping_timeout: seconds without a pong before the peer is declared dead.
+        max_message_size: largest accepted frame, in bytes.
+        compression: ``None`` (default) or ``"deflate"``.
+        ssl: an ``ssl.SSLContext`` for ``wss://`` (default: verified system trust).
+        proxy: ``True`` (honour proxy env vars), ``None`` or a proxy URL.
+        extensions: offer envlink's protocol extensions to the server.
+        tracer_provider: OpenTelemetry tracer provider (default: the global one).
+        meter_provider: OpenTelemetry meter provider (default: the global one).
+        connect_timeout_s: OpenEnv-compatible alias for ``Timeout(connect=...)``.
+        message_timeout_s: OpenEnv-compatible alias for ``Timeout(call=...)``.
+        max_message_size_mb: OpenEnv-compatible alias for ``max_message_size``.
+        websocket_ping_interval_s: OpenEnv-compatible alias for ``ping_interval``.
+        websocket_ping_timeout_s: OpenEnv-compatible alias for ``ping_timeout``.
+        transport: how connections are opened (default: ``websockets``); pass a
+            :class:`~envlink.MockTransport` to test code without a server.
+        options: every connection option as one :class:`ConnectionOptions`, instead
+            of ``headers``, ``ping_interval``, ... (which must then be left out).
+        hooks: observers of the client (:class:`ClientHook`); by default envlink's
+            OpenTelemetry and structlog emitter. Given, they replace it: include
+            ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
+
+    Raises:
+        ValueError: for a malformed URL or option.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: TimeoutTypes | UnsetType = UNSET,
+        headers: Mapping[str, str] | None = None,
+        reconnect: ReconnectPolicy | None = None,
+        on_session_lost: SessionLostPolicy = "raise",
+        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
+        max_journal_steps: int = 10_000,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        compression: str | None = None,
+        ssl: Any = None,
+        proxy: str | bool | None = True,
+        extensions: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        connect_timeout_s: float | None = None,
+        message_timeout_s: float | None = None,
+        max_message_size_mb: float | None = None,
+        websocket_ping_interval_s: float | UnsetType | None = UNSET,
+        websocket_ping_timeout_s: float | UnsetType | None = UNSET,
+        transport: Transport | None = None,
+        options: ConnectionOptions | None = None,
+        hooks: Sequence[ClientHook] | None = None,
+    ) -> None:
+        # Everything new_session() needs to open a sibling session with the same options.
+        self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
+        _check_policy(on_session_lost)
+        self._children: list[EnvClient[Any, Any, Any]] = []
+        self._mcp_ids = itertools.count(1)
+        self._endpoint = parse_endpoint(base_url)
+        base = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
+        self.timeouts: Timeout = Timeout(
+            connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
+            call=message_timeout_s if message_timeout_s is not None else base.call,
+            close=base.close, probe=base.probe, release=base.release,
+        )
+        if max_message_size_mb is not None:
+            max_message_size = int(max_message_size_mb * 1024 * 1024)
+        if websocket_ping_interval_s is not UNSET:
+            ping_interval = websocket_ping_interval_s
+        if websocket_ping_timeout_s is not UNSET:
+            ping_timeout = websocket_ping_timeout_s
+        ping_interval = check_timeout(ping_interval, "ping_interval")
+        ping_timeout = check_timeout(ping_timeout, "ping_timeout")
+        max_journal_steps = check_count(max_journal_steps, "max_journal_steps")
+        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+            raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
+                            f"got {type(reconnect).__name__}")
+        built = ConnectionOptions(
+            headers=tuple((headers or {}).items()),
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            max_message_size=max_message_size,
+            compression=compression,
+            ssl=ssl,
+            proxy=proxy,
+        )
+        if options is not None:
+            if built != ConnectionOptions():
+                raise ValueError("pass connection options either as options= or as keyword "
+                                 "arguments (headers, ping_interval, ...), not both")
+            built = options
+        self._options: ConnectionOptions = built
+        self._transport: Transport = transport if transport is not None else _websocket()
+        policy = reconnect or ReconnectPolicy()
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        if hooks is None:
+            hook = _telemetry_hook(tracer_provider, meter_provider, self._endpoint.display)
+        else:
+            hook = combine_client_hooks(list(hooks))
+        self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
+                                 max_journal_steps=max_journal_steps)
+        connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
+                              policy, extensions, self._core, hook)
+        self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
+                                     replay_verify or _same_answer)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def reconnect_policy(self) -> ReconnectPolicy:
+        """The :class:`ReconnectPolicy` for opening connections and every retry."""
+        return self._core.policy
+
+    @reconnect_policy.setter
+    def reconnect_policy(self, policy: ReconnectPolicy) -> None:
+        if not isinstance(policy, ReconnectPolicy):
+            raise TypeError(f"reconnect_policy must be a ReconnectPolicy, "
+                            f"got {type(policy).__name__}")
+        self._core.policy = self._driver.connector.policy = policy
+
+    @property
+    def on_session_lost(self) -> SessionLostPolicy:
+        """The recovery policy: ``"raise"``, ``"replay"``, ``"resume"`` or ``"auto"``."""
+        return self._core.on_session_lost
+
+    @on_session_lost.setter
+    def on_session_lost(self, policy: SessionLostPolicy) -> None:
+        _check_policy(policy)
+        self._core.on_session_lost = policy
+
+    @property
+    def recovery(self) -> str:
+        """How a session lost now would be recovered (``envlink-resume``, ``openenv-resume``,
+        ``replay``, ``raise``), per ``on_session_lost`` and what the server offered so far."""
+        return self._core.mechanism
+
+    @property
+    def base_url(self) -> str:
+        """The base URL as given, no trailing slash or credentials (as OpenEnv's client)."""
+        return self._endpoint.base_url
+
+    ws_url = property(lambda self: self._endpoint.ws_url,
+                      doc="The server's ``/ws`` URL the client connects to (no credentials).")
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called; a closed client cannot be reopened."""
+        return self._driver.closed
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is currently open."""
+        return self._driver.connector.is_open
+
+    @property
+    def session_id(self) -> str | None:
+        """The server's public session id when it advertised one, else a client-side id.
+
+        Never the resume token, which is a secret.
+        """
+        return self._core.session_id
+
+    @property
+    def journal(self) -> EpisodeJournal:
+        """A copy of the current episode's journal."""
+        return self._core.journal.snapshot()
+
+    @property
+    def extensions_active(self) -> bool:
+        """Whether the current connection negotiated envlink's extensions."""
+        conn = self._driver.connector.conn
+        return conn is not None and conn.extensions.enabled
+
+    @property
+    def _resume_token(self) -> str | None:
+        return self._core.resume_token
+
+    # ------------------------------------------------------------- typed-client hooks
+
+    def _step_payload(self, action: ActT) -> dict[str, Any]:
+        """Turn an action into the ``data`` of a step frame (override in typed clients)."""
+        if isinstance(action, BaseModel):
+            return action.model_dump(mode="json", exclude_none=True)
+        if isinstance(action, Mapping):
+            return dict(action)
+        raise TypeError(
+            f"action must be a dict or a pydantic model, got {type(action).__name__}; "
+            "override _step_payload for other action types"
+        )
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[ObsT]:
+        """Turn an observation frame's ``data`` into a :class:`StepResult` (override)."""
+        return StepResult(
+            observation=cast(ObsT, payload.get("observation", {})),
+            reward=payload.get("reward"),
+            done=bool(payload.get("done", False)),
+            metadata=payload.get("metadata"),
+        )
+
+    def _parse_state(self, payload: dict[str, Any]) -> StateT:
+        """Turn a state frame's ``data`` into the state type (override)."""
+        return cast(StateT, payload)
+
+    # -------------------------------------------------------------------- public API
+
+    async def connect(
+        self, *, timeout: float | UnsetType | None = UNSET
+    ) -> EnvClient[ActT, ObsT, StateT]:
+        """Open the connection now (otherwise the first call opens it).
+
+        Raises:
+            ConnectError: the server could not be reached within the reconnect policy.
+            CallTimeoutError: the deadline expired.
+            ClientClosedError: the client was closed.
+        """
+        # The connect phase timeout bounds each attempt; the whole (re)connect loop is
+        # bounded like any call.
+        driver = self._driver
+
+        async def run(call: Call) -> None:
+            async with driver.turn(call):
+                if not self.connected:
+                    await driver.connector.open_session("connect", reason="connect")
+
+        await driver.call("connect", self._seconds(timeout), run)
+        return self
+
+    async def reset(self, *, timeout: float | UnsetType | None = UNSET,
+                    **kwargs: Any) -> StepResult[ObsT]:
+        """Start a new episode.
+
+        Args:
+            timeout: this call's deadline (default: the client's call timeout).
+            **kwargs: reset arguments for the environment (seed, episode_id, ...).
+
+        Raises:
+            ServerError: the server answered with an error frame.
+            CallTimeoutError, ConnectError, ConnectionLostError, ProtocolError,
+            ClientClosedError.
+        """
+        data = dict(kwargs)
+        driver = self._driver
+
+        async def run(call: Call) -> StepResult[ObsT]:
+            async with driver.turn(call):
+                frame = driver.expect(await driver.request(call, data), ObservationFrame, "reset")
+                self._core.answered("reset", data, frame, episode_id=kwargs.get("episode_id"))
+                return _parse(self._parse_result, frame.raw_data, "observation")
+
+        return await driver.call("reset", self._seconds(timeout), run)
+
+    async def step(self, action: ActT, *, timeout: float | UnsetType | None = UNSET,
+                   **kwargs: Any) -> StepResult[ObsT]:
+        """Apply one action. Never applied twice, whatever fails.
+
+        Args:
+            action: the action (a dict, a pydantic model, or what ``_step_payload`` takes).
+            timeout: this call's deadline (default: the client's call timeout).
+            **kwargs: accepted for OpenEnv compatibility; unused.
+
+        Raises:
+            SessionLostError: the connection was lost mid-episode and the session could
+                not be recovered under ``on_session_lost`` (carries the journal).
+            ReplayDivergedError: replay gave a different observation.
+            OutcomeUnknownError: the connection was lost after sending, outside an episode.
+            ServerError, CallTimeoutError, ProtocolError, ClientClosedError.
+        """
+        payload = self._step_payload(action)
+        driver = self._driver
+
+        async def run(call: Call) -> StepResult[ObsT]:
+            async with driver.turn(call):
+                call.step_index = self._core.journal.step_count
+                frame = driver.expect(await driver.request(call, payload), ObservationFrame,
+                                     "step")
+                self._core.answered("step", payload, frame, call=call)
+                return _parse(self._parse_result, frame.raw_data, "observation")
+
+        return await driver.call("step", self._seconds(timeout), run)
+
+    async def state(self, *, timeout: float | UnsetType | None = UNSET) -> StateT:
+        """Read the environment's state (episode id, step count, ...).
+
+        Raises:
+            SessionLostError, ServerError, CallTimeoutError, ProtocolError, ClientClosedError.
+        """
+
+        driver = self._driver
+
+        async def run(call: Call) -> StateT:
+            async with driver.turn(call):
+                frame = driver.expect(await driver.request(call, None), StateFrame, "state")
+                self._core.answered("state", None, frame)
+                return _parse(self._parse_state, frame.data, "state")
+
+        return await driver.call("state", self._seconds(timeout), run)
+
+    async def disconnect(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+        """End the session (``{"type": "close"}``) and close the connection.
+
+        The client stays usable: the next call opens a new connection and session.
+        """
+        seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        if self.closed:
+            return
+        driver = self._driver
+
+        async def run(call: Call) -> None:
+            async with driver.turn(call):
+                await driver.connector.close(graceful=True)
+
+        await driver.call("disconnect", seconds, run)
+
+    async def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+        """Close the client for good. Idempotent.
+
+        A call in flight is cancelled and its caller gets :class:`ClientClosedError`,
+        as does every queued or later call. The server session is ended (an OpenEnv
+        detached session with ``openenv/session/close``, attached or not), and so are
+        the sessions opened with :meth:`new_session`.
+        """
+        if self.closed:
+            return
+        seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        children, self._children = self._children, []
+        if children:
+            await asyncio.gather(*(child.close(timeout=timeout) for child in children),
+                                 return_exceptions=True)
+        await self._driver.close(seconds)
+
+    async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def sync(self, bridge: Bridge | None = None, *,
+             nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:
+        """A blocking facade that runs this client on a background event-loop thread.
+
+        Args:
+            bridge: share an existing :class:`~envlink.Bridge` (one thread for many
+                clients); by default the facade owns a new one.
+            nested_spans: a span of the bridge's as the parent of each call's
+                client span (default: one span per call; see :class:`SyncEnvClient`).
+        """
+        from envlink._client.sync_client import SyncEnvClient
+
+        return SyncEnvClient(self, bridge=bridge, nested_spans=nested_spans)
+
+    def call_deadline(self, method: str,
+                      timeout: float | UnsetType | None = UNSET) -> float | None:
+        """Seconds a call of ``method`` with this ``timeout`` may last at most (None: no limit).
+
+        The sync facade waits this long, plus a margin, so that the client's own
+        deadline (which cleans up properly) always fires before the bridge's.
+
+        Args:
+            method: ``connect``, ``reset``, ``step``, ``state``, ``disconnect``,
+                ``close`` or any other coroutine method (bounded by the call deadline).
+            timeout: the ``timeout=`` the call gets; ``UNSET`` for the default.
+        """
+        if method in ("disconnect", "close"):
+            seconds = self.timeouts.close if timeout is UNSET else timeout
+            # close() waits for the call in flight, then for the closing handshake.
+            if method == "close" and seconds is not None:
+                return 2 * seconds
+            return seconds
+        # connect() is bounded by the call deadline too (the connect phase bounds each
+        # attempt within it).
+        return self.timeouts.call if timeout is UNSET else timeout
+
+    # --------------------------------------------------------------------- internals
+
+    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
+        if timeout is UNSET:
+            return self.timeouts.call
+        return check_timeout(timeout)
+
+
+def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str) -> _R:
+    """Run an OpenEnv parsing hook; its failure is the server's ``ProtocolError``."""
+    try:
+        return hook(data)
+    except EnvlinkError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"could not parse the server's {what}: {exc}") from exc
+
+
+def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
+    return recorded == actual
+
+
+def _check_policy(policy: object) -> None:
+    if policy not in SESSION_LOST_POLICIES:
+        raise ValueError(f"on_session_lost must be 'raise', 'replay', 'resume' or 'auto', "
+                         f"got {policy!r}")
+
+
+class GenericEnvClient(EnvClient[dict[str, Any], dict[str, Any], dict[str, Any]]):
+    """A client for any environment, with dict actions, observations and state.
+
+    Actions may also be pydantic models (dumped to dicts).
+    """

@@ -1,0 +1,442 @@
+"""The asyncio side of a session's connection: open it under the policy, keep it, end it.
+
+What the session core decides about the link (flapping, resumption, a fresh
+server session mid-episode) it decides from :meth:`SessionCore.connected` and
+:meth:`SessionCore.dropped`; this module does the I/O: opening through the
+:class:`~envlink._transports.base.Transport` under the one retry primitive, aborting,
+closing, and ending abandoned server sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from opentelemetry import propagate
+
+from envlink._client.events import ClientEvent, ClientHook, PhaseFinished, PhaseStarted
+from envlink._config import ConnectionOptions, Timeout
+from envlink._deadlines import bounded
+from envlink._errors import (
+    CapacityReachedError,
+    ConnectError,
+    ConnectionLostError,
+    EnvlinkError,
+    ErrorCode,
+    FactoryError,
+    ServerError,
+    SessionError,
+)
+from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.protocol import (
+    RESUME_TOKEN_HEADER,
+    ErrorFrame,
+    StateFrame,
+    decode_response,
+    server_error,
+)
+from envlink._sansio.retry import BackoffDetails, Retry
+from envlink._sansio.session import SessionCore
+from envlink._transports.base import (
+    Connection,
+    Endpoint,
+    NotWrittenError,
+    RpcAnswer,
+    RpcTransport,
+    Transport,
+)
+from envlink._transports.http import NoAnswerError as _NoAnswer
+from envlink.names import (
+    HOOK_RECONNECT,
+    LOG_CONNECTION_DISCARDED,
+    LOG_DETACHED_UNAVAILABLE,
+    LOG_DISCONNECT,
+    LOG_RECONNECT_SCHEDULED,
+    LOG_SESSION_RELEASE_FAILED,
+)
+
+__all__ = ["Connector", "DetachedSessionGone"]
+
+
+class DetachedSessionGone(ConnectError):
+    """Attaching failed: the server no longer knows the client's detached session."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+#: JSON-RPC's "method not found": a server without OpenEnv's session methods.
+_METHOD_NOT_FOUND = -32601
+
+
+class Connector:
+    """Opens, keeps and ends the one connection of a session.
+
+    Args:
+        endpoint: where the server is.
+        options: how connections are opened.
+        transport: the I/O seam.
+        timeouts: the client's deadlines (``connect``, ``close``, ``release``).
+        policy: the reconnect policy.
+        offer_extensions: offer envlink's protocol extensions.
+        core: the session core, told of every connection opened or lost.
+        hook: where phases and events are reported.
+    """
+
+    def __init__(self, endpoint: Endpoint, options: ConnectionOptions, transport: Transport,
+                 timeouts: Timeout, policy: ReconnectPolicy, offer_extensions: bool,
+                 core: SessionCore, hook: ClientHook) -> None:
+        self.endpoint = endpoint
+        self.options = options
+        self.transport = transport
+        self.timeouts = timeouts
+        self.policy = policy
+        self.offer_extensions = offer_extensions
+        self.core = core
+        self.hook = hook
+        self.conn: Connection | None = None
+        #: Housekeeping tasks (session releases); close() waits for them, bounded.
+        self.background: set[asyncio.Task[Any]] = set()
+        #: The detached session's ``step_count`` read when this connection attached.
+        self.attached_count: int | None = None
+        #: Whether an attempt of the last :meth:`open` could not reach the server.
+        self.saw_unreachable = False
+        self._rpc_ids = 0
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a connection is open."""
+        return self.conn is not None and self.conn.is_open
+
+    # ------------------------------------------------------------------ opening
+
+    async def open(self, method: str, *, reason: str,
+                   resume_token: str | None = None) -> Connection:
+        """Open a connection under the reconnect policy.
+
+        Raises:
+            ConnectError: the policy gave up (the last attempt's error).
+            ConnectionLostError: the connection keeps dropping (flapping).
+            RetryBudgetExhaustedError: the shared budget refused a retry.
+        """
+        core, hook = self.core, self.hook
+        if reason != "connect":
+            hook.event(ClientEvent(HOOK_RECONNECT, core.session_id, {"reason": reason}))
+        used = core.connect_attempts_used(self.endpoint.display)
+
+        def on_backoff(details: BackoffDetails) -> None:
+            hook.event(ClientEvent(LOG_RECONNECT_SCHEDULED, core.session_id, {
+                "operation": details.operation, "attempt": details.attempt,
+                "delay": details.delay, "error": details.error, "reason": reason}))
+
+        retry = Retry(self.policy, operation="connect", sleep=asyncio.sleep,
+                      clock=core.clock, attempts_used=used, on_backoff=on_backoff)
+        self.saw_unreachable = False
+        conn = await retry.run(lambda attempt: self._open_once(method, attempt, reason,
+                                                               resume_token))
+        core.connects_made(retry.tries)
+        return conn
+
+    async def open_session(self, method: str, *, reason: str) -> Connection:
+        """:meth:`open` for a call outside recovery: a detached session found gone is
+        replaced by a new one (no episode runs on it: a call in mid-episode recovers
+        instead, and a reset starts a new episode anyway)."""
+        try:
+            return await self.open(method, reason=reason)
+        except DetachedSessionGone:
+            self.core.detached_id = None
+            return await self.open(method, reason=reason)
+
+    async def _open_once(self, method: str, attempt: int, reason: str,
+                         resume_token: str | None) -> Connection:
+        endpoint = self.endpoint
+        phase = PhaseStarted("connect", method, attempt, reason, server_address=endpoint.host,
+                             server_port=endpoint.port)
+        mark = self.hook.phase_started(phase)
+        error: BaseException | None = None
+        conn: Connection | None = None
+        try:
+            headers: dict[str, str] = {}
+            propagate.inject(headers)  # the attempt's trace context, to the server
+            if resume_token is not None:
+                headers[RESUME_TOKEN_HEADER] = resume_token
+            reattached = False
+            core = self.core
+            if resume_token is None and core.wants_detached and isinstance(
+                    self.transport, RpcTransport):
+                reattached = core.detached_id is not None
+                if core.detached_id is None:
+                    await self._create_detached()
+                endpoint = endpoint.attached(core.detached_id)
+            conn = await self.transport.connect(
+                endpoint, self.options, headers=headers, timeout=self.timeouts.connect,
+                offer_extensions=self.offer_extensions)
+            if endpoint.session_id is not None:
+                await self._confirm_attached(conn)
+            self._adopt(conn, reattached=reattached)
+            return conn
+        except BaseException as exc:
+            error = exc
+            if isinstance(exc, ConnectError) and not isinstance(
+                    exc, (_AttachRefused, DetachedSessionGone)):
+                self.saw_unreachable = True
+            raise
+        finally:
+            self.hook.phase_finished(PhaseFinished(
+                phase, error, self.core.session_id if conn is not None else None,
+                conn.extensions.enabled if conn is not None else None), mark)
+
+    def _adopt(self, conn: Connection, *, reattached: bool = False) -> None:
+        previous = self.conn
+        if previous is not None and previous is not conn:
+            previous.abort()
+        self.conn = conn
+        self.core.connected(conn.extensions, reattached=reattached)
+
+    # ----------------------------------------------- OpenEnv detached sessions
+
+    async def rpc(self, method: str, params: dict[str, Any],
+                  timeout: float | None) -> RpcAnswer | None:
+        """One JSON-RPC request to the server's ``/mcp``; ``None`` if the transport has none."""
+        transport = self.transport
+        if not isinstance(transport, RpcTransport):
+            return None
+        self._rpc_ids += 1
+        async with bounded(timeout):
+            return await transport.rpc(self.endpoint, self.options, method, params,
+                                       request_id=self._rpc_ids)
+
+    async def _create_detached(self) -> None:
+        """``openenv/session/create``: the server's session, kept across dropped sockets.
+
+        A server that does not offer it (no ``/mcp``, or no such method) is noted, and
+        the client uses plain sessions from then on.
+
+        Raises:
+            CapacityReachedError, FactoryError, ServerError: the server refused.
+            ConnectError: the server could not be reached (retryable).
+        """
+        core = self.core
+        try:
+            answer = await self.rpc("openenv/session/create", {}, self.timeouts.connect)
+        except TimeoutError as exc:
+            raise ConnectError(f"timed out creating a session on {self.endpoint.mcp_url}",
+                               retryable=True) from exc
+        except _NoAnswer:
+            # Accepted, then closed without a byte of HTTP: not an OpenEnv server
+            # (websockets' server, for one, drops a request with a body this way).
+            answer = None
+        except ConnectionLostError as exc:
+            # A session may have been created that we will never know of; the server's
+            # reaper (if any) ends it. Retry: a new one is created.
+            raise ConnectError(f"creating a session on {self.endpoint.mcp_url} failed: {exc}",
+                               retryable=True) from exc
+        body = None if answer is None else answer.body
+        if answer is not None and answer.status >= 500:
+            raise ConnectError(f"{self.endpoint.mcp_url} answered HTTP {answer.status}",
+                               retryable=True)
+        result = body.get("result") if isinstance(body, dict) else None
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(result, dict) and isinstance(result.get("session_id"), str):
+            core.detached_id = result["session_id"]
+            core.detached_offered = True
+            return
+        if isinstance(error, dict) and error.get("code") != _METHOD_NOT_FOUND and (
+                answer is not None and answer.status == 200):
+            raise _rpc_refusal(error)
+        # No /mcp (404, 426...), no such method, or not JSON-RPC: an older server.
+        core.detached_offered = False
+        self.hook.event(ClientEvent(LOG_DETACHED_UNAVAILABLE, core.session_id,
+                                    {"status": None if answer is None else answer.status}))
+
+    async def _confirm_attached(self, conn: Connection) -> None:
+        """Read the attached session's state: the server refuses an attach only after
+        accepting the socket, with a ``SESSION_ERROR`` frame. Keeps its ``step_count``."""
+        self.attached_count = None
+        text = self.core.encode("state", None, None)
+        try:
+            async with bounded(self.timeouts.connect):
+                try:
+                    await conn.send(text)
+                    raw: str | bytes | None = await conn.recv()
+                except NotWrittenError:
+                    raw = await conn.take_buffered()
+                except ConnectionLostError:
+                    raw = await conn.take_buffered()
+        except TimeoutError as exc:
+            conn.abort()
+            raise ConnectError("timed out attaching to the session", retryable=True) from exc
+        if raw is None:
+            conn.abort()
+            raise ConnectError("the server closed the connection while attaching",
+                               retryable=True)
+        frame = decode_response(raw, max_size=self.options.max_message_size)
+        if isinstance(frame, StateFrame):
+            value = frame.data.get("step_count")
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.attached_count = value
+            return
+        conn.abort()
+        if isinstance(frame, ErrorFrame):
+            error = server_error(frame)
+            if isinstance(error, SessionError) and "Unknown session_id" in error.message:
+                raise DetachedSessionGone(
+                    f"the server no longer knows the session ({error.message.split(':')[0]})")
+            if isinstance(error, SessionError):
+                # Still attached to a dead previous socket the server has not noticed
+                # yet, or still initialising: both pass; retry under the policy.
+                raise _AttachRefused(f"the server refused the attach for now: "
+                                     f"{error.message.split(':')[0]}") from error
+            raise error
+        raise ConnectError(f"unexpected {frame.type!r} frame while attaching", retryable=False)
+
+    async def close_detached(self, session_id: str, timeout: float | None) -> None:
+        """``openenv/session/close``: end a detached session. Best effort, bounded."""
+        try:
+            answer = await self.rpc("openenv/session/close", {"session_id": session_id},
+                                    timeout)
+        except (EnvlinkError, TimeoutError) as exc:
+            self.hook.event(ClientEvent(LOG_SESSION_RELEASE_FAILED, None, {"error": str(exc)}))
+            return
+        body = None if answer is None else answer.body
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            self.hook.event(ClientEvent(LOG_SESSION_RELEASE_FAILED, None, {
+                "error": str(body["error"].get("message"))}))
+
+    def close_detached_later(self, session_id: str) -> None:
+        """:meth:`close_detached` in the background (:meth:`wait_background` waits)."""
+        limit, close = self.timeouts.release, self.timeouts.close
+        seconds = limit if close is None else min(limit, close)
+        task = asyncio.get_running_loop().create_task(self.close_detached(session_id, seconds))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    # ------------------------------------------------------------------ ending
+
+    def forget(self) -> None:
+        """The connection failed: drop it (the core keeps the flapping count)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.abort()
+            self.core.dropped()
+
+    def discard(self) -> None:
+        """Drop a connection that can no longer be trusted."""
+        conn, self.conn = self.conn, None
+        self.core.discarded()
+        if conn is not None:
+            conn.abort()
+            self.hook.event(ClientEvent(LOG_CONNECTION_DISCARDED, self.core.session_id, {}))
+
+    def abandon(self) -> None:
+        """Forget the connection without any I/O on it (a forked child's copy)."""
+        self.conn = None
+        self.background = set()
+
+    async def close(self, *, graceful: bool, timeout: float | None = None) -> None:
+        """End the session: ``close`` frame (when graceful), closing handshake, drop;
+        then ``openenv/session/close`` for a detached session, attached or not."""
+        conn, self.conn = self.conn, None
+        core = self.core
+        detached = core.detached_id
+        core.closed()
+        seconds = self.timeouts.close if timeout is None else timeout
+        if conn is not None:
+            if graceful and conn.is_open:
+                frame = core.encode("close", None, core.next_request_id())
+                with contextlib.suppress(EnvlinkError, TimeoutError):
+                    async with bounded(seconds):
+                        await conn.send(frame)
+            await conn.close(seconds)
+            self.hook.event(ClientEvent(LOG_DISCONNECT, core.session_id, {}))
+        if detached is not None:
+            # After the socket: an attached session would only be marked for closing.
+            await self.close_detached(detached, seconds)
+
+    async def release(self, token: str, *, count_steps: bool = False) -> int | None:
+        """End a detached server session the client gives up on. Best effort, bounded.
+
+        Re-attaches with the resume token (taking the session over from any stalled
+        connection) and sends ``close``; the server then destroys it at once instead
+        of keeping it, and its slot, for the whole grace window.
+
+        Returns:
+            with ``count_steps``, the session's ``step_count`` read from its state
+            just before closing it, when the server reported one; else ``None``.
+        """
+        limit, close = self.timeouts.release, self.timeouts.close
+        seconds = limit if close is None else min(limit, close)
+        count: int | None = None
+
+        async def release() -> None:
+            nonlocal count
+            conn = await self.transport.connect(
+                self.endpoint, self.options, headers={RESUME_TOKEN_HEADER: token},
+                timeout=seconds)
+            try:
+                if conn.extensions.resumed:
+                    if count_steps:
+                        count = await self.count_steps(conn)
+                    await conn.send(self.core.encode("close", None, None))
+                    with contextlib.suppress(EnvlinkError):
+                        await conn.recv()  # returns when the server has ended it
+            finally:
+                conn.abort()
+
+        try:
+            async with bounded(seconds):
+                await release()
+        except (EnvlinkError, TimeoutError) as exc:
+            self.hook.event(ClientEvent(LOG_SESSION_RELEASE_FAILED, None, {"error": str(exc)}))
+        return count
+
+    async def count_steps(self, conn: Connection) -> int | None:
+        """The session's ``step_count`` from its state, if the server reports one."""
+        rid = self.core.next_request_id(always=True)
+        await conn.send(self.core.encode("state", None, rid))
+        while True:
+            frame = decode_response(await conn.recv(), max_size=self.options.max_message_size)
+            if frame.id in (rid, None):
+                break
+        if not isinstance(frame, StateFrame):
+            return None
+        value = frame.data.get("step_count")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def release_later(self, token: str) -> None:
+        """:meth:`release` in the background; :meth:`wait_background` waits for it."""
+        task = asyncio.get_running_loop().create_task(self.release(token))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def wait_background(self, timeout: float | None) -> None:
+        """Wait (bounded) for housekeeping still running."""
+        if self.background:
+            await asyncio.wait(set(self.background), timeout=timeout)
+
+
+class _AttachRefused(ConnectError):
+    """The server refused an attach for now (``already has an attached WebSocket``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
+def _rpc_refusal(error: dict[str, Any]) -> ServerError:
+    """The typed error for a refused ``openenv/session/create`` (JSON-RPC error object)."""
+    message = str(error.get("message", "the server refused to create a session"))
+    data = error.get("data") if isinstance(error.get("data"), dict) else {}
+    assert isinstance(data, dict)
+    if "active_sessions" in data or "max_sessions" in data:
+        counts = [v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+                  for v in (data.get("active_sessions"), data.get("max_sessions"))]
+        return CapacityReachedError(message, ErrorCode.CAPACITY_REACHED,
+                                    active_sessions=counts[0], max_sessions=counts[1],
+                                    details=dict(data))
+    if "factory_name" in data:
+        name = data.get("factory_name")
+        return FactoryError(message, ErrorCode.FACTORY_ERROR,
+                            factory_name=name if isinstance(name, str) else None,
+                            details=dict(data))
+    return ServerError(message, str(error.get("code", "MCP_ERROR")), details=dict(data))

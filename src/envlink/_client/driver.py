@@ -1,0 +1,492 @@
+"""The asyncio driver of a session: it runs calls and does the I/O the core decides.
+
+One call: the client-closed check, the caller's deadline, the FIFO queue (one
+request in flight per session), then :meth:`SessionDriver.request`: ask the core
+what to do before sending (:class:`~envlink._sansio.session.Preflight`), send, read
+frames through the core, and on a lost connection follow the core's
+:class:`~envlink._sansio.session.Decision` (resend through the one retry primitive,
+recover through :mod:`envlink._client.recovery`, or fail). Everything it observes goes
+to the client's hook; it logs and measures nothing itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from envlink._client.connector import Connector, DetachedSessionGone
+from envlink._client.events import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
+)
+from envlink._client.propagation import trace_carrier
+from envlink._client.recovery import recover
+from envlink._config import ConnectionOptions, Timeout
+from envlink._deadlines import deadline
+from envlink._errors import (
+    CallTimeoutError,
+    ClientClosedError,
+    ConnectionLostError,
+    EnvlinkError,
+    ProtocolError,
+    SessionGoneError,
+)
+from envlink._sansio.protocol import (
+    ErrorFrame,
+    McpFrame,
+    ObservationFrame,
+    StateFrame,
+    decode_response,
+    encode_call,
+    server_error,
+)
+from envlink._sansio.retry import Again, Retry, succeeded
+from envlink._sansio.session import (
+    Action,
+    Call,
+    Dropped,
+    Episode,
+    Frame,
+    Link,
+    Preflight,
+    SessionCore,
+)
+from envlink._transports.base import Connection, NotWrittenError
+from envlink.names import (
+    LOG_CLIENT_CLOSED,
+    LOG_PEER_UNRESPONSIVE,
+    LOG_STALE_ANSWER_DROPPED,
+    LOG_UNATTRIBUTABLE_FRAME,
+    LOG_UNKNOWN_STEP_SETTLED,
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_OK,
+    OUTCOME_TIMEOUT,
+)
+
+__all__ = ["SessionDriver"]
+
+_current_task = asyncio.current_task
+
+_R = TypeVar("_R")
+_F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
+
+
+class _Lifecycle(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class SessionDriver:
+    """Runs one session's calls on an event loop around a :class:`SessionCore`.
+
+    Args:
+        core: the session's state and decisions.
+        connector: the session's connection.
+        hook: where calls, phases and events are reported.
+        options: connection options (the frame size limit).
+        timeouts: the client's deadlines (``probe``).
+        replay_verify: compares a recorded answer with a replayed one.
+    """
+
+    def __init__(self, core: SessionCore, connector: Connector, hook: ClientHook,
+                 options: ConnectionOptions, timeouts: Timeout,
+                 replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool]) -> None:
+        self.core = core
+        self.connector = connector
+        self.hook = hook
+        self.options = options
+        self.timeouts = timeouts
+        self.replay_verify = replay_verify
+        self.lifecycle = _Lifecycle.OPEN
+        self._pid = os.getpid()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        #: The task of the call in flight, cancelled by close().
+        self.active: asyncio.Task[Any] | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the client was closed for good."""
+        return self.lifecycle is _Lifecycle.CLOSED
+
+    # -------------------------------------------------------------------- calls
+
+    async def call(self, method: str, seconds: float | None,
+                   run: Callable[[Call], Awaitable[_R]]) -> _R:
+        """Run one public call: its hooks, its deadline, its turn in the queue."""
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        core, endpoint = self.core, self.connector.endpoint
+        call = Call(method)
+        hook = self.hook
+        token = hook.call_started(CallStarted(
+            method, endpoint.host, endpoint.port, core.session_id,
+            core.journal.episode_id if core.episode is Episode.ACTIVE else None))
+        start = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            try:
+                async with deadline(seconds, method):
+                    return await run(call)
+            except asyncio.CancelledError as exc:
+                if self.closed:
+                    raise ClientClosedError(f"the client was closed during {method}") from exc
+                raise
+            except CallTimeoutError as exc:
+                if call.unanswered:
+                    exc.outcome_unknown = True
+                    exc.args = (f"{exc.args[0]}; the request was sent, so the server may "
+                                "or may not have applied it (see journal.unknown_steps)",)
+                raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            outcome = OUTCOME_OK if error is None else (
+                OUTCOME_TIMEOUT if isinstance(error, CallTimeoutError) else
+                OUTCOME_CANCELLED if isinstance(error, asyncio.CancelledError) else OUTCOME_ERROR)
+            hook.call_finished(CallFinished(
+                method, outcome, time.perf_counter() - start, error, call.queue_wait,
+                call.step_index, core.session_id, endpoint.host, endpoint.port), token)
+
+    def turn(self, call: Call) -> _Turn:
+        """One request in flight per session; callers wait FIFO (asyncio.Lock is fair)."""
+        return _Turn(self, call)
+
+    def drop_if_inherited(self) -> None:
+        """In a forked child, forget the parent's connection without any I/O on it.
+
+        The socket is shared with the parent: a close frame or even a shutdown from
+        the child would end the parent's session. The child starts afresh instead.
+        """
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self.connector.abandon()
+            self._loop = None
+            self._lock = None
+            self.active = None
+            core = self.core
+            core.lose_episode()
+            core.discarded()
+            core.resume_token = None
+
+    def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+        self.drop_if_inherited()
+        if self._loop is not loop or self._lock is None:
+            if (self._loop is not None and not self._loop.is_closed()
+                    and self.connector.is_open):
+                raise EnvlinkError(
+                    "this client has an open connection on another event loop; use one "
+                    "client per loop (or client.sync() from threads)"
+                )
+            self._loop = loop
+            self._lock = asyncio.Lock()
+            self.connector.conn = None
+            self.connector.background = set()  # a previous loop's tasks are not ours
+            self.core.discarded()
+            self.core.lose_episode()
+        return self._lock
+
+    async def close(self, seconds: float | None) -> None:
+        """Close for good: cancel the call in flight, end the session, bounded."""
+        self.drop_if_inherited()
+        self.lifecycle = _Lifecycle.CLOSED
+        active = self.active
+        if active is not None and not active.done() and active is not asyncio.current_task():
+            active.cancel()
+            # asyncio.wait raises nothing of the task's; a cancellation of the closer
+            # itself is passed on.
+            await asyncio.wait({active}, timeout=seconds)
+        await self.connector.wait_background(seconds)
+        endpoint = self.connector.endpoint
+        phase = PhaseStarted("close", "close", server_address=endpoint.host,
+                             server_port=endpoint.port)
+        mark = self.hook.phase_started(phase)
+        error: BaseException | None = None
+        try:
+            await self.connector.close(graceful=True, timeout=seconds)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self.hook.phase_finished(PhaseFinished(phase, error), mark)
+        self.hook.event(ClientEvent(LOG_CLIENT_CLOSED, self.core.session_id, {}))
+
+    # ------------------------------------------------------------------ requests
+
+    async def request(self, call: Call, data: dict[str, Any] | None) -> Frame:
+        """Send the call's request and return its answer, reconnecting or recovering."""
+        method = call.method
+        core = self.core
+        core.check_call(method)
+        request_id: str | None = None
+
+        async def attempt(number: int) -> Frame:
+            nonlocal request_id
+            conn: Connection | None = self.connector.conn
+            if conn is None or core.link is not Link.OPEN or not conn.is_open:
+                # Anything but a trusted open connection: ask the core what to do.
+                conn = await self._connection_for(method, number)
+                if conn is None:
+                    return await recover(self, call, data, request_id, cause=None)
+            if request_id is None:
+                request_id = core.next_request_id()
+            phase = PhaseStarted("attempt", method, number)
+            mark = self.hook.phase_started(phase)
+            error: BaseException | None = None
+            try:
+                try:
+                    return await self.exchange(conn, method, data, request_id, call=call)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    self.hook.phase_finished(PhaseFinished(phase, error), mark)
+            except ConnectionLostError as exc:
+                self.connector.forget()
+                decision = core.after_failure(method, exc,
+                                              written=not isinstance(exc, NotWrittenError),
+                                              data=data)
+                if decision.action is Action.RESEND:
+                    raise Again(exc) from None
+                if decision.action is Action.RECOVER:
+                    return await recover(self, call, data, request_id, cause=exc)
+                assert decision.error is not None
+                raise decision.error from exc
+
+        try:
+            # The first try runs here; the retry loop is built only once it failed.
+            start = core.clock()
+            try:
+                result = await attempt(1)
+            except BaseException as exc:
+                first = exc
+            else:
+                return succeeded(self.connector.policy, result)
+            return await self.retry("resend").continue_after(first, attempt, start)
+        except asyncio.CancelledError:
+            # A deadline or a cancellation once the frame may be on the wire: the
+            # server may have applied it; the journal says so until the client learns
+            # the outcome (a late answer, the server's step count).
+            core.interrupted(call, data)
+            raise
+
+    async def _connection_for(self, method: str, number: int) -> Connection | None:
+        """The connection to send on, after the core's preflight; ``None``: recover."""
+        connector, core = self.connector, self.core
+        conn = connector.conn
+        todo = core.preflight(method, connection_open=conn is not None and conn.is_open)
+        if todo is Preflight.REPLACE:
+            # A new episode need not queue behind the old one's late answer; the old
+            # session is ended rather than left holding a server slot.
+            token = core.resume_token
+            connector.discard()
+            if token is not None:
+                await connector.release(token)
+            todo = Preflight.CONNECT
+        elif todo is Preflight.PROBE:
+            assert conn is not None
+            alive = await conn.probe(self.probe_timeout())
+            core.probed(alive)
+            if alive:
+                return conn
+            self.hook.event(ClientEvent(LOG_PEER_UNRESPONSIVE, core.session_id, {}))
+            connector.discard()
+            todo = core.preflight(method, connection_open=False)
+        if todo is Preflight.SEND:
+            return conn
+        connector.conn = None
+        if todo is Preflight.RECOVER:
+            return None
+        return await connector.open_session(method, reason="connect" if number == 1 else "retry")
+
+    def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
+        """The answer as ``kind``; an error frame raises ``ServerError``.
+
+        A valid frame of the wrong kind means the stream is out of step, which on
+        the plain protocol means it can no longer be trusted.
+        """
+        if isinstance(frame, ErrorFrame):
+            raise server_error(frame)
+        if not isinstance(frame, kind):
+            error = self.core.unexpected_frame(frame, kind, method)
+            self.connector.discard()
+            raise error
+        return frame
+
+    def probe_timeout(self) -> float:
+        """The health-check wait: ``Timeout.probe``, never longer than ``ping_timeout``."""
+        probe, ping = self.timeouts.probe, self.options.ping_timeout
+        return probe if ping is None else min(probe, ping)
+
+    async def exchange(self, conn: Connection, method: str, data: dict[str, Any] | None,
+                       request_id: str | None, *, call: Call | None = None) -> Frame:
+        """One request, one answer, on one connection. No retry here.
+
+        ``call``: the public call whose own request this is (not a replayed one); it
+        learns whether its request may be on the wire unanswered.
+        """
+        core, hook = self.core, self.hook
+        carrier: dict[str, str] | None = None
+        if request_id is not None:
+            carrier = trace_carrier()  # per-message trace context (negotiated extension)
+        text = encode_call(method, data, request_id, carrier)  # core.encode, one frame less
+        hook.message("sent", len(text))
+        max_size = self.options.max_message_size
+        # From the moment send() is entered the frame may be on the wire (websockets
+        # buffers it whole, then waits for the buffer to drain): only NotWrittenError
+        # proves otherwise. A cancellation after this point must treat it as sent.
+        sent = True
+        if call is not None:
+            call.unanswered = True
+            call.request_id = request_id
+        try:
+            try:
+                await conn.send(text)
+            except NotWrittenError:
+                sent = False
+                if call is not None:
+                    call.unanswered = False
+                buffered = await conn.take_buffered()
+                if buffered is not None:
+                    early = decode_response(buffered, max_size=max_size)
+                    if isinstance(early, ErrorFrame):
+                        raise server_error(early) from None
+                raise
+            while True:
+                raw = await conn.recv()
+                hook.message("received", len(raw))
+                try:
+                    frame = core.receive(raw, request_id, max_size)
+                except ConnectionLostError as exc:
+                    reason = exc.__cause__.reason if isinstance(exc.__cause__, ProtocolError) \
+                        else "frame without request id"
+                    hook.event(ClientEvent(LOG_UNATTRIBUTABLE_FRAME, core.session_id,
+                                           {"reason": reason}))
+                    raise
+                if isinstance(frame, Dropped):
+                    if frame.settled is not None:
+                        hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                            "applied": frame.settled, "source": "late_answer"}))
+                    hook.event(ClientEvent(LOG_STALE_ANSWER_DROPPED, core.session_id,
+                                           {"id": frame.id, "expected": request_id}))
+                    continue
+                if call is not None:
+                    call.unanswered = False
+                    call.answer, call.sent, call.received = frame, text, raw
+                return frame
+        except ProtocolError:
+            if core.protocol_error():
+                self.connector.discard()
+            raise
+        except (asyncio.CancelledError, CallTimeoutError):
+            if not core.deadline_expired(method, data, request_id, sent=sent):
+                # An answer may still arrive and would be read by the next call.
+                self.connector.discard()
+            raise
+
+    # ---------------------------------------------- what recovery strategies use
+
+    async def open(self, *, reason: str, resume_token: str | None = None) -> Connection:
+        return await self.connector.open("recover", reason=reason, resume_token=resume_token)
+
+    def forget_connection(self) -> None:
+        self.connector.forget()
+
+    async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
+        connector, core = self.connector, self.core
+        try:
+            conn = await connector.open("recover", reason=reason)
+        except DetachedSessionGone as exc:
+            core.detached_id = None
+            restarted = connector.saw_unreachable
+            journal = core.journal
+            what = ("the server was unreachable, then no longer knew the session: it "
+                    "restarted (a restarted OpenEnv server has lost every session)"
+                    if restarted else
+                    "the server no longer knows the session: its idle reaper destroyed it "
+                    "(OpenEnv's session_timeout) or it was closed (openenv/session/close); "
+                    "a stock OpenEnv server does not say which")
+            raise SessionGoneError(
+                f"cannot resume the episode after {journal.step_count} steps: {what}",
+                reason="server_restarted" if restarted else "session_unknown",
+                journal=journal.snapshot()) from exc
+        return conn, connector.attached_count
+
+    def drop_detached(self) -> None:
+        session_id, self.core.detached_id = self.core.detached_id, None
+        if session_id is not None:
+            self.connector.close_detached_later(session_id)
+
+    def discard_connection(self) -> None:
+        self.connector.discard()
+
+    def retry(self, operation: str) -> Retry:
+        """The retry loop of one operation: no backoff of its own (each try connects)."""
+        return Retry(self.connector.policy, operation=operation, sleep=asyncio.sleep,
+                     clock=self.core.clock, retry_on=_never, backoff=False)
+
+    def phase(self, phase: PhaseStarted) -> Any:
+        endpoint = self.connector.endpoint
+        return self.hook.phase_started(phase._replace(server_address=endpoint.host,
+                                                      server_port=endpoint.port))
+
+    def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
+        self.hook.phase_finished(PhaseFinished(phase, error), token)
+
+    async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
+        return await self.connector.release(token, count_steps=count_steps)
+
+    async def count_steps(self, conn: Connection) -> int | None:
+        return await self.connector.count_steps(conn)
+
+    def release_later(self, token: str) -> None:
+        self.connector.release_later(token)
+
+
+def _never(exc: BaseException) -> bool:
+    return False
+
+
+class _Turn:
+    """:meth:`Driver.turn`: the session's lock, held for one call (no generator frame)."""
+
+    __slots__ = ("_call", "_driver", "_lock")
+
+    def __init__(self, driver: SessionDriver, call: Call) -> None:
+        self._driver = driver
+        self._call = call
+        self._lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        driver = self._driver
+        # One running-loop look-up (a getpid() system call on 3.11) for task and loop.
+        task = _current_task()
+        lock = driver._bind_loop(
+            asyncio.get_running_loop() if task is None else task.get_loop())
+        queued = time.perf_counter()
+        await lock.acquire()
+        self._call.queue_wait = time.perf_counter() - queued
+        if driver.closed:
+            lock.release()
+            raise ClientClosedError("the client is closed")
+        self._lock = lock
+        driver.active = task
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._driver.active = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+

@@ -1,0 +1,276 @@
+"""What a client tells its observers: a hook base class and frozen detail records.
+
+In the manner of stamina's ``RetryHook`` and aiohttp's ``TraceConfig``: the
+client (its session core and asyncio driver) reports what happens to hook
+objects and knows nothing of what they do with it. envlink's OpenTelemetry and
+structlog emitter (``_telemetry/client_hook.py``) is one such hook, installed by
+default; users add their own with ``EnvClient(..., hooks=[...])``.
+
+Every method runs on the client's event loop, must be quick, must not block and
+should not raise: an exception from a user's hook is logged and never reaches
+the caller. ``*_started`` returns a token that is handed back to ``*_finished``
+(a span, a start time, ...); both run in the same task, so a hook may make its
+span the current one in between.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from envlink.names import (
+    HOOK_RECONNECT,
+    HOOK_RECOVERY_FINISHED,
+    LOG_CLIENT_CLOSED,
+    LOG_CONNECTION_DISCARDED,
+    LOG_DISCONNECT,
+    LOG_PEER_UNRESPONSIVE,
+    LOG_RECONNECT_SCHEDULED,
+    LOG_REPLAY_DIVERGED,
+    LOG_SESSION_LOST,
+    LOG_SESSION_RELEASE_FAILED,
+    LOG_STALE_ANSWER_DROPPED,
+    LOG_UNATTRIBUTABLE_FRAME,
+    LOG_UNKNOWN_STEP_SETTLED,
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_OK,
+    OUTCOME_TIMEOUT,
+)
+
+__all__ = [
+    "EVENTS",
+    "OUTCOMES",
+    "PHASES",
+    "CallFinished",
+    "CallStarted",
+    "ClientEvent",
+    "ClientHook",
+    "PhaseFinished",
+    "PhaseStarted",
+    "combine_client_hooks",
+]
+
+_log = logging.getLogger("envlink.client")
+
+#: Outcomes of a call (the ``envlink.outcome`` telemetry attribute).
+OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
+
+#: Phases of a call reported through :meth:`ClientHook.phase_started`.
+PHASES: tuple[str, ...] = ("attempt", "connect", "resume", "replay", "close")
+
+#: Events reported through :meth:`ClientHook.event`, with the fields each carries.
+EVENTS: Mapping[str, tuple[str, ...]] = {
+    LOG_RECONNECT_SCHEDULED: ("operation", "attempt", "delay", "error", "reason"),
+    HOOK_RECONNECT: ("reason",),
+    LOG_SESSION_LOST: ("method", "policy", "steps", "error"),
+    HOOK_RECOVERY_FINISHED: ("policy", "result", "steps"),
+    LOG_REPLAY_DIVERGED: ("index",),
+    LOG_PEER_UNRESPONSIVE: (),
+    LOG_STALE_ANSWER_DROPPED: ("id", "expected"),
+    LOG_UNATTRIBUTABLE_FRAME: ("reason",),
+    LOG_CONNECTION_DISCARDED: (),
+    LOG_DISCONNECT: (),
+    LOG_CLIENT_CLOSED: (),
+    LOG_SESSION_RELEASE_FAILED: ("error",),
+    LOG_UNKNOWN_STEP_SETTLED: ("applied", "source"),
+}
+
+
+class CallStarted(NamedTuple):
+    """A public call (``reset``, ``step``, ``state``, ``connect``, ``disconnect``) begins.
+
+    Attributes:
+        method: the call.
+        server_address: the server's host.
+        server_port: the server's port.
+        session_id: the session's public id, if one exists yet.
+        episode_id: the current episode's id, inside an episode.
+    """
+
+    method: str
+    server_address: str
+    server_port: int
+    session_id: str | None
+    episode_id: str | None
+
+
+class CallFinished(NamedTuple):
+    """A public call has ended, from the caller's view.
+
+    Attributes:
+        method: the call.
+        outcome: ``ok``, ``error``, ``timeout`` or ``cancelled`` (:data:`OUTCOMES`).
+        duration: seconds from the call until its caller was released.
+        error: what the caller gets raised, ``None`` on success.
+        queue_wait: seconds the call waited behind other calls of the session
+            (``None`` if it never got its turn).
+        step_index: for ``step``, the index of the step in its episode.
+        session_id: the session's public id when the call ended.
+        server_address: the server's host.
+        server_port: the server's port.
+    """
+
+    method: str
+    outcome: str
+    duration: float
+    error: BaseException | None
+    queue_wait: float | None
+    step_index: int | None
+    session_id: str | None
+    server_address: str
+    server_port: int
+
+
+class PhaseStarted(NamedTuple):
+    """A phase inside a call begins (:data:`PHASES`).
+
+    Attributes:
+        phase: ``attempt`` (one send of the request; ``attempt > 1`` is a
+            retry), ``connect`` (one connection attempt), ``resume`` / ``replay``
+            (one round of session recovery) or ``close``.
+        method: the call the phase belongs to.
+        attempt: the phase's try number, from 1.
+        reason: for ``connect``: ``connect``, ``retry``, ``resume``, ``replay``.
+        replay_steps: for ``replay``: steps to replay.
+        server_address: the server's host.
+        server_port: the server's port.
+        mechanism: for ``resume`` / ``replay``: the recovery mechanism
+            (``envlink-resume``, ``openenv-resume``, ``replay``).
+    """
+
+    phase: str
+    method: str
+    attempt: int = 1
+    reason: str | None = None
+    replay_steps: int | None = None
+    server_address: str = ""
+    server_port: int = 0
+    mechanism: str | None = None
+
+
+class PhaseFinished(NamedTuple):
+    """A phase has ended.
+
+    Attributes:
+        phase: what :class:`PhaseStarted` said.
+        error: the failure that ended it, ``None`` on success.
+        session_id: for ``connect``: the new connection's public session id.
+        extensions: for ``connect``: whether envlink's extensions were negotiated.
+    """
+
+    phase: PhaseStarted
+    error: BaseException | None
+    session_id: str | None = None
+    extensions: bool | None = None
+
+
+class ClientEvent(NamedTuple):
+    """Something that happened (:data:`EVENTS` lists the names and their fields).
+
+    Attributes:
+        name: the event's stable dotted name (``envlink.reconnect_scheduled``...).
+        session_id: the session's public id, if any.
+        fields: the event's data.
+    """
+
+    name: str
+    session_id: str | None
+    fields: Mapping[str, Any]
+
+
+class ClientHook:
+    """Observer of a client: subclass it and override what you need.
+
+    The base class does nothing, so a hook pays only for what it overrides.
+    """
+
+    def call_started(self, call: CallStarted) -> Any:
+        """A call begins; the return value is handed to :meth:`call_finished`."""
+        return None
+
+    def call_finished(self, call: CallFinished, token: Any) -> None:
+        """The call has ended."""
+
+    def phase_started(self, phase: PhaseStarted) -> Any:
+        """A phase begins; the return value is handed to :meth:`phase_finished`."""
+        return None
+
+    def phase_finished(self, phase: PhaseFinished, token: Any) -> None:
+        """The phase has ended."""
+
+    def message(self, direction: str, size: int) -> None:
+        """A frame of ``size`` bytes was ``"sent"`` or ``"received"``."""
+
+    def event(self, event: ClientEvent) -> None:
+        """Something happened (see :data:`EVENTS`)."""
+
+
+class _HookChain(ClientHook):
+    """Several hooks behaving as one: started in order, finished in reverse order.
+
+    A failing hook is logged and skipped; the caller never sees its exception.
+    """
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: tuple[ClientHook, ...]) -> None:
+        self.hooks = hooks
+
+    def call_started(self, call: CallStarted) -> list[tuple[ClientHook, Any]]:
+        return self._start("call_started", call)
+
+    def call_finished(self, call: CallFinished, token: list[tuple[ClientHook, Any]]) -> None:
+        self._finish("call_finished", call, token)
+
+    def phase_started(self, phase: PhaseStarted) -> list[tuple[ClientHook, Any]]:
+        return self._start("phase_started", phase)
+
+    def phase_finished(self, phase: PhaseFinished,
+                       token: list[tuple[ClientHook, Any]]) -> None:
+        self._finish("phase_finished", phase, token)
+
+    def message(self, direction: str, size: int) -> None:
+        for hook in self.hooks:
+            try:
+                hook.message(direction, size)
+            except Exception:
+                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
+
+    def event(self, event: ClientEvent) -> None:
+        for hook in self.hooks:
+            try:
+                hook.event(event)
+            except Exception:
+                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
+
+    def _start(self, name: str, record: Any) -> list[tuple[ClientHook, Any]]:
+        started = []
+        for hook in self.hooks:
+            try:
+                started.append((hook, getattr(hook, name)(record)))
+            except Exception:
+                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
+        return started
+
+    def _finish(self, name: str, record: Any, token: list[tuple[ClientHook, Any]]) -> None:
+        for hook, hook_token in reversed(token):
+            try:
+                getattr(hook, name)(record, hook_token)
+            except Exception:
+                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
+
+
+def combine_client_hooks(hooks: Sequence[ClientHook]) -> ClientHook:
+    """One hook standing for ``hooks``, so a call pays only for what it uses.
+
+    A hook that may raise is always called through a chain that catches and logs;
+    only a lone hook that declares ``never_raises = True`` (envlink's emitter) is
+    called directly.
+    """
+    if not hooks:
+        return ClientHook()
+    if len(hooks) == 1 and getattr(hooks[0], "never_raises", False) is True:
+        return hooks[0]
+    return _HookChain(tuple(hooks))

@@ -1,0 +1,446 @@
+"""Session recovery: ``raise``, ``replay`` and ``resume`` as strategies behind one interface.
+
+When the connection is lost mid-episode, the session core names the strategy
+that applies (:meth:`~envlink._sansio.session.SessionCore.recovery_strategy`) and
+:func:`recover` runs it: it reports the loss, ends an abandoned server session,
+runs the strategy, and on any failure leaves the episode marked lost with its
+journal in the error. A new strategy (the stock-OpenEnv resume) is a new class
+registered in :data:`STRATEGIES`, not a new branch in the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from envlink._client.events import ClientEvent, ClientHook, PhaseStarted
+from envlink._errors import (
+    ConnectError,
+    ConnectionLostError,
+    EnvlinkError,
+    OutcomeUnknownError,
+    ReplayDivergedError,
+    SessionGoneError,
+    SessionLostError,
+)
+from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
+from envlink._sansio.retry import Again, Retry
+from envlink._sansio.session import Call, Frame, SessionCore
+from envlink._transports.base import Connection
+from envlink.names import (
+    HOOK_RECOVERY_FINISHED,
+    LOG_RECOVERY_FALLBACK,
+    LOG_REPLAY_DIVERGED,
+    LOG_SESSION_LOST,
+    LOG_UNKNOWN_STEP_SETTLED,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "OpenEnvResumeStrategy",
+    "RaiseStrategy",
+    "RecoveryDriver",
+    "RecoveryStrategy",
+    "ReplayStrategy",
+    "ResumeStrategy",
+    "recover",
+]
+
+
+class RecoveryDriver(Protocol):
+    """What a strategy needs from the client's asyncio driver."""
+
+    core: SessionCore
+    hook: ClientHook
+    replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool]
+
+    async def open(self, *, reason: str, resume_token: str | None = None) -> Connection:
+        """Open a connection under the reconnect policy."""
+        ...
+
+    async def exchange(self, conn: Connection, method: str, data: dict[str, Any] | None,
+                       request_id: str | None, *, call: Call | None = None) -> Frame:
+        """One request, one answer, on ``conn`` (``call``: the public call's own request)."""
+        ...
+
+    async def count_steps(self, conn: Connection) -> int | None:
+        """The server session's ``step_count``, if it reports one."""
+        ...
+
+    def forget_connection(self) -> None:
+        """The connection failed: drop it."""
+        ...
+
+    def discard_connection(self) -> None:
+        """Drop the connection: what it carries is not the episode."""
+        ...
+
+    def retry(self, operation: str) -> Retry:
+        """The retry loop of one recovery operation."""
+        ...
+
+    def phase(self, phase: PhaseStarted) -> Any:
+        """Report a phase's start; returns the token for :meth:`phase_done`."""
+        ...
+
+    def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
+        """Report a phase's end."""
+        ...
+
+    async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
+        """Re-attach to the client's OpenEnv detached session under the reconnect policy.
+
+        Returns:
+            the connection and the session's ``step_count`` read when attaching.
+
+        Raises:
+            SessionGoneError: the server no longer knows the session.
+        """
+        ...
+
+    def drop_detached(self) -> None:
+        """Forget the detached session (gone, or given up: ended in the background)."""
+        ...
+
+    async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
+        """End an abandoned server session now (bounded, best effort).
+
+        With ``count_steps``, return its ``step_count`` read just before, if any.
+        """
+        ...
+
+    def release_later(self, token: str) -> None:
+        """End an abandoned server session in the background."""
+        ...
+
+
+class RecoveryStrategy(Protocol):
+    """One way to carry an episode over a lost connection."""
+
+    #: The ``on_session_lost`` value it implements.
+    name: str
+
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                      request_id: str | None, cause: BaseException | None) -> Frame | None:
+        """Rebuild the session and finish the interrupted call.
+
+        Returns:
+            the interrupted call's answer, or ``None`` when the strategy found it
+            cannot apply after all (the error then names why).
+        """
+        ...
+
+
+class RaiseStrategy:
+    """``on_session_lost="raise"``: nothing to rebuild; the caller gets the journal."""
+
+    name = "raise"
+
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                      request_id: str | None, cause: BaseException | None) -> Frame | None:
+        return None
+
+
+class ResumeStrategy:
+    """``on_session_lost="resume"``: re-attach to the same server session by its token."""
+
+    name = "resume"
+
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                      request_id: str | None, cause: BaseException | None) -> Frame | None:
+        core, method = driver.core, call.method
+        token = core.resume_token
+        if token is None:
+            return None
+        # Same request id on every resend: if the server applied it before a drop,
+        # its de-duplication answers from cache instead of applying it again.
+        rid = request_id or core.next_request_id()
+
+        async def round_(number: int) -> Frame | None:
+            phase = PhaseStarted("resume", method, number, mechanism="envlink-resume")
+            mark = driver.phase(phase)
+            error: BaseException | None = None
+            try:
+                conn = await driver.open(reason="resume", resume_token=token)
+                if not conn.extensions.resumed:
+                    return None  # the server no longer has the session (grace window over)
+                try:
+                    frame = await driver.exchange(conn, method, data, rid, call=call)
+                except ConnectionLostError as exc:
+                    driver.forget_connection()
+                    raise Again(exc) from None
+                if core.journal.unknown_steps:
+                    await _settle_from_count(driver, conn, call, frame)
+                return frame
+            except BaseException as exc:
+                error = exc.error if isinstance(exc, Again) else exc
+                raise
+            finally:
+                driver.phase_done(phase, mark, error)
+
+        return await driver.retry("resume").run(round_)
+
+
+class OpenEnvResumeStrategy:
+    """Resume on a stock OpenEnv 0.10 server: re-attach to its detached session.
+
+    The session was created with ``openenv/session/create`` and is kept by the
+    server across dropped sockets; re-attaching (``/ws?session_id=``) finds it as it
+    was. The server keeps no answers, so a step whose outcome is unknown (its frame
+    written, no answer read) is settled from the session's ``step_count`` (read on
+    attaching) against the count before it: one more, it was applied and the call
+    raises :class:`OutcomeUnknownError` with ``applied=True`` (its answer is lost);
+    the same, it never was and is sent again. Never applied twice.
+    """
+
+    name = "openenv-resume"
+
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                      request_id: str | None, cause: BaseException | None) -> Frame | None:
+        core, method = driver.core, call.method
+        if core.detached_id is None:
+            return None
+        journal = core.journal
+
+        async def round_(number: int) -> Frame:
+            phase = PhaseStarted("resume", method, number, mechanism=self.name)
+            mark = driver.phase(phase)
+            error: BaseException | None = None
+            try:
+                conn, count = await driver.attach(reason="resume")
+                # What may have reached the old socket unanswered: earlier steps cut by
+                # a deadline, and this call's own request.
+                own = call.unanswered and method in ("step", "mcp")
+                if own and method == "step":
+                    journal.record_unknown(data or {}, None)
+                if journal.unknown_steps:
+                    before, pending = journal.steps_applied, len(journal.unknown_steps)
+                    applied = None if count is None else journal.settle_applied(count)
+                    driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                        "applied": applied, "source": "step_count"}))
+                    if applied is None:
+                        call.unanswered = False
+                        raise OutcomeUnknownError(
+                            f"the connection was lost after {method} was sent and the "
+                            f"session's step_count ({count}) cannot settle it (the client "
+                            f"counted {before} steps before it); it is not resent",
+                            applied=None)
+                    # The server applies in order: the own step, last, was applied iff
+                    # every unknown step was.
+                    if own and method == "step" and applied == pending:
+                        call.unanswered = False
+                        raise OutcomeUnknownError(
+                            "the connection was lost after step was sent; the step WAS "
+                            f"applied (the session's step_count is {count}, which counts "
+                            "it) but its answer was lost; it is not resent", applied=True)
+                if own and method == "mcp" and not _idempotent(data):
+                    call.unanswered = False
+                    raise OutcomeUnknownError(
+                        "the connection was lost after an mcp tools/call was sent; a tool "
+                        "call does not count as a step, so whether the server ran it "
+                        "cannot be told; it is not resent", applied=None)
+                try:
+                    return await driver.exchange(conn, method, data, core.next_request_id(),
+                                                 call=call)
+                except ConnectionLostError as exc:
+                    driver.forget_connection()
+                    raise Again(exc) from None
+            except BaseException as exc:
+                error = exc.error if isinstance(exc, Again) else exc
+                raise
+            finally:
+                driver.phase_done(phase, mark, error)
+
+        return await driver.retry("resume").run(round_)
+
+
+def _idempotent(data: dict[str, Any] | None) -> bool:
+    return data is not None and data.get("method") == "tools/list"
+
+
+class ReplayStrategy:
+    """``on_session_lost="replay"``: a new session, the journal replayed and verified."""
+
+    name = "replay"
+
+    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                      request_id: str | None, cause: BaseException | None) -> Frame | None:
+        core, method = driver.core, call.method
+        journal = core.journal
+        if not journal.replayable:
+            return None
+
+        async def round_(number: int) -> Frame:
+            phase = PhaseStarted("replay", method, number, replay_steps=journal.step_count)
+            mark = driver.phase(phase)
+            error: BaseException | None = None
+            try:
+                conn = await driver.open(reason="replay")
+                try:
+                    await _replay(driver, conn, journal)
+                    return await driver.exchange(conn, method, data, core.next_request_id(),
+                                                 call=call)
+                except ConnectionLostError as exc:
+                    driver.forget_connection()
+                    raise Again(exc) from None
+            except BaseException as exc:
+                error = exc.error if isinstance(exc, Again) else exc
+                raise
+            finally:
+                driver.phase_done(phase, mark, error)
+
+        return await driver.retry("replay").run(round_)
+
+
+async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJournal) -> None:
+    core = driver.core
+
+    def check(index: int, recorded: dict[str, Any] | None, frame: Frame) -> None:
+        if isinstance(frame, ErrorFrame):
+            # The server refused to rebuild the episode (capacity, a failing env...):
+            # the episode is lost, but nothing diverged.
+            what = "reset" if index < 0 else f"step {index}"
+            raise SessionLostError(
+                f"replay of {what} failed on the server: [{frame.data.code}] "
+                f"{frame.data.message}", journal=journal.snapshot(),
+            ) from server_error(frame)
+        actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
+        if recorded is None or not driver.replay_verify(recorded, actual):
+            driver.hook.event(ClientEvent(LOG_REPLAY_DIVERGED, core.session_id,
+                                          {"index": index}))
+            raise ReplayDivergedError(
+                f"replay diverged at {'reset' if index < 0 else f'step {index}'}: the server "
+                "answered differently than it did originally", index=index,
+                expected=recorded, actual=actual, journal=journal.snapshot())
+
+    check(-1, journal.reset_response,
+          await driver.exchange(conn, "reset", journal.reset_kwargs, core.next_request_id()))
+    for index, entry in enumerate(journal.entries):
+        frame = await driver.exchange(conn, "step", entry.action, core.next_request_id())
+        if entry.response_json is None and isinstance(frame, ObservationFrame):
+            # Applied on the old session, its answer lost: nothing to compare; the
+            # journal takes the answer the rebuilt session gave.
+            journal.entries[index] = JournalEntry(entry.action_json,
+                                                  json.dumps(frame.raw_data))
+            continue
+        check(index, entry.response, frame)
+    core.recovered()
+
+
+async def _settle_from_count(driver: RecoveryDriver, conn: Connection, call: Call,
+                             frame: Frame) -> None:
+    """After a resume, settle steps of unknown outcome from the session's step count."""
+    core = driver.core
+    # Until the call returns, a cut here leaves its own (applied) step unknown.
+    call.unanswered = True
+    with contextlib.suppress(EnvlinkError):
+        count = await driver.count_steps(conn)
+        # The count includes the call's own step if the server applied it.
+        own = call.method == "step" and isinstance(frame, ObservationFrame)
+        if core.settle_count(count, own_applied=own):
+            driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                "applied": False, "source": "step_count"}))
+    call.unanswered = False
+
+
+#: The strategies by name (what :meth:`SessionCore.recovery_plan` lists).
+STRATEGIES: Mapping[str, RecoveryStrategy] = {
+    s.name: s for s in (RaiseStrategy(), ReplayStrategy(), ResumeStrategy(),
+                        OpenEnvResumeStrategy())
+}
+
+
+async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+                  request_id: str | None, *, cause: BaseException | None,
+                  strategies: Mapping[str, RecoveryStrategy] = STRATEGIES) -> Frame:
+    """The session was lost mid-episode: apply ``on_session_lost``, then finish the call.
+
+    Raises:
+        SessionLostError: the episode could not be carried on (with its journal);
+            ``ReplayDivergedError`` when replay answered differently.
+    """
+    core, method = driver.core, call.method
+    policy = core.on_session_lost
+    journal = core.journal
+    mechanism = core.mechanism
+    driver.hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
+        "method": method, "policy": policy, "steps": journal.step_count,
+        "error": str(cause) if cause else None, "mechanism": mechanism}))
+    token = core.resume_token
+    result = "failed"
+    if core.detached_id is not None and policy not in ("resume", "auto"):
+        # An OpenEnv detached session this policy will not resume: end it.
+        driver.drop_detached()
+    if token is not None and policy not in ("resume", "auto"):
+        # The server keeps the detached session for its grace window: end it, so it
+        # does not hold a slot (replay needs one right away; "raise" does not wait).
+        core.resume_token = None
+        if policy == "replay":
+            # Steps of unknown outcome are settled from the old session's own count
+            # first, where it can tell (the session still exists and reports one).
+            count = await driver.release_session(token,
+                                                 count_steps=bool(journal.unknown_steps))
+            if core.settle_count(count):
+                driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                    "applied": False, "source": "step_count"}))
+        else:
+            driver.release_later(token)
+    # After the old session's count settled what it could (replay may apply now).
+    plan = core.recovery_plan()
+    try:
+        try:
+            frame = None
+            for index, name in enumerate(plan):
+                try:
+                    frame = await strategies[name].recover(driver, call, data, request_id,
+                                                           cause)
+                except SessionGoneError as exc:
+                    if index + 1 == len(plan):
+                        raise
+                    # "auto": resuming is impossible, the next strategy rebuilds.
+                    driver.hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
+                        "mechanism": name, "next": plan[index + 1], "reason": exc.reason}))
+                    continue
+                if frame is not None:
+                    break
+        except OutcomeUnknownError:
+            raise  # the session is back; only the interrupted call's outcome is not
+        except (ConnectError, ConnectionLostError) as exc:
+            raise SessionLostError(
+                f"connection lost mid-episode during {method}; {policy} recovery failed: "
+                f"{exc}", journal=journal.snapshot(),
+            ) from exc
+        except SessionLostError:
+            raise
+        except EnvlinkError as exc:
+            # A full server, a corrupt frame, a refused retry...: the episode is lost
+            # all the same (below), and the caller is told so with its journal; the
+            # reason stays the cause.
+            raise SessionLostError(
+                f"connection lost mid-episode during {method}; {policy} recovery failed "
+                f"({type(exc).__name__}: {exc}); the episode cannot continue after "
+                f"{journal.step_count} steps", journal=journal.snapshot(),
+            ) from exc
+        if frame is None:
+            raise core.cannot_recover(method, cause) from cause
+        result = "ok"
+        return frame
+    except OutcomeUnknownError:
+        # Re-attached to the same session: the episode goes on; the error says what
+        # became of the interrupted call (and the journal follows the server).
+        result = "ok"
+        raise
+    except BaseException as exc:
+        if isinstance(exc, ReplayDivergedError):
+            result = "diverged"
+        # Whatever was half rebuilt is not the episode: never run a later call on it.
+        driver.discard_connection()
+        core.recovery_failed()
+        raise
+    finally:
+        driver.hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
+            "policy": policy, "result": result, "steps": journal.step_count,
+            "mechanism": mechanism}))

@@ -1,0 +1,247 @@
+"""Running a pool's batch: one task per slot, the batch deadline, ready-first collection.
+
+Each slot's call runs as its own task under the batch deadline; an envlink error
+becomes that slot's answer, anything else (a caller's bug) propagates. Tasks are
+created inside the batch span, so each session's client spans are its children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Generic, TypeVar
+
+from opentelemetry.trace import Span
+
+from envlink._client.client import StepResult
+from envlink._deadlines import bounded
+from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
+from envlink._pool.results import Batch, SlotResult
+from envlink._telemetry.instruments import (
+    ATTR_OUTCOME,
+    ATTR_POOL_ERROR_TYPE,
+    ATTR_POOL_ERRORS,
+    ATTR_POOL_MIN_READY,
+    ATTR_POOL_SIZE,
+    ATTR_POOL_SLOTS,
+    ATTR_POOL_STRAGGLERS,
+    ATTR_RPC_METHOD,
+    SPAN_POOL_PREFIX,
+    SPAN_POOL_RECV,
+    Telemetry,
+)
+
+__all__ = ["BatchRunner"]
+
+ObsT = TypeVar("ObsT")
+Calls = dict[int, Coroutine[Any, Any, StepResult[Any]]]
+
+
+class BatchRunner(Generic[ObsT]):
+    """Runs batch calls for a pool of ``size`` slots and keeps the ready-first state.
+
+    Args:
+        size: the pool's number of slots.
+        tel: telemetry.
+    """
+
+    def __init__(self, size: int, tel: Telemetry, max_inflight: int | None = None,
+                 cut_after_send: Callable[[int], bool] | None = None) -> None:
+        self.size = size
+        self.tel = tel
+        # Whether slot i's call, cut by the batch deadline, had sent its step.
+        self._cut_after_send = cut_after_send
+        # Created on first use, on the loop that runs the pool.
+        self._max_inflight = max_inflight
+        self._gate: asyncio.Semaphore | None = None
+        self.inflight: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+        # Autoresets and terminal steps of steps sent but not yet received (same-step
+        # autoresets are added by the slots' tasks as they finish).
+        self.sent_autoreset: set[int] = set()
+        self.sent_final: dict[int, StepResult[ObsT]] = {}
+        # Slots of whole-batch calls (reset, step) still running, and their tasks.
+        self.running: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+
+    def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
+                 seconds: float | None, index: int,
+                 method: str) -> Coroutine[Any, Any, SlotResult[Any]]:
+        if self._max_inflight is not None and self._gate is None:
+            self._gate = asyncio.Semaphore(self._max_inflight)
+        return _bounded(_gated(coro, self._gate), seconds, method,
+                        lambda: self._cut_after_send is not None and self._cut_after_send(index))
+
+    def busy(self, chosen: list[int]) -> list[int]:
+        """The slots among ``chosen`` that still have a call in flight."""
+        return [i for i in chosen if i in self.inflight or i in self.running]
+
+    def _span_attrs(self, calls: Mapping[int, Any]) -> dict[str, Any] | None:
+        if not self.tel.tracing_enabled():
+            return None
+        return {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(calls)}
+
+    async def run(self, method: str, calls: Calls, seconds: float | None,
+                  autoreset: set[int], final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
+        """Run every slot's call and wait for all of them (or the deadline)."""
+        start = time.perf_counter()
+        with self.tel.span(SPAN_POOL_PREFIX + method,
+                           attributes=self._span_attrs(calls)) as span:
+            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds, i, method))
+                     for i, c in calls.items()}
+            self.running.update(tasks)
+            try:
+                if tasks:
+                    await asyncio.wait(tasks.values())
+            except BaseException:
+                for task in tasks.values():
+                    task.cancel()
+                raise
+            finally:
+                for i in tasks:
+                    self.running.pop(i, None)
+            batch = self._collect(tasks, set(tasks.values()), autoreset, final)
+            self._record(span, method, batch, start)
+        return batch
+
+    def send(self, calls: Calls, seconds: float | None) -> None:
+        """Start every slot's step; :meth:`recv` collects them."""
+        with self.tel.span(SPAN_POOL_PREFIX + "step", attributes=self._span_attrs(calls)):
+            for i, coro in calls.items():
+                self.inflight[i] = asyncio.ensure_future(
+                    self._bounded(coro, seconds, i, "step"))
+
+    async def recv(self, min_ready: int | None, timeout: float | None) -> Batch[ObsT]:
+        """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them."""
+        pending = dict(self.inflight)
+        if not pending and min_ready is None:
+            return Batch([None] * self.size)  # nothing left to collect
+        if not pending:
+            raise ValueError("no step in flight: call step_send() first")
+        want = _recv_want(len(pending), min_ready, timeout)
+        start = time.perf_counter()
+        attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
+                  ATTR_POOL_MIN_READY: want} if self.tel.tracing_enabled() else None)
+        with self.tel.span(SPAN_POOL_RECV, attributes=attrs) as span:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            done = {t for t in pending.values() if t.done()}
+            while len(done) < want:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                more, _ = await asyncio.wait(set(pending.values()) - done, timeout=left,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                done |= more
+            batch = self._collect(pending, done, self.sent_autoreset, self.sent_final)
+            self._record(span, "recv", batch, start)
+        self.sent_autoreset -= set(batch.ready)
+        for i in batch.ready:
+            self.sent_final.pop(i, None)
+        return batch
+
+    async def cancel_all(self) -> None:
+        """Cancel every call in flight (sent or in a running batch) and wait for them."""
+        tasks = list(self.inflight.values()) + list(self.running.values())
+        self.inflight.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _collect(self, tasks: Mapping[int, asyncio.Task[Any]], done: set[asyncio.Task[Any]],
+                 autoreset: set[int], final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
+        items: list[SlotResult[ObsT]] = [None] * self.size
+        ready, stragglers = [], []
+        for i, task in tasks.items():
+            if task not in done:
+                stragglers.append(i)
+                continue
+            ready.append(i)
+            self.inflight.pop(i, None)
+        for i in ready:
+            task = tasks[i]
+            if task.cancelled():
+                items[i] = ClientClosedError("the pool was closed during the call")
+            else:
+                items[i] = task.result()  # re-raises a caller's bug (TypeError...) as is
+        ok = {i for i in ready if not isinstance(items[i], EnvlinkError)}
+        return Batch(items, ready=ready, stragglers=stragglers,
+                     autoreset=[i for i in autoreset if i in ok],
+                     final={i: r for i, r in final.items() if i in ready})
+
+    def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
+        _record_batch(self.tel, span, method, batch, start)
+
+
+async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
+                 gate: asyncio.Semaphore | None) -> StepResult[Any]:
+    """Run ``coro`` once the pool's in-flight window lets it (no window: at once)."""
+    if gate is None:
+        return await coro
+    started = False
+    try:
+        async with gate:
+            started = True
+            return await coro
+    finally:
+        if not started:
+            coro.close()  # cancelled while queued: it never ran
+
+
+async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | None,
+                   method: str, cut_after_send: Callable[[], bool]) -> SlotResult[Any]:
+    """One slot's call under the batch deadline; an envlink error becomes its answer.
+
+    A step cut by the deadline after it may have reached the server answers a
+    :class:`~envlink.CallTimeoutError` with ``outcome_unknown=True`` (as the client's
+    own deadline does): the step stays in the session journal's ``unknown_steps``.
+    """
+    expiry = None
+    try:
+        async with bounded(seconds) as expiry:
+            return await coro
+    except EnvlinkError as exc:
+        return exc
+    except TimeoutError:
+        if expiry is None or not expiry.expired():
+            raise
+        if cut_after_send():
+            return CallTimeoutError(
+                f"the batch deadline of {seconds:g} s expired; the step was sent, so the "
+                "server may or may not have applied it (see journal.unknown_steps)",
+                method=method, timeout=seconds, outcome_unknown=True)
+        return CallTimeoutError(f"the batch deadline of {seconds:g} s expired",
+                                method=method, timeout=seconds)
+
+
+def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
+    """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``.
+
+    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    """
+    want = pending if min_ready is None else min_ready
+    if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= pending:
+        raise ValueError(f"min_ready must be in 1..{pending} (the slots in flight), "
+                         f"got {min_ready!r}")
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    return want
+
+
+def _record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
+                  start: float) -> None:
+    """Record one finished batch: its duration, stragglers and span attributes.
+
+    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    """
+    errors = batch.errors
+    attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
+    tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
+    if batch.stragglers:
+        tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
+    if span.is_recording():
+        span.set_attribute(ATTR_POOL_ERRORS, len(errors))
+        span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
+        if errors:
+            kinds = sorted({e.error_type for e in errors.values()})
+            span.set_attribute(ATTR_POOL_ERROR_TYPE,
+                               kinds[0] if len(kinds) == 1 else "mixed")

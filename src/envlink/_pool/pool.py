@@ -1,0 +1,520 @@
+"""``EnvPool``: a batch of sessions on one event loop, spread over several servers.
+
+Batched ``reset``/``step`` with masks, a ready-first form for stragglers
+(``step_send`` then ``step_recv(min_ready=...)``), gymnasium's autoreset modes,
+and per-slot answers: a batch never fails as a whole because one session did.
+Sessions are placed on the least-loaded endpoint, moved on ``CAPACITY_REACHED``,
+kept off failing servers by a circuit breaker per endpoint, and rebuilt on
+another endpoint under ``on_session_lost="replay"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._config import UNSET, UnsetType
+from envlink._errors import ClientClosedError, EnvlinkError
+from envlink._pool.batch import BatchRunner
+from envlink._pool.breaker import CircuitBreaker
+from envlink._pool.placement import Placement, parse_endpoints
+from envlink._pool.results import Batch, EndpointView, PoolView
+from envlink._pool.slot import Slot, SlotEngine, SlotState, same_answer
+from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.policies import ReconnectPolicy, SessionLostPolicy
+from envlink._telemetry.instruments import get_telemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from envlink._bridge import Bridge
+    from envlink._pool.sync_pool import SyncEnvPool
+
+__all__ = ["AutoresetMode", "EnvPool"]
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+
+AutoresetMode = Literal["next_step", "same_step", "disabled"]
+_AUTORESET = ("next_step", "same_step", "disabled")
+_POLICIES = ("raise", "replay", "resume")
+
+#: Waiting for room while every endpoint is full: many short waits, bounded.
+DEFAULT_CAPACITY_POLICY = ReconnectPolicy(max_attempts=120, initial_delay=0.05,
+                                          max_delay=1.0, max_elapsed=120.0)
+
+
+class EnvPool(Generic[ActT, ObsT]):
+    """``size`` environment sessions over one or several servers, stepped as a batch.
+
+    Every session is an :class:`~envlink.EnvClient` of the given class and keeps
+    all of its guarantees (a deadline per call, never a step applied twice); the
+    pool adds placement, a deadline per batch, and recovery on another endpoint.
+    All sessions run on the event loop of the caller (one thread for the whole
+    pool); :meth:`sync` gives a blocking facade on one bridge thread.
+
+    Autoreset modes (as gymnasium's ``AutoresetMode``), for a slot whose step
+    returned ``done=True``:
+
+    * ``"next_step"`` (default): that step returns the terminal observation. On
+      the *next* ``step`` the slot's action is ignored, the session is reset, and
+      the slot's answer is the reset's observation with ``reward=0.0`` and
+      ``done=False``; the slot is listed in ``batch.autoreset``.
+    * ``"same_step"``: the session is reset within the same ``step``; the slot's
+      answer is the reset's observation with the terminal step's ``reward``,
+      ``done=True`` and ``metadata``; the terminal step itself (its observation is
+      the episode's last) is in ``batch.final[slot]``.
+    * ``"disabled"``: nothing is reset; reset slots with ``reset(mask=...)``.
+
+    An automatic reset uses ``autoreset_kwargs(slot, episode)`` if given, else the
+    slot's last reset arguments without ``seed`` (gymnasium resets without a seed).
+
+    Args:
+        endpoints: one base URL, or several (``http(s)://`` or ``ws(s)://``).
+        size: number of sessions (slots).
+        client: an :class:`~envlink.EnvClient` subclass (default
+            :class:`~envlink.GenericEnvClient`), or a callable ``url -> client``.
+        client_options: keyword arguments for each client (``timeout``,
+            ``reconnect``, ``headers``, ...), when ``client`` is a class.
+        on_session_lost: ``"raise"`` (default: that slot's answer is
+            :class:`~envlink.SessionLostError`), ``"replay"`` (the episode is rebuilt
+            on the least-loaded endpoint from its journal, each replayed answer
+            verified, then the interrupted step is applied) or ``"resume"`` (each
+            client resumes on its own server where it offers it).
+        autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"``.
+        autoreset_kwargs: ``(slot, episode) -> reset kwargs`` for automatic resets.
+        batch_timeout: default deadline of a batch call in seconds (``None``: none;
+            each session call keeps its client's own deadline).
+        max_inflight: most session calls running at once (``None``: every slot of a
+            batch at once). A window keeps each call's own deadline for the server
+            and the network rather than for the pool's queue on a busy loop; a
+            batch still waits for all its slots, and the batch deadline covers
+            the time queued.
+        capacity: backoff, attempts, elapsed cap and :class:`~envlink.RetryBudget`
+            for waiting while every endpoint is full or its breaker open.
+        breaker_threshold: consecutive connection failures that open an
+            endpoint's circuit breaker.
+        breaker_reset_timeout: seconds a breaker stays open before one probe.
+        replay_verify: compares a recorded answer with a replayed one (default:
+            equality of the whole ``data`` object).
+        tracer_provider: OpenTelemetry tracer provider (default: the global one).
+        meter_provider: OpenTelemetry meter provider (default: the global one).
+
+    Raises:
+        ValueError: a bad endpoint, size, mode or option.
+        TypeError: ``client`` is neither an EnvClient class nor a callable.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        size: int,
+        *,
+        client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
+        = GenericEnvClient,  # type: ignore[assignment]
+        client_options: Mapping[str, Any] | None = None,
+        on_session_lost: Literal["raise", "replay", "resume"] = "raise",
+        autoreset: AutoresetMode = "next_step",
+        autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
+        batch_timeout: float | None = None,
+        max_inflight: int | None = None,
+        capacity: ReconnectPolicy | None = None,
+        breaker_threshold: int = 3,
+        breaker_reset_timeout: float = 5.0,
+        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive integer, got {size!r}")
+        if on_session_lost not in _POLICIES:
+            raise ValueError(f"on_session_lost must be one of {_POLICIES}, "
+                             f"got {on_session_lost!r}")
+        if autoreset not in _AUTORESET:
+            raise ValueError(f"autoreset must be one of {_AUTORESET}, got {autoreset!r}")
+        if batch_timeout is not None and not batch_timeout > 0:
+            raise ValueError(f"batch_timeout must be positive or None, got {batch_timeout!r}")
+        if max_inflight is not None and (isinstance(max_inflight, bool) or
+                                         not isinstance(max_inflight, int) or max_inflight < 1):
+            raise ValueError(f"max_inflight must be a positive integer or None, "
+                             f"got {max_inflight!r}")
+        options = dict(client_options or {})
+        if "on_session_lost" in options:
+            raise ValueError("pass on_session_lost to EnvPool, not in client_options")
+        parsed = parse_endpoints(endpoints)
+        self.size = size
+        self.on_session_lost = on_session_lost
+        self.autoreset: AutoresetMode = autoreset
+        self.batch_timeout = batch_timeout
+        self._autoreset_kwargs = autoreset_kwargs
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self._tel = get_telemetry(tracer_provider, meter_provider)
+        # The pool rebuilds lost episodes itself (on any endpoint); its clients only
+        # report the loss. "resume" belongs to the client: it needs the same server.
+        client_policy: SessionLostPolicy = "resume" if on_session_lost == "resume" else "raise"
+        options.setdefault("tracer_provider", tracer_provider)
+        options.setdefault("meter_provider", meter_provider)
+        self._factory = _client_factory(client, options, client_policy)
+        self._engine: SlotEngine | None = None
+        self._parsed = parsed
+        self._capacity = capacity or DEFAULT_CAPACITY_POLICY
+        self._breaker = (breaker_threshold, breaker_reset_timeout)
+        CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
+        self._verify = replay_verify or same_answer
+        self._slots = [Slot(i) for i in range(size)]
+        self._batches: BatchRunner[ObsT] = BatchRunner(
+            size, self._tel, max_inflight,
+            cut_after_send=lambda i: self._slots[i].cut_after_send)
+        self._closed = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The endpoint URLs, in the order given."""
+        return tuple(url for url, _host, _port in self._parsed)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def clients(self) -> list[EnvClient[ActT, ObsT, Any] | None]:
+        """Each slot's current client (``None``: no session); use them on the pool's loop."""
+        return [s.client for s in self._slots]
+
+    def view(self) -> PoolView:
+        """A snapshot: sessions per endpoint and state, breaker states, each slot's state."""
+        engine = self._engine
+        eps = engine.placement.endpoints if engine is not None else []
+        counts: dict[int, dict[str, int]] = {i: {} for i in range(len(self._parsed))}
+        for slot in self._slots:
+            if slot.endpoint is not None and slot.state is not SlotState.EMPTY:
+                by_state = counts[slot.endpoint.index]
+                by_state[slot.state.value] = by_state.get(slot.state.value, 0) + 1
+        views = []
+        for i, (url, _h, _p) in enumerate(self._parsed):
+            ep = eps[i] if eps else None
+            views.append(EndpointView(
+                url=url, breaker=ep.breaker.state.value if ep else "closed",
+                consecutive_failures=ep.breaker.consecutive_failures if ep else 0,
+                sessions=ep.sessions if ep else 0,
+                server_max=ep.server_max if ep else None, states=counts[i]))
+        return PoolView(endpoints=tuple(views),
+                        slots=tuple(s.state.value for s in self._slots),
+                        slot_endpoints=tuple(s.endpoint.url if s.endpoint and s.client
+                                             else None for s in self._slots))
+
+    # ------------------------------------------------------------------ batch calls
+
+    async def reset(self, seeds: int | Sequence[int | None] | None = None, *,
+                    mask: Sequence[bool] | None = None,
+                    timeout: float | UnsetType | None = UNSET,
+                    **kwargs: Any) -> Batch[ObsT]:
+        """Start a new episode in every slot (or the masked ones).
+
+        Args:
+            seeds: ``None`` (no seed), an int ``s`` (slot ``i`` gets ``s + i``, as
+                gymnasium), or one seed (or ``None``) per slot.
+            mask: which slots to reset (default: all); the others answer ``None``.
+            timeout: this batch's deadline (default: ``batch_timeout``).
+            **kwargs: reset arguments for every slot's environment.
+
+        Returns:
+            A :class:`Batch`: per slot a :class:`~envlink.StepResult` or its error.
+
+        Raises:
+            ValueError: bad seeds or mask, or a slot still has a step in flight.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask)
+        per_slot = _seed_list(seeds, self.size)
+        engine = self._ready_engine()
+        calls = {}
+        for i in chosen:
+            args = dict(kwargs)
+            if per_slot[i] is not None:
+                args["seed"] = per_slot[i]
+            calls[i] = engine.reset(self._slots[i], args)
+        return await self._run("reset", calls, timeout, set(), {})
+
+    async def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
+                       **kwargs: Any) -> StepResult[ObsT]:
+        """Reset one slot on its own and return its result.
+
+        Raises:
+            EnvlinkError: that slot's error.
+            IndexError: no such slot.
+        """
+        mask = _slot_mask(index, self.size)
+        return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
+
+    async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
+                   *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
+        """Apply one action per slot (or per masked slot) and wait for every answer.
+
+        Args:
+            actions: one action per slot (entries of masked-out slots are ignored).
+            mask: which slots to step (default: all); the others answer ``None``.
+            timeout: this batch's deadline (default: ``batch_timeout``); a slot not
+                done by then answers :class:`~envlink.CallTimeoutError`.
+
+        Returns:
+            A :class:`Batch` (see the autoreset modes in the class docstring).
+
+        Raises:
+            ValueError: ``actions`` or ``mask`` has the wrong length, or a slot still
+                has a step in flight (from :meth:`step_send`).
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask, actions)
+        autoreset: set[int] = set()
+        final: dict[int, StepResult[ObsT]] = {}
+        calls = self._step_calls(chosen, actions, autoreset, final)
+        return await self._run("step", calls, timeout, autoreset, final)
+
+    async def step_send(self, actions: Sequence[ActT | None],
+                        mask: Sequence[bool] | None = None, *,
+                        timeout: float | UnsetType | None = UNSET) -> None:
+        """Start one step per slot (or per masked slot) and return at once.
+
+        Collect the answers with :meth:`step_recv`. ``timeout`` (default:
+        ``batch_timeout``) bounds each slot's step from now.
+
+        Raises:
+            ValueError: as :meth:`step`.
+            ClientClosedError: the pool is closed.
+        """
+        chosen = self._chosen(mask, actions)
+        seconds = self._seconds(timeout)
+        batches = self._batches
+        self._batches.send(self._step_calls(chosen, actions, batches.sent_autoreset,
+                                            batches.sent_final), seconds)
+
+    async def step_recv(self, min_ready: int | None = None, *,
+                        timeout: float | None = None) -> Batch[ObsT]:
+        """Collect the answers of :meth:`step_send` as soon as ``min_ready`` are in.
+
+        Args:
+            min_ready: answers to wait for (default: every slot in flight; with
+                nothing in flight, an empty batch is returned at once).
+            timeout: most seconds to wait; on expiry the answers in so far are
+                returned (possibly fewer than ``min_ready``), the rest stay in flight.
+
+        Returns:
+            A :class:`Batch` with the answered slots (``batch.ready``) and the slots
+            still in flight (``batch.stragglers``, collected by a later call).
+
+        Raises:
+            ValueError: ``min_ready`` is not in ``1..len(in flight)`` (nothing in
+                flight included).
+        """
+        return await self._batches.recv(min_ready, timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        """Cancel what is in flight and close every session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        engine = self._engine
+        if engine is not None:
+            self._tel.remove_breaker_source(engine)
+        await self._batches.cancel_all()
+        if engine is not None:
+            for slot in self._slots:
+                engine.detach(slot)
+            await engine.drain()
+
+    async def __aenter__(self) -> EnvPool[ActT, ObsT]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def sync(self, bridge: Bridge | None = None) -> SyncEnvPool[ActT, ObsT]:
+        """A blocking facade running this pool on one bridge thread.
+
+        Args:
+            bridge: share an existing :class:`~envlink.Bridge`; by default the facade
+                owns a new one and closes it with the pool.
+        """
+        from envlink._pool.sync_pool import SyncEnvPool
+
+        return SyncEnvPool(self, bridge=bridge)
+
+    # ------------------------------------------------------------------ shards (envlink.ray)
+
+    async def _restore(self, index: int, journal: EpisodeJournal | None,
+                       actions: list[Any] | None, *, needs_reset: bool, episodes: int,
+                       reset_kwargs: dict[str, Any]) -> None:
+        """Take over a slot's episode from a pool in another process (a dead Ray shard).
+
+        With a journal, the episode is rebuilt here (placed, reset with the recorded
+        kwargs, each recorded step replayed and checked); without one, only the slot's
+        bookkeeping (autoreset pending, episode count, last reset arguments) is restored.
+
+        Raises:
+            SessionLostError: the episode could not be rebuilt (carries ``journal``).
+            ReplayDivergedError: the environment answered differently.
+        """
+        engine = self._ready_engine()
+        slot = self._slots[index]
+        if slot.client is not None or self._batches.busy([index]):
+            raise ValueError(f"slot {index} is in use; only an idle, empty slot is restored")
+        if journal is not None:
+            await engine.restore(slot, journal, actions)
+        slot.needs_reset = needs_reset
+        slot.episodes = episodes
+        slot.reset_kwargs = dict(reset_kwargs)
+
+    # ------------------------------------------------------------------ internals
+
+    def _ready_engine(self) -> SlotEngine:
+        if self._closed:
+            raise ClientClosedError("the pool is closed")
+        if self._engine is None:
+            # Built on first use, on the loop that runs the pool.
+            threshold, reset_timeout = self._breaker
+            holder: list[SlotEngine] = []
+
+            def make_breaker(index: int) -> CircuitBreaker:
+                return CircuitBreaker(threshold, reset_timeout, on_change=lambda old, new: (
+                    holder[0].breaker_changed(holder[0].placement.endpoints[index], old, new)))
+
+            placement = Placement(self._parsed, make_breaker, capacity_backoff=self._capacity)
+            engine = SlotEngine(placement, self._factory, on_session_lost=self.on_session_lost,
+                                capacity=self._capacity, verify=self._verify, tel=self._tel)
+            holder.append(engine)
+            self._engine = engine
+            self._tel.add_breaker_source(engine)  # envlink.pool.breaker.state
+        return self._engine
+
+    def _chosen(self, mask: Sequence[bool] | None,
+                actions: Sequence[Any] | None = None) -> list[int]:
+        self._ready_engine()
+        if actions is not None and (isinstance(actions, (str, bytes))
+                                    or len(actions) != self.size):
+            raise ValueError(f"actions must be a sequence of {self.size} (one per slot)")
+        if mask is None:
+            chosen = list(range(self.size))
+        else:
+            if isinstance(mask, (str, bytes)) or len(mask) != self.size:
+                raise ValueError(f"mask must be a sequence of {self.size} booleans")
+            chosen = [i for i, m in enumerate(mask) if m]
+        busy = self._batches.busy(chosen)
+        if busy:
+            raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
+                             "step with step_recv(); one batch call at a time per slot)")
+        for i in chosen:  # a new call: no cut yet (it may be cut before it even starts)
+            self._slots[i].cut_after_send = False
+        return chosen
+
+    def _step_calls(self, chosen: list[int], actions: Sequence[ActT | None],
+                    autoreset: set[int], final: dict[int, StepResult[ObsT]]
+                    ) -> dict[int, Any]:
+        engine = self._ready_engine()
+        calls: dict[int, Any] = {}
+        for i in chosen:
+            slot = self._slots[i]
+            if self.autoreset == "next_step" and slot.needs_reset:
+                calls[i] = self._next_step_reset(engine, slot)
+                autoreset.add(i)
+            else:
+                calls[i] = self._step_one(engine, slot, actions[i], autoreset, final)
+        return calls
+
+    async def _next_step_reset(self, engine: SlotEngine, slot: Slot) -> StepResult[ObsT]:
+        result: StepResult[ObsT] = await engine.reset(slot, self._next_kwargs(slot))
+        return StepResult(observation=result.observation, reward=0.0, done=False,
+                          metadata=result.metadata)
+
+    async def _step_one(self, engine: SlotEngine, slot: Slot, action: Any,
+                        autoreset: set[int], final: dict[int, StepResult[ObsT]]
+                        ) -> StepResult[ObsT]:
+        result: StepResult[ObsT] = await engine.step(slot, action)
+        if not result.done or self.autoreset == "disabled":
+            return result
+        if self.autoreset == "next_step":
+            slot.needs_reset = True
+            return result
+        final[slot.index] = result
+        autoreset.add(slot.index)
+        fresh: StepResult[ObsT] = await engine.reset(slot, self._next_kwargs(slot))
+        return StepResult(observation=fresh.observation, reward=result.reward, done=True,
+                          metadata=result.metadata)
+
+    def _next_kwargs(self, slot: Slot) -> dict[str, Any]:
+        if self._autoreset_kwargs is not None:
+            return dict(self._autoreset_kwargs(slot.index, slot.episodes))
+        return {k: v for k, v in slot.reset_kwargs.items() if k != "seed"}
+
+    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
+        seconds = self.batch_timeout if timeout is UNSET else timeout
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
+        return seconds
+
+    async def _run(self, method: str, calls: dict[int, Any],
+                   timeout: float | UnsetType | None, autoreset: set[int],
+                   final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
+        try:
+            seconds = self._seconds(timeout)
+        except ValueError:
+            for coro in calls.values():
+                coro.close()
+            raise
+        return await self._batches.run(method, calls, seconds, autoreset, final)
+def _only(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:
+    result = batch[index]
+    if isinstance(result, EnvlinkError):
+        raise result
+    assert result is not None
+    return result
+
+
+def _slot_mask(index: int, size: int) -> list[bool]:
+    """A mask choosing slot ``index`` alone; IndexError if there is no such slot."""
+    if not 0 <= index < size:
+        raise IndexError(f"slot {index} out of range for a pool of {size}")
+    return [i == index for i in range(size)]
+
+
+def _seed_list(seeds: int | Sequence[int | None] | None, size: int) -> list[int | None]:
+    if seeds is None:
+        return [None] * size
+    if isinstance(seeds, bool):
+        raise TypeError("seeds must be None, an int, or one seed per slot")
+    if isinstance(seeds, int):
+        return [seeds + i for i in range(size)]
+    if isinstance(seeds, (str, bytes)) or len(seeds) != size:
+        raise ValueError(f"seeds must be None, an int, or a sequence of {size}")
+    return list(seeds)
+
+
+def _client_factory(client: Any, options: dict[str, Any],
+                    policy: SessionLostPolicy) -> Callable[[str], EnvClient[Any, Any, Any]]:
+    if isinstance(client, type):
+        if not issubclass(client, EnvClient):
+            raise TypeError(f"client must be an EnvClient subclass, got {client.__name__}")
+        cls = client
+
+        def build(url: str) -> EnvClient[Any, Any, Any]:
+            return cls(url, on_session_lost=policy, **options)
+
+        return build
+    if callable(client):
+        def build_custom(url: str) -> EnvClient[Any, Any, Any]:
+            made = client(url)
+            if not isinstance(made, EnvClient):
+                raise TypeError(f"the client factory returned {type(made).__name__}, "
+                                "not an EnvClient")
+            made.on_session_lost = policy
+            return made
+
+        return build_custom
+    raise TypeError("client must be an EnvClient subclass or a callable url -> client")

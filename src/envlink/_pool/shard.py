@@ -1,0 +1,374 @@
+"""One shard of a :class:`~envlink.ray.RayEnvPool`: an in-process pool inside a Ray actor.
+
+A shard owns ``K`` consecutive slots of the pool as an ordinary
+:class:`~envlink.EnvPool` on the actor's own event loop (Ray runs the methods of an
+actor whose methods are coroutines on one loop: no bridge thread). Each answer
+carries, for every slot it answered, what the driver needs to survive the actor:
+the new journal entries and the slot's autoreset bookkeeping (:class:`SlotMirror`).
+
+This module imports no Ray: :mod:`envlink.ray` wraps :class:`Shard` with
+``ray.remote``; the class is usable (and tested) as a plain object too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import propagate
+
+from envlink._errors import ClientClosedError, EnvlinkError
+from envlink._pool.pool import EnvPool
+from envlink._pool.results import Batch, PoolView, SlotResult
+from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._telemetry.instruments import (
+    ATTR_POOL_SIZE,
+    ATTR_POOL_SLOTS,
+    ATTR_RAY_SHARD,
+    SPAN_RAY_SHARD_PREFIX,
+    Telemetry,
+    get_telemetry,
+)
+
+if TYPE_CHECKING:
+    from envlink.telemetry import TelemetryHandle
+
+__all__ = ["DriverSlot", "RaySpan", "Shard", "ShardAnswer", "ShardSpec", "ShardTelemetry",
+           "SlotMirror", "SlotRestore"]
+
+#: The resource attribute naming a shard on everything its actor exports.
+RESOURCE_SHARD = "envlink.ray.shard"
+
+
+@dataclass(frozen=True)
+class ShardTelemetry:
+    """How shard actors export telemetry (OTLP), set once on the driver.
+
+    Attributes:
+        otlp_endpoint: base URL of an OTLP receiver (a Collector) reachable from
+            every node; ``None``: the actors export nothing.
+        otlp_protocol: ``"http/protobuf"`` (default) or ``"grpc"``.
+        service_name: ``service.name`` of the actors' telemetry.
+        resource_attributes: more resource attributes; each actor adds
+            ``envlink.ray.shard`` (its shard number).
+        metric_export_interval: seconds between metric exports.
+    """
+
+    otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    service_name: str = "envlink-ray-shard"
+    resource_attributes: Mapping[str, Any] = field(default_factory=dict)
+    metric_export_interval: float | None = None
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Everything a shard actor needs to build its pool (pickled to the actor)."""
+
+    shard: int
+    offset: int
+    size: int
+    endpoints: tuple[str, ...]
+    pool_options: Mapping[str, Any]
+    autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None
+    telemetry: ShardTelemetry | None = None
+
+
+@dataclass(frozen=True)
+class SlotMirror:
+    """A slot's state after an answer, as the driver keeps it.
+
+    ``episode_id`` ``None``: the slot has no session. Otherwise ``entries`` are the
+    journal's entries from position ``base`` (``base == 0`` with ``head`` set: a new
+    episode, the whole journal).
+    """
+
+    episode_id: str | None
+    base: int = 0
+    entries: tuple[JournalEntry, ...] = ()
+    head: EpisodeJournal | None = None
+    truncated: bool = False
+    unknown_steps: tuple[str, ...] = ()
+    actions: tuple[Any, ...] | None = None
+    actions_base: int = 0
+    needs_reset: bool = False
+    episodes: int = 0
+    reset_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardAnswer:
+    """A shard's batch, in local slot numbers, with the mirrors of its answered slots."""
+
+    items: list[SlotResult[Any]]
+    ready: tuple[int, ...]
+    stragglers: tuple[int, ...]
+    autoreset: tuple[int, ...]
+    final: dict[int, Any]
+    mirrors: dict[int, SlotMirror]
+    view: PoolView | None = None
+
+
+@dataclass(frozen=True)
+class SlotRestore:
+    """What a new shard needs to take over one slot of a dead one."""
+
+    journal: EpisodeJournal | None
+    actions: list[Any] | None
+    needs_reset: bool
+    episodes: int
+    reset_kwargs: Mapping[str, Any]
+
+
+@dataclass
+class DriverSlot:
+    """What the driver keeps of one slot, from its shard's answers (enough to rebuild it)."""
+
+    journal: EpisodeJournal | None = None
+    actions: list[Any] | None = None
+    needs_reset: bool = False
+    episodes: int = 0
+    reset_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        """An episode is open on a session (not waiting for its automatic reset)."""
+        return self.journal is not None and not self.needs_reset
+
+    def absorb(self, m: SlotMirror) -> None:
+        """Apply a shard's mirror of this slot."""
+        self.needs_reset, self.episodes = m.needs_reset, m.episodes
+        self.reset_kwargs = dict(m.reset_kwargs)
+        if m.episode_id is None:
+            self.journal, self.actions = None, None
+            return
+        journal = self.journal
+        if (m.head is not None or journal is None or journal.episode_id != m.episode_id
+                or len(journal.entries) != m.base):
+            # A new episode, or a delta that does not fit (never expected): start from the
+            # head; without one the copy has no reset answer and is not replayable.
+            head = m.head or EpisodeJournal(episode_id=m.episode_id)
+            journal = EpisodeJournal(reset_kwargs=dict(head.reset_kwargs),
+                                     reset_response_json=head.reset_response_json,
+                                     max_steps=head.max_steps, episode_id=m.episode_id)
+            self.journal = journal
+        journal.entries.extend(m.entries)
+        journal.truncated = m.truncated
+        # Steps whose outcome the shard's client does not know: while any is left the
+        # copy is not replayable either (a replay could silently diverge).
+        journal.unknown_steps = list(m.unknown_steps)
+        journal._unknown_ids = [None] * len(m.unknown_steps)
+        if m.actions is None:
+            self.actions = None
+        else:
+            base = [] if self.actions is None else self.actions[:m.actions_base]
+            self.actions = base + list(m.actions)
+
+    def restore(self, *, replay: bool) -> SlotRestore:
+        """What a new shard needs: the episode to replay (``replay``), else the flags only."""
+        return SlotRestore(journal=self.journal if replay else None,
+                           actions=self.actions if replay else None,
+                           needs_reset=self.needs_reset, episodes=self.episodes,
+                           reset_kwargs=dict(self.reset_kwargs))
+
+
+class RaySpan:
+    """The shard's span around one call, a child of the driver's span (trace context)."""
+
+    def __init__(self, tel: Telemetry, shard: int, size: int) -> None:
+        self.tel = tel
+        self.shard = shard
+        self.size = size
+
+    @contextlib.contextmanager
+    def __call__(self, method: str, carrier: Mapping[str, str] | None,
+                 slots: int) -> Iterator[None]:
+        from opentelemetry import context
+
+        token = context.attach(propagate.extract(dict(carrier or {})))
+        try:
+            attrs = ({ATTR_RAY_SHARD: self.shard, ATTR_POOL_SIZE: self.size,
+                      ATTR_POOL_SLOTS: slots} if self.tel.tracing_enabled() else None)
+            with self.tel.span(SPAN_RAY_SHARD_PREFIX + method, attributes=attrs):
+                yield
+        finally:
+            context.detach(token)
+
+
+class Shard:
+    """A shard's pool and its mirrors (the body of the Ray actor).
+
+    Args:
+        spec: the shard's number, its slots, the pool options and telemetry.
+    """
+
+    def __init__(self, spec: ShardSpec) -> None:
+        self.spec = spec
+        self._handle: TelemetryHandle | None = None
+        tracer_provider = meter_provider = None
+        if spec.telemetry is not None and spec.telemetry.otlp_endpoint:
+            from envlink.telemetry import configure
+
+            t = spec.telemetry
+            self._handle = configure(
+                service_name=t.service_name,
+                resource_attributes={**t.resource_attributes,
+                                     RESOURCE_SHARD: str(spec.shard)},
+                otlp_endpoint=t.otlp_endpoint,
+                otlp_protocol=t.otlp_protocol,  # type: ignore[arg-type]
+                metric_export_interval=t.metric_export_interval, set_global=False)
+            tracer_provider = self._handle.tracer_provider
+            meter_provider = self._handle.meter_provider
+        user = spec.autoreset_kwargs
+        offset = spec.offset
+        self.pool: EnvPool[Any, Any] = EnvPool(
+            list(spec.endpoints), spec.size, **spec.pool_options,
+            autoreset_kwargs=(None if user is None
+                              else lambda i, episode: user(offset + i, episode)),
+            tracer_provider=tracer_provider, meter_provider=meter_provider)
+        self._span = RaySpan(get_telemetry(tracer_provider, meter_provider), spec.shard,
+                             spec.size)
+        # Per slot: the episode id, journal entries and typed actions already mirrored.
+        self._sent: list[tuple[str | None, int, int]] = [(None, 0, 0)] * spec.size
+        # step_recv calls waiting for an answer: a step_send wakes them, so that they
+        # wait for the new steps too (Ray runs step_send while a step_recv waits).
+        self._recv_waiters: set[asyncio.Event] = set()
+
+    async def reset(self, seeds: Sequence[int | None], mask: Sequence[bool],
+                    timeout: float | None, kwargs: Mapping[str, Any],
+                    carrier: Mapping[str, str] | None = None) -> ShardAnswer:
+        """The pool's ``reset`` on this shard's slots (seeds given per local slot)."""
+        with self._span("reset", carrier, sum(mask)):
+            batch = await self.pool.reset(list(seeds), mask=list(mask), timeout=timeout,
+                                          **kwargs)
+        return self._answer(batch)
+
+    async def step(self, actions: Sequence[Any], mask: Sequence[bool],
+                   timeout: float | None,
+                   carrier: Mapping[str, str] | None = None) -> ShardAnswer:
+        """The pool's ``step`` on this shard's slots."""
+        with self._span("step", carrier, sum(mask)):
+            batch = await self.pool.step(list(actions), list(mask), timeout=timeout)
+        return self._answer(batch)
+
+    async def step_send(self, actions: Sequence[Any], mask: Sequence[bool],
+                        timeout: float | None,
+                        carrier: Mapping[str, str] | None = None) -> None:
+        """The pool's ``step_send`` on this shard's slots."""
+        with self._span("step", carrier, sum(mask)):
+            await self.pool.step_send(list(actions), list(mask), timeout=timeout)
+        for event in self._recv_waiters:
+            event.set()
+
+    async def step_recv(self, carrier: Mapping[str, str] | None = None) -> ShardAnswer:
+        """Wait until at least one sent step answered; collect every answered one.
+
+        Steps sent while it waits count too: the first answer of any of them ends the
+        wait (not only the answers of the steps in flight when the wait began).
+        """
+        with self._span("recv", carrier, 1):
+            waited = await self._until_answered()
+            if waited and self.pool.closed and not self.pool._batches.inflight:
+                # Closed during the wait (its steps cancelled): as the pool's own recv.
+                items: list[SlotResult[Any]] = [None] * self.spec.size
+                for i, task in waited.items():
+                    items[i] = (task.result() if task.done() and not task.cancelled()
+                                else ClientClosedError("the pool was closed during the call"))
+                batch: Batch[Any] = Batch(items, ready=sorted(waited))
+            else:
+                # What has answered by now (nothing in flight: the pool's ValueError).
+                batch = await self.pool.step_recv(1, timeout=0)
+        return self._answer(batch)
+
+    async def _until_answered(self) -> dict[int, asyncio.Task[Any]]:
+        """Return once a sent step has answered (or none is in flight): the sent steps'
+        tasks by slot, as last seen (before the pool forgot them, if it was closed)."""
+        sent = asyncio.Event()
+        self._recv_waiters.add(sent)
+        tasks: dict[int, asyncio.Task[Any]] = {}
+        try:
+            while True:
+                if not self.pool._batches.inflight:
+                    return tasks
+                tasks = dict(self.pool._batches.inflight)
+                if any(t.done() for t in tasks.values()):
+                    return tasks
+                sent.clear()
+                woken = asyncio.ensure_future(sent.wait())
+                try:
+                    await asyncio.wait({*tasks.values(), woken},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+        finally:
+            self._recv_waiters.discard(sent)
+
+    async def restore(self, slots: Mapping[int, SlotRestore],
+                      carrier: Mapping[str, str] | None = None
+                      ) -> dict[int, EnvlinkError | None]:
+        """Take over slots of a dead shard; per slot ``None`` or why it is lost."""
+        async def one(index: int, r: SlotRestore) -> EnvlinkError | None:
+            try:
+                await self.pool._restore(index, r.journal, r.actions, needs_reset=r.needs_reset,
+                                         episodes=r.episodes, reset_kwargs=dict(r.reset_kwargs))
+            except EnvlinkError as exc:
+                return exc
+            return None
+
+        with self._span("restore", carrier, len(slots)):
+            outcomes = await asyncio.gather(*(one(i, r) for i, r in slots.items()))
+        return dict(zip(slots, outcomes, strict=True))
+
+    async def view(self) -> PoolView:
+        """The shard pool's view (local slot numbers)."""
+        return self.pool.view()
+
+    async def flush_telemetry(self, timeout_s: float = 10.0) -> bool:
+        """Export what the actor recorded so far (no-op without telemetry)."""
+        return self._handle.force_flush(timeout_s) if self._handle is not None else True
+
+    async def close(self) -> None:
+        """Close the pool's sessions and stop the actor's telemetry (flushing it)."""
+        try:
+            await self.pool.close()
+        finally:
+            if self._handle is not None:
+                self._handle.shutdown(10.0)
+
+    def _answer(self, batch: Batch[Any]) -> ShardAnswer:
+        mirrors = {i: self._mirror(i) for i in batch.ready}
+        return ShardAnswer(items=list(batch), ready=batch.ready, stragglers=batch.stragglers,
+                           autoreset=batch.autoreset, final=dict(batch.final),
+                           mirrors=mirrors, view=self.pool.view())
+
+    def _mirror(self, index: int) -> SlotMirror:
+        slot = self.pool._slots[index]
+        client = slot.client
+        needs_reset, episodes = slot.needs_reset, slot.episodes
+        reset_kwargs = dict(slot.reset_kwargs)
+        if client is None:
+            self._sent[index] = (None, 0, 0)
+            return SlotMirror(episode_id=None, needs_reset=needs_reset, episodes=episodes,
+                              reset_kwargs=reset_kwargs)
+        journal = client.journal
+        sent_id, sent_entries, sent_actions = self._sent[index]
+        key = journal.episode_id
+        fresh = key != sent_id or sent_entries > len(journal.entries)
+        base = 0 if fresh else sent_entries
+        actions = slot.actions
+        abase = 0 if fresh or actions is None else min(sent_actions, len(actions))
+        head = (EpisodeJournal(reset_kwargs=journal.reset_kwargs,
+                               reset_response_json=journal.reset_response_json,
+                               max_steps=journal.max_steps, episode_id=key)
+                if fresh else None)
+        self._sent[index] = (key, len(journal.entries),
+                             len(actions) if actions is not None else 0)
+        return SlotMirror(episode_id=key, base=base, entries=tuple(journal.entries[base:]),
+                          head=head, truncated=journal.truncated,
+                          unknown_steps=tuple(journal.unknown_steps),
+                          actions=None if actions is None else tuple(actions[abase:]),
+                          actions_base=abase, needs_reset=needs_reset, episodes=episodes,
+                          reset_kwargs=reset_kwargs)

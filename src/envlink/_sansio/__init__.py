@@ -1,0 +1,3 @@
+"""The sans-I/O core: protocol, session state, journal, policies, retry. No I/O."""
+
+__all__: list[str] = []

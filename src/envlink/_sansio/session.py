@@ -1,0 +1,586 @@
+"""The sans-I/O session core: the state of one session and every decision about it.
+
+In the manner of websockets' ``protocol.py``: no asyncio, no websockets, no
+OpenTelemetry, and an injectable clock. What comes in:
+
+- what the caller asks (:meth:`SessionCore.check_call`, :meth:`SessionCore.encode`);
+- frames received (:meth:`SessionCore.receive`) and answers (:meth:`SessionCore.answered`);
+- a connection opened (:meth:`SessionCore.connected`) or lost, with its request
+  written or not (:meth:`SessionCore.after_failure`, :meth:`SessionCore.dropped`);
+- a deadline expired (:meth:`SessionCore.deadline_expired`).
+
+What goes out: the text to send, the frame for the caller, or a decision
+(:class:`Preflight` before a send; :class:`Decision` after a failure: resend,
+recover by which strategy, or fail with which typed error). The asyncio driver
+(``_client/client.py``) does the I/O these decisions call for and nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from envlink._errors import (
+    ConnectionLostError,
+    EnvlinkError,
+    OutcomeUnknownError,
+    ProtocolError,
+    SessionGoneError,
+    SessionLostError,
+)
+from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
+from envlink._sansio.protocol import (
+    ErrorFrame,
+    Extensions,
+    McpFrame,
+    ObservationFrame,
+    StateFrame,
+    decode_response,
+    encode_call,
+)
+
+__all__ = [
+    "IDEMPOTENT",
+    "Action",
+    "Call",
+    "Decision",
+    "Dropped",
+    "Episode",
+    "Frame",
+    "Link",
+    "Preflight",
+    "SessionCore",
+]
+
+Frame = ObservationFrame | StateFrame | ErrorFrame | McpFrame
+
+
+#: Methods that may be resent after a connection failure whatever happened to the
+#: first request: reset starts the episode over, state only reads.
+IDEMPOTENT = frozenset({"reset", "state"})
+
+
+class Episode(enum.Enum):
+    """Where the session's episode stands."""
+
+    #: No episode: before the first reset, or after a disconnect.
+    NONE = "none"
+    #: An episode is running on the server session; the journal records it.
+    ACTIVE = "active"
+    #: The episode was lost and not recovered: step and state raise until reset().
+    LOST = "lost"
+
+
+class Link(enum.Enum):
+    """Where the session's connection stands."""
+
+    #: No usable connection: the next call opens one (or recovers the episode).
+    NONE = "none"
+    #: Open and trusted.
+    OPEN = "open"
+    #: Open, but a call timed out on it (request ids made keeping it safe): the
+    #: peer is health-checked before the next call uses it.
+    SUSPECT = "suspect"
+
+
+class Preflight(enum.Enum):
+    """What to do before sending a request."""
+
+    #: The connection is usable: send.
+    SEND = "send"
+    #: Health-check the suspect connection first (:meth:`SessionCore.probed`).
+    PROBE = "probe"
+    #: A reset on a suspect connection: drop it (and release its server session)
+    #: rather than queue behind the old episode's late answer.
+    REPLACE = "replace"
+    #: No connection: open one.
+    CONNECT = "connect"
+    #: No connection mid-episode: a new connection is a new server session, so the
+    #: episode must be recovered under ``on_session_lost``.
+    RECOVER = "recover"
+
+
+class Action(enum.Enum):
+    """What a failure leads to."""
+
+    RESEND = "resend"
+    RECOVER = "recover"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The core's answer to a failed exchange.
+
+    Attributes:
+        action: resend the request, recover the session, or fail.
+        strategy: for ``RECOVER``, the strategy that applies (``resume``,
+            ``replay``, or ``raise`` when nothing can rebuild the episode).
+        error: for ``FAIL``, the error to raise instead of the original one
+            (``None``: raise the original).
+    """
+
+    action: Action
+    strategy: str | None = None
+    error: EnvlinkError | None = None
+
+
+class Dropped(NamedTuple):
+    """A frame that answers an earlier request whose caller gave up: never delivered.
+
+    Attributes:
+        id: its request id.
+        settled: if it answered a step of unknown outcome: ``True`` (it was
+            applied: now in the journal) or ``False`` (an error: never applied);
+            ``None`` otherwise.
+    """
+
+    id: str
+    settled: bool | None = None
+
+
+class Call:
+    """What one public call's own request went through (for its error and journal)."""
+
+    __slots__ = ("answer", "method", "queue_wait", "received", "request_id", "sent",
+                 "step_index", "unanswered")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.queue_wait: float | None = None
+        self.step_index: int | None = None
+        #: The request frame may be on the wire and no answer to it was read.
+        self.unanswered = False
+        #: Its request id, when the connection uses them.
+        self.request_id: str | None = None
+        #: The answer returned to the call, with the frames as sent and received
+        #: (the journal keeps those rather than serialising the payloads again).
+        self.answer: Frame | None = None
+        self.sent: str = ""
+        self.received: str | bytes = ""
+
+
+_RESEND = Decision(Action.RESEND)
+_FAIL = Decision(Action.FAIL)
+
+
+class _Planning:
+    """How a lost session would be carried on (a base of :class:`SessionCore`)."""
+
+    on_session_lost: SessionLostPolicy
+    journal: EpisodeJournal
+    resume_token: str | None
+    detached_id: str | None
+    detached_offered: bool | None
+
+    @property
+    def wants_detached(self) -> bool:
+        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
+        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
+
+    def recovery_plan(self) -> list[str]:
+        """The strategies to try now, in order: ``resume``/``auto`` use envlink's token,
+        else an OpenEnv detached session; ``auto`` then ``replay``. Empty: none applies."""
+        policy = self.on_session_lost
+        plan: list[str] = []
+        if policy in ("resume", "auto"):
+            if self.resume_token is not None:
+                plan.append("resume")
+            elif self.detached_id is not None:
+                plan.append("openenv-resume")
+        if policy in ("replay", "auto") and self.journal.replayable:
+            plan.append("replay")
+        return plan
+
+    def recovery_strategy(self) -> str:
+        """The strategy ``on_session_lost`` comes to for this session now."""
+        plan = self.recovery_plan()
+        return plan[0] if plan else "raise"
+
+    @property
+    def mechanism(self) -> str:
+        """How a lost session would be recovered now (``client.recovery``)."""
+        return MECHANISMS[self.recovery_strategy()]
+
+
+
+class SessionCore(_Planning):
+    """The protocol state of one client session, and every decision about it.
+
+    Args:
+        policy: the reconnect policy (``stable_after`` and ``max_attempts`` for
+            flapping).
+        on_session_lost: the recovery policy.
+        max_journal_steps: bound on the steps recorded for replay.
+        clock: monotonic seconds (injectable for tests).
+        id_prefix: prefix of request ids (random by default).
+
+    Attributes:
+        journal: the current episode's journal.
+        episode: the episode state.
+        link: the connection state.
+        extensions: what the current connection negotiated.
+        session_id: the session's public id (the server's, else ours); never the
+            resume token.
+        resume_token: the secret token for resuming the server session, if offered.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: ReconnectPolicy,
+        on_session_lost: SessionLostPolicy = "raise",
+        max_journal_steps: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+        id_prefix: str | None = None,
+    ) -> None:
+        self.policy = policy
+        self.on_session_lost = on_session_lost
+        self.clock = clock
+        self.journal = EpisodeJournal(max_steps=max_journal_steps)
+        self.episode = Episode.NONE
+        self.lost_journal: EpisodeJournal | None = None
+        self.link = Link.NONE
+        self.extensions = Extensions()
+        self.session_id: str | None = None
+        self.resume_token: str | None = None
+        #: The OpenEnv detached session held (a capability, never logged); offered?
+        self.detached_id: str | None = None
+        self.detached_offered: bool | None = None
+        #: Requests whose callers gave up while their answer may still come, by id.
+        self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
+        self._ids = itertools.count(1)
+        self._id_prefix = id_prefix or uuid.uuid4().hex[:12]
+        # Flapping: connections that die young continue one outage's attempt count.
+        self._opened_at = 0.0
+        self._dropped_at = 0.0
+        self._short_lived = False
+        self._flap_attempts = 0
+
+    # ------------------------------------------------------------------ the caller
+
+    def check_call(self, method: str) -> None:
+        """Refuse a call the session cannot serve.
+
+        Raises:
+            SessionLostError: the episode was lost; only ``reset`` may start anew.
+        """
+        lost = self.lost_journal
+        if self.episode is Episode.LOST and method != "reset" and lost is not None:
+            raise SessionLostError(
+                f"the episode was lost after {lost.step_count} steps and could not be "
+                f"recovered; call reset() to start a new one before {method}()",
+                journal=lost.snapshot(),
+            )
+
+    def next_request_id(self, *, always: bool = False) -> str | None:
+        """A fresh request id if the connection negotiated ids (or ``always``), else ``None``."""
+        if not (always or self.extensions.enabled):
+            return None
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    def encode(self, method: str, data: dict[str, Any] | None, request_id: str | None,
+               trace: dict[str, str] | None = None) -> str:
+        """The text frame of a request.
+
+        Envelope extensions (id, trace context) are set only with a request id,
+        which exists only when the server negotiated them.
+
+        Raises:
+            TypeError: ``data`` is not a JSON object with string keys.
+        """
+        return encode_call(method, data, request_id, trace)
+
+    def preflight(self, method: str, *, connection_open: bool) -> Preflight:
+        """What to do before sending ``method``."""
+        if self.link is Link.SUSPECT and connection_open:
+            return Preflight.REPLACE if method == "reset" else Preflight.PROBE
+        if self.link is Link.NONE or not connection_open:
+            self.link = Link.NONE
+            if self.episode is Episode.ACTIVE and method != "reset":
+                return Preflight.RECOVER
+            return Preflight.CONNECT
+        return Preflight.SEND
+
+    def probed(self, alive: bool) -> None:
+        """The health check of a suspect connection answered (or not)."""
+        # Cleared only once the probe has really answered: a probe cut short by a
+        # deadline leaves the connection suspect, so the next call probes it again.
+        self.link = Link.OPEN if alive else Link.NONE
+
+    # ------------------------------------------------------------------ frames in
+
+    def receive(self, raw: str | bytes, request_id: str | None,
+                max_size: int | None = None) -> Frame | Dropped:
+        """Decode a frame received while waiting for ``request_id``'s answer.
+
+        Returns:
+            the answer, or :class:`Dropped` for the late answer of an earlier,
+            timed-out request (it is never delivered to this call).
+
+        Raises:
+            ProtocolError: the frame is malformed (and could answer nothing late).
+            ConnectionLostError: the frame may answer a timed-out request but cannot
+                be attributed: the stream can no longer be trusted.
+        """
+        try:
+            frame = decode_response(raw, max_size=max_size)
+        except ProtocolError as exc:
+            if self.late:
+                raise self._unattributable(exc.reason) from exc
+            raise
+        if request_id is None or frame.id == request_id:
+            return frame
+        if frame.id is None:
+            if self.late:
+                raise self._unattributable("frame without request id")
+            return frame  # an answer without id can only be ours
+        return Dropped(frame.id, self.late_answer(frame))
+
+    def late_answer(self, frame: Frame) -> bool | None:
+        """The answer of a request whose caller gave up arrived: it settles that request.
+
+        Returns:
+            for a step of unknown outcome: whether it was applied (see :class:`Dropped`).
+        """
+        if frame.id is None:
+            return None
+        self.late.pop(frame.id, None)
+        journal = self.journal
+        if self.episode is not Episode.ACTIVE or not journal.unknown_steps:
+            return None
+        if isinstance(frame, ObservationFrame):
+            return True if journal.settle(frame.id, frame.raw_data) else None
+        if isinstance(frame, ErrorFrame):
+            return False if journal.settle(frame.id, None) else None
+        return None
+
+    def interrupted(self, call: Call, data: dict[str, Any] | None) -> None:
+        """A deadline or a cancellation cut ``call`` after its frame may have left.
+
+        The server may have applied it: a step stays in the journal's unknown steps
+        until the client learns its outcome; a reset may have started a new episode,
+        so the old one cannot be carried on.
+        """
+        if not call.unanswered:
+            return
+        if call.method == "reset":
+            self.lose_episode()
+        elif call.method == "step" and self.episode is Episode.ACTIVE:
+            self.journal.record_unknown(data or {}, call.request_id)
+
+    def settle_count(self, count: int | None, *, own_applied: bool = False) -> bool:
+        """Settle unknown steps from the server session's step count (resume, release).
+
+        Args:
+            count: the session's ``step_count``, if the server reported one.
+            own_applied: the count includes the interrupted call's own step.
+        """
+        if count is None or not self.journal.unknown_steps:
+            return False
+        return self.journal.settle_count(count - (1 if own_applied else 0))
+
+    def _unattributable(self, reason: str) -> ConnectionLostError:
+        # Handled like a lost connection: recovery (resume with the same request id,
+        # which the server de-duplicates) finishes the current call safely.
+        self.link = Link.NONE
+        return ConnectionLostError(
+            "a frame arrived that may answer an earlier, timed-out request "
+            f"({reason}); the connection was dropped"
+        )
+
+    def unexpected_frame(self, frame: Frame, expected: type[Any], method: str) -> ProtocolError:
+        """A valid frame of the wrong kind: on the plain protocol the stream is out of step."""
+        self.link = Link.NONE
+        return ProtocolError(f"expected a {expected.__name__} in answer to {method}, "
+                             f"got a {frame.type!r} frame")
+
+    def protocol_error(self) -> bool:
+        """A malformed frame: whether the connection must be discarded.
+
+        Without request ids a bad frame leaves the stream's alignment unknown.
+        """
+        if self.extensions.enabled:
+            return False
+        self.link = Link.NONE
+        return True
+
+    def answered(self, method: str, data: dict[str, Any] | None, frame: Frame,
+                 *, episode_id: str | None = None, call: Call | None = None) -> None:
+        """A request was answered (not with an error): follow it in the journal (from
+        ``call``'s frames as sent and received when it holds ``frame``)."""
+        if method == "reset" and isinstance(frame, ObservationFrame):
+            self.journal.record_reset(data or {}, frame.raw_data)
+            self.journal.episode_id = episode_id or uuid.uuid4().hex
+            self.episode = Episode.ACTIVE
+            self.lost_journal = None
+        elif method == "step" and isinstance(frame, ObservationFrame):
+            if self.episode is Episode.ACTIVE:
+                if call is not None and call.answer is frame:
+                    self.journal.record_frames(call.sent, call.received)
+                else:
+                    self.journal.record_step(data or {}, frame.raw_data)
+        elif method == "state" and isinstance(frame, StateFrame):
+            found = frame.data.get("episode_id")
+            if isinstance(found, str) and self.episode is Episode.ACTIVE:
+                self.journal.episode_id = found
+
+    # -------------------------------------------------------- deadlines and failures
+
+    def deadline_expired(self, method: str, data: dict[str, Any] | None,
+                         request_id: str | None, *, sent: bool) -> bool:
+        """A call's deadline (or a cancellation) interrupted it.
+
+        Returns:
+            whether the connection may be kept. Once the frame may be on the wire,
+            its answer may still come: with a request id it will be recognised and
+            dropped (the connection becomes suspect); without, it would be read by
+            the next call, so the connection must go.
+        """
+        if not sent:
+            return True
+        if self.extensions.enabled and request_id is not None:
+            self.link = Link.SUSPECT
+            self.late[request_id] = (method, data)
+            return True
+        self.link = Link.NONE
+        return False
+
+    def after_failure(self, method: str, exc: ConnectionLostError, *, written: bool,
+                      data: dict[str, Any] | None = None) -> Decision:
+        """The idempotency rules: what a lost connection during ``method`` leads to.
+
+        Args:
+            method: the interrupted method.
+            exc: the failure.
+            written: whether the request may have reached the server (``False``
+                only when it provably never left).
+        """
+        if self.episode is Episode.ACTIVE and method != "reset":
+            # A new connection is a new server session: only recovery continues the
+            # episode (resume re-attaches with the same request id, de-duplicated).
+            return Decision(Action.RECOVER, strategy=self.recovery_strategy())
+        if not written or method in IDEMPOTENT or idempotent_mcp(method, data):
+            return _RESEND
+        return Decision(Action.FAIL, error=OutcomeUnknownError(
+            f"connection lost after {method} was sent; the server may or may not "
+            "have applied it, so it is not resent"
+        ))
+
+    def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
+        """The error for an episode that no strategy could carry on."""
+        policy, journal = self.on_session_lost, self.journal
+        if policy == "replay" and journal.unknown_steps:
+            return SessionLostError(
+                "the session was lost and cannot be replayed faithfully: the journal "
+                f"has {len(journal.unknown_steps)} step(s) of unknown outcome (sent, "
+                "then cut by a deadline or a cancellation; the server may have "
+                "applied them), see journal.unknown_steps", journal=journal.snapshot())
+        if policy == "replay" and not journal.replayable:
+            return SessionLostError(
+                "the session was lost and cannot be replayed: the journal exceeded "
+                f"max_journal_steps={journal.max_steps}", journal=journal.snapshot())
+        if policy in ("resume", "auto") and self.resume_token is None and self.detached_id is None:
+            more = "" if policy == "resume" else "; the journal cannot be replayed either"
+            return SessionGoneError(
+                f"connection lost mid-episode during {method}: the server does not offer session "
+                f"resumption (neither envlink's extension nor OpenEnv detached sessions){more}; "
+                f"the episode cannot continue after {journal.step_count} steps",
+                reason="resume_unsupported", journal=journal.snapshot())
+        reason = ("the server no longer has the session" if policy in ("resume", "auto") else
+                  "on_session_lost='raise'")
+        if method == "step" and cause is not None:
+            reason += "; the outcome of the interrupted step is unknown"
+        return SessionLostError(
+            f"connection lost mid-episode during {method} ({reason}); the episode cannot "
+            f"continue after {journal.step_count} steps", journal=journal.snapshot())
+
+    def recovery_failed(self) -> None:
+        """Recovery failed: whatever was half rebuilt is not the episode."""
+        self.link = Link.NONE
+        self.episode = Episode.LOST
+        self.lost_journal = self.journal.snapshot()
+
+    def recovered(self) -> None:
+        """Replay rebuilt the episode on a new server session."""
+        self.episode = Episode.ACTIVE
+        self.lost_journal = None
+
+    def lose_episode(self) -> None:
+        """The episode cannot go on: later step/state calls raise until reset()."""
+        if self.episode is Episode.ACTIVE:
+            self.lost_journal = self.journal.snapshot()
+            self.episode = Episode.LOST
+
+    # -------------------------------------------------------------------- the link
+
+    def connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
+        """A connection opened: fresh, re-attached by token, or ``reattached`` to the
+        OpenEnv detached session the client already held (the same server session)."""
+        self.link = Link.OPEN
+        self.extensions = extensions
+        self.late.clear()
+        self._opened_at = self.clock()
+        if self.episode is Episode.ACTIVE and not extensions.resumed and not reattached:
+            # A fresh server session cannot carry on this episode; replay rebuilds it
+            # (and says so), anything else must not run on it unnoticed.
+            self.lose_episode()
+        # The resume token is a secret: telemetry gets the server's public id, or ours.
+        if not (reattached and self.session_id is not None):
+            self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
+        self.resume_token = extensions.session_token if extensions.can_resume else None
+
+    def dropped(self) -> None:
+        """The connection failed; remember whether it had been stable (flapping)."""
+        self.link = Link.NONE
+        self._dropped_at = self.clock()
+        if self._dropped_at - self._opened_at < self.policy.stable_after:
+            # Flapping: the next outage continues this one's attempt count.
+            self._short_lived = True
+        else:
+            self._short_lived = False
+            self._flap_attempts = 0
+
+    def discarded(self) -> None:
+        """The client dropped the connection itself (not a failure of the peer)."""
+        self.link = Link.NONE
+
+    def closed(self) -> None:
+        """The client ended the session (disconnect, close, or a forked child)."""
+        self.link = Link.NONE
+        self.episode = Episode.NONE
+        self.lost_journal = None
+        self.resume_token = None
+        self.detached_id = None
+
+    def connect_attempts_used(self, where: str) -> int:
+        """Connection attempts this outage has already used (a flapping connection).
+
+        Raises:
+            ConnectionLostError: the connection keeps dropping: reported once, the
+                next call starts a new outage.
+        """
+        if self._short_lived and self.clock() - self._dropped_at > self.policy.stable_after:
+            # Quiet for long enough since the last drop: that outage is over.
+            self._short_lived = False
+            self._flap_attempts = 0
+        used = self._flap_attempts if self._short_lived else 0
+        if used >= self.policy.max_attempts:
+            self._short_lived = False
+            self._flap_attempts = 0
+            raise ConnectionLostError(
+                f"the connection to {where} keeps dropping: {used} reconnects "
+                f"without a connection lasting {self.policy.stable_after:g} s"
+            )
+        return used
+
+    def connects_made(self, tries: int) -> None:
+        """A connection opened after ``tries`` attempts."""
+        if self._short_lived:
+            self._flap_attempts += tries

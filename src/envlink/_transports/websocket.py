@@ -1,0 +1,340 @@
+"""The default transport, on ``websockets``: the only module that imports it.
+
+:class:`WebSocketTransport` implements the :class:`~envlink._transports.base.Transport`
+seam. Every ``websockets``/``OSError``/``asyncio`` failure is translated here into
+envlink's own tree, ``raise ... from exc``; nothing of websockets leaks past this
+module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import ipaddress
+import ssl as ssl_module
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.datastructures import Headers
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidProxy,
+    InvalidStatus,
+    InvalidURI,
+    PayloadTooBig,
+)
+from websockets.exceptions import (
+    ProtocolError as WsProtocolError,
+)
+from websockets.protocol import State
+
+from envlink._config import ConnectionOptions
+from envlink._deadlines import bounded
+from envlink._errors import (
+    ConnectError,
+    ConnectionLostError,
+    EnvlinkError,
+    HandshakeRejectedError,
+    ProtocolError,
+)
+from envlink._heap import warm_read_buffers
+from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
+from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
+from envlink._transports.http import post_json
+
+__all__ = ["WebSocketConnection", "WebSocketTransport", "open_connection"]
+
+
+def _is_loopback(host: str) -> bool:
+    # Proxy environment variables never apply to the machine itself (as in OpenEnv's
+    # client and most HTTP clients); an explicit proxy URL still does.
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _retry_after(headers: Headers) -> float | None:
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # an HTTP date
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time())
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None  # unreadable: ignored, as if the server had not sent one
+
+
+class WebSocketConnection:
+    """One open WebSocket connection to a server's ``/ws`` endpoint.
+
+    Attributes:
+        extensions: what the server advertised in its upgrade response.
+    """
+
+    def __init__(self, ws: ClientConnection, extensions: Extensions,
+                 last_frame_wait: float = 0.05) -> None:
+        self._ws = ws
+        self.extensions = extensions
+        self._last_frame_wait = last_frame_wait
+
+    @property
+    def is_open(self) -> bool:
+        """Whether frames can still be sent."""
+        return self._ws.state is State.OPEN
+
+    async def send(self, text: str) -> None:
+        """Send one text frame.
+
+        Raises:
+            NotWrittenError: the connection was closed before anything was written.
+            ConnectionLostError: the connection failed while writing.
+        """
+        if self._ws.state is not State.OPEN:
+            raise NotWrittenError("connection is closed; the request was not sent")
+        try:
+            await self._ws.send(text)
+        except ConnectionClosed as exc:
+            raise ConnectionLostError(
+                f"connection lost while sending: {_closed_reason(exc)}"
+            ) from exc
+        except OSError as exc:
+            raise ConnectionLostError(f"connection lost while sending: {exc}") from exc
+
+    async def probe(self, timeout: float) -> bool:
+        """Ping the peer; ``True`` if it answered within ``timeout``. Never raises."""
+        if self._ws.state is not State.OPEN:
+            return False
+        try:
+            async with bounded(timeout):
+                waiter = await self._ws.ping()
+                await waiter
+        except (ConnectionClosed, TimeoutError, OSError, RuntimeError):
+            return False
+        return True
+
+    async def take_buffered(self) -> str | bytes | None:
+        """A frame the server sent before closing, if one is still buffered.
+
+        A server at capacity answers the upgrade, sends an unsolicited error frame
+        and closes; that frame explains the close and must not be lost.
+        """
+        if self._ws.state is State.OPEN:
+            return None
+        try:
+            async with bounded(self._last_frame_wait):
+                return await self._ws.recv()
+        except (ConnectionClosed, TimeoutError, OSError):
+            return None
+
+    async def recv(self) -> str | bytes:
+        """Receive one frame (text, or bytes for a binary frame).
+
+        Raises:
+            ConnectionLostError: the connection closed or the peer stopped answering pings.
+            ProtocolError: the peer broke the WebSocket protocol (e.g. an oversize frame).
+        """
+        try:
+            return await self._ws.recv()
+        except ConnectionClosed as exc:
+            raise _closed_error(exc) from exc
+        except WsProtocolError as exc:
+            raise ProtocolError(f"WebSocket protocol violation: {exc}") from exc
+        except OSError as exc:
+            raise ConnectionLostError(f"connection lost: {exc}") from exc
+
+    async def close(self, timeout: float | None) -> None:
+        """Close gracefully, waiting at most ``timeout``; then drop.
+
+        Raises nothing but a cancellation of the caller, which is passed on (after
+        dropping the connection) rather than swallowed.
+        """
+        try:
+            async with bounded(timeout):
+                await self._ws.close()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        except Exception:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once, without a closing handshake."""
+        with contextlib.suppress(Exception):
+            self._ws.transport.abort()
+
+
+def _closed_error(exc: ConnectionClosed) -> EnvlinkError:
+    """Sort a closed connection: the peer's fault or ours is not a lost connection.
+
+    Those are not retried (a resend would fail the same way) and start no recovery.
+    """
+    sent = exc.sent.code if exc.sent is not None and exc.rcvd is None else None
+    received = exc.rcvd.code if exc.rcvd is not None else None
+    if isinstance(exc.__cause__, PayloadTooBig) or sent == _TOO_BIG:
+        return ProtocolError(f"server sent a frame larger than the limit ({_closed_reason(exc)})")
+    if sent in (_PROTOCOL_ERROR, _INVALID_DATA):
+        return ProtocolError(f"server broke the WebSocket protocol ({_closed_reason(exc)})")
+    if received == _TOO_BIG:
+        return ProtocolError(
+            f"server refused a message larger than its size limit ({_closed_reason(exc)})"
+        )
+    return ConnectionLostError(f"connection lost: {_closed_reason(exc)}")
+
+
+# WebSocket close codes (RFC 6455, section 7.4.1).
+_PROTOCOL_ERROR = 1002
+_INVALID_DATA = 1007
+_TOO_BIG = 1009
+
+
+def _closed_reason(exc: ConnectionClosed) -> str:
+    frame = exc.rcvd or exc.sent
+    if frame is None:
+        return "no close frame (connection dropped)"
+    reason = f" {frame.reason}" if frame.reason else ""
+    return f"close code {frame.code}{reason}"
+
+
+async def open_connection(
+    endpoint: Endpoint,
+    options: ConnectionOptions,
+    *,
+    extra_headers: Mapping[str, str] | None = None,
+    open_timeout: float | None = None,
+    offer_extensions: bool = True,
+) -> WebSocketConnection:
+    """Open a WebSocket connection, offering envlink's extensions.
+
+    Args:
+        endpoint: where to connect.
+        options: connection options.
+        extra_headers: per-connection headers (trace context, resume token).
+        open_timeout: deadline for TCP + TLS + handshake.
+        offer_extensions: send the ``envlink-protocol`` header (a server that does not
+            know it ignores it).
+
+    Raises:
+        ConnectError: refused, unreachable, timed out, TLS failure (retryable or not).
+        HandshakeRejectedError: the server answered the upgrade with an HTTP error.
+    """
+    warm_read_buffers()
+    headers: list[tuple[str, str]] = list(options.headers)
+    if endpoint.auth_header is not None and not any(
+        k.lower() == "authorization" for k, _ in headers
+    ):
+        headers.append(("Authorization", endpoint.auth_header))
+    if offer_extensions:
+        headers.append((EXTENSION_HEADER, EXTENSION_VERSION))
+    if extra_headers:
+        headers.extend(extra_headers.items())
+    kwargs: dict[str, Any] = {
+        "additional_headers": headers,
+        "open_timeout": open_timeout,
+        "ping_interval": options.ping_interval,
+        "ping_timeout": options.ping_timeout,
+        # websockets waits this long for the peer's close frame, also after a keepalive
+        # timeout: keep it short so a dead peer is reported within ping_interval +
+        # ping_timeout (our own graceful close has its own deadline).
+        "close_timeout": min(options.close_timeout, options.ping_timeout or options.close_timeout),
+        "max_size": options.max_message_size,
+        "compression": options.compression,
+        "proxy": None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy,
+    }
+    if options.user_agent is not None:
+        kwargs["user_agent_header"] = options.user_agent
+    if endpoint.secure:
+        kwargs["ssl"] = options.ssl or ssl_module.create_default_context()
+    where = endpoint.display
+    try:
+        ws = await connect(endpoint.connect_url, **kwargs)
+    except InvalidStatus as exc:
+        response = exc.response
+        raise HandshakeRejectedError(
+            response.status_code, retry_after=_retry_after(response.headers)
+        ) from exc
+    except InvalidURI as exc:
+        raise ConnectError(f"invalid server URL {where}", retryable=False) from exc
+    except InvalidProxy as exc:
+        raise ConnectError(f"invalid proxy for {where}: {exc}", retryable=False) from exc
+    except ImportError as exc:  # e.g. a socks:// proxy without python-socks installed
+        raise ConnectError(f"cannot connect to {where}: {exc}", retryable=False) from exc
+    except ssl_module.SSLCertVerificationError as exc:
+        raise ConnectError(f"TLS verification failed for {where}: {exc.verify_message}",
+                           retryable=False) from exc
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        raise ConnectError(f"timed out opening {where}", retryable=True) from exc
+    except InvalidHandshake as exc:
+        # A handshake cut short (EOF, reset) is transient; a server that answers the
+        # upgrade with something that is not WebSocket is a protocol violation: fatal.
+        transient = isinstance(exc.__cause__, (EOFError, OSError))
+        raise ConnectError(f"WebSocket handshake with {where} failed: {exc}",
+                           retryable=transient) from exc
+    except ConnectionClosed as exc:
+        raise ConnectError(f"{where} closed the connection during the handshake",
+                           retryable=True) from exc
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise ConnectError(f"cannot connect to {where}: {reason}", retryable=True) from exc
+    response_headers: dict[str, str] = {}
+    if ws.response is not None:
+        response_headers = {k: v for k, v in ws.response.headers.raw_items()}
+    return WebSocketConnection(ws, Extensions.from_headers(response_headers),
+                               options.last_frame_wait)
+
+
+class WebSocketTransport:
+    """The default :class:`~envlink._transports.base.Transport`: ``websockets``' asyncio client."""
+
+    async def connect(
+        self,
+        endpoint: Endpoint,
+        options: ConnectionOptions,
+        *,
+        headers: Mapping[str, str],
+        timeout: float | None,
+        offer_extensions: bool = True,
+    ) -> WebSocketConnection:
+        """Open one connection (see :func:`open_connection`)."""
+        return await open_connection(endpoint, options, extra_headers=headers,
+                                     open_timeout=timeout, offer_extensions=offer_extensions)
+
+    async def rpc(
+        self,
+        endpoint: Endpoint,
+        options: ConnectionOptions,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        request_id: int,
+    ) -> RpcAnswer:
+        """Post one JSON-RPC request to the server's ``/mcp`` (see :class:`RpcTransport`)."""
+        headers: list[tuple[str, str]] = list(options.headers)
+        if endpoint.auth_header is not None and not any(
+            k.lower() == "authorization" for k, _ in headers
+        ):
+            headers.append(("Authorization", endpoint.auth_header))
+        if options.user_agent is not None:
+            headers.append(("User-Agent", options.user_agent))
+        context = (options.ssl or ssl_module.create_default_context()) if endpoint.secure \
+            else None
+        answer = await post_json(
+            endpoint.mcp_url,
+            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)},
+            headers=headers, ssl=context,
+            proxy=None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy,
+            max_size=options.max_message_size)
+        return RpcAnswer(answer.status, answer.body)
+
+    def __repr__(self) -> str:
+        return "WebSocketTransport()"

@@ -1,0 +1,3 @@
+"""The environments the reference server serves."""
+
+__all__: list[str] = []

@@ -1,0 +1,130 @@
+"""A seeded environment: the same seed and actions give byte-identical observations.
+
+Used by replay tests: an episode replayed against a fresh session must produce
+exactly the observations that were recorded.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+from envlink.server._environments.environment import InvalidActionError, StepResult
+
+__all__ = ["DeterministicEnvironment"]
+
+_DRAW_RANGE = 1_000_000
+
+
+class DeterministicEnvironment:
+    """A walker on a line with a seeded random draw per step. Supports snapshots.
+
+    ``reset(seed=0, max_steps=10)`` starts at position 0; each ``{"move": int}``
+    action moves the walker and draws a number from ``random.Random(seed)``.
+    The observation is ``{"position", "draw", "step"}``, the reward is the draw
+    scaled to [0, 1), and the episode is done after ``max_steps`` steps.
+    """
+
+    def __init__(self, *, default_max_steps: int = 10) -> None:
+        self._default_max_steps = default_max_steps
+        self._rng: random.Random | None = None
+        self._seed = 0
+        self._max_steps = default_max_steps
+        self._position = 0
+        self._step = 0
+        self._episode_id: str | None = None
+
+    def reset(self, seed: int = 0, max_steps: int | None = None,
+              episode_id: str | None = None) -> StepResult:
+        """Start an episode.
+
+        Raises:
+            InvalidActionError: ``seed`` or ``max_steps`` is not an integer (or < 1).
+        """
+        if not _is_int(seed):
+            raise InvalidActionError(f"seed must be an integer, got {seed!r}")
+        steps = self._default_max_steps if max_steps is None else max_steps
+        if not _is_int(steps) or steps < 1:
+            raise InvalidActionError(f"max_steps must be a positive integer, got {max_steps!r}")
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._max_steps = steps
+        self._position = 0
+        self._step = 0
+        self._episode_id = episode_id or str(uuid.uuid4())
+        draw = self._rng.randrange(_DRAW_RANGE)
+        return StepResult(
+            observation={"position": 0, "draw": draw, "step": 0}, reward=0.0, done=False
+        )
+
+    def step(self, action: dict[str, Any]) -> StepResult:
+        """Move by ``action["move"]``.
+
+        Raises:
+            InvalidActionError: the action is not exactly ``{"move": int}``.
+            RuntimeError: no episode was started, or it is done (``EXECUTION_ERROR``).
+        """
+        if set(action) != {"move"} or not _is_int(action["move"]):
+            raise InvalidActionError(f"action must be {{'move': int}}, got {action!r}")
+        if self._rng is None:
+            raise RuntimeError("call reset before step")
+        if self._step >= self._max_steps:
+            raise RuntimeError("the episode is done; call reset")
+        move: int = action["move"]
+        self._position += move
+        self._step += 1
+        draw = self._rng.randrange(_DRAW_RANGE)
+        return StepResult(
+            observation={"position": self._position, "draw": draw, "step": self._step},
+            reward=draw / _DRAW_RANGE,
+            done=self._step >= self._max_steps,
+        )
+
+    def state(self) -> dict[str, Any]:
+        """Episode id, step count, position, seed and step limit."""
+        return {
+            "episode_id": self._episode_id,
+            "step_count": self._step,
+            "position": self._position,
+            "seed": self._seed,
+            "max_steps": self._max_steps,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state, including the random generator's, as JSON-able data."""
+        return {
+            "state": self.state(),
+            "rng": None if self._rng is None else _jsonable(self._rng.getstate()),
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Put back a :meth:`snapshot`."""
+        state = snapshot["state"]
+        self._episode_id = state["episode_id"]
+        self._step = int(state["step_count"])
+        self._position = int(state["position"])
+        self._seed = int(state["seed"])
+        self._max_steps = int(state["max_steps"])
+        rng_state = snapshot.get("rng")
+        if rng_state is None:
+            self._rng = None
+        else:
+            self._rng = random.Random()
+            self._rng.setstate(_tuples(rng_state))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
