@@ -62,10 +62,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DRIVER = HERE / "_client/driver.py"
-sys.path.insert(0, str(ROOT / "tests" / "interop"))
+DRIVER = HERE / "_driver.py"
+sys.path.insert(0, str(ROOT))
 
-from _interop_support import ServerProcess, openenv_server  # noqa: E402
+from tests.interop._interop_support import ServerProcess, openenv_server  # noqa: E402
 
 REPLY_DEADLINE = 600.0
 LOG_DIR = ROOT / "benchmarks" / "results" / "logs"
@@ -114,7 +114,7 @@ def openenv_venv(path: Path, base_python: str) -> str:
 
 
 class Driver:
-    """A ``_client/driver.py`` process: one client, commands in, JSON lines out."""
+    """A ``_driver.py`` process: one client, commands in, JSON lines out."""
 
     def __init__(self, name: str, python: str, argv: Sequence[str]) -> None:
         self.name = name
