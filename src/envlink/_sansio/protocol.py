@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from json.decoder import JSONDecoder
-from json.scanner import c_make_scanner  # type: ignore[attr-defined]
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticSerializationError, SchemaSerializer, core_schema, to_json
 
 from envlink._errors import ProtocolError, ServerError
+from envlink._speedups import json_scanner
 
 __all__ = [
     "EXTENSION_HEADER",
@@ -469,10 +468,7 @@ def encode_response(
     return json.dumps(obj, separators=(",", ":"))
 
 
-# json.loads's own C scanner, called directly: json.loads wraps it in three Python
-# frames and two whitespace regex matches per document.
-_scan: Callable[[str, int], tuple[Any, int]] | None = (
-    None if c_make_scanner is None else c_make_scanner(JSONDecoder()))
+_scan: Callable[[str, int], tuple[Any, int]] | None = json_scanner()
 
 
 def _loads(raw: str | bytes, *, code: str) -> Any:
