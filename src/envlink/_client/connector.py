@@ -66,6 +66,12 @@ class DetachedSessionGone(ConnectError):
         super().__init__(message, retryable=False)
 
 
+#: How OpenEnv 0.10 refuses an attach to a session it does not know. Its frame has no
+#: code of its own (``SESSION_ERROR`` covers every refusal), so this wording is the
+#: only signal a stock server gives; envlink's reference server sends the same. Any
+#: other ``SESSION_ERROR`` on attach is taken as a refusal for now and retried.
+_UNKNOWN_SESSION = "Unknown session_id"
+
 #: JSON-RPC's "method not found": a server without OpenEnv's session methods.
 _METHOD_NOT_FOUND = -32601
 
@@ -280,7 +286,7 @@ class Connector:
         conn.abort()
         if isinstance(frame, ErrorFrame):
             error = server_error(frame)
-            if isinstance(error, SessionError) and "Unknown session_id" in error.message:
+            if isinstance(error, SessionError) and _UNKNOWN_SESSION in error.message:
                 raise DetachedSessionGone(
                     f"the server no longer knows the session ({error.message.split(':')[0]})")
             if isinstance(error, SessionError):

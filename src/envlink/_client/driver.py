@@ -459,7 +459,7 @@ def _never(exc: BaseException) -> bool:
 
 
 class _Turn:
-    """:meth:`Driver.turn`: the session's lock, held for one call (no generator frame)."""
+    """:meth:`SessionDriver.turn`: the session's lock, held for one call (no generator frame)."""
 
     __slots__ = ("_call", "_driver", "_lock")
 

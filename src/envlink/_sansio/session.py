@@ -12,7 +12,8 @@ OpenTelemetry, and an injectable clock. What comes in:
 What goes out: the text to send, the frame for the caller, or a decision
 (:class:`Preflight` before a send; :class:`Decision` after a failure: resend,
 recover by which strategy, or fail with which typed error). The asyncio driver
-(``_client/client.py``) does the I/O these decisions call for and nothing else.
+(:class:`~envlink._client.driver.SessionDriver`) does the I/O these decisions call
+for and nothing else.
 """
 
 from __future__ import annotations
