@@ -470,7 +470,7 @@ class _Turn:
 
     async def __aenter__(self) -> None:
         driver = self._driver
-        # One running-loop look-up (a getpid() system call on 3.11) for task and loop.
+        # Task and loop come from one running-loop look-up, a system call on 3.11.
         task = _current_task()
         lock = driver._bind_loop(
             asyncio.get_running_loop() if task is None else task.get_loop())

@@ -1,9 +1,9 @@
 """The trace context sent in each request frame, without the propagator walk when it can.
 
-``propagate.inject`` walks the global propagator (the composite, then W3C trace
-context, then W3C baggage: about 30 Python calls per frame with the default
-one). When the global propagator is made of W3C trace context and baggage only
-(the default), what it would write is known: nothing without a valid span
+``propagate.inject`` walks the global propagator for every frame: the composite,
+then W3C trace context, then W3C baggage (docs/performance.md counts the calls).
+When the global propagator is made of W3C trace context and baggage only (the
+default), what it would write is known: nothing without a valid span
 context; else ``traceparent`` (and ``tracestate`` when the span context has
 one), plus ``baggage`` when baggage is set and the baggage propagator is there.
 The common case (a valid span, no trace state, no baggage) is formatted here,

@@ -145,8 +145,8 @@ class _Request(BaseModel):
     # (and so only serialised) when the server negotiated the extension.
     # NaN and infinities are serialised as the JavaScript constants here only so that
     # encode_request can find and refuse them (pydantic's default would send null).
-    # defer_build: validators and serialisers are built at first use, not by `import
-    # envlink` (docs/performance.md: the first reset pays about what the import saves).
+    # With defer_build, validators and serialisers are built at first use rather than
+    # by `import envlink`; docs/performance.md weighs the first reset against that.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants",
                               defer_build=True)
 
