@@ -64,6 +64,13 @@ def test_the_session_core_is_sans_io() -> None:
     assert not names & {"asyncio", "websockets", "opentelemetry", "trio", "anyio"}, names
 
 
+def test_only_the_transports_import_httpx() -> None:
+    """httpx (like websockets) is imported by the transports' HTTP module and nowhere else."""
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "httpx" in top(imported(p)))
+    assert users == ["_transports/http.py"], users
+
+
 def test_only_the_transport_imports_websockets() -> None:
     """Outside the reference server (an I/O layer of its own), only the WebSocket transport
     imports it."""
@@ -280,11 +287,16 @@ def test_the_deadline_module_depends_on_the_error_tree_only() -> None:
 
 
 def test_the_http_client_depends_on_the_error_tree_only() -> None:
-    """_http (POST /mcp for OpenEnv detached sessions) imports no websockets and no other
-    envlink module but the errors; only the transport and the connector use it."""
+    """_http (POST /mcp, discovery GETs) imports no websockets and, of envlink, only the
+    errors, the deadlines, URL redaction and the proxy resolver (itself errors only)."""
     names = imported(SRC / "_transports/http.py")
     assert "websockets" not in top(names)
-    assert {n for n in names if n.startswith("envlink.")} <= {"envlink._errors"}
+    assert {n for n in names if n.startswith("envlink.")} <= {
+        "envlink._errors", "envlink._deadlines", "envlink._sansio.redact",
+        "envlink._transports.proxy"}
+    proxy = imported(SRC / "_transports/proxy.py")
+    assert {n for n in proxy if n.startswith("envlink.")} == {"envlink._errors"}
+    assert not top(proxy) & IO_MODULES
     users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                    if "envlink._transports.http" in imported(p))
     assert users == ["_client/connector.py", "_transports/websocket.py"]
