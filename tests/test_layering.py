@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
 PURE = ["_errors.py", "_config.py", "_sansio/protocol.py", "_sansio/policies.py",
-        "_sansio/journal.py",
+        "_sansio/journal.py", "_sansio/limits.py", "_sansio/redact.py",
         "_sansio/retry.py", "_sansio/session.py", "_pool/breaker.py", "_pool/placement.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 
@@ -245,7 +245,7 @@ def test_the_server_dispatch_is_pure() -> None:
         names = top(runtime_imports(SERVER / name))
         assert not names & (IO_MODULES | {"opentelemetry", "threading"}), (name, names)
         internal = {n for n in names if n.startswith("envlink.")}
-        assert internal <= {"envlink._errors", "envlink._sansio.protocol",
+        assert internal <= {"envlink._errors", "envlink._sansio.protocol", "envlink._sansio.limits",
                             "envlink.server._environments.environment",
                             "envlink.server._faults", "envlink.server._store"}, (name, internal)
 
