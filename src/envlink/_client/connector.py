@@ -15,7 +15,7 @@ from typing import Any
 
 from opentelemetry import propagate
 
-from envlink._client.events import ClientEvent, ClientHook, PhaseFinished, PhaseStarted
+from envlink._client.events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
 from envlink._config import ConnectionOptions, Timeout
 from envlink._deadlines import bounded
 from envlink._errors import (
@@ -159,39 +159,33 @@ class Connector:
         endpoint = self.endpoint
         phase = PhaseStarted("connect", method, attempt, reason, server_address=endpoint.host,
                              server_port=endpoint.port)
-        mark = self.hook.phase_started(phase)
-        error: BaseException | None = None
-        conn: Connection | None = None
         try:
-            headers: dict[str, str] = {}
-            propagate.inject(headers)  # the attempt's trace context, to the server
-            if resume_token is not None:
-                headers[RESUME_TOKEN_HEADER] = resume_token
-            reattached = False
-            core = self.core
-            if resume_token is None and core.wants_detached and isinstance(
-                    self.transport, RpcTransport):
-                reattached = core.detached_id is not None
-                if core.detached_id is None:
-                    await self._create_detached()
-                endpoint = endpoint.attached(core.detached_id)
-            conn = await self.transport.connect(
-                endpoint, self.options, headers=headers, timeout=self.timeouts.connect,
-                offer_extensions=self.offer_extensions)
-            if endpoint.session_id is not None:
-                await self._confirm_attached(conn)
-            self._adopt(conn, reattached=reattached)
-            return conn
-        except BaseException as exc:
-            error = exc
-            if isinstance(exc, ConnectError) and not isinstance(
-                    exc, (_AttachRefused, DetachedSessionGone)):
+            with PhaseReport(self.hook, phase) as report:
+                headers: dict[str, str] = {}
+                propagate.inject(headers)  # the attempt's trace context, to the server
+                if resume_token is not None:
+                    headers[RESUME_TOKEN_HEADER] = resume_token
+                reattached = False
+                core = self.core
+                if resume_token is None and core.wants_detached and isinstance(
+                        self.transport, RpcTransport):
+                    reattached = core.detached_id is not None
+                    if core.detached_id is None:
+                        await self._create_detached()
+                    endpoint = endpoint.attached(core.detached_id)
+                conn = await self.transport.connect(
+                    endpoint, self.options, headers=headers, timeout=self.timeouts.connect,
+                    offer_extensions=self.offer_extensions)
+                report.session_id, report.extensions = core.session_id, conn.extensions.enabled
+                if endpoint.session_id is not None:
+                    await self._confirm_attached(conn)
+                self._adopt(conn, reattached=reattached)
+                report.session_id = core.session_id
+                return conn
+        except ConnectError as exc:
+            if not isinstance(exc, (_AttachRefused, DetachedSessionGone)):
                 self.saw_unreachable = True
             raise
-        finally:
-            self.hook.phase_finished(PhaseFinished(
-                phase, error, self.core.session_id if conn is not None else None,
-                conn.extensions.enabled if conn is not None else None), mark)
 
     def _adopt(self, conn: Connection, *, reattached: bool = False) -> None:
         previous = self.conn

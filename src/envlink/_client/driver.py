@@ -25,7 +25,7 @@ from envlink._client.events import (
     CallStarted,
     ClientEvent,
     ClientHook,
-    PhaseFinished,
+    PhaseReport,
     PhaseStarted,
 )
 from envlink._client.propagation import trace_carrier
@@ -208,18 +208,8 @@ class SessionDriver:
             # itself is passed on.
             await asyncio.wait({active}, timeout=seconds)
         await self.connector.wait_background(seconds)
-        endpoint = self.connector.endpoint
-        phase = PhaseStarted("close", "close", server_address=endpoint.host,
-                             server_port=endpoint.port)
-        mark = self.hook.phase_started(phase)
-        error: BaseException | None = None
-        try:
+        with self.report(PhaseStarted("close", "close")):
             await self.connector.close(graceful=True, timeout=seconds)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self.hook.phase_finished(PhaseFinished(phase, error), mark)
         self.hook.event(ClientEvent(LOG_CLIENT_CLOSED, self.core.session_id, {}))
 
     # ------------------------------------------------------------------ requests
@@ -241,17 +231,9 @@ class SessionDriver:
                     return await recover(self, call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
-            phase = PhaseStarted("attempt", method, number)
-            mark = self.hook.phase_started(phase)
-            error: BaseException | None = None
             try:
-                try:
+                with PhaseReport(self.hook, PhaseStarted("attempt", method, number)):
                     return await self.exchange(conn, method, data, request_id, call=call)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    self.hook.phase_finished(PhaseFinished(phase, error), mark)
             except ConnectionLostError as exc:
                 self.connector.forget()
                 decision = core.after_failure(method, exc,
@@ -436,13 +418,11 @@ class SessionDriver:
         return Retry(self.connector.policy, operation=operation, sleep=asyncio.sleep,
                      clock=self.core.clock, retry_on=_never, backoff=False)
 
-    def phase(self, phase: PhaseStarted) -> Any:
+    def report(self, phase: PhaseStarted) -> PhaseReport:
+        """Report ``phase``, with the server's address, around a block."""
         endpoint = self.connector.endpoint
-        return self.hook.phase_started(phase._replace(server_address=endpoint.host,
-                                                      server_port=endpoint.port))
-
-    def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
-        self.hook.phase_finished(PhaseFinished(phase, error), token)
+        return PhaseReport(self.hook, phase._replace(server_address=endpoint.host,
+                                                     server_port=endpoint.port))
 
     async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
         return await self.connector.release(token, count_steps=count_steps)
