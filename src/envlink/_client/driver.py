@@ -25,6 +25,7 @@ from envlink._client.events import (
     CallStarted,
     ClientEvent,
     ClientHook,
+    PhaseFinished,
     PhaseReport,
     PhaseStarted,
 )
@@ -231,9 +232,19 @@ class SessionDriver:
                     return await recover(self, call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
+            # What PhaseReport does, written out: this runs once per call, and the
+            # context manager would add three Python calls to each.
+            phase = PhaseStarted("attempt", method, number)
+            hook = self.hook
+            mark = hook.phase_started(phase)
             try:
-                with PhaseReport(self.hook, PhaseStarted("attempt", method, number)):
-                    return await self.exchange(conn, method, data, request_id, call=call)
+                try:
+                    answer = await self.exchange(conn, method, data, request_id, call=call)
+                except BaseException as exc:
+                    hook.phase_finished(PhaseFinished(phase, exc), mark)
+                    raise
+                hook.phase_finished(PhaseFinished(phase, None), mark)
+                return answer
             except ConnectionLostError as exc:
                 self.connector.forget()
                 decision = core.after_failure(method, exc,
