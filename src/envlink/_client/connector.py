@@ -37,7 +37,7 @@ from envlink._sansio.protocol import (
     server_error,
 )
 from envlink._sansio.retry import BackoffDetails, Retry
-from envlink._sansio.session import SessionCore
+from envlink._sansio.session import DropReason, SessionCore
 from envlink._transports.base import (
     Connection,
     Endpoint,
@@ -192,7 +192,7 @@ class Connector:
         if previous is not None and previous is not conn:
             previous.abort()
         self.conn = conn
-        self.core.connected(conn.extensions, reattached=reattached)
+        self.core.on_connected(conn.extensions, reattached=reattached)
 
     # ----------------------------------------------- OpenEnv detached sessions
 
@@ -314,25 +314,26 @@ class Connector:
 
     # ------------------------------------------------------------------ ending
 
-    def forget(self) -> None:
-        """The connection failed: drop it (the core keeps the flapping count)."""
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.abort()
-            self.core.dropped()
+    def drop(self, reason: DropReason) -> None:
+        """Let the connection go, for ``reason``.
 
-    def discard(self) -> None:
-        """Drop a connection that can no longer be trusted."""
+        A failed connection is aborted and counted towards flapping; a distrusted one
+        is aborted and reported; an inherited one (a forked child's copy, another
+        loop's) is forgotten without any I/O, with the housekeeping tasks it had.
+        """
         conn, self.conn = self.conn, None
-        self.core.discarded()
-        if conn is not None:
+        if reason is DropReason.INHERITED:
+            self.background = set()
+            self.core.on_dropped(reason)
+            return
+        if reason is DropReason.DISTRUSTED:
+            self.core.on_dropped(reason)
+            if conn is not None:
+                conn.abort()
+                self.hook.event(ClientEvent(LOG_CONNECTION_DISCARDED, self.core.session_id, {}))
+        elif conn is not None:
             conn.abort()
-            self.hook.event(ClientEvent(LOG_CONNECTION_DISCARDED, self.core.session_id, {}))
-
-    def abandon(self) -> None:
-        """Forget the connection without any I/O on it (a forked child's copy)."""
-        self.conn = None
-        self.background = set()
+            self.core.on_dropped(reason)
 
     async def close(self, *, graceful: bool, timeout: float | None = None) -> None:
         """End the session: ``close`` frame (when graceful), closing handshake, drop;
@@ -340,7 +341,7 @@ class Connector:
         conn, self.conn = self.conn, None
         core = self.core
         detached = core.detached_id
-        core.closed()
+        core.on_closed()
         seconds = self.timeouts.close if timeout is None else timeout
         if conn is not None:
             if graceful and conn.is_open:

@@ -55,6 +55,7 @@ from envlink._sansio.session import (
     Action,
     Call,
     Dropped,
+    DropReason,
     Episode,
     Frame,
     Link,
@@ -172,13 +173,12 @@ class SessionDriver:
         """
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self.connector.abandon()
+            self.connector.drop(DropReason.INHERITED)
             self._loop = None
             self._lock = None
             self.active = None
             core = self.core
             core.lose_episode()
-            core.discarded()
             core.resume_token = None
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
@@ -192,9 +192,8 @@ class SessionDriver:
                 )
             self._loop = loop
             self._lock = asyncio.Lock()
-            self.connector.conn = None
-            self.connector.background = set()  # a previous loop's tasks are not ours
-            self.core.discarded()
+            # The previous loop's connection and tasks are not ours.
+            self.connector.drop(DropReason.INHERITED)
             self.core.lose_episode()
         return self._lock
 
@@ -246,7 +245,7 @@ class SessionDriver:
                 hook.phase_finished(PhaseFinished(phase, None), mark)
                 return answer
             except ConnectionLostError as exc:
-                self.connector.forget()
+                self.connector.drop(DropReason.FAILED)
                 decision = core.after_failure(method, exc,
                                               written=not isinstance(exc, NotWrittenError),
                                               data=data)
@@ -283,7 +282,7 @@ class SessionDriver:
             # A new episode need not queue behind the old one's late answer; the old
             # session is ended rather than left holding a server slot.
             token = core.resume_token
-            connector.discard()
+            connector.drop(DropReason.DISTRUSTED)
             if token is not None:
                 await connector.release(token)
             todo = Preflight.CONNECT
@@ -294,7 +293,7 @@ class SessionDriver:
             if alive:
                 return conn
             self.hook.event(ClientEvent(LOG_PEER_UNRESPONSIVE, core.session_id, {}))
-            connector.discard()
+            connector.drop(DropReason.DISTRUSTED)
             todo = core.preflight(method, connection_open=False)
         if todo is Preflight.SEND:
             return conn
@@ -313,7 +312,7 @@ class SessionDriver:
             raise server_error(frame)
         if not isinstance(frame, kind):
             error = self.core.unexpected_frame(frame, kind, method)
-            self.connector.discard()
+            self.connector.drop(DropReason.DISTRUSTED)
             raise error
         return frame
 
@@ -380,12 +379,12 @@ class SessionDriver:
                 return frame
         except ProtocolError:
             if core.protocol_error():
-                self.connector.discard()
+                self.connector.drop(DropReason.DISTRUSTED)
             raise
         except (asyncio.CancelledError, CallTimeoutError):
             if not core.deadline_expired(method, data, request_id, sent=sent):
                 # An answer may still arrive and would be read by the next call.
-                self.connector.discard()
+                self.connector.drop(DropReason.DISTRUSTED)
             raise
 
     # ---------------------------------------------- what recovery strategies use
@@ -393,8 +392,8 @@ class SessionDriver:
     async def open(self, *, reason: str, resume_token: str | None = None) -> Connection:
         return await self.connector.open("recover", reason=reason, resume_token=resume_token)
 
-    def forget_connection(self) -> None:
-        self.connector.forget()
+    def drop_connection(self, reason: DropReason) -> None:
+        self.connector.drop(reason)
 
     async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
         connector, core = self.connector, self.core
@@ -420,9 +419,6 @@ class SessionDriver:
         session_id, self.core.detached_id = self.core.detached_id, None
         if session_id is not None:
             self.connector.close_detached_later(session_id)
-
-    def discard_connection(self) -> None:
-        self.connector.discard()
 
     def retry(self, operation: str) -> Retry:
         """The retry loop of one operation: no backoff of its own (each try connects)."""

@@ -29,7 +29,7 @@ from envlink._errors import (
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again, Retry
-from envlink._sansio.session import Call, Frame, SessionCore
+from envlink._sansio.session import Call, DropReason, Frame, SessionCore
 from envlink._transports.base import Connection
 from envlink.names import (
     HOOK_RECOVERY_FINISHED,
@@ -73,12 +73,8 @@ class RecoveryDriver(Protocol):
         """The server session's ``step_count``, if it reports one."""
         ...
 
-    def forget_connection(self) -> None:
-        """The connection failed: drop it."""
-        ...
-
-    def discard_connection(self) -> None:
-        """Drop the connection: what it carries is not the episode."""
+    def drop_connection(self, reason: DropReason) -> None:
+        """Let the connection go (failed, or not carrying the episode)."""
         ...
 
     def retry(self, operation: str) -> Retry:
@@ -261,7 +257,7 @@ class _LostMeansAgain:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if isinstance(exc, ConnectionLostError):
-            self._driver.forget_connection()
+            self._driver.drop_connection(DropReason.FAILED)
             raise Again(exc) from None
 
 
@@ -434,7 +430,7 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         if isinstance(exc, ReplayDivergedError):
             result = "diverged"
         # Whatever was half rebuilt is not the episode: never run a later call on it.
-        driver.discard_connection()
+        driver.drop_connection(DropReason.DISTRUSTED)
         core.recovery_failed()
         raise
     finally:
