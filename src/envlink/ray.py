@@ -28,7 +28,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 try:
     import ray
@@ -52,7 +52,7 @@ from envlink._pool.shard import (
     ShardTelemetry,
     SlotRestore,
 )
-from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.policies import PoolSessionLostPolicy, ReconnectPolicy
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
     ATTR_POOL_MIN_READY,
@@ -174,7 +174,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
         = GenericEnvClient,  # type: ignore[assignment]
         client_options: Mapping[str, Any] | None = None,
-        on_session_lost: Literal["raise", "replay", "resume"] = "raise",
+        on_session_lost: PoolSessionLostPolicy = "raise",
         autoreset: AutoresetMode = "next_step",
         autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
         batch_timeout: float | None = None,

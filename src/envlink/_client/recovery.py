@@ -27,6 +27,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.policies import idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again, Retry
 from envlink._sansio.session import Call, DropReason, Frame, SessionCore
@@ -216,7 +217,7 @@ class OpenEnvResumeStrategy:
                         "the connection was lost after step was sent; the step WAS "
                         f"applied (the session's step_count is {count}, which counts "
                         "it) but its answer was lost; it is not resent", applied=True)
-            if own and method == "mcp" and not _idempotent(data):
+            if own and method == "mcp" and not idempotent_mcp(method, data):
                 call.unanswered = False
                 raise OutcomeUnknownError(
                     "the connection was lost after an mcp tools/call was sent; a tool "
@@ -259,10 +260,6 @@ class _LostMeansAgain:
         if isinstance(exc, ConnectionLostError):
             self._driver.drop_connection(DropReason.FAILED)
             raise Again(exc) from None
-
-
-def _idempotent(data: dict[str, Any] | None) -> bool:
-    return data is not None and data.get("method") == "tools/list"
 
 
 class ReplayStrategy:
