@@ -55,6 +55,10 @@ from envlink._pool.shard import (
 from envlink._sansio.policies import PoolSessionLostPolicy, ReconnectPolicy
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
+    Telemetry,
+    get_telemetry,
+)
+from envlink.names import (
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
@@ -67,8 +71,6 @@ from envlink._telemetry.instruments import (
     RAY_RESTART_UNRESPONSIVE,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
-    Telemetry,
-    get_telemetry,
 )
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple
 
+from envlink._errors import OUTCOMES
 from envlink._sansio.retry import Again
 from envlink.names import (
     HOOK_RECONNECT,
@@ -37,10 +38,6 @@ from envlink.names import (
     LOG_STALE_ANSWER_DROPPED,
     LOG_UNATTRIBUTABLE_FRAME,
     LOG_UNKNOWN_STEP_SETTLED,
-    OUTCOME_CANCELLED,
-    OUTCOME_ERROR,
-    OUTCOME_OK,
-    OUTCOME_TIMEOUT,
 )
 
 __all__ = [
@@ -59,8 +56,6 @@ __all__ = [
 
 _log = logging.getLogger("envlink.client")
 
-#: Outcomes of a call (the ``envlink.outcome`` telemetry attribute).
-OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
 
 #: Phases of a call reported through :meth:`ClientHook.phase_started`.
 PHASES: tuple[str, ...] = ("attempt", "connect", "resume", "replay", "close")
