@@ -271,7 +271,8 @@ class Connector:
             conn.abort()
             raise ConnectError("the server closed the connection while attaching",
                                retryable=True)
-        frame = decode_response(raw, max_size=self.options.max_message_size)
+        frame = decode_response(raw, max_size=self.options.max_message_size,
+                                max_values=self.options.max_message_values)
         if isinstance(frame, StateFrame):
             value = frame.data.get("step_count")
             if isinstance(value, int) and not isinstance(value, bool):
@@ -397,7 +398,8 @@ class Connector:
         rid = self.core.next_request_id(always=True)
         await conn.send(self.core.encode("state", None, rid))
         while True:
-            frame = decode_response(await conn.recv(), max_size=self.options.max_message_size)
+            frame = decode_response(await conn.recv(), max_size=self.options.max_message_size,
+                                    max_values=self.options.max_message_values)
             if frame.id in (rid, None):
                 break
         if not isinstance(frame, StateFrame):

@@ -351,7 +351,8 @@ class SessionDriver:
                     call.unanswered = False
                 buffered = await conn.take_buffered()
                 if buffered is not None:
-                    early = decode_response(buffered, max_size=max_size)
+                    early = decode_response(buffered, max_size=max_size,
+                                            max_values=self.options.max_message_values)
                     if isinstance(early, ErrorFrame):
                         raise server_error(early) from None
                 raise
@@ -359,7 +360,8 @@ class SessionDriver:
                 raw = await conn.recv()
                 hook.message("received", len(raw))
                 try:
-                    frame = core.receive(raw, request_id, max_size)
+                    frame = core.receive(raw, request_id, max_size,
+                                         self.options.max_message_values)
                 except ConnectionLostError as exc:
                     reason = exc.__cause__.reason if isinstance(exc.__cause__, ProtocolError) \
                         else "frame without request id"

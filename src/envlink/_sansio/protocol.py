@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticSerializationError, SchemaSerializer, core_schema, to_json
 
 from envlink._errors import ProtocolError, ServerError
+from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES, check_json_values
 from envlink._speedups import json_scanner
 
 __all__ = [
@@ -422,13 +423,16 @@ def server_error(frame: ErrorFrame) -> ServerError:
 
 
 def decode_response(
-    raw: str | bytes, *, max_size: int | None = None
+    raw: str | bytes, *, max_size: int | None = None,
+    max_values: int | None = DEFAULT_MAX_MESSAGE_VALUES,
 ) -> ObservationFrame | StateFrame | ErrorFrame | McpFrame:
     """Validate a frame received from the server.
 
     Args:
         raw: the frame's text (binary frames are accepted if they are UTF-8 JSON).
         max_size: reject frames longer than this many bytes.
+        max_values: reject, unparsed, frames that may hold more JSON values than this
+            (what bounds the parsed frame's memory; see :mod:`envlink._sansio.limits`).
 
     Raises:
         ProtocolError: naming what was wrong (invalid JSON, not an object, unknown
@@ -436,6 +440,7 @@ def decode_response(
     """
     if max_size is not None and len(raw) > max_size:
         raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
+    check_json_values(raw, max_values, "frame")
     obj = _loads(raw, code="")
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")

@@ -35,6 +35,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES
 from envlink._sansio.policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
 from envlink._sansio.protocol import (
     ErrorFrame,
@@ -332,7 +333,8 @@ class SessionCore(_Planning):
     # ------------------------------------------------------------------ frames in
 
     def receive(self, raw: str | bytes, request_id: str | None,
-                max_size: int | None = None) -> Frame | Dropped:
+                max_size: int | None = None,
+                max_values: int | None = DEFAULT_MAX_MESSAGE_VALUES) -> Frame | Dropped:
         """Decode a frame received while waiting for ``request_id``'s answer.
 
         Returns:
@@ -345,7 +347,7 @@ class SessionCore(_Planning):
                 be attributed: the stream can no longer be trusted.
         """
         try:
-            frame = decode_response(raw, max_size=max_size)
+            frame = decode_response(raw, max_size=max_size, max_values=max_values)
         except ProtocolError as exc:
             if self.late:
                 raise self._unattributable(exc.reason) from exc
