@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     from envlink._sansio.journal import EpisodeJournal
 
 __all__ = [
+    "OUTCOMES",
+    "OUTCOME_CANCELLED",
+    "OUTCOME_ERROR",
+    "OUTCOME_OK",
+    "OUTCOME_TIMEOUT",
     "CallTimeoutError",
     "CapacityReachedError",
     "ClientClosedError",
@@ -57,6 +62,14 @@ __all__ = [
     "SessionLostError",
     "ToolCallError",
 ]
+
+#: How a call ended (the ``envlink.outcome`` telemetry attribute): the one set for the
+#: client, the bridge and the pool. ``envlink.names`` lists them publicly.
+OUTCOME_OK = "ok"
+OUTCOME_ERROR = "error"
+OUTCOME_TIMEOUT = "timeout"
+OUTCOME_CANCELLED = "cancelled"
+OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
 
 
 class ErrorCode(str, Enum):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from envlink._bridge import DEFAULT_TIMEOUT, Bridge, Invoke, SyncProxy
+from envlink._bridge import Bridge, Invoke, SyncProxy
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
@@ -65,7 +65,7 @@ def _bridged(bridge: Bridge, client: EnvClient[Any, Any, Any], margin: float, me
              fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              timeout: Any) -> Any:
     """Run one client call on the bridge, waiting the client's own deadline plus ``margin``."""
-    if timeout is UNSET or timeout is DEFAULT_TIMEOUT:
+    if timeout is UNSET:
         deadline = client.call_deadline(method)
     elif _accepts_timeout(client, method, fn):
         # Validated before the margin is added: the error names the caller's value.

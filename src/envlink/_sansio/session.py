@@ -52,6 +52,7 @@ __all__ = [
     "Action",
     "Call",
     "Decision",
+    "DropReason",
     "Dropped",
     "Episode",
     "Frame",
@@ -77,6 +78,19 @@ class Episode(enum.Enum):
     ACTIVE = "active"
     #: The episode was lost and not recovered: step and state raise until reset().
     LOST = "lost"
+
+
+class DropReason(enum.Enum):
+    """Why a connection is let go: the one vocabulary for dropping one."""
+
+    #: It failed (the peer went away, a send or read broke): counts towards flapping.
+    FAILED = "failed"
+    #: The client no longer trusts what it carries (a late answer may follow, the
+    #: stream is out of step, a probe went unanswered, recovery half-built it).
+    DISTRUSTED = "distrusted"
+    #: It belongs to a parent process (after a fork) or to another event loop: let go
+    #: without any I/O on it.
+    INHERITED = "inherited"
 
 
 class Link(enum.Enum):
@@ -523,7 +537,7 @@ class SessionCore(_Planning):
 
     # -------------------------------------------------------------------- the link
 
-    def connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
+    def on_connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
         """A connection opened: fresh, re-attached by token, or ``reattached`` to the
         OpenEnv detached session the client already held (the same server session)."""
         self.link = Link.OPEN
@@ -539,9 +553,12 @@ class SessionCore(_Planning):
             self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
         self.resume_token = extensions.session_token if extensions.can_resume else None
 
-    def dropped(self) -> None:
-        """The connection failed; remember whether it had been stable (flapping)."""
+    def on_dropped(self, reason: DropReason) -> None:
+        """The connection was let go. A failure is remembered with whether the
+        connection had been stable (flapping); the client's own drops are not."""
         self.link = Link.NONE
+        if reason is not DropReason.FAILED:
+            return
         self._dropped_at = self.clock()
         if self._dropped_at - self._opened_at < self.policy.stable_after:
             # Flapping: the next outage continues this one's attempt count.
@@ -550,11 +567,7 @@ class SessionCore(_Planning):
             self._short_lived = False
             self._flap_attempts = 0
 
-    def discarded(self) -> None:
-        """The client dropped the connection itself (not a failure of the peer)."""
-        self.link = Link.NONE
-
-    def closed(self) -> None:
+    def on_closed(self) -> None:
         """The client ended the session (disconnect, close, or a forked child)."""
         self.link = Link.NONE
         self.episode = Episode.NONE
