@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from pydantic import BaseModel
 
 from envlink._client.connector import Connector
+from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.mcp import McpMethods
@@ -90,13 +91,17 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
-    ``state``, ``close``, ``async with``, the ``_step_payload`` / ``_parse_result`` /
-    ``_parse_state`` hooks, ``sync()``), plus deadlines, reconnects and recovery.
-    Used as is, actions may be dicts or pydantic models and observations are dicts.
+    ``state``, ``close``, ``async with`` and ``with``, the ``_step_payload`` /
+    ``_parse_result`` / ``_parse_state`` hooks, ``sync()``), plus deadlines, reconnects
+    and recovery. Used as is, actions may be dicts or pydantic models and observations
+    are dicts.
+
+    As in OpenEnv 0.10, calls also work without ``await``: in plain code they block
+    (on a bridge, as ``sync()``); the client claims "sync" or "async" on first use.
 
     Args:
         base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added).
@@ -438,13 +443,6 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
             await asyncio.gather(*(child.close(timeout=timeout) for child in children),
                                  return_exceptions=True)
         await self._driver.close(seconds)
-
-    async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def sync(self, bridge: Bridge | None = None, *,
              nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from envlink._client.dispatch import dispatched
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, McpError, ProtocolError, ToolCallError
 from envlink._sansio.protocol import McpFrame
@@ -33,6 +34,8 @@ class McpMethods:
     _init_kwargs: dict[str, Any]
     _children: list[Any]
 
+    _execution_mode: str | None
+
     if TYPE_CHECKING:  # provided by EnvClient
         def _seconds(self, timeout: float | UnsetType | None) -> float | None: ...
 
@@ -43,6 +46,7 @@ class McpMethods:
 
         async def close(self) -> None: ...
 
+    @dispatched
     async def new_session(self: _C) -> _C:
         """Open another session on the same server, as OpenEnv's ``new_session()`` does.
 
@@ -69,6 +73,7 @@ class McpMethods:
         return child
 
 
+    @dispatched
     async def mcp_request(self, method: str, params: Mapping[str, Any] | None = None, *,
                           timeout: float | UnsetType | None = UNSET) -> Any:
         """Send one JSON-RPC request as an ``mcp`` message on the session's socket.
@@ -111,6 +116,7 @@ class McpMethods:
 
         return await driver.call("mcp", self._seconds(timeout), run)
 
+    @dispatched
     async def mcp_list_tools(self, *, timeout: float | UnsetType | None = UNSET
                              ) -> list[dict[str, Any]]:
         """The environment's tools (``tools/list`` as an ``mcp`` message): name,
@@ -125,6 +131,7 @@ class McpMethods:
             raise ProtocolError("tools/list answered without a list of tools")
         return tools
 
+    @dispatched
     async def mcp_call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
                             timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
         """Call a tool (``tools/call`` as an ``mcp`` message) and return its value.
