@@ -15,7 +15,7 @@ import textwrap
 from typing import Any
 
 import pytest
-from _interop_support import RecordingServer
+from _interop_support import RecordingServer, read_connections, read_rpc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,3 +160,29 @@ def test_idiom_runs_alike_on_both_clients(idiom: str, openenv_py: str,
     ours = _run(sys.executable, "envlink", idiom, url)
     assert theirs == EXPECTED[idiom]
     assert ours == theirs
+
+
+def test_production_mode_tool_calls_over_post_mcp(echo_server: RecordingServer,
+                                                  tag: str, tag_headers: dict[str, Any]) -> None:
+    """mode="production" on OpenEnv's echo server: tool calls are JSON-RPC on POST /mcp
+    carrying the session id the WebSocket attached to (as OpenEnv's MCPToolClient sends
+    them), answered by the same environment, and they are not steps."""
+    from envlink import EchoEnv
+
+    with EchoEnv(echo_server.base_url, mode="production", headers=tag_headers) as env:
+        env.reset()
+        assert "echo_message" in [tool["name"] for tool in env.list_tools()]
+        assert env.call_tool("echo_message", message="prod") == "prod"
+        assert env.state().step_count == 0
+    rpc = read_rpc(echo_server.frame_log, tag)
+    methods = [exchange.method for exchange in rpc]
+    assert methods[0] == "openenv/session/create"
+    assert {"tools/list", "tools/call", "openenv/session/close"} <= set(methods)
+    created = rpc[0].response
+    assert created is not None
+    session_id = created["result"]["session_id"]
+    for exchange in rpc[1:]:
+        assert exchange.request is not None
+        assert exchange.request["params"]["session_id"] == session_id
+    attached = {conn.session_id for conn in read_connections(echo_server.frame_log, tag)}
+    assert attached == {session_id}

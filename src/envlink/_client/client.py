@@ -20,7 +20,7 @@ from envlink._client.connector import Connector
 from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
-from envlink._client.mcp import McpMethods
+from envlink._client.mcp import McpMethods, client_mode
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -133,6 +133,8 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
         hooks: observers of the client (:class:`ClientHook`); by default envlink's
             OpenTelemetry and structlog emitter. Given, they replace it: include
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
+        mode: OpenEnv's ``"simulation"`` (default) or ``"production"`` (MCP tool
+            calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``.
 
     Raises:
         ValueError: for a malformed URL or option.
@@ -165,10 +167,12 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
         transport: Transport | None = None,
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
+        mode: str | None = None,
     ) -> None:
         # Everything new_session() needs to open a sibling session with the same options.
         self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         _check_policy(on_session_lost)
+        self._mode = client_mode(mode)
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
@@ -215,6 +219,7 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
             hook = combine_client_hooks(list(hooks))
         self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
                                  max_journal_steps=max_journal_steps)
+        self._core.production = self._mode == "production"
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,

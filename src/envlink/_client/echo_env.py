@@ -90,12 +90,15 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
         """Call a tool and return its value (a step under the hood), as OpenEnv's client does.
 
         A FastMCP ``CallToolResult`` (what a real OpenEnv MCP server returns, with
-        ``content`` and ``data``) is unwrapped to its ``data``.
+        ``content`` and ``data``) is unwrapped to its ``data``. In production mode the
+        call goes over ``POST /mcp`` (:meth:`mcp_call_tool`), not through ``step()``.
 
         Raises:
             ToolCallError: the server reported that the tool call failed (unknown tool,
                 invalid arguments, ...).
         """
+        if self.mode == "production":
+            return await self.mcp_call_tool(tool_name, arguments)
         result = await self.step(CallToolAction(tool_name=tool_name, arguments=arguments))
         obs = result.observation
         if obs.error:
@@ -112,5 +115,7 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
     @dispatched
     async def list_tools(self) -> list[dict[str, Any]]:
         """The environment's tools (name, description, input schema)."""
+        if self.mode == "production":
+            return await self.mcp_list_tools()
         result = await self.step(ListToolsAction())
         return result.observation.tools or []
