@@ -24,6 +24,7 @@ EXPECTED = {
     "PhaseFinished", "ClientEvent",
     # the bridge
     "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
+    "default_bridge",
     # many sessions
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry

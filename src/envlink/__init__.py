@@ -60,6 +60,7 @@ from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPo
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
@@ -97,6 +98,7 @@ _LAZY = {
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
+    "default_bridge": "envlink._client.default_bridge",
     "configure": "envlink.telemetry",
 }
 
@@ -178,5 +180,6 @@ __all__ = [
     "ToolCallError",
     "__version__",
     "configure",
+    "default_bridge",
     "set_testing",
 ]

@@ -451,8 +451,8 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
-            bridge: share an existing :class:`~envlink.Bridge` (one thread for many
-                clients); by default the facade owns a new one.
+            bridge: run on this :class:`~envlink.Bridge` (left open by ``close()``);
+                by default the process-wide :func:`~envlink.default_bridge`.
             nested_spans: a span of the bridge's as the parent of each call's
                 client span (default: one span per call; see :class:`SyncEnvClient`).
         """
