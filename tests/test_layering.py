@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "envlink"
 PURE = ["_errors.py", "_config.py", "_sansio/protocol.py", "_sansio/policies.py",
-        "_sansio/journal.py",
+        "_sansio/journal.py", "_sansio/limits.py",
         "_sansio/retry.py", "_sansio/session.py", "_pool/breaker.py", "_pool/placement.py"]
 IO_MODULES = {"asyncio", "socket", "ssl", "websockets", "selectors", "http", "urllib.request"}
 

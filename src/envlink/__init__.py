@@ -55,6 +55,7 @@ from envlink._errors import (
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.limits import Limits, get_limits, set_limits
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 
 if TYPE_CHECKING:
@@ -154,6 +155,7 @@ __all__ = [
     "HandshakeRejectedError",
     "McpError",
     "JournalEntry",
+    "Limits",
     "ListToolsAction",
     "MockTransport",
     "OutcomeUnknownError",
@@ -181,5 +183,7 @@ __all__ = [
     "__version__",
     "configure",
     "default_bridge",
+    "get_limits",
+    "set_limits",
     "set_testing",
 ]

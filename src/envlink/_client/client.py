@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
+from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
@@ -35,6 +36,7 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.limits import Limits
 from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
@@ -128,6 +130,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         hooks: observers of the client (:class:`ClientHook`); by default envlink's
             OpenTelemetry and structlog emitter. Given, they replace it: include
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
+        limits, on_capacity: sessions per endpoint, and ``"raise"`` or ``"wait"`` when full.
 
     Raises:
         ValueError: for a malformed URL or option.
@@ -160,6 +163,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         transport: Transport | None = None,
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
+        limits: Limits | None = None, on_capacity: CapacityMode = "raise",
     ) -> None:
         # Everything new_session() needs to open a sibling session with the same options.
         self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
@@ -214,6 +218,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
+        self._driver.capacity = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
 
     # ------------------------------------------------------------------ properties
 
@@ -451,8 +456,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
-            bridge: run on this :class:`~envlink.Bridge` (left open by ``close()``);
-                by default the process-wide :func:`~envlink.default_bridge`.
+            bridge: run on this :class:`~envlink.Bridge` (default: :func:`~envlink.default_bridge`).
             nested_spans: a span of the bridge's as the parent of each call's
                 client span (default: one span per call; see :class:`SyncEnvClient`).
         """

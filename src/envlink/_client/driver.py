@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector, DetachedSessionGone
 from envlink._client.events import (
     CallFinished,
@@ -113,6 +114,8 @@ class SessionDriver:
         self._lock: asyncio.Lock | None = None
         #: The task of the call in flight, cancelled by close().
         self.active: asyncio.Task[Any] | None = None
+        #: The client's share of the process's session limit (None: not counted).
+        self.capacity: CapacityGate | None = None
 
     @property
     def closed(self) -> bool:
@@ -137,7 +140,10 @@ class SessionDriver:
         try:
             try:
                 async with deadline(seconds, method):
-                    return await run(call)
+                    gate = self.capacity
+                    if gate is None or gate.passes(method):
+                        return await run(call)
+                    return await gate.call(method, seconds, lambda: run(call))
             except asyncio.CancelledError as exc:
                 if self.closed:
                     raise ClientClosedError(f"the client was closed during {method}") from exc
@@ -220,6 +226,8 @@ class SessionDriver:
             raise
         finally:
             self.hook.phase_finished(PhaseFinished(phase, error), mark)
+            if self.capacity is not None:
+                self.capacity.release()
         self.hook.event(ClientEvent(LOG_CLIENT_CLOSED, self.core.session_id, {}))
 
     # ------------------------------------------------------------------ requests
