@@ -19,7 +19,7 @@ EXPECTED = {
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
-    "Limits", "set_limits", "get_limits",
+    "Limits", "set_limits", "get_limits", "SessionHandle",
     # testing without a server; observing a client
     "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
     "PhaseFinished", "ClientEvent",

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 
     from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._client.handles import SessionHandle
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -100,6 +101,7 @@ _LAZY = {
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
     "default_bridge": "envlink._client.default_bridge",
+    "SessionHandle": "envlink._client.handles",
     "configure": "envlink.telemetry",
 }
 
@@ -172,6 +174,7 @@ __all__ = [
     "ServerValidationError",
     "SessionError",
     "SessionGoneError",
+    "SessionHandle",
     "SessionLostError",
     "SessionLostPolicy",
     "StepResult",

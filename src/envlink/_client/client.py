@@ -20,6 +20,7 @@ from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
+from envlink._client.handles import PortableSession
 from envlink._client.mcp import McpMethods
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -92,7 +93,7 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, PortableSession, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
