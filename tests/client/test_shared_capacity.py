@@ -199,3 +199,22 @@ def test_per_client_limits_and_validation(server: ServerThread) -> None:
         GenericEnvClient(server.url, limits=2)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Limits"):
         set_limits(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("shared_limit")
+def test_a_pool_and_a_lone_client_share_the_limit(server: ServerThread) -> None:
+    """A pool's sessions count against the same process-wide limit as independent clients:
+    with the pool holding both, a lone client is refused locally until the pool closes."""
+    from envlink import EnvPool
+
+    lone = GenericEnvClient(server.url).sync()
+    try:
+        with EnvPool(server.url, 2).sync() as pool:
+            assert pool.reset(seeds=0).ok
+            assert capacity.LEDGER.held(lone.async_client.ws_url) == 2
+            with pytest.raises(CapacityReachedError) as refused:
+                lone.reset()
+            assert refused.value.details == {"local": True}
+        assert lone.reset().done is False
+    finally:
+        lone.close()
