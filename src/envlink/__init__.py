@@ -55,7 +55,7 @@ from envlink._errors import (
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._sansio.limits import Limits, get_limits, set_limits
+from envlink._sansio.session_limits import Limits, get_limits, set_limits
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 
 if TYPE_CHECKING:

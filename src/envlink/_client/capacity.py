@@ -1,7 +1,7 @@
 """A client's share of the process-wide session limit, and waiting for capacity.
 
 Every :class:`~envlink.EnvClient` of a process counts against one
-:class:`~envlink._sansio.limits.SessionLedger`: it takes a permit for its endpoint
+:class:`~envlink._sansio.session_limits.SessionLedger`: it takes a permit for its endpoint
 before it opens its first session there, and gives it back when it ends that
 session (``close``, ``disconnect``) or fails to open one. With a limit set
 (:class:`~envlink.Limits`, process-wide or per client), a client finding the
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 from envlink._errors import CapacityReachedError, ConnectError
-from envlink._sansio.limits import Limits, SessionLedger, get_limits
+from envlink._sansio.session_limits import Limits, SessionLedger, get_limits
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Retry
 from envlink._sansio.session import SessionCore

@@ -37,7 +37,7 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.limits import Limits
+from envlink._sansio.session_limits import Limits
 from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
@@ -106,7 +106,8 @@ class EnvClient(McpMethods, PortableSession, Generic[ActT, ObsT, StateT]):
         timeout: a :class:`Timeout`, a number for every phase, or ``None`` for none.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
         reconnect: the :class:`ReconnectPolicy` for opening connections.
-        on_session_lost: ``"raise"`` (default), ``"replay"`` or ``"resume"``.
+        on_session_lost: ``"raise"`` (default), ``"replay"``, ``"resume"`` or
+            ``"auto"`` (resume when the server can, else replay).
         replay_verify: compares a recorded answer with the replayed one during
             ``replay`` (default: equality of the whole ``data`` object).
         max_journal_steps: bound on the steps recorded for ``replay``.
