@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector, DetachedSessionGone
 from envlink._client.events import (
     CallFinished,
@@ -115,6 +116,8 @@ class SessionDriver:
         self._lock: asyncio.Lock | None = None
         #: The task of the call in flight, cancelled by close().
         self.active: asyncio.Task[Any] | None = None
+        #: The client's share of the process's session limit (None: not counted).
+        self.capacity: CapacityGate | None = None
 
     @property
     def closed(self) -> bool:
@@ -139,7 +142,10 @@ class SessionDriver:
         try:
             try:
                 async with deadline(seconds, method):
-                    return await run(call)
+                    gate = self.capacity
+                    if gate is None or gate.passes(method):
+                        return await run(call)
+                    return await gate.call(method, seconds, lambda: run(call))
             except asyncio.CancelledError as exc:
                 if self.closed:
                     raise ClientClosedError(f"the client was closed during {method}") from exc
@@ -213,8 +219,12 @@ class SessionDriver:
             # itself is passed on.
             await asyncio.wait({active}, timeout=seconds)
         await self.connector.wait_background(seconds)
-        with self.report(PhaseStarted("close", "close")):
-            await self.connector.close(graceful=True, timeout=seconds)
+        try:
+            with self.report(PhaseStarted("close", "close")):
+                await self.connector.close(graceful=True, timeout=seconds)
+        finally:
+            if self.capacity is not None:
+                self.capacity.release()
         self.hook.event(ClientEvent(LOG_CLIENT_CLOSED, self.core.session_id, {}))
 
     # ------------------------------------------------------------------ requests
