@@ -340,6 +340,40 @@ def test_a_failed_connect_is_counted_as_an_error() -> None:
         assert {"connect_error", "handshake_rejected"} <= attempts
 
 
+def test_a_connection_lost_between_calls_is_reopened_as_a_reconnect() -> None:
+    """A server restarted while its client is between episodes: the next call reopens the
+    connection, counted in envlink.client.reconnects (reason retry); nothing fails."""
+    import socket
+
+    from envlink import EchoEnv, ReconnectPolicy
+    from envlink.names import METRIC_ERRORS, METRIC_RECONNECTS, METRIC_RECOVERIES
+    from envlink.server import ServerThread
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fast = ReconnectPolicy(max_attempts=20, initial_delay=0.01, max_delay=0.05)
+    server = ServerThread(env="echo", port=port)
+    server.start()
+    try:
+        with Otel.capture() as otel, EchoEnv(
+                base_url=f"http://127.0.0.1:{port}", reconnect=fast,
+                meter_provider=otel.meter_provider).sync() as env:
+            for _ in range(2):
+                env.reset()
+                server.stop()
+                server = ServerThread(env="echo", port=port)
+                server.start()
+            env.reset()
+            reconnects = {p.attributes["envlink.reason"]: p.value
+                          for p in otel.points(METRIC_RECONNECTS)}
+            assert reconnects == {"retry": 2}
+            assert otel.points(METRIC_ERRORS) == []
+            assert otel.points(METRIC_RECOVERIES) == []
+    finally:
+        server.stop()
+
+
 def test_failed_spans_record_an_exception_event(scripted_episode: Episode) -> None:
     """Every span envlink marks failed has ERROR status, error.type and an exception event."""
     failed = [s for s in scripted_episode.spans if "error.type" in (s.attributes or {})]
