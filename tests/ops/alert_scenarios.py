@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from envlink import (
@@ -36,7 +37,7 @@ from envlink import (
     ReconnectPolicy,
     RetryBudget,
 )
-from envlink.server import ServerThread
+from envlink.server import ServerThread, StepResult
 from envlink.telemetry import TelemetryHandle, configure
 
 #: The line printed once the scrape endpoint listens: ``PREFIX + url``.
@@ -255,12 +256,10 @@ class Scenarios:
             def __init__(self) -> None:
                 self.generation = next(generations)
 
-            def reset(self, **kwargs: Any) -> Any:
-                from envlink.server import StepResult
+            def reset(self, **kwargs: Any) -> StepResult:
                 return StepResult(observation={"generation": self.generation})
 
-            def step(self, action: dict[str, Any]) -> Any:
-                from envlink.server import StepResult
+            def step(self, action: dict[str, Any]) -> StepResult:
                 return StepResult(observation={"generation": self.generation})
 
             def state(self) -> dict[str, Any]:
@@ -335,7 +334,9 @@ def _drop_newest(server: Any) -> None:
     handle.faults.drop_after = handle.requests + 1
 
 
-_WORKLOAD_DIR = __import__("pathlib").Path(__file__).resolve().parents[2] / "deploy" / "workload"
+#: The demo workload (deploy/workload/workload.py), whose EnvPool cycle the pool
+#: scenario reuses.
+_WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "workload"
 
 #: Scenario names (the command line's, and the suite's scrape jobs) and their loops.
 SCENARIOS: dict[str, Callable[[Scenarios], None]] = {
