@@ -292,6 +292,10 @@ class SessionDriver:
         """The connection to send on, after the core's preflight; ``None``: recover."""
         connector, core = self.connector, self.core
         conn = connector.conn
+        # A connection that died since the last call (the server restarted or cut it)
+        # is reopened as a reconnect, as one lost during a call is: a crash-looping
+        # server shows in the reconnect rate even when its clients are between calls.
+        lost = conn is not None and not conn.is_open
         todo = core.preflight(method, connection_open=conn is not None and conn.is_open)
         if todo is Preflight.REPLACE:
             # A new episode need not queue behind the old one's late answer; the old
@@ -315,7 +319,8 @@ class SessionDriver:
         connector.conn = None
         if todo is Preflight.RECOVER:
             return None
-        return await connector.open_session(method, reason="connect" if number == 1 else "retry")
+        return await connector.open_session(
+            method, reason="connect" if number == 1 and not lost else "retry")
 
     def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
         """The answer as ``kind``; an error frame raises ``ServerError``.
