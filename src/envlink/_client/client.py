@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
+from envlink._client import lifecycle
 from envlink._client.connector import Connector
+from envlink._client.discovery import DiscoveryMethods, wait_until_ready
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.mcp import McpMethods
@@ -54,6 +56,7 @@ ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
+_C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")
 
 
 @dataclass
@@ -90,7 +93,7 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -99,7 +102,9 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
     Used as is, actions may be dicts or pydantic models and observations are dicts.
 
     Args:
-        base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added).
+        base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added),
+            or a Hugging Face Space's name (``"owner/space"``); may be left out with
+            a ``provider``.
         timeout: a :class:`Timeout`, a number for every phase, or ``None`` for none.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
         reconnect: the :class:`ReconnectPolicy` for opening connections.
@@ -128,14 +133,20 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         hooks: observers of the client (:class:`ClientHook`); by default envlink's
             OpenTelemetry and structlog emitter. Given, they replace it: include
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
+        provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider`` (or
+            :class:`LocalServerProvider`): without ``base_url`` it is started on
+            connect and stopped on close; shared with :meth:`new_session` children.
+        token: a Hugging Face token for a Space (default: ``HF_TOKEN`` or the token
+            file), sent as ``Authorization: Bearer`` to that Space only.
 
     Raises:
-        ValueError: for a malformed URL or option.
+        ValueError: for a malformed URL or option, or neither ``base_url`` nor ``provider``.
+        ProviderError: ``provider`` is not a provider.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         timeout: TimeoutTypes | UnsetType = UNSET,
         headers: Mapping[str, str] | None = None,
@@ -160,10 +171,14 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         transport: Transport | None = None,
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
+        provider: Any = None,
+        token: str | None = None,
     ) -> None:
         # Everything new_session() needs to open a sibling session with the same options.
         self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         _check_policy(on_session_lost)
+        self._target = lifecycle.Target.resolve(base_url, provider, headers, token)
+        base_url, headers = self._target.base_url, self._target.headers
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
@@ -214,6 +229,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
+        connector.prepare = self._prepare_server
 
     # ------------------------------------------------------------------ properties
 
@@ -246,9 +262,15 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         return self._core.mechanism
 
     @property
-    def base_url(self) -> str:
-        """The base URL as given, no trailing slash or credentials (as OpenEnv's client)."""
-        return self._endpoint.base_url
+    def base_url(self) -> str | None:
+        """The base URL as given, no trailing slash or credentials (as OpenEnv's client);
+        ``None`` while a provider's server has not been started."""
+        return self._endpoint.base_url if self._target.started else None
+
+    @property
+    def provider(self) -> Any:
+        """The provider given as ``provider=``, or ``None``."""
+        return self._target.provider
 
     ws_url = property(lambda self: self._endpoint.ws_url,
                       doc="The server's ``/ws`` URL the client connects to (no credentials).")
@@ -437,7 +459,10 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         if children:
             await asyncio.gather(*(child.close(timeout=timeout) for child in children),
                                  return_exceptions=True)
-        await self._driver.close(seconds)
+        try:
+            await self._driver.close(seconds)
+        finally:
+            await self._target.release()
 
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
         await self.connect()
@@ -482,7 +507,73 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         # attempt within it).
         return self.timeouts.call if timeout is UNSET else timeout
 
+    @classmethod
+    def from_docker_image(cls: type[_C], image: str, provider: Any = None,
+                          **kwargs: Any) -> lifecycle.Bootstrap[_C]:
+        """A client of a server run from a container image, as OpenEnv's ``from_docker_image``.
+
+        Lazy: nothing starts until the handle is awaited (a connected client) or
+        ``.sync()`` is called (a connected :class:`SyncEnvClient`). The container
+        is started under the connect deadline and stopped when the client closes,
+        or at once if starting or connecting fails.
+
+        Args:
+            image: the image (``"echo-env:latest"``).
+            provider: a container provider (default: :class:`DockerProvider`).
+            **kwargs: passed to ``provider.start_container(image, ...)``.
+
+        Raises:
+            ProviderError: on resolution: docker is missing, or the start failed.
+        """
+        return lifecycle.from_docker_image(cls, image, provider, kwargs)
+
+    @classmethod
+    def from_env(cls: type[_C], repo_id: str, *, use_docker: bool = True, provider: Any = None,
+                 **provider_kwargs: Any) -> lifecycle.Bootstrap[_C]:
+        """A client of a Hugging Face Space run locally, as OpenEnv's ``from_env``.
+
+        With ``use_docker`` the Space's image ``registry.hf.space/<subdomain>:<tag>``
+        runs in a container provider (default :class:`DockerProvider`); otherwise a
+        runtime provider runs it (default: ``uv run`` of a local checkout given as
+        ``project_path``). To use the hosted Space instead, pass its name as
+        ``base_url``: ``EnvClient("owner/space")``.
+
+        Args:
+            repo_id: ``owner/space``.
+            use_docker: run the image (``True``) or the project (``False``).
+            provider: the provider to use.
+            **provider_kwargs: ``port``, ``env_vars``, ``tag`` (docker), ``project_path``
+                and ``app`` (uv), or more ``start_container`` arguments.
+
+        Raises:
+            ValueError: a malformed ``repo_id``, or ``provider_kwargs`` with a runtime
+                ``provider``.
+            ProviderError: on resolution, as :meth:`from_docker_image`.
+        """
+        return lifecycle.from_env(cls, repo_id, use_docker=use_docker, provider=provider,
+                                  provider_kwargs=provider_kwargs)
+
     # --------------------------------------------------------------------- internals
+
+    async def _prepare_server(self) -> None:
+        """Start the provider's server or wait for a sleeping Space, once (each connect
+        calls this first)."""
+        target = self._target
+        url = await target.prepare(self.timeouts.call)
+        if url is not None:
+            self._endpoint = parse_endpoint(url)
+            self._driver.connector.endpoint = self._endpoint
+        if not target.awake:
+            policy = self.reconnect_policy
+            await wait_until_ready(
+                self._endpoint, self._options, policy,
+                policy.max_elapsed if policy.max_elapsed is not None else self.timeouts.call,
+                attempt_timeout=self.timeouts.connect, space=target.space)
+            target.awake = True
+
+    @property
+    def _space_name(self) -> str | None:
+        return self._target.space
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         if timeout is UNSET:

@@ -1,4 +1,5 @@
-"""A minimal HTTP/1.1 client for OpenEnv's ``POST /mcp`` (JSON-RPC), on asyncio streams.
+"""A minimal HTTP/1.1 client for OpenEnv's ``POST /mcp`` (JSON-RPC) and ``GET /health``
+(``/schema``, ``/metadata``), on asyncio streams.
 
 Only what envlink needs and no new dependency: one JSON request per connection
 (``Connection: close``), the client's handshake headers (``Authorization``...),
@@ -26,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
 
-__all__ = ["HttpAnswer", "NoAnswerError", "post_json"]
+__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json"]
 
 _MAX_HEAD = 64 * 1024
 
@@ -69,25 +70,47 @@ async def post_json(url: str, body: Any, *,
         ConnectionLostError: the connection failed after the request was sent.
         ProtocolError: the answer is not HTTP/1.x, too large, or not JSON.
     """
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    return await _request("POST", url, payload, headers=headers, ssl=ssl, proxy=proxy,
+                          max_size=max_size)
+
+
+async def get_json(url: str, *,
+                   headers: Mapping[str, str] | list[tuple[str, str]] = (),  # type: ignore[assignment]
+                   ssl: ssl_module.SSLContext | None = None, proxy: str | bool | None = True,
+                   max_size: int | None = 1024 * 1024) -> HttpAnswer:
+    """GET ``url`` and return the JSON answer (options and errors as :func:`post_json`).
+
+    Redirects are not followed (a 3xx is returned as it is), so headers such as
+    ``Authorization`` never reach another host.
+    """
+    return await _request("GET", url, None, headers=headers, ssl=ssl, proxy=proxy,
+                          max_size=max_size)
+
+
+async def _request(method: str, url: str, payload: bytes | None, *,
+                   headers: Mapping[str, str] | list[tuple[str, str]],
+                   ssl: ssl_module.SSLContext | None, proxy: str | bool | None,
+                   max_size: int | None) -> HttpAnswer:
     parts = urlsplit(url)
     secure = parts.scheme == "https"
     host = parts.hostname or ""
     port = parts.port or (443 if secure else 80)
     where = f"{parts.scheme}://{host}:{port}{parts.path}"
     pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-    payload = json.dumps(body, separators=(",", ":")).encode()
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
     host_header = f"[{host}]" if ":" in host else host
     if parts.port is not None:
         host_header += f":{parts.port}"
-    lines = [f"POST {target} HTTP/1.1", f"Host: {host_header}",
-             "Content-Type: application/json", "Accept: application/json",
-             f"Content-Length: {len(payload)}", "Connection: close"]
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}"]
+    if payload is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+    lines += ["Accept: application/json", "Connection: close"]
     taken = {"host", "content-type", "accept", "content-length", "connection"}
     lines += [f"{k}: {v}" for k, v in pairs if k.lower() not in taken]
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (payload or b"")
 
     reader, writer = await _open(host, port, secure, ssl, _proxy_for(parts.scheme, host, proxy),
                                  where)
@@ -96,7 +119,7 @@ async def post_json(url: str, body: Any, *,
             writer.write(request)
             await writer.drain()
         except OSError as exc:
-            raise ConnectionLostError(f"POST {where} failed while sending: {exc}") from exc
+            raise ConnectionLostError(f"{method} {where} failed while sending: {exc}") from exc
         return await _read_answer(reader, max_size, where)
     finally:
         writer.transport.abort()
