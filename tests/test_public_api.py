@@ -28,12 +28,16 @@ EXPECTED = {
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
     "configure",
+    # where the server comes from: providers, Spaces, readiness and discovery
+    "LocalServerProvider", "DockerProvider", "Bootstrap", "hf_space_subdomain",
+    "Health", "EnvironmentMetadata", "EnvironmentSchema",
     # errors
     "EnvlinkError", "ConnectError", "HandshakeRejectedError", "ConnectionLostError",
     "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
+    "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "__version__",
 }
 

@@ -22,6 +22,7 @@ from envlink._bridge import (
     set_default_hooks,
 )
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._client.events import (
     CallFinished,
     CallStarted,
@@ -30,6 +31,9 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._client.lifecycle import Bootstrap
+from envlink._client.providers import DockerProvider, LocalServerProvider
+from envlink._client.spaces import hf_space_subdomain
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -41,9 +45,12 @@ from envlink._errors import (
     ErrorCode,
     FactoryError,
     HandshakeRejectedError,
+    HttpStatusError,
     McpError,
+    NotReadyError,
     OutcomeUnknownError,
     ProtocolError,
+    ProviderError,
     ReentrantCallError,
     ReplayDivergedError,
     RetryBudgetExhaustedError,
@@ -52,6 +59,7 @@ from envlink._errors import (
     SessionError,
     SessionGoneError,
     SessionLostError,
+    SpaceNotAwakeError,
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
@@ -124,6 +132,7 @@ __all__ = [
     "UNSET",
     "AutoresetMode",
     "Batch",
+    "Bootstrap",
     "Bridge",
     "BridgeCallFinished",
     "BridgeCallStarted",
@@ -139,18 +148,25 @@ __all__ = [
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
+    "DockerProvider",
     "EchoEnv",
     "EchoObservation",
     "EndpointView",
     "EnvClient",
     "EnvPool",
+    "EnvironmentMetadata",
+    "EnvironmentSchema",
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
+    "Health",
+    "HttpStatusError",
+    "LocalServerProvider",
     "McpError",
+    "NotReadyError",
     "JournalEntry",
     "ListToolsAction",
     "MockTransport",
@@ -159,6 +175,7 @@ __all__ = [
     "PhaseStarted",
     "PoolView",
     "ProtocolError",
+    "ProviderError",
     "ReconnectPolicy",
     "ReentrantCallError",
     "ReplayDivergedError",
@@ -170,6 +187,7 @@ __all__ = [
     "SessionGoneError",
     "SessionLostError",
     "SessionLostPolicy",
+    "SpaceNotAwakeError",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",
@@ -178,5 +196,6 @@ __all__ = [
     "ToolCallError",
     "__version__",
     "configure",
+    "hf_space_subdomain",
     "set_testing",
 ]

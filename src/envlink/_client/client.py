@@ -140,7 +140,8 @@ class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
             file), sent as ``Authorization: Bearer`` to that Space only.
 
     Raises:
-        ValueError: for a malformed URL or option, or neither ``base_url`` nor ``provider``.
+        ValueError: for a malformed URL or option.
+        TypeError: ``base_url`` is not a string (or missing without a ``provider``).
         ProviderError: ``provider`` is not a provider.
     """
 

@@ -86,11 +86,12 @@ class Target:
         """What ``EnvClient(base_url, provider=, headers=, token=)`` connects to.
 
         Raises:
-            ValueError: neither ``base_url`` nor ``provider``; a malformed Space name.
+            TypeError: neither ``base_url`` nor ``provider``.
             ProviderError: ``provider`` is not a provider.
         """
         if base_url is None and provider is None:
-            raise ValueError("EnvClient needs a base_url (or a Space name) or a provider")
+            raise TypeError("base_url must be a str such as 'http://127.0.0.1:8000' or a "
+                            "Space name ('owner/space'), or left out with provider=; got None")
         lease = lease_for(provider, base_url) if provider is not None else None
         if base_url is None:
             return cls(_NOT_STARTED, headers, lease, None, started=False)
