@@ -418,7 +418,8 @@ async def _ready_or_exited(process: subprocess.Popen[bytes], url: str, timeout_s
         ReconnectPolicy(initial_delay=0.05, max_delay=0.5), timeout_s, attempt_timeout=2.0))
     exited = _exit_of(process)
     try:
-        done, _ = await asyncio.wait({ready, exited}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: set[asyncio.Future[Any]] = {ready, exited}
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if ready in done:
             ready.result()
             return
