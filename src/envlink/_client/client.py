@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from envlink._client import lifecycle
 from envlink._client.connector import Connector
-from envlink._client.discovery import DiscoveryMethods, wait_until_ready
+from envlink._client.discovery import DiscoveryMethods
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.mcp import McpMethods
@@ -56,7 +56,6 @@ ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
-_C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")
 
 
 @dataclass
@@ -93,7 +92,8 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods,
+                Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -103,8 +103,7 @@ class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
 
     Args:
         base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added),
-            or a Hugging Face Space's name (``"owner/space"``); may be left out with
-            a ``provider``.
+            or a Hugging Face Space's name (``"owner/space"``); optional with a provider.
         timeout: a :class:`Timeout`, a number for every phase, or ``None`` for none.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
         reconnect: the :class:`ReconnectPolicy` for opening connections.
@@ -133,11 +132,9 @@ class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
         hooks: observers of the client (:class:`ClientHook`); by default envlink's
             OpenTelemetry and structlog emitter. Given, they replace it: include
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
-        provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider`` (or
-            :class:`LocalServerProvider`): without ``base_url`` it is started on
-            connect and stopped on close; shared with :meth:`new_session` children.
-        token: a Hugging Face token for a Space (default: ``HF_TOKEN`` or the token
-            file), sent as ``Authorization: Bearer`` to that Space only.
+        provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider``, started on
+            connect (without ``base_url``), stopped on close, shared with children.
+        token: a Space's Hugging Face token (default: ``HF_TOKEN``, the token file).
 
     Raises:
         ValueError: for a malformed URL or option.
@@ -264,14 +261,8 @@ class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
 
     @property
     def base_url(self) -> str | None:
-        """The base URL as given, no trailing slash or credentials (as OpenEnv's client);
-        ``None`` while a provider's server has not been started."""
+        """The base URL as given, no trailing slash or credentials (``None`` until started)."""
         return self._endpoint.base_url if self._target.started else None
-
-    @property
-    def provider(self) -> Any:
-        """The provider given as ``provider=``, or ``None``."""
-        return self._target.provider
 
     ws_url = property(lambda self: self._endpoint.ws_url,
                       doc="The server's ``/ws`` URL the client connects to (no credentials).")
@@ -508,73 +499,7 @@ class EnvClient(McpMethods, DiscoveryMethods, Generic[ActT, ObsT, StateT]):
         # attempt within it).
         return self.timeouts.call if timeout is UNSET else timeout
 
-    @classmethod
-    def from_docker_image(cls: type[_C], image: str, provider: Any = None,
-                          **kwargs: Any) -> lifecycle.Bootstrap[_C]:
-        """A client of a server run from a container image, as OpenEnv's ``from_docker_image``.
-
-        Lazy: nothing starts until the handle is awaited (a connected client) or
-        ``.sync()`` is called (a connected :class:`SyncEnvClient`). The container
-        is started under the connect deadline and stopped when the client closes,
-        or at once if starting or connecting fails.
-
-        Args:
-            image: the image (``"echo-env:latest"``).
-            provider: a container provider (default: :class:`DockerProvider`).
-            **kwargs: passed to ``provider.start_container(image, ...)``.
-
-        Raises:
-            ProviderError: on resolution: docker is missing, or the start failed.
-        """
-        return lifecycle.from_docker_image(cls, image, provider, kwargs)
-
-    @classmethod
-    def from_env(cls: type[_C], repo_id: str, *, use_docker: bool = True, provider: Any = None,
-                 **provider_kwargs: Any) -> lifecycle.Bootstrap[_C]:
-        """A client of a Hugging Face Space run locally, as OpenEnv's ``from_env``.
-
-        With ``use_docker`` the Space's image ``registry.hf.space/<subdomain>:<tag>``
-        runs in a container provider (default :class:`DockerProvider`); otherwise a
-        runtime provider runs it (default: ``uv run`` of a local checkout given as
-        ``project_path``). To use the hosted Space instead, pass its name as
-        ``base_url``: ``EnvClient("owner/space")``.
-
-        Args:
-            repo_id: ``owner/space``.
-            use_docker: run the image (``True``) or the project (``False``).
-            provider: the provider to use.
-            **provider_kwargs: ``port``, ``env_vars``, ``tag`` (docker), ``project_path``
-                and ``app`` (uv), or more ``start_container`` arguments.
-
-        Raises:
-            ValueError: a malformed ``repo_id``, or ``provider_kwargs`` with a runtime
-                ``provider``.
-            ProviderError: on resolution, as :meth:`from_docker_image`.
-        """
-        return lifecycle.from_env(cls, repo_id, use_docker=use_docker, provider=provider,
-                                  provider_kwargs=provider_kwargs)
-
     # --------------------------------------------------------------------- internals
-
-    async def _prepare_server(self) -> None:
-        """Start the provider's server or wait for a sleeping Space, once (each connect
-        calls this first)."""
-        target = self._target
-        url = await target.prepare(self.timeouts.call)
-        if url is not None:
-            self._endpoint = parse_endpoint(url)
-            self._driver.connector.endpoint = self._endpoint
-        if not target.awake:
-            policy = self.reconnect_policy
-            await wait_until_ready(
-                self._endpoint, self._options, policy,
-                policy.max_elapsed if policy.max_elapsed is not None else self.timeouts.call,
-                attempt_timeout=self.timeouts.connect, space=target.space)
-            target.awake = True
-
-    @property
-    def _space_name(self) -> str | None:
-        return self._target.space
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         if timeout is UNSET:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Generator, Mapping
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
+from envlink._client.discovery import wait_until_ready
 from envlink._client.providers import (
     DockerProvider,
     LocalServerProvider,
@@ -30,14 +31,26 @@ from envlink._client.spaces import (
     space_url,
 )
 from envlink._errors import ProviderError
+from envlink._transports.base import parse_endpoint
 
 if TYPE_CHECKING:
-    from envlink._client.client import EnvClient
+    from envlink._client.driver import SessionDriver
     from envlink._client.sync_client import SyncEnvClient
+    from envlink._config import ConnectionOptions, Timeout
+    from envlink._sansio.policies import ReconnectPolicy
+    from envlink._transports.base import Endpoint
 
 __all__ = ["Bootstrap", "Target", "from_docker_image", "from_env", "override_space_urls"]
 
-_C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")
+class _Client(Protocol):
+    async def connect(self) -> Any: ...
+
+    async def close(self) -> None: ...
+
+    def sync(self) -> Any: ...
+
+
+_C = TypeVar("_C", bound=_Client)
 #: A base URL that cannot be reached, until the provider's server is started.
 _NOT_STARTED = "http://provider-not-started.invalid"
 #: Test-only: Space names resolved to another (loopback) base URL.
@@ -189,7 +202,7 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
             ProviderError, ConnectError, CallTimeoutError: as ``connect()``; the
                 provider is stopped first.
         """
-        facade = self._consume().sync()
+        facade: SyncEnvClient[Any, Any, Any] = self._consume().sync()
         try:
             facade.connect()
         except BaseException:
@@ -202,12 +215,107 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
         return f"<{type(self).__name__} pending (await it, or call .sync())>"
 
 
+_F = TypeVar("_F", bound="FactoryMethods")
+
+
+class FactoryMethods:
+    """Where the client's server comes from: ``from_docker_image``, ``from_env``, the
+    provider, and what happens before each connect. A mixin of the client."""
+
+    if TYPE_CHECKING:  # provided by EnvClient
+        _target: Target
+        _endpoint: Endpoint
+        _options: ConnectionOptions
+        _driver: SessionDriver
+        timeouts: Timeout
+
+        @property
+        def reconnect_policy(self) -> ReconnectPolicy: ...
+
+        async def connect(self) -> Any: ...
+
+        async def close(self) -> None: ...
+
+        def sync(self) -> Any: ...
+
+    @property
+    def provider(self) -> Any:
+        """The provider given as ``provider=``, or ``None``."""
+        return self._target.provider
+
+    @property
+    def _space_name(self) -> str | None:
+        return self._target.space
+
+    async def _prepare_server(self) -> None:
+        """Start the provider's server, or wait for a sleeping Space: once, before the
+        first connection (the connector calls it before each open)."""
+        target = self._target
+        url = await target.prepare(self.timeouts.call)
+        if url is not None:
+            self._endpoint = parse_endpoint(url)
+            self._driver.connector.endpoint = self._endpoint
+        if not target.awake:
+            policy = self.reconnect_policy
+            await wait_until_ready(
+                self._endpoint, self._options, policy,
+                policy.max_elapsed if policy.max_elapsed is not None else self.timeouts.call,
+                attempt_timeout=self.timeouts.connect, space=target.space)
+            target.awake = True
+
+    @classmethod
+    def from_docker_image(cls: type[_F], image: str, provider: Any = None,
+                          **kwargs: Any) -> Bootstrap[_F]:
+        """A client of a server run from a container image, as OpenEnv's ``from_docker_image``.
+
+        Lazy: nothing starts until the handle is awaited (a connected client) or
+        ``.sync()`` is called (a connected :class:`SyncEnvClient`). The container
+        is started under the connect deadline and stopped when the client closes,
+        or at once if starting or connecting fails.
+
+        Args:
+            image: the image (``"echo-env:latest"``).
+            provider: a container provider (default: :class:`DockerProvider`).
+            **kwargs: passed to ``provider.start_container(image, ...)``.
+
+        Raises:
+            ProviderError: on resolution: docker is missing, or the start failed.
+        """
+        return from_docker_image(cls, image, provider, kwargs)
+
+    @classmethod
+    def from_env(cls: type[_F], repo_id: str, *, use_docker: bool = True, provider: Any = None,
+                 **provider_kwargs: Any) -> Bootstrap[_F]:
+        """A client of a Hugging Face Space run locally, as OpenEnv's ``from_env``.
+
+        With ``use_docker`` the Space's image ``registry.hf.space/<subdomain>:<tag>``
+        runs in a container provider (default :class:`DockerProvider`); otherwise a
+        runtime provider runs it (default: ``uv run`` of a local checkout given as
+        ``project_path``). To use the hosted Space instead, pass its name as
+        ``base_url``: ``EnvClient("owner/space")``.
+
+        Args:
+            repo_id: ``owner/space``.
+            use_docker: run the image (``True``) or the project (``False``).
+            provider: the provider to use.
+            **provider_kwargs: ``port``, ``env_vars``, ``tag`` (docker), ``project_path``
+                and ``app`` (uv), or more ``start_container`` arguments.
+
+        Raises:
+            ValueError: a malformed ``repo_id``, or ``provider_kwargs`` with a runtime
+                ``provider``.
+            ProviderError: on resolution, as :meth:`from_docker_image`.
+        """
+        return from_env(cls, repo_id, use_docker=use_docker, provider=provider,
+                                  provider_kwargs=provider_kwargs)
+
+
 def from_docker_image(cls: type[_C], image: str, provider: Any,
                       kwargs: Mapping[str, Any]) -> Bootstrap[_C]:
     """See :meth:`EnvClient.from_docker_image`."""
     def build() -> _C:
         chosen = provider if provider is not None else DockerProvider()
-        return cls(provider=bound_container(chosen, image, kwargs))
+        return cast(_C, cast(Any, cls)(provider=bound_container(chosen, image, kwargs)))
 
     return Bootstrap(build)
 
@@ -228,7 +336,8 @@ def from_env(cls: type[_C], repo_id: str, *, use_docker: bool, provider: Any,
 
     def build() -> _C:
         runtime = provider if provider is not None else _uv_provider(repo_id, options)
-        return cls(provider=_BoundRuntime(runtime, start) if start else runtime)
+        chosen = _BoundRuntime(runtime, start) if start else runtime
+        return cast(_C, cast(Any, cls)(provider=chosen))
 
     return Bootstrap(build)
 
