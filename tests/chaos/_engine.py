@@ -31,15 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _oracle import MAX_STEPS, Call, Ledger, check_segment, project
-from _servers import (
-    CLIENT_MAX_MESSAGE,
-    FAULT_KINDS,
-    IN_PROCESS_KINDS,
-    InProcessServers,
-    ServeProcess,
-)
-
 import envlink
 from envlink import (
     CallTimeoutError,
@@ -49,6 +40,15 @@ from envlink import (
     SessionLostError,
     SyncEnvClient,
     Timeout,
+)
+
+from ._oracle import MAX_STEPS, Call, Ledger, check_segment, project
+from ._servers import (
+    CLIENT_MAX_MESSAGE,
+    FAULT_KINDS,
+    IN_PROCESS_KINDS,
+    InProcessServers,
+    ServeProcess,
 )
 
 __all__ = ["ChaosConfig", "ChaosRun", "Stats", "run_chaos"]

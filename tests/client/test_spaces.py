@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from _space_standin import SpaceStandIn
 from envlink import (
     GenericEnvClient,
     NotReadyError,
@@ -17,6 +16,8 @@ from envlink import (
 from envlink._client.lifecycle import override_space_urls
 from envlink._client.spaces import hf_token, space_url
 from envlink.server import EnvServer
+
+from .._space_standin import SpaceStandIn
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _interop_support import ServerProcess, python_command
+
+from ._interop_support import ServerProcess, python_command
 
 pytestmark = pytest.mark.timeout(90)
 

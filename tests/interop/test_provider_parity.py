@@ -11,7 +11,8 @@ import sys
 from typing import Any
 
 import pytest
-from _interop_support import CLIENTS, REPO_ROOT, SERVERS
+
+from ._interop_support import CLIENTS, REPO_ROOT, SERVERS
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -25,7 +25,6 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from _otel_support import Otel
 from envlink._telemetry.instruments import (
     DURATION_BUCKETS,
     METRIC_CALL_DURATION,
@@ -35,6 +34,7 @@ from envlink._telemetry.instruments import (
     Telemetry,
 )
 
+from .._otel_support import Otel
 from .conftest import Episode
 
 pytestmark = pytest.mark.timeout(30)

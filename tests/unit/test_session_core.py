@@ -188,7 +188,7 @@ def test_a_suspect_connection_is_replaced_for_reset_and_dropped_if_the_probe_fai
 
 
 def test_a_probe_cut_short_leaves_the_connection_suspect() -> None:
-    """Only a probe that answered clears suspicion (issue 9, defect 1)."""
+    """Only a probe that answered clears suspicion."""
     c = core(ext=EXTENDED)
     c.deadline_expired("step", None, c.next_request_id(), sent=True)
     assert c.preflight("state", connection_open=True) is Preflight.PROBE

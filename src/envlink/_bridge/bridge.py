@@ -24,6 +24,7 @@ from envlink._bridge.hooks import (
 from envlink._bridge.loop import LoopThread
 from envlink._config import check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
+from envlink._speedups import new_record, running_loop_getter
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -35,11 +36,10 @@ T = TypeVar("T")
 ForeignLoopPolicy = Literal["allow", "warn", "raise"]
 
 _log = logging.getLogger("envlink.bridge")
-_get_running_loop = asyncio._get_running_loop
+_get_running_loop = running_loop_getter()
 _copy_context = contextvars.copy_context
-# Builds a NamedTuple record in C: the generated ``__new__`` is a Python function, and
-# this runs twice per bridged call.
-_record = tuple.__new__
+# Two records per bridged call are built without the generated Python ``__new__``.
+_record = new_record
 
 
 class Bridge(LoopThread):

@@ -107,7 +107,8 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods,
         timeout: a :class:`Timeout`, a number for every phase, or ``None`` for none.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
         reconnect: the :class:`ReconnectPolicy` for opening connections.
-        on_session_lost: ``"raise"`` (default), ``"replay"`` or ``"resume"``.
+        on_session_lost: ``"raise"`` (default), ``"replay"``, ``"resume"`` or
+            ``"auto"`` (resume when the server can, else replay).
         replay_verify: compares a recorded answer with the replayed one during
             ``replay`` (default: equality of the whole ``data`` object).
         max_journal_steps: bound on the steps recorded for ``replay``.

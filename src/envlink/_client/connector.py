@@ -67,6 +67,12 @@ class DetachedSessionGone(ConnectError):
         super().__init__(message, retryable=False)
 
 
+#: How OpenEnv 0.10 refuses an attach to a session it does not know. Its frame has no
+#: code of its own (``SESSION_ERROR`` covers every refusal), so this wording is the
+#: only signal a stock server gives; envlink's reference server sends the same. Any
+#: other ``SESSION_ERROR`` on attach is taken as a refusal for now and retried.
+_UNKNOWN_SESSION = "Unknown session_id"
+
 #: JSON-RPC's "method not found": a server without OpenEnv's session methods.
 _METHOD_NOT_FOUND = -32601
 
@@ -276,7 +282,8 @@ class Connector:
             conn.abort()
             raise ConnectError("the server closed the connection while attaching",
                                retryable=True)
-        frame = decode_response(raw, max_size=self.options.max_message_size)
+        frame = decode_response(raw, max_size=self.options.max_message_size,
+                                max_values=self.options.max_message_values)
         if isinstance(frame, StateFrame):
             value = frame.data.get("step_count")
             if isinstance(value, int) and not isinstance(value, bool):
@@ -285,7 +292,7 @@ class Connector:
         conn.abort()
         if isinstance(frame, ErrorFrame):
             error = server_error(frame)
-            if isinstance(error, SessionError) and "Unknown session_id" in error.message:
+            if isinstance(error, SessionError) and _UNKNOWN_SESSION in error.message:
                 raise DetachedSessionGone(
                     f"the server no longer knows the session ({error.message.split(':')[0]})")
             if isinstance(error, SessionError):
@@ -401,7 +408,8 @@ class Connector:
         rid = self.core.next_request_id(always=True)
         await conn.send(self.core.encode("state", None, rid))
         while True:
-            frame = decode_response(await conn.recv(), max_size=self.options.max_message_size)
+            frame = decode_response(await conn.recv(), max_size=self.options.max_message_size,
+                                    max_values=self.options.max_message_values)
             if frame.id in (rid, None):
                 break
         if not isinstance(frame, StateFrame):

@@ -5,7 +5,7 @@ a deadline (before a container, a local process or a Hugging Face Space takes
 connections), and the JSON schemas and metadata of the environment. Requests go
 through :mod:`envlink._transports.http` with the client's connection options (TLS
 context, proxy, headers such as ``Authorization``, size bound) to the client's own
-server only; redirects are not followed, so a credential never reaches another host.
+server only; a redirect to another origin is followed without the credentials.
 
 :func:`wait_until_ready` polls under the one retry primitive
 (:class:`~envlink._sansio.retry.Retry`): the client's backoff and retry budget,
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
-import ssl as ssl_module
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -109,20 +107,12 @@ def _headers(endpoint: Endpoint, options: ConnectionOptions) -> list[tuple[str, 
     return headers
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 async def _get(endpoint: Endpoint, options: ConnectionOptions, path: str) -> HttpAnswer:
-    context = (options.ssl or ssl_module.create_default_context()) if endpoint.secure else None
-    proxy = None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy
+    # Redirects within the origin are followed; across origins the credentials are
+    # dropped, and https never becomes http (the HTTP module's rule).
     return await get_json(endpoint.http_url(path), headers=_headers(endpoint, options),
-                          ssl=context, proxy=proxy, max_size=options.max_message_size)
+                          ssl=options.ssl if endpoint.secure else None, proxy=options.proxy,
+                          max_size=options.max_message_size)
 
 
 async def fetch(endpoint: Endpoint, options: ConnectionOptions, path: str,

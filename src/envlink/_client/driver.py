@@ -359,7 +359,8 @@ class SessionDriver:
                     call.unanswered = False
                 buffered = await conn.take_buffered()
                 if buffered is not None:
-                    early = decode_response(buffered, max_size=max_size)
+                    early = decode_response(buffered, max_size=max_size,
+                                            max_values=self.options.max_message_values)
                     if isinstance(early, ErrorFrame):
                         raise server_error(early) from None
                 raise
@@ -367,7 +368,8 @@ class SessionDriver:
                 raw = await conn.recv()
                 hook.message("received", len(raw))
                 try:
-                    frame = core.receive(raw, request_id, max_size)
+                    frame = core.receive(raw, request_id, max_size,
+                                         self.options.max_message_values)
                 except ConnectionLostError as exc:
                     reason = exc.__cause__.reason if isinstance(exc.__cause__, ProtocolError) \
                         else "frame without request id"
@@ -459,7 +461,7 @@ def _never(exc: BaseException) -> bool:
 
 
 class _Turn:
-    """:meth:`Driver.turn`: the session's lock, held for one call (no generator frame)."""
+    """:meth:`SessionDriver.turn`: the session's lock, held for one call (no generator frame)."""
 
     __slots__ = ("_call", "_driver", "_lock")
 
@@ -470,7 +472,7 @@ class _Turn:
 
     async def __aenter__(self) -> None:
         driver = self._driver
-        # One running-loop look-up (a getpid() system call on 3.11) for task and loop.
+        # Task and loop come from one running-loop look-up, a system call on 3.11.
         task = _current_task()
         lock = driver._bind_loop(
             asyncio.get_running_loop() if task is None else task.get_loop())

@@ -12,7 +12,8 @@ OpenTelemetry, and an injectable clock. What comes in:
 What goes out: the text to send, the frame for the caller, or a decision
 (:class:`Preflight` before a send; :class:`Decision` after a failure: resend,
 recover by which strategy, or fail with which typed error). The asyncio driver
-(``_client/client.py``) does the I/O these decisions call for and nothing else.
+(:class:`~envlink._client.driver.SessionDriver`) does the I/O these decisions call
+for and nothing else.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES
 from envlink._sansio.policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
 from envlink._sansio.protocol import (
     ErrorFrame,
@@ -317,7 +319,8 @@ class SessionCore(_Planning):
     # ------------------------------------------------------------------ frames in
 
     def receive(self, raw: str | bytes, request_id: str | None,
-                max_size: int | None = None) -> Frame | Dropped:
+                max_size: int | None = None,
+                max_values: int | None = DEFAULT_MAX_MESSAGE_VALUES) -> Frame | Dropped:
         """Decode a frame received while waiting for ``request_id``'s answer.
 
         Returns:
@@ -330,7 +333,7 @@ class SessionCore(_Planning):
                 be attributed: the stream can no longer be trusted.
         """
         try:
-            frame = decode_response(raw, max_size=max_size)
+            frame = decode_response(raw, max_size=max_size, max_values=max_values)
         except ProtocolError as exc:
             if self.late:
                 raise self._unattributable(exc.reason) from exc
