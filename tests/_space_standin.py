@@ -18,7 +18,10 @@ SLEEPING_PAGE = (b"<!DOCTYPE html><html><head><title>Space is sleeping</title></
                  b"<body>This Space is waking up</body></html>")
 
 
-def _answer(status: int) -> bytes:
+def _answer(status: int, location: str | None = None) -> bytes:
+    if status == 307:
+        return (b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\n"
+                b"Connection: close\r\n\r\n" % (location or "/").encode())
     if status == 503:
         body, kind, reason = b"Service Unavailable", b"text/plain", b"Service Unavailable"
     else:
@@ -32,13 +35,15 @@ class SpaceStandIn:
 
     Args:
         target_port: the real server that answers once the script is played.
-        script: statuses of the first requests (``503`` or ``200`` for the HTML page);
+        script: statuses of the first requests (``503``; ``200`` for the HTML page;
+            ``307`` for a redirect to ``redirect_to`` plus the request's path);
             ``forever`` repeats the first one and never wakes.
     """
 
     def __init__(self, target_port: int, script: Sequence[int] = (503, 200), *,
-                 forever: bool = False) -> None:
+                 forever: bool = False, redirect_to: str | None = None) -> None:
         self.target_port = target_port
+        self.redirect_to = redirect_to
         self.script = list(script)
         self.forever = forever
         self.requests: list[tuple[str, str | None]] = []  # (request line, Authorization)
@@ -75,7 +80,8 @@ class SpaceStandIn:
         self.requests.append((lines[0], auth))
         if self.script:
             status = self.script[0] if self.forever else self.script.pop(0)
-            writer.write(_answer(status))
+            path = lines[0].split(" ")[1] if " " in lines[0] else "/"
+            writer.write(_answer(status, f"{self.redirect_to}{path}"))
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             writer.close()

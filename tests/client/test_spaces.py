@@ -89,3 +89,16 @@ async def test_space_that_does_not_wake_gets_a_typed_error(server: EnvServer) ->
     assert isinstance(info.value, NotReadyError) and info.value.last_status == 503
     assert "owner/asleep" in str(info.value) and TOKEN not in str(info.value)
     assert not any(line.startswith("GET /ws") for line, _ in space.requests)
+
+
+async def test_token_not_sent_across_a_cross_origin_redirect(server: EnvServer) -> None:
+    """A Space redirecting /health to another origin: the other host gets no token; the
+    Space itself gets it on every request."""
+    async with SpaceStandIn(server.port, script=()) as elsewhere, \
+            SpaceStandIn(server.port, script=(307,), redirect_to=elsewhere.url) as space:
+        with override_space_urls({"owner/redirecting": space.url}):
+            client = GenericEnvClient("owner/redirecting", token=TOKEN)
+        async with client:
+            await client.reset()
+    assert elsewhere.requests and {auth for _l, auth in elsewhere.requests} == {None}
+    assert {auth for _l, auth in space.requests} == {f"Bearer {TOKEN}"}
