@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(30)
 
 EXPECTED = {
     # clients and results
-    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult",
+    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult", "State",
     "CallToolAction", "ListToolsAction", "EchoObservation",
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
@@ -34,6 +34,7 @@ EXPECTED = {
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
+    "ExecutionModeError",
     "__version__",
 }
 

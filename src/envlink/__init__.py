@@ -30,6 +30,7 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -39,6 +40,7 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ErrorCode,
+    ExecutionModeError,
     FactoryError,
     HandshakeRejectedError,
     McpError,
@@ -147,6 +149,7 @@ __all__ = [
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
+    "ExecutionModeError",
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
@@ -170,6 +173,7 @@ __all__ = [
     "SessionGoneError",
     "SessionLostError",
     "SessionLostPolicy",
+    "State",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",

@@ -23,7 +23,8 @@ as ``__cause__``)::
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── ClientClosedError             the client or bridge was closed
-    └── ReentrantCallError            a blocking call from the bridge's own loop thread
+    ├── ReentrantCallError            a blocking call from the bridge's own loop thread
+    └── ExecutionModeError            a client used both with and without ``await``
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "ConnectionLostError",
     "EnvlinkError",
     "ErrorCode",
+    "ExecutionModeError",
     "FactoryError",
     "HandshakeRejectedError",
     "McpError",
@@ -418,3 +420,14 @@ class ReentrantCallError(EnvlinkError, RuntimeError):
     """
 
     error_type = "reentrant_call"
+
+
+class ExecutionModeError(EnvlinkError, RuntimeError):
+    """A client used in blocking (plain) code was then awaited, or the other way round.
+
+    A client claims ``"sync"`` or ``"async"`` on first use, as OpenEnv 0.10's does
+    (and, like OpenEnv's error, this is a :class:`RuntimeError`). Create one client
+    per style, or use ``client.sync()`` for a blocking facade beside async use.
+    """
+
+    error_type = "execution_mode"

@@ -46,6 +46,7 @@ from envlink._bridge.hooks import (
     set_default_hooks,
 )
 from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
+from envlink._bridge.loop import is_bridge_loop
 from envlink._bridge.proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
 from envlink._errors import (
     OUTCOME_CANCELLED,
@@ -70,5 +71,6 @@ __all__ = [
     "Invoke",
     "SyncProxy",
     "blocking_wrapper",
+    "is_bridge_loop",
     "set_default_hooks",
 ]

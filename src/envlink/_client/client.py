@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from pydantic import BaseModel
 
 from envlink._client.connector import Connector
+from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
-from envlink._client.mcp import McpMethods
+from envlink._client.mcp import McpMethods, client_mode
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -90,13 +91,17 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
-    ``state``, ``close``, ``async with``, the ``_step_payload`` / ``_parse_result`` /
-    ``_parse_state`` hooks, ``sync()``), plus deadlines, reconnects and recovery.
-    Used as is, actions may be dicts or pydantic models and observations are dicts.
+    ``state``, ``close``, ``async with`` and ``with``, the ``_step_payload`` /
+    ``_parse_result`` / ``_parse_state`` hooks, ``sync()``), plus deadlines, reconnects
+    and recovery. Used as is, actions may be dicts or pydantic models and observations
+    are dicts.
+
+    As in OpenEnv 0.10, calls also work without ``await``: in plain code they block
+    (on a bridge, as ``sync()``); the client claims "sync" or "async" on first use.
 
     Args:
         base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added).
@@ -129,6 +134,8 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         hooks: observers of the client (:class:`ClientHook`); by default envlink's
             OpenTelemetry and structlog emitter. Given, they replace it: include
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
+        mode: OpenEnv's ``"simulation"`` (default) or ``"production"`` (MCP tool
+            calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``.
 
     Raises:
         ValueError: for a malformed URL or option.
@@ -161,10 +168,12 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         transport: Transport | None = None,
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
+        mode: str | None = None,
     ) -> None:
         # Everything new_session() needs to open a sibling session with the same options.
         self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         _check_policy(on_session_lost)
+        self._mode = client_mode(mode)
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
@@ -211,6 +220,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
             hook = combine_client_hooks(list(hooks))
         self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
                                  max_journal_steps=max_journal_steps)
+        self._core.production = self._mode == "production"
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
@@ -439,13 +449,6 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
             await asyncio.gather(*(child.close(timeout=timeout) for child in children),
                                  return_exceptions=True)
         await self._driver.close(seconds)
-
-    async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def sync(self, bridge: Bridge | None = None, *,
              nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:

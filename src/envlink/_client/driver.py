@@ -181,6 +181,11 @@ class SessionDriver:
             core.lose_episode()
             core.resume_token = None
 
+    def serves_live_loop(self) -> bool:
+        """Whether the client is connected on an event loop that is still open."""
+        loop = self._loop
+        return loop is not None and not loop.is_closed() and self.connector.is_open
+
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         self.drop_if_inherited()
         if self._loop is not loop or self._lock is None:

@@ -194,11 +194,15 @@ class _Planning:
     resume_token: str | None
     detached_id: str | None
     detached_offered: bool | None
+    #: OpenEnv's production mode: tool calls go over ``POST /mcp`` to this session.
+    production: bool
 
     @property
     def wants_detached(self) -> bool:
-        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
-        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
+        """Whether to hold the session as an OpenEnv detached session (to resume it, or to
+        reach it over ``POST /mcp`` in production mode)."""
+        return (self.production or self.on_session_lost in ("resume", "auto")) and (
+            self.detached_offered is not False)
 
     def recovery_plan(self) -> list[str]:
         """The strategies to try now, in order: ``resume``/``auto`` use envlink's token,
@@ -269,6 +273,7 @@ class SessionCore(_Planning):
         #: The OpenEnv detached session held (a capability, never logged); offered?
         self.detached_id: str | None = None
         self.detached_offered: bool | None = None
+        self.production = False
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
         self._ids = itertools.count(1)
