@@ -13,7 +13,7 @@ persisted to disk). Fault injection hooks make it a test double for the client.
 
 This module is the I/O layer: listening, one handler per connection, stalls, drops
 and latency. The rest lives on its seams: the upgrade in ``_handshake``, sessions in
-``_registry``, what a frame means and what to answer in ``_dispatch`` (pure), the
+``_registry``, what a frame means and what to answer in ``_frames`` (pure), the
 fault decisions in ``_faults``, spans and test-facing observation in ``_observe``.
 """
 
@@ -36,11 +36,11 @@ from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink._sansio.protocol import encode_response
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._dispatch import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
 from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
+from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
