@@ -55,8 +55,8 @@ from envlink._errors import (
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._sansio.session_limits import Limits, get_limits, set_limits
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._sansio.session_limits import Limits, get_limits, set_limits
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -37,10 +37,10 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.session_limits import Limits
 from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
+from envlink._sansio.session_limits import Limits
 from envlink._transports.base import Transport, parse_endpoint
 
 if TYPE_CHECKING:
