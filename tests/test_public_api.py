@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(30)
 
 EXPECTED = {
     # clients and results
-    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult",
+    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult", "State",
     "CallToolAction", "ListToolsAction", "EchoObservation",
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
@@ -30,12 +30,17 @@ EXPECTED = {
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
     "configure",
+    # where the server comes from: providers, Spaces, readiness and discovery
+    "LocalServerProvider", "DockerProvider", "Bootstrap", "hf_space_subdomain",
+    "Health", "EnvironmentMetadata", "EnvironmentSchema",
     # errors
     "EnvlinkError", "ConnectError", "HandshakeRejectedError", "ConnectionLostError",
     "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
+    "ExecutionModeError",
+    "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "__version__",
 }
 

@@ -22,6 +22,7 @@ from envlink._bridge import (
     set_default_hooks,
 )
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._client.events import (
     CallFinished,
     CallStarted,
@@ -30,6 +31,10 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._client.lifecycle import Bootstrap
+from envlink._client.providers import DockerProvider, LocalServerProvider
+from envlink._client.spaces import hf_space_subdomain
+from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -39,11 +44,15 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ErrorCode,
+    ExecutionModeError,
     FactoryError,
     HandshakeRejectedError,
+    HttpStatusError,
     McpError,
+    NotReadyError,
     OutcomeUnknownError,
     ProtocolError,
+    ProviderError,
     ReentrantCallError,
     ReplayDivergedError,
     RetryBudgetExhaustedError,
@@ -52,6 +61,7 @@ from envlink._errors import (
     SessionError,
     SessionGoneError,
     SessionLostError,
+    SpaceNotAwakeError,
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
@@ -129,6 +139,7 @@ __all__ = [
     "UNSET",
     "AutoresetMode",
     "Batch",
+    "Bootstrap",
     "Bridge",
     "BridgeCallFinished",
     "BridgeCallStarted",
@@ -144,18 +155,26 @@ __all__ = [
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
+    "DockerProvider",
     "EchoEnv",
     "EchoObservation",
     "EndpointView",
     "EnvClient",
     "EnvPool",
+    "EnvironmentMetadata",
+    "EnvironmentSchema",
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
+    "ExecutionModeError",
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
+    "Health",
+    "HttpStatusError",
+    "LocalServerProvider",
     "McpError",
+    "NotReadyError",
     "JournalEntry",
     "Limits",
     "ListToolsAction",
@@ -165,6 +184,7 @@ __all__ = [
     "PhaseStarted",
     "PoolView",
     "ProtocolError",
+    "ProviderError",
     "ReconnectPolicy",
     "ReentrantCallError",
     "ReplayDivergedError",
@@ -177,6 +197,8 @@ __all__ = [
     "SessionHandle",
     "SessionLostError",
     "SessionLostPolicy",
+    "State",
+    "SpaceNotAwakeError",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",
@@ -188,5 +210,6 @@ __all__ = [
     "default_bridge",
     "get_limits",
     "set_limits",
+    "hf_space_subdomain",
     "set_testing",
 ]

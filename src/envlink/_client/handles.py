@@ -30,7 +30,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._sansio.session import Call, Episode, Link
+from envlink._sansio.session import Call, DropReason, Episode, Link
 
 if TYPE_CHECKING:
     from envlink._bridge import Bridge
@@ -244,8 +244,13 @@ class PortableSession:
                         "this session cannot be detached: the server offers no way to resume "
                         "it (envlink's extension, or OpenEnv detached sessions with "
                         "on_session_lost='resume')")
+                base_url = client.base_url
+                if base_url is None or client._target.provider is not None:
+                    # The provider stops its server when this client closes.
+                    raise EnvlinkError("a session on a server started by this client's "
+                                       "provider cannot be detached")
                 handle = SessionHandle(
-                    base_url=client.base_url, session_id=core.session_id,
+                    base_url=base_url, session_id=core.session_id,
                     mechanism="envlink-resume" if token is not None else "openenv-resume",
                     journal=core.journal.snapshot(), detached_id=detached,
                     resume_token=token)
@@ -254,7 +259,7 @@ class PortableSession:
                 core.resume_token = core.detached_id = None
                 connector = driver.connector
                 conn, connector.conn = connector.conn, None
-                core.discarded()
+                core.on_dropped(DropReason.DETACHED)
                 if conn is not None:
                     await conn.close(seconds)
                 return handle

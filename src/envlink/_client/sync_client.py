@@ -24,8 +24,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from envlink._bridge import DEFAULT_TIMEOUT, Bridge, Invoke, SyncProxy
+from envlink._bridge import Bridge, Invoke, SyncProxy, blocking_wrapper
 from envlink._client.default_bridge import default_bridge
+from envlink._client.dispatch import raw_method
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
@@ -66,7 +67,7 @@ def _bridged(bridge: Bridge, client: EnvClient[Any, Any, Any], margin: float, me
              fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              timeout: Any) -> Any:
     """Run one client call on the bridge, waiting the client's own deadline plus ``margin``."""
-    if timeout is UNSET or timeout is DEFAULT_TIMEOUT:
+    if timeout is UNSET:
         deadline = client.call_deadline(method)
     elif _accepts_timeout(client, method, fn):
         # Validated before the margin is added: the error names the caller's value.
@@ -145,9 +146,18 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
 
     def _envlink_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       timeout: float | UnsetType | None) -> Any:
-        client = self._envlink_target
-        return _bridged(self._envlink_bridge, client, self._envlink_margin, method,
-                        getattr(client, method), args, kwargs, timeout)
+        return self._envlink_run(method, raw_method(getattr(self._envlink_target, method)),
+                                 args, kwargs, timeout)
+
+    def _envlink_run(self, method: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any], timeout: Any) -> Any:
+        """Run the client's coroutine method ``fn`` (named ``method``) on the bridge."""
+        return _bridged(self._envlink_bridge, self._envlink_target, self._envlink_margin,
+                        method, fn, args, kwargs, timeout)
+
+    def _envlink_wrap(self, name: str, attr: Any) -> Callable[..., Any] | None:
+        # The client's dispatched methods are bridged as the coroutine methods they wrap.
+        return blocking_wrapper(self, name, raw_method(attr))
 
     def _envlink_invoke(self) -> Invoke:
         # Captured by value: no reference cycle through the facade.
