@@ -243,7 +243,9 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
-        self._driver.capacity = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
+        # A provider's server is the client's own (started on connect): no shared limit.
+        gate = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
+        self._driver.capacity = gate if self._target.started else None
         connector.prepare = self._prepare_server
 
     # ------------------------------------------------------------------ properties

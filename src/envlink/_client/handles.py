@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -180,7 +181,16 @@ async def _resume(client: EnvClient[Any, Any, Any], handle: SessionHandle,
     core.resume_token = handle.resume_token
     core.detached_id = handle.detached_id
     try:
-        await client.state(timeout=timeout)
+        state = await client.state(timeout=timeout)
+        journal = core.journal
+        if journal.unknown_steps:
+            # Steps cut by a deadline before the detach, still unknown after the resume
+            # (applied, their answers lost): the server's count says how many it applied,
+            # in order.
+            count = (state.get("step_count") if isinstance(state, Mapping)
+                     else getattr(state, "step_count", None))
+            if isinstance(count, int) and not isinstance(count, bool):
+                journal.settle_applied(count)
     except SessionLostError as exc:
         await client.close()
         raise _gone(handle, exc) from exc
