@@ -35,6 +35,9 @@ EXPECTED = {
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
     "ExecutionModeError",
+    # the harness stream
+    "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
+    "HarnessTurnError",
     "__version__",
 }
 

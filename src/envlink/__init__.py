@@ -63,6 +63,13 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._client.harness import (
+        HarnessClient,
+        HarnessEvent,
+        HarnessEventType,
+        HarnessProtocolError,
+        HarnessTurnError,
+    )
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -99,6 +106,11 @@ _LAZY = {
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
+    "HarnessClient": "envlink._client.harness",
+    "HarnessEvent": "envlink._client.harness",
+    "HarnessEventType": "envlink._client.harness",
+    "HarnessProtocolError": "envlink._client.harness",
+    "HarnessTurnError": "envlink._client.harness",
     "configure": "envlink.telemetry",
 }
 
@@ -153,6 +165,11 @@ __all__ = [
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
+    "HarnessClient",
+    "HarnessEvent",
+    "HarnessEventType",
+    "HarnessProtocolError",
+    "HarnessTurnError",
     "McpError",
     "JournalEntry",
     "ListToolsAction",

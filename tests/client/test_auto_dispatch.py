@@ -13,7 +13,6 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from _otel_support import Otel
 from envlink import (
     CallFinished,
     CallStarted,
@@ -27,6 +26,8 @@ from envlink import (
     SyncEnvClient,
 )
 from envlink.server import ServerThread
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -54,6 +54,8 @@ class Plan:
     session_id: str | None = None
     #: ``/ws?session_id=``: the OpenEnv detached session to attach to.
     attach: str | None = None
+    #: ``/harness``: a harness stream (RFC 005) instead of the Gym-style protocol.
+    harness: bool = False
 
 
 class Handshake:
@@ -87,6 +89,9 @@ class Handshake:
         if path == "/mcp" and server.detached_sessions:
             return rpc_response(connection, server._registry, server.max_sessions,
                                 server._counters)
+        if path == "/harness":
+            self._plans[connection] = Plan(harness=True)
+            return None
         if path != "/ws":
             return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
         faults = server.faults
@@ -101,6 +106,9 @@ class Handshake:
     def process_response(self, connection: ServerConnection, request: Request,
                          response: Response) -> None:
         if response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            self._plans.pop(connection, None)
+            return
+        if connection in self._plans:  # decided by the path (/harness)
             return
         server = self._server
         registry = server._registry
