@@ -19,11 +19,13 @@ EXPECTED = {
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
+    "Limits", "set_limits", "get_limits", "SessionHandle",
     # testing without a server; observing a client
     "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
     "PhaseFinished", "ClientEvent",
     # the bridge
     "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
+    "default_bridge",
     # many sessions
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry

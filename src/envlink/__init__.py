@@ -58,11 +58,14 @@ from envlink._errors import (
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._sansio.session_limits import Limits, get_limits, set_limits
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._client.handles import SessionHandle
     from envlink._client.harness import (
         HarnessClient,
         HarnessEvent,
@@ -111,6 +114,8 @@ _LAZY = {
     "HarnessEventType": "envlink._client.harness",
     "HarnessProtocolError": "envlink._client.harness",
     "HarnessTurnError": "envlink._client.harness",
+    "default_bridge": "envlink._client.default_bridge",
+    "SessionHandle": "envlink._client.handles",
     "configure": "envlink.telemetry",
 }
 
@@ -172,6 +177,7 @@ __all__ = [
     "HarnessTurnError",
     "McpError",
     "JournalEntry",
+    "Limits",
     "ListToolsAction",
     "MockTransport",
     "OutcomeUnknownError",
@@ -188,6 +194,7 @@ __all__ = [
     "ServerValidationError",
     "SessionError",
     "SessionGoneError",
+    "SessionHandle",
     "SessionLostError",
     "SessionLostPolicy",
     "State",
@@ -199,5 +206,8 @@ __all__ = [
     "ToolCallError",
     "__version__",
     "configure",
+    "default_bridge",
+    "get_limits",
+    "set_limits",
     "set_testing",
 ]

@@ -110,6 +110,7 @@ __all__ = [
     "OUTCOME_OK",
     "OUTCOME_TIMEOUT",
     "RPC_DURATION_BUCKETS",
+    "RPC_METHOD_CONNECT",
     "RPC_SYSTEM",
     "SCOPE_NAME",
     "SIZE_BUCKETS",
@@ -163,6 +164,12 @@ ATTR_POOL_MIN_READY = "envlink.pool.min_ready"
 ATTR_SESSION_STATE = "envlink.pool.session.state"
 ATTR_BREAKER_STATE = "envlink.breaker.state"
 ATTR_PLACEMENT_RESULT = "envlink.placement.result"
+
+#: ``rpc.method`` of a failed ``connect()`` on ``envlink.client.errors``. Connecting is
+#: not an RPC (no ``rpc.client.call.duration`` record), but a client that cannot
+#: connect must count as failing: the availability SLO and the retry-budget alert read
+#: these failures (docs/telemetry.md, docs/operations.md).
+RPC_METHOD_CONNECT = "connect"
 
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
+from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
 from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
+from envlink._client.handles import PortableSession
 from envlink._client.mcp import McpMethods, client_mode
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -39,6 +41,7 @@ from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
+from envlink._sansio.session_limits import Limits
 from envlink._transports.base import Transport, parse_endpoint
 
 if TYPE_CHECKING:
@@ -91,7 +94,7 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
+class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -136,6 +139,7 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
         mode: OpenEnv's ``"simulation"`` (default) or ``"production"`` (MCP tool
             calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``.
+        limits, on_capacity: sessions per endpoint, and ``"raise"`` or ``"wait"`` when full.
 
     Raises:
         ValueError: for a malformed URL or option.
@@ -169,6 +173,7 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
         options: ConnectionOptions | None = None,
         hooks: Sequence[ClientHook] | None = None,
         mode: str | None = None,
+        limits: Limits | None = None, on_capacity: CapacityMode = "raise",
     ) -> None:
         # Everything new_session() needs to open a sibling session with the same options.
         self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
@@ -225,6 +230,7 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
+        self._driver.capacity = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
 
     # ------------------------------------------------------------------ properties
 
@@ -455,8 +461,7 @@ class EnvClient(McpMethods, AutoDispatch, Generic[ActT, ObsT, StateT]):
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
-            bridge: share an existing :class:`~envlink.Bridge` (one thread for many
-                clients); by default the facade owns a new one.
+            bridge: run on this :class:`~envlink.Bridge` (default: :func:`~envlink.default_bridge`).
             nested_spans: a span of the bridge's as the parent of each call's
                 client span (default: one span per call; see :class:`SyncEnvClient`).
         """

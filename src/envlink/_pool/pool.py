@@ -348,8 +348,8 @@ class EnvPool(Generic[ActT, ObsT]):
         """A blocking facade running this pool on one bridge thread.
 
         Args:
-            bridge: share an existing :class:`~envlink.Bridge`; by default the facade
-                owns a new one and closes it with the pool.
+            bridge: share an existing :class:`~envlink.Bridge`; by default the
+                process-wide :func:`~envlink.default_bridge` (see :class:`SyncEnvPool`).
         """
         from envlink._pool.sync_pool import SyncEnvPool
 
