@@ -41,6 +41,9 @@ EXPECTED = {
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
     "ExecutionModeError",
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
+    # the harness stream
+    "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
+    "HarnessTurnError",
     "__version__",
 }
 

@@ -74,6 +74,13 @@ if TYPE_CHECKING:
     from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._client.handles import SessionHandle
+    from envlink._client.harness import (
+        HarnessClient,
+        HarnessEvent,
+        HarnessEventType,
+        HarnessProtocolError,
+        HarnessTurnError,
+    )
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -110,6 +117,11 @@ _LAZY = {
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
+    "HarnessClient": "envlink._client.harness",
+    "HarnessEvent": "envlink._client.harness",
+    "HarnessEventType": "envlink._client.harness",
+    "HarnessProtocolError": "envlink._client.harness",
+    "HarnessTurnError": "envlink._client.harness",
     "default_bridge": "envlink._client.default_bridge",
     "SessionHandle": "envlink._client.handles",
     "configure": "envlink.telemetry",
@@ -173,6 +185,11 @@ __all__ = [
     "Health",
     "HttpStatusError",
     "LocalServerProvider",
+    "HarnessClient",
+    "HarnessEvent",
+    "HarnessEventType",
+    "HarnessProtocolError",
+    "HarnessTurnError",
     "McpError",
     "NotReadyError",
     "JournalEntry",

@@ -66,6 +66,8 @@ class Plan:
     session_id: str | None = None
     #: ``/ws?session_id=``: the OpenEnv detached session to attach to.
     attach: str | None = None
+    #: ``/harness``: a harness stream (RFC 005) instead of the Gym-style protocol.
+    harness: bool = False
 
 
 class Handshake:
@@ -99,6 +101,9 @@ class Handshake:
         if path == "/mcp":
             return rpc_response(connection, server._registry, server.max_sessions,
                                 server._counters, detached=server.detached_sessions)
+        if path == "/harness":
+            self._plans[connection] = Plan(harness=True)
+            return None
         if path != "/ws":
             return _plain_http(connection, server, path)
         faults = server.faults
@@ -113,6 +118,9 @@ class Handshake:
     def process_response(self, connection: ServerConnection, request: Request,
                          response: Response) -> None:
         if response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            self._plans.pop(connection, None)
+            return
+        if connection in self._plans:  # decided by the path (/harness)
             return
         server = self._server
         registry = server._registry

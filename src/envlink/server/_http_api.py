@@ -21,13 +21,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envlink.server._dispatch import validation_error
 from envlink.server._environments.environment import (
     EnvironmentFactory,
     InvalidActionError,
     StepResult,
     accepted_kwargs,
 )
+from envlink.server._frames import validation_error
 
 __all__ = ["API_VERSION", "ROUTES", "HttpReply", "describe_metadata", "describe_schema",
            "http_reset", "http_state", "http_step", "openapi_document"]

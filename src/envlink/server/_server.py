@@ -42,6 +42,7 @@ from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
 from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
+from envlink.server._harness import serve_harness
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
@@ -295,7 +296,15 @@ class EnvServer(Observable):
         destroy = False
         try:
             refusal: dict[str, Any] | None = None
-            if plan.attach is not None:
+            if plan.harness:
+                session, refusal = self._open_session(plan, connection)
+                if session is not None:
+                    handle.session_id = session.id
+                    self._counters.incr("connection.opened")
+                    await serve_harness(connection, session.id)
+                    destroy = True
+                    return
+            elif plan.attach is not None:
                 session, message = self._registry.attach(plan.attach, connection)
                 if message is not None:
                     refusal = {"message": message, "code": ErrorCode.SESSION_ERROR.value}
