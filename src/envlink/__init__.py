@@ -34,6 +34,7 @@ from envlink._client.events import (
 from envlink._client.lifecycle import Bootstrap
 from envlink._client.providers import DockerProvider, LocalServerProvider
 from envlink._client.spaces import hf_space_subdomain
+from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -43,6 +44,7 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ErrorCode,
+    ExecutionModeError,
     FactoryError,
     HandshakeRejectedError,
     HttpStatusError,
@@ -64,11 +66,14 @@ from envlink._errors import (
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._sansio.session_limits import Limits, get_limits, set_limits
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._client.handles import SessionHandle
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -105,6 +110,8 @@ _LAZY = {
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
+    "default_bridge": "envlink._client.default_bridge",
+    "SessionHandle": "envlink._client.handles",
     "configure": "envlink.telemetry",
 }
 
@@ -159,6 +166,7 @@ __all__ = [
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
+    "ExecutionModeError",
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
@@ -168,6 +176,7 @@ __all__ = [
     "McpError",
     "NotReadyError",
     "JournalEntry",
+    "Limits",
     "ListToolsAction",
     "MockTransport",
     "OutcomeUnknownError",
@@ -185,9 +194,11 @@ __all__ = [
     "ServerValidationError",
     "SessionError",
     "SessionGoneError",
+    "SessionHandle",
     "SessionLostError",
     "SessionLostPolicy",
     "SpaceNotAwakeError",
+    "State",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",
@@ -197,5 +208,8 @@ __all__ = [
     "__version__",
     "configure",
     "hf_space_subdomain",
+    "default_bridge",
+    "get_limits",
+    "set_limits",
     "set_testing",
 ]
