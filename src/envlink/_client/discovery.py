@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from envlink._client.dispatch import dispatched
 from envlink._config import UNSET, ConnectionOptions, Timeout, UnsetType
 from envlink._deadlines import bounded
 from envlink._errors import (
@@ -258,6 +259,7 @@ class DiscoveryMethods:
         if self.closed:
             raise ClientClosedError("the client is closed")
 
+    @dispatched
     async def wait_until_ready(self, timeout: float | UnsetType | None = UNSET) -> Health:
         """Wait until the server answers ``GET /health`` healthy (a Space wakes up).
 
@@ -280,6 +282,7 @@ class DiscoveryMethods:
             self._endpoint, self._options, self.reconnect_policy, seconds,
             attempt_timeout=self.timeouts.connect, space=self._space_name)
 
+    @dispatched
     async def health(self, *, timeout: float | UnsetType | None = UNSET) -> Health:
         """``GET /health`` once.
 
@@ -290,6 +293,7 @@ class DiscoveryMethods:
         """
         return await self._fetch(Health, "/health", timeout)
 
+    @dispatched
     async def schema(self, *, timeout: float | UnsetType | None = UNSET) -> EnvironmentSchema:
         """``GET /schema``: the JSON schemas of the action, observations and state.
 
@@ -298,6 +302,7 @@ class DiscoveryMethods:
         """
         return await self._fetch(EnvironmentSchema, "/schema", timeout)
 
+    @dispatched
     async def metadata(self, *,
                        timeout: float | UnsetType | None = UNSET) -> EnvironmentMetadata:
         """``GET /metadata``: the environment's name, description, version...

@@ -51,8 +51,9 @@ class _Client(Protocol):
 
 
 _C = TypeVar("_C", bound=_Client)
-#: A base URL that cannot be reached, until the provider's server is started.
-_NOT_STARTED = "http://provider-not-started.invalid"
+#: A base URL that cannot be reached, until the provider's server is started (one per
+#: provider, so that per-endpoint limits count a provider's sessions together).
+_NOT_STARTED = "http://provider-{:x}.invalid"
 #: Test-only: Space names resolved to another (loopback) base URL.
 _SPACE_OVERRIDES: dict[str, str] = {}
 
@@ -107,7 +108,8 @@ class Target:
                             "Space name ('owner/space'), or left out with provider=; got None")
         lease = lease_for(provider, base_url) if provider is not None else None
         if base_url is None:
-            return cls(_NOT_STARTED, headers, lease, None, started=False)
+            assert lease is not None
+            return cls(_NOT_STARTED.format(id(lease)), headers, lease, None, started=False)
         space: str | None = None
         if isinstance(base_url, str) and is_space_name(base_url.strip()):
             space = base_url.strip()

@@ -23,6 +23,7 @@ with ``docker run`` (the same command line as OpenEnv's ``LocalDockerProvider``)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import os
@@ -245,6 +246,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+_spawn_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    global _spawn_pool
+    with _LEASES_LOCK:
+        if _spawn_pool is None:
+            _spawn_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="envlink-spawn")
+        return _spawn_pool
+
+
 def _parent_death_signal() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child die with this process (Linux only).
 
@@ -338,10 +351,13 @@ class LocalServerProvider:
                     for part in self.command]
             environment = {**os.environ, **self.env_vars, **dict(env_vars or {})}
             try:
-                self.process = subprocess.Popen(
-                    argv, cwd=self.cwd, env=environment, stdin=subprocess.DEVNULL,
-                    stdout=self._stderr, stderr=self._stderr, start_new_session=True,
-                    preexec_fn=_parent_death_signal())
+                # Spawned from one long-lived thread: Linux sends the parent-death signal
+                # when the *thread* that forked exits, and a caller's thread (a worker of
+                # an executor, say) may end long before the process does.
+                self.process = _spawner().submit(
+                    subprocess.Popen, argv, cwd=self.cwd, env=environment,
+                    stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
+                    start_new_session=True, preexec_fn=_parent_death_signal()).result()
             except OSError as exc:
                 raise ProviderError(f"cannot run {argv[0]!r}: {exc}") from exc
             self.base_url = f"http://{self.host}:{chosen}"
