@@ -38,7 +38,7 @@ from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
-from envlink._transports.base import Transport, parse_endpoint
+from envlink._transports.base import Endpoint, Transport, parse_endpoint
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -88,6 +88,13 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     from envlink._telemetry.client_hook import ClientTelemetryHook
 
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
+
+
+def _check_tls(endpoint: Endpoint, options: ConnectionOptions) -> None:
+    if options.ssl is not None and not endpoint.secure:
+        # Authorization would go out in clear while the caller believes it is on TLS.
+        raise ValueError(f"ssl= was given but {endpoint.display} is not TLS: use "
+                         "https:// or wss://")
 
 
 class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
@@ -199,6 +206,7 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
                 raise ValueError("pass connection options either as options= or as keyword "
                                  "arguments (headers, ping_interval, ...), not both")
             built = options
+        _check_tls(self._endpoint, built)
         self._options: ConnectionOptions = built
         self._transport: Transport = transport if transport is not None else _websocket()
         policy = reconnect or ReconnectPolicy()
@@ -250,8 +258,8 @@ class EnvClient(McpMethods, Generic[ActT, ObsT, StateT]):
         """The base URL as given, no trailing slash or credentials (as OpenEnv's client)."""
         return self._endpoint.base_url
 
-    ws_url = property(lambda self: self._endpoint.ws_url,
-                      doc="The server's ``/ws`` URL the client connects to (no credentials).")
+    ws_url = property(lambda self: self._endpoint.display,
+                      doc="The server's ``/ws`` URL (no credentials or secret query values).")
 
     @property
     def closed(self) -> bool:
