@@ -7,8 +7,7 @@ import math
 import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Final
-
-from envlink._sansio.redact import REDACTED, redact_url
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -238,11 +237,20 @@ class ConnectionOptions:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "headers":
-                value = tuple((k, REDACTED) for k, _ in value)
+                value = tuple((k, "REDACTED") for k, _ in value)
             elif f.name == "proxy" and isinstance(value, str):
-                value = redact_url(value)
+                value = _without_userinfo(value)
             shown.append(f"{f.name}={value!r}")
         return f"ConnectionOptions({', '.join(shown)})"
+
+
+def _without_userinfo(url: str) -> str:
+    # The proxy's own credentials (http://user:password@proxy:3128) are never shown.
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 # RFC 9110 token characters: what a header name may be made of.

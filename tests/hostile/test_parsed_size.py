@@ -6,7 +6,8 @@ import pytest
 
 from envlink._errors import ProtocolError
 from envlink._sansio.protocol import decode_response
-from hostile._memory import MIB, self_peak_rss
+
+from ._memory import MIB, self_peak_rss
 
 pytestmark = pytest.mark.timeout(30)
 

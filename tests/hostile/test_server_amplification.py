@@ -14,8 +14,8 @@ import zlib
 import pytest
 from websockets.asyncio.client import connect
 
-from _processes import ServerProcess
-from hostile._memory import MIB, peak_rss
+from .._processes import ServerProcess
+from ._memory import MIB, peak_rss
 
 pytestmark = pytest.mark.timeout(60)
 
