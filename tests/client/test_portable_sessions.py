@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from _processes import ServerProcess
 from envlink import (
     EnvlinkError,
     GenericEnvClient,
@@ -19,6 +18,8 @@ from envlink import (
     SessionHandle,
 )
 from envlink.server import EnvServer, ServerThread
+
+from .._processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,6 @@ import pickle
 from collections.abc import Callable
 
 import pytest
-from _interop_support import RecordingServer, read_rpc
 from test_stock_resume import (
     DELTAS,
     RESET,
@@ -19,6 +18,8 @@ from test_stock_resume import (
 )
 
 import envlink
+
+from ._interop_support import RecordingServer, read_rpc
 
 pytestmark = pytest.mark.timeout(90)
 

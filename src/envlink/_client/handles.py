@@ -234,8 +234,13 @@ class PortableSession:
                         "this session cannot be detached: the server offers no way to resume "
                         "it (envlink's extension, or OpenEnv detached sessions with "
                         "on_session_lost='resume')")
+                base_url = client.base_url
+                if base_url is None or client._target.provider is not None:
+                    # The provider stops its server when this client closes.
+                    raise EnvlinkError("a session on a server started by this client's "
+                                       "provider cannot be detached")
                 handle = SessionHandle(
-                    base_url=client.base_url, session_id=core.session_id,
+                    base_url=base_url, session_id=core.session_id,
                     mechanism="envlink-resume" if token is not None else "openenv-resume",
                     journal=core.journal.snapshot(), detached_id=detached,
                     resume_token=token)

@@ -59,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "what --max-message-size counts)")
     access = p.add_argument_group("access and limits")
     access.add_argument("--auth-token", metavar="TOKEN", default=None,
-                        help="require 'Authorization: Bearer TOKEN' on /ws and /mcp "
-                             "(/health stays open); prefer --auth-token-file or "
+                        help="require 'Authorization: Bearer TOKEN' on every route "
+                             "but /health; prefer --auth-token-file or "
                              "$ENVLINK_AUTH_TOKEN, which keep it out of the process list")
     access.add_argument("--auth-token-file", metavar="PATH", default=None,
                         help="read the bearer token from PATH (first line)")

@@ -85,8 +85,8 @@ class EnvServer(Observable):
             socket attached (``None``: until ``openenv/session/close``).
         idle_timeout: seconds a connection may stay without sending a request before
             the server closes it (``None``: no limit; keepalive pings do not count).
-        auth_token: require ``Authorization: Bearer <auth_token>`` on ``/ws`` and
-            ``/mcp`` (compared in constant time; ``401`` otherwise); ``/health`` stays
+        auth_token: require ``Authorization: Bearer <auth_token>`` on every route but
+            ``/health`` (compared in constant time; ``401`` otherwise); ``/health`` stays
             open. ``None``: no authentication.
         allowed_origins: browser origins allowed to connect (``"*"``: any); a request
             with another ``Origin`` header gets ``403``. Programs send none.
