@@ -12,6 +12,7 @@ import hashlib
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from typing import Any
 
 __all__ = ["Script", "accept_upgrade", "frame", "hostile_server"]
 
@@ -50,8 +51,8 @@ def frame(payload: bytes, *, opcode: int = 1, length: int | None = None, fin: bo
 
 
 @asynccontextmanager
-async def hostile_server(script: Script) -> AsyncIterator[str]:
-    """Serve ``script`` on 127.0.0.1; yield its ``ws://`` URL; abort everything after."""
+async def hostile_server(script: Script, ssl: Any = None) -> AsyncIterator[str]:
+    """Serve ``script`` on 127.0.0.1 (TLS with ``ssl``); yield its URL; abort all after."""
     writers: list[asyncio.StreamWriter] = []
     tasks: set[asyncio.Task[None]] = set()
 
@@ -63,9 +64,9 @@ async def hostile_server(script: Script) -> AsyncIterator[str]:
         with suppress(ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             await script(reader, writer)
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=1 << 20)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=1 << 20, ssl=ssl)
     try:
-        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        yield f"{'wss' if ssl else 'ws'}://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
         for writer in writers:

@@ -158,3 +158,82 @@ async def test_five_thousand_upgrade_headers_are_a_typed_error() -> None:
         assert "header" in str(info.value).lower()
         assert not info.value.retryable
         await env.close()
+
+
+async def test_a_cross_origin_redirect_of_the_upgrade_drops_every_credential() -> None:
+    """Authorization, X-Api-Key and the resume token never reach the redirect's origin."""
+    seen: list[bytes] = []
+
+    async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await accept_upgrade(reader, writer))
+        await _silent_forever(reader)
+
+    async with hostile_server(target) as other:
+        async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(b"HTTP/1.1 307 Elsewhere\r\nLocation: " + other.encode()
+                         + b"/ws\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        async with hostile_server(redirect) as first:
+            env = _client(first, headers={"Authorization": "Bearer SECRET1",
+                                          "X-Api-Key": "SECRET2", "X-Trace": "kept"},
+                          connect_timeout_s=5)
+            with pytest.raises(envlink.EnvlinkError):
+                await env.reset(timeout=2)
+            await env.close()
+    assert len(seen) >= 2
+    assert b"SECRET1" in seen[0] and b"SECRET2" in seen[0]
+    assert all(b"SECRET" not in head for head in seen[1:])
+    assert b"X-Trace: kept" in seen[1]
+
+
+async def test_a_redirect_from_wss_to_ws_is_refused(tmp_path: object) -> None:
+    """A TLS server redirecting the upgrade to ws:// gets a ConnectError, not followed."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    followed: list[bytes] = []
+
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        followed.append(await reader.readuntil(b"\r\n\r\n"))
+
+    async with hostile_server(plain) as insecure:
+        async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 302 Found\r\nLocation: " + insecure.encode()
+                         + b"/ws\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        async with hostile_server(redirect, ssl=server_context) as secure:
+            env = _client(secure, ssl=client_context, connect_timeout_s=5)
+            with pytest.raises(envlink.ConnectError) as info:
+                await env.reset()
+            assert not info.value.retryable
+            assert "non-secure" in str(info.value)
+            await env.close()
+    assert followed == []
+
+
+async def test_a_redirect_loop_of_the_upgrade_ends_in_a_typed_error() -> None:
+    """A server redirecting the upgrade to itself forever: a ConnectError, in time."""
+
+    async def loop_back(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 302 Found\r\nLocation: /ws\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with hostile_server(loop_back) as url:
+        env = _client(url, connect_timeout_s=5)
+        with pytest.raises(envlink.ConnectError):
+            await env.reset()
+        await env.close()

@@ -31,6 +31,7 @@ from websockets.exceptions import (
     ProtocolError as WsProtocolError,
 )
 from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from envlink._config import ConnectionOptions
 from envlink._deadlines import bounded
@@ -66,6 +67,26 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
             args = tuple(redact_url(a) if isinstance(a, str) and a.startswith("/")
                          else redact_text(a) if isinstance(a, str) else a for a in args)
         super().log(level, msg, *args, **kwargs)
+
+
+class _Connect(connect):
+    """websockets' ``connect``, dropping every credential on a cross-origin redirect.
+
+    websockets drops ``Authorization`` and ``Cookie`` only; ``X-Api-Key``, the resume
+    token and the other sensitive headers must not reach another origin either.
+    (A redirect from ``wss`` to ``ws`` is refused by websockets itself.)
+    """
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        old = self.ws_uri
+        target = super().process_redirect(exc)
+        if isinstance(target, str) and self.additional_headers is not None:
+            new = parse_uri(target)
+            if (old.secure, old.host, old.port) != (new.secure, new.host, new.port):
+                self.additional_headers = Headers(
+                    (k, v) for k, v in Headers(self.additional_headers).raw_items()
+                    if not is_sensitive_name(k))
+        return target
 
 
 #: Given to every client connection (the server has its own, to the same rule).
@@ -292,7 +313,7 @@ async def open_connection(
     # explicitly so that its own resolver never applies.
     kwargs["proxy"] = resolve_proxy(endpoint.ws_url, options.proxy)
     try:
-        ws = await connect(endpoint.connect_url, **kwargs)
+        ws = await _Connect(endpoint.connect_url, **kwargs)
     except InvalidStatus as exc:
         response = exc.response
         raise HandshakeRejectedError(
