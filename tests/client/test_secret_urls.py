@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from _otel_support import Otel
 from envlink import ConnectError, ConnectionOptions, EnvPool, GenericEnvClient, ReconnectPolicy
 from envlink._sansio.redact import redact_text, redact_url
 from envlink.server import EnvServer
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(40)
 

@@ -12,9 +12,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from _processes import ServerProcess
 from envlink import GenericEnvClient, HandshakeRejectedError, ReconnectPolicy, set_testing
 from envlink.server import EnvServer
+
+from .._processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(40)
 

@@ -11,8 +11,9 @@ import pytest
 
 import envlink
 from envlink import ConnectionOptions, GenericEnvClient, ProtocolError, ReconnectPolicy
-from hostile._memory import MIB, self_peak_rss
-from hostile._peers import accept_upgrade, frame, hostile_server
+
+from ._memory import MIB, self_peak_rss
+from ._peers import accept_upgrade, frame, hostile_server
 
 pytestmark = pytest.mark.timeout(30)
 
