@@ -44,7 +44,7 @@ from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, Ses
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
-from envlink._transports.base import Transport, parse_endpoint
+from envlink._transports.base import Endpoint, Transport, parse_endpoint
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -94,6 +94,13 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     from envlink._telemetry.client_hook import ClientTelemetryHook
 
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
+
+
+def _check_tls(endpoint: Endpoint, options: ConnectionOptions) -> None:
+    if options.ssl is not None and not endpoint.secure:
+        # Authorization would go out in clear while the caller believes it is on TLS.
+        raise ValueError(f"ssl= was given but {endpoint.display} is not TLS: use "
+                         "https:// or wss://")
 
 
 class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, PortableSession,
@@ -227,6 +234,7 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
                 raise ValueError("pass connection options either as options= or as keyword "
                                  "arguments (headers, ping_interval, ...), not both")
             built = options
+        _check_tls(self._endpoint, built)
         self._options: ConnectionOptions = built
         self._transport: Transport = transport if transport is not None else _websocket()
         policy = reconnect or ReconnectPolicy()
@@ -283,8 +291,8 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
         """The base URL as given, no trailing slash or credentials (``None`` until started)."""
         return self._endpoint.base_url if self._target.started else None
 
-    ws_url = property(lambda self: self._endpoint.ws_url,
-                      doc="The server's ``/ws`` URL the client connects to (no credentials).")
+    ws_url = property(lambda self: self._endpoint.display,
+                      doc="The server's ``/ws`` URL (no credentials or secret query values).")
 
     @property
     def closed(self) -> bool:

@@ -34,6 +34,7 @@ from envlink._sansio.protocol import (
     SESSION_ID_HEADER,
     SESSION_TOKEN_HEADER,
 )
+from envlink._sansio.redact import is_sensitive_name, redact_url
 from envlink.server._http_api import (
     ROUTES,
     HttpReply,
@@ -98,6 +99,10 @@ class Handshake:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
+        refused = server.access.refuse(connection, request)
+        if refused is not None:
+            server._counters.incr("refused.access")
+            return refused
         if path == "/mcp":
             return rpc_response(connection, server._registry, server.max_sessions,
                                 server._counters, detached=server.detached_sessions)
@@ -211,8 +216,11 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if (len(args) == 2 and isinstance(args[0], str)
-                and args[0].lower() in self._SECRET):
+                and (args[0].lower() in self._SECRET or is_sensitive_name(args[0]))):
             args = (args[0], "<redacted>")
+        else:  # the request line: its query may carry a token or a session id
+            args = tuple(redact_url(a) if isinstance(a, str) and a.startswith("/") else a
+                         for a in args)
         super().log(level, msg, *args, **kwargs)
 
 
