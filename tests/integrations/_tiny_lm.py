@@ -76,6 +76,9 @@ def build_tokenizer(corpus_conversations: Sequence[list[dict[str, Any]]],
 
 def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     """A two-layer Qwen2 with random weights, sized for the tokenizer."""
+    # One thread: a model this small gains nothing from more, and on a busy machine
+    # several threads per process spin against each other (tens of times slower).
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
@@ -92,8 +95,9 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
 
 def warm_up(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
             conversations: Sequence[list[dict[str, Any]]],
-            tools: Sequence[Callable[..., Any]], *, steps: int = 100) -> float:
-    """Supervised steps on the assistant turns of ``conversations``; returns the last loss."""
+            tools: Sequence[Callable[..., Any]], *, steps: int = 120) -> float:
+    """Supervised steps on the assistant turns of ``conversations``; returns the worst
+    turn's loss at the last step."""
     batches = []
     for conv in conversations:
         ids: list[int] = []
@@ -111,13 +115,15 @@ def warm_up(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
             end = full.index(tokenizer.eos_token_id, len(prefix)) + 1
             ids, labels = full[:end], [-100] * len(prefix) + full[len(prefix):end]
             batches.append((torch.tensor([ids]), torch.tensor([labels])))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
-    loss = torch.tensor(0.0)
-    for step in range(steps):
-        ids_t, labels_t = batches[step % len(batches)]
-        loss = model(input_ids=ids_t, labels=labels_t).loss
+    losses = [0.0]
+    for _ in range(steps):
+        # Every turn in every step: the reported loss is the worst turn's, not the last one's.
+        parts = [model(input_ids=ids_t, labels=labels_t).loss for ids_t, labels_t in batches]
         optimizer.zero_grad()
-        loss.backward()
+        torch.stack(parts).sum().backward()
         optimizer.step()
-    return float(loss.detach())
+        losses = [float(p.detach()) for p in parts]
+    model.eval()
+    return max(losses)
