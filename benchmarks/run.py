@@ -14,7 +14,7 @@ belongs to:
 * ``.venv-openenv``: the real ``openenv==0.10.*``, made by ``.ci/openenv-venv.sh``
   (the interop suite's virtualenv).
 
-Sections (issue 11):
+Sections:
 
 1. **bridge**: a no-op call through envlink's bridge against
    ``asyncio.run_coroutine_threadsafe(...).result()`` and anyio's blocking
@@ -62,10 +62,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DRIVER = HERE / "_client/driver.py"
-sys.path.insert(0, str(ROOT / "tests" / "interop"))
+DRIVER = HERE / "_driver.py"
+sys.path.insert(0, str(ROOT))
 
-from _interop_support import ServerProcess, openenv_server  # noqa: E402
+from tests.interop._interop_support import ServerProcess, openenv_server  # noqa: E402
 
 REPLY_DEADLINE = 600.0
 LOG_DIR = ROOT / "benchmarks" / "results" / "logs"
@@ -114,7 +114,7 @@ def openenv_venv(path: Path, base_python: str) -> str:
 
 
 class Driver:
-    """A ``_client/driver.py`` process: one client, commands in, JSON lines out."""
+    """A ``_driver.py`` process: one client, commands in, JSON lines out."""
 
     def __init__(self, name: str, python: str, argv: Sequence[str]) -> None:
         self.name = name
@@ -478,7 +478,7 @@ def print_report(res: dict[str, Any]) -> None:
             print(f"  {name:<44}{fmt(v['in_process_s'], 3, 22)}{fmt(v['process_s'], 3, 22)}")
         print(f"  import envlink / OpenEnv client: {fmt(res['imports']['envlink_x_openenv'], 3)}")
 
-    print("\ntargets (issue 11)")
+    print("\ntargets")
     for line in res["targets"]:
         print(f"  {line}")
 

@@ -14,16 +14,18 @@ pytestmark = pytest.mark.timeout(30)
 
 EXPECTED = {
     # clients and results
-    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult",
+    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult", "State",
     "CallToolAction", "ListToolsAction", "EchoObservation",
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
+    "Limits", "set_limits", "get_limits", "SessionHandle",
     # testing without a server; observing a client
     "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
     "PhaseFinished", "ClientEvent",
     # the bridge
     "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
+    "default_bridge",
     # many sessions
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
@@ -34,6 +36,7 @@ EXPECTED = {
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
+    "ExecutionModeError",
     "__version__",
 }
 

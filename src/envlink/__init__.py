@@ -30,6 +30,7 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -39,6 +40,7 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ErrorCode,
+    ExecutionModeError,
     FactoryError,
     HandshakeRejectedError,
     McpError,
@@ -56,11 +58,14 @@ from envlink._errors import (
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
+from envlink._sansio.session_limits import Limits, get_limits, set_limits
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink._client.handles import SessionHandle
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -97,6 +102,8 @@ _LAZY = {
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
+    "default_bridge": "envlink._client.default_bridge",
+    "SessionHandle": "envlink._client.handles",
     "configure": "envlink.telemetry",
 }
 
@@ -147,11 +154,13 @@ __all__ = [
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
+    "ExecutionModeError",
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
     "McpError",
     "JournalEntry",
+    "Limits",
     "ListToolsAction",
     "MockTransport",
     "OutcomeUnknownError",
@@ -168,8 +177,10 @@ __all__ = [
     "ServerValidationError",
     "SessionError",
     "SessionGoneError",
+    "SessionHandle",
     "SessionLostError",
     "SessionLostPolicy",
+    "State",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",
@@ -178,5 +189,8 @@ __all__ = [
     "ToolCallError",
     "__version__",
     "configure",
+    "default_bridge",
+    "get_limits",
+    "set_limits",
     "set_testing",
 ]

@@ -23,7 +23,8 @@ as ``__cause__``)::
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── ClientClosedError             the client or bridge was closed
-    └── ReentrantCallError            a blocking call from the bridge's own loop thread
+    ├── ReentrantCallError            a blocking call from the bridge's own loop thread
+    └── ExecutionModeError            a client used both with and without ``await``
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
     from envlink._sansio.journal import EpisodeJournal
 
 __all__ = [
+    "OUTCOMES",
+    "OUTCOME_CANCELLED",
+    "OUTCOME_ERROR",
+    "OUTCOME_OK",
+    "OUTCOME_TIMEOUT",
     "CallTimeoutError",
     "CapacityReachedError",
     "ClientClosedError",
@@ -42,6 +48,7 @@ __all__ = [
     "ConnectionLostError",
     "EnvlinkError",
     "ErrorCode",
+    "ExecutionModeError",
     "FactoryError",
     "HandshakeRejectedError",
     "McpError",
@@ -57,6 +64,14 @@ __all__ = [
     "SessionLostError",
     "ToolCallError",
 ]
+
+#: How a call ended (the ``envlink.outcome`` telemetry attribute): the one set for the
+#: client, the bridge and the pool. ``envlink.names`` lists them publicly.
+OUTCOME_OK = "ok"
+OUTCOME_ERROR = "error"
+OUTCOME_TIMEOUT = "timeout"
+OUTCOME_CANCELLED = "cancelled"
+OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
 
 
 class ErrorCode(str, Enum):
@@ -405,3 +420,14 @@ class ReentrantCallError(EnvlinkError, RuntimeError):
     """
 
     error_type = "reentrant_call"
+
+
+class ExecutionModeError(EnvlinkError, RuntimeError):
+    """A client used in blocking (plain) code was then awaited, or the other way round.
+
+    A client claims ``"sync"`` or ``"async"`` on first use, as OpenEnv 0.10's does
+    (and, like OpenEnv's error, this is a :class:`RuntimeError`). Create one client
+    per style, or use ``client.sync()`` for a blocking facade beside async use.
+    """
+
+    error_type = "execution_mode"

@@ -9,11 +9,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from _server_support import RESET, STATE, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from envlink._sansio.protocol import decode_response
 from envlink.server import Environment, EnvServer
+
+from ._server_support import RESET, STATE, open_ws, rpc, step, token_of
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -36,6 +36,9 @@ from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
+    Telemetry,
+)
+from envlink.names import (
     ATTR_BREAKER_STATE,
     ATTR_PLACEMENT_RESULT,
     ATTR_SERVER_ADDRESS,
@@ -44,7 +47,6 @@ from envlink._telemetry.instruments import (
     LOG_POOL_BREAKER_CHANGED,
     LOG_POOL_CAPACITY_WAIT,
     LOG_POOL_SESSION_MOVED,
-    Telemetry,
 )
 
 __all__ = ["Slot", "SlotEngine", "SlotState", "same_answer"]

@@ -1,9 +1,10 @@
-"""What the training adapters share: one loop thread per process, and a reset that waits.
+"""What the training adapters share: a reset that waits, and sessions released once.
 
 Training frameworks build many environment objects in one process (TRL pools one per
-concurrent rollout, SkyRL builds one per trajectory). Each would otherwise own a
-loop thread; here they share one :class:`~envlink.Bridge`, created on first use and
-closed at exit (after the adapters have released their sessions).
+concurrent rollout, SkyRL builds one per trajectory). They all run on the process's
+default bridge (one loop thread, :func:`~envlink.default_bridge`) and count against
+the process-wide session limit; their sessions are released when the objects are
+dropped and, at the latest, at exit (before the bridge's own exit hook closes the loop).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, StepResult
+from envlink._client.default_bridge import default_bridge
 from envlink._errors import (
     CallTimeoutError,
     CapacityReachedError,
@@ -30,26 +32,24 @@ from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Retry
 
 __all__ = [
+    "DEFAULT_CLIENT_OPTIONS",
     "Lease",
     "reset_until_ready",
     "shared_bridge",
     "transient",
 ]
 
-_lock = threading.Lock()
-_bridge: Bridge | None = None
 #: Every lease not yet released: closed at exit, before the bridge's own exit hook.
+#: What the adapters' clients do unless told otherwise: recover a lost session (resume
+#: where the server can, else replay) and wait for a full endpoint instead of failing.
+DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {"on_session_lost": "auto", "on_capacity": "wait"}
 _live: weakref.WeakSet[Lease] = weakref.WeakSet()
 _tasks: set[asyncio.Task[None]] = set()
 
 
 def shared_bridge() -> Bridge:
-    """The adapters' process-wide bridge (one loop thread), created on first use."""
-    global _bridge
-    with _lock:
-        if _bridge is None or _bridge.closed:
-            _bridge = Bridge(name="envlink-integrations")
-        return _bridge
+    """The bridge the adapters run on: the process's default bridge (one loop thread)."""
+    return default_bridge()
 
 
 def transient(exc: BaseException) -> bool:

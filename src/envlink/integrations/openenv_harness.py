@@ -27,7 +27,12 @@ from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._errors import ClientClosedError, ToolCallError
 from envlink._sansio.policies import ReconnectPolicy
-from envlink.integrations._runtime import Lease, reset_until_ready, shared_bridge
+from envlink.integrations._runtime import (
+    DEFAULT_CLIENT_OPTIONS,
+    Lease,
+    reset_until_ready,
+    shared_bridge,
+)
 
 __all__ = [
     "RESERVED_TOOL_NAMES",
@@ -287,7 +292,7 @@ class EnvlinkSessionFactory:
             raise ValueError(f"tool_transport must be 'step' or 'mcp', got {tool_transport!r}")
         self.base_url = base_url
         self.client_class = client_class
-        self.client_options = {"on_session_lost": "auto", **dict(client_options or {})}
+        self.client_options = {**DEFAULT_CLIENT_OPTIONS, **dict(client_options or {})}
         self.create_timeout = float(create_timeout)
         self.reconnect = reconnect
         self.tools = None if tools is None else [dict(t) for t in tools]

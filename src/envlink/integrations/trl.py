@@ -36,7 +36,12 @@ from typing import Any, ClassVar, Literal
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._errors import ToolCallError
-from envlink.integrations._runtime import Lease, reset_until_ready, shared_bridge
+from envlink.integrations._runtime import (
+    DEFAULT_CLIENT_OPTIONS,
+    Lease,
+    reset_until_ready,
+    shared_bridge,
+)
 
 __all__ = ["EnvlinkEnvironment", "SessionMode"]
 
@@ -83,7 +88,7 @@ class EnvlinkEnvironment:
             ``ENVLINK_URL`` environment variable.
         client_class: the :class:`~envlink.EnvClient` subclass to build.
         client_options: keyword arguments for it; ``on_session_lost`` defaults to
-            ``"auto"`` (resume where the server can, else replay).
+            ``"auto"`` (resume where the server can, else replay) and ``on_capacity`` to ``"wait"``.
         reset_timeout: seconds a ``reset`` may spend waiting for capacity and
             reconnecting before it raises (default 120, or ``ENVLINK_RESET_TIMEOUT``).
         session_mode: ``"keep"`` (default, or ``ENVLINK_SESSION_MODE``) keeps one
@@ -189,7 +194,7 @@ class EnvlinkEnvironment:
         """
         lease = self._envlink_lease
         if lease.client is None:
-            options = {"on_session_lost": "auto", **dict(self._setting("client_options"))}
+            options = {**DEFAULT_CLIENT_OPTIONS, **dict(self._setting("client_options"))}
             lease.client = self.client_class(self.url, **options).sync(shared_bridge())
         return lease.client
 

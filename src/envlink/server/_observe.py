@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
 from envlink import __version__
-from envlink._telemetry.instruments import (
+from envlink.names import (
     ATTR_ERROR_TYPE,
     ATTR_RPC_METHOD,
     ATTR_RPC_SYSTEM,
