@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _envs import AsyncEcho, Echo
 
 from envlink import CapacityReachedError, GenericEnvClient, ToolCallError
 from envlink.integrations.trl import EnvlinkEnvironment
 from envlink.server import EnvServer, ServerThread
+
+from ._envs import AsyncEcho, Echo
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,9 +10,10 @@ import pickle
 from collections.abc import Iterator
 
 import pytest
-from _envs import AsyncEcho, Echo, run_like_async_worker
 
 from envlink.server import ServerThread
+
+from ._envs import AsyncEcho, Echo, run_like_async_worker
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import gc
 import os
 from typing import Any
 
-from _support import require
+from ._support import require
 
 require("trl", "ENVLINK_REQUIRE_TRL", "pip install 'envlink[trl]' torch==2.13.0; "
         "bash .ci/trl.sh builds that virtualenv")
@@ -20,12 +20,13 @@ import pytest  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from _tiny_lm import build_model, build_tokenizer, conversation, warm_up  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from _processes import ServerProcess  # noqa: E402
 from envlink.integrations.trl import EnvlinkEnvironment  # noqa: E402
+
+from .._processes import ServerProcess  # noqa: E402
+from ._tiny_lm import build_model, build_tokenizer, conversation, warm_up  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
