@@ -501,7 +501,7 @@ def count_variant(name: str, client: str, mode: str, tel: str, python: str, url:
     n_long = count_window(name, client, mode, tel, python, url, long_dump, marks, long_)
     per_step = (n_long - n_short) / (long_ - short)
     return {"per_step": per_step, "short": n_short, "long": n_long,
-            "steps": [short, long_], "profile": str(long_dump.relative_to(ROOT))}
+            "steps": [short, long_], "profile": str(long_dump)}
 
 
 def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
@@ -520,7 +520,7 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
     pythons = instruction_pythons(args, find_pythons(args.pythons))
     base_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
     server_py = pythons.get(base_minor, next(iter(pythons.values())))
-    out_root = ROOT / "benchmarks" / "results" / "callgrind"
+    out_root = Path(args.callgrind_dir)
     result: dict[str, Any] = {"steps": list(steps), "repeats": args.repeats,
                               "pythons": {}, "servers": servers}
     running: dict[str, ServerProcess] = {}
@@ -792,6 +792,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--instructions: client processes per variant")
     parser.add_argument("--jobs", type=int, default=2,
                         help="--instructions: client processes counted at once")
+    parser.add_argument("--callgrind-dir", default=str(HERE / "results" / "callgrind"),
+                        help="--instructions: where the profiles go (default: %(default)s)")
     parser.add_argument("--envlink-python", default=None,
                         help="--instructions: this Python's envlink interpreter, as it is")
     args = parser.parse_args(argv)
