@@ -118,8 +118,10 @@ class Driver:
     """A ``_driver.py`` process: one client, commands in, JSON lines out."""
 
     def __init__(self, name: str, python: str, argv: Sequence[str], *,
-                 prefix: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 prefix: Sequence[str] = (), env: dict[str, str] | None = None,
+                 deadline: float = REPLY_DEADLINE) -> None:
         self.name = name
+        self.deadline = deadline
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.stderr_path = LOG_DIR / ("driver-" + re.sub(r"[^A-Za-z0-9.+-]+", "_", name)
                                       + ".stderr")
@@ -132,7 +134,7 @@ class Driver:
 
     def _reply(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], REPLY_DEADLINE)
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.deadline)
         line = self.proc.stdout.readline() if ready else b""
         if not line:
             self.stop()
@@ -153,7 +155,7 @@ class Driver:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write(b'{"op": "quit"}\n')
                 self.proc.stdin.close()
-                self.proc.wait(timeout=REPLY_DEADLINE)
+                self.proc.wait(timeout=self.deadline)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait(timeout=10)
@@ -376,6 +378,8 @@ def section_imports(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ instructions
 
+#: How long a client under valgrind may take to answer (its imports run under valgrind).
+INSTR_DEADLINE = 3600.0
 #: name: (client, mode, telemetry); the server-independent ones run once per Python.
 INSTR_STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
     "floor sync (websockets.sync)": ("floor", "sync", "off"),
@@ -481,7 +485,8 @@ def count_window(name: str, client: str, mode: str, tel: str, python: str, url: 
                     ["--client", client, "--mode", mode, "--telemetry", tel, "--url", url],
                     prefix=valgrind_argv(dump),
                     env={MARKS_VAR: str(marks), "PYTHONHASHSEED": "0",
-                         "PYTHONWARNINGS": "ignore"})
+                         "PYTHONWARNINGS": "ignore"},
+                    deadline=INSTR_DEADLINE)  # imports under valgrind are slow on a busy machine
     try:
         reply = driver.ask(op="count", n=steps)
     finally:
@@ -494,11 +499,16 @@ def count_window(name: str, client: str, mode: str, tel: str, python: str, url: 
 def count_variant(name: str, client: str, mode: str, tel: str, python: str, url: str,
                   out_dir: Path, marks: Path, steps: tuple[int, int]) -> dict[str, Any]:
     """A short and a long window, each a process: instructions per step by difference."""
+    from concurrent.futures import ThreadPoolExecutor
+
     short, long_ = steps
-    n_short = count_window(name, client, mode, tel, python, url,
-                           out_dir / f"callgrind.out.{short}", marks, short)
     long_dump = out_dir / f"callgrind.out.{long_}"
-    n_long = count_window(name, client, mode, tel, python, url, long_dump, marks, long_)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the two windows at once
+        f_short = pool.submit(count_window, name, client, mode, tel, python, url,
+                              out_dir / f"callgrind.out.{short}", marks, short)
+        f_long = pool.submit(count_window, name, client, mode, tel, python, url, long_dump,
+                             marks, long_)
+        n_short, n_long = f_short.result(), f_long.result()
     per_step = (n_long - n_short) / (long_ - short)
     return {"per_step": per_step, "short": n_short, "long": n_long,
             "steps": [short, long_], "profile": str(long_dump)}
@@ -538,7 +548,7 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 srv = openenv_server("echo", oe, LOG_DIR, max_sessions=32,
                                      name="instr-openenv-echo")
-            srv.start()
+            srv.start(deadline=600.0)  # OpenEnv's imports take minutes on a busy machine
             running[kind] = srv
             urls[kind] = srv.base_url
         for minor, pys in pythons.items():
