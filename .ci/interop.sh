@@ -16,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Here the suite must run: an interop test skipped for a missing virtualenv fails.
+export ENVLINK_REQUIRE_OPENENV=1
 
 if [[ -z "${ENVLINK_PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then ENVLINK_PYTHON=.venv/bin/python; else ENVLINK_PYTHON=python3; fi

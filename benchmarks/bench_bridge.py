@@ -24,7 +24,7 @@ and blocks the calling (main) thread until it returns:
 Variants are interleaved round by round, in a rotating order (so that machine
 noise hits them all alike); the figure reported per variant is the median over
 rounds of its time per call, and the ratio is the median over rounds of
-(variant / baseline in the same round), with its range. Targets (issue 11): ratio
+(variant / baseline in the same round), with its range. Targets: ratio
 <= 1.0 with telemetry off, <= 1.3 with it on.
 """
 

@@ -29,7 +29,7 @@ process so that memory figures do not share an allocator:
 Variants run interleaved, ``--repeats`` times in a rotating order; the table shows
 medians, and each ratio is the median of the ratios within a repetition.
 
-Targets (issue 13): RSS per idle session <= 100 KiB; p99 session step at N=1000
+Targets: RSS per idle session <= 100 KiB; p99 session step at N=1000
 <= 20x N=1; the pool faster per batch and far smaller than the threads. Not a
 test: figures are noisy, read ratios of one run.
 """

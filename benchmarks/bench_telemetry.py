@@ -17,7 +17,7 @@ one run against a baseline (building the hooks' input records only):
 * ``SDK, merged, SDK-default exemplars``: the same with the SDK's default
   ``trace_based`` exemplar filter;
 * ``SDK, nested``: ``nested_spans=True``: the bridge's span and its
-  ``envlink.bridge.call.duration`` as well (the shape before issue 11).
+  ``envlink.bridge.call.duration`` as well (the earlier shape, for comparison).
 
 ``benchmarks/run.py`` measures the same end to end (real server, real threads).
 """

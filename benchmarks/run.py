@@ -14,7 +14,7 @@ belongs to:
 * ``.venv-openenv``: the real ``openenv==0.10.*``, made by ``.ci/openenv-venv.sh``
   (the interop suite's virtualenv).
 
-Sections (issue 11):
+Sections:
 
 1. **bridge**: a no-op call through envlink's bridge against
    ``asyncio.run_coroutine_threadsafe(...).result()`` and anyio's blocking
@@ -63,10 +63,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DRIVER = HERE / "_driver.py"
-sys.path.insert(0, str(ROOT / "tests" / "interop"))
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from _interop_support import ServerProcess, openenv_server  # noqa: E402
+from tests.interop._interop_support import ServerProcess, openenv_server  # noqa: E402
 
 REPLY_DEADLINE = 600.0
 LOG_DIR = ROOT / "benchmarks" / "results" / "logs"
@@ -734,7 +734,7 @@ def print_report(res: dict[str, Any]) -> None:
             print(f"  {name:<44}{fmt(v['in_process_s'], 3, 22)}{fmt(v['process_s'], 3, 22)}")
         print(f"  import envlink / OpenEnv client: {fmt(res['imports']['envlink_x_openenv'], 3)}")
 
-    print("\ntargets (issue 11)")
+    print("\ntargets")
     for line in res["targets"]:
         print(f"  {line}")
 

@@ -7,19 +7,14 @@ on the test's own event loop (``server``, ``plain_server``, ``any_server``,
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
-from _otel_support import Otel
 from envlink.server import EnvServer, ServerThread
 
-# tests/interop needs the real openenv package in its own virtualenv; .ci/interop.sh
-# creates it and sets ENVLINK_OPENENV_PYTHON. Without it, the default run leaves
-# the interop suite out (it is run, never skipped, by .ci/interop.sh).
-collect_ignore_glob = [] if os.environ.get("ENVLINK_OPENENV_PYTHON") else ["interop/*"]
+from ._otel_support import Otel
 
 #: Options of every test server: no keepalive pings (nothing happens in the background
 #: that a test did not ask for).

@@ -37,7 +37,8 @@ NEVER_AT_IMPORT = [
     "envlink._cli.main",
     "websockets",         # the transport: imported by the first client that needs it
     "envlink._transports.websocket",
-    "urllib.request",     # only to look up proxies for POST /mcp
+    "httpx",              # the HTTP requests: imported by the first one
+    "urllib.request",     # never: envlink reads the proxy variables itself
     "http.client",
     "structlog",          # only once something is logged that can be shown
     "envlink._telemetry.client_hook",  # the emitter: imported by the first client

@@ -180,6 +180,9 @@ class ConnectionOptions:
         ping_timeout: seconds to wait for a pong before the peer is declared dead;
             a dead peer is detected within ``ping_interval + ping_timeout``.
         max_message_size: largest accepted frame in bytes.
+        max_message_values: most JSON values a received frame may hold (counted
+            before parsing, which bounds its parsed memory: a frame's length alone
+            does not, ``[{},{},...]`` costs ~24 times its size); ``None``: no bound.
         compression: ``None`` (default: it costs latency on large observations) or
             ``"deflate"``.
         ssl: an ``ssl.SSLContext`` for ``wss://``; by default a verifying one.
@@ -199,6 +202,7 @@ class ConnectionOptions:
     ping_interval: float | None = 20.0
     ping_timeout: float | None = 20.0
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_message_values: int | None = 8 * 1024 * 1024  # _sansio.limits.DEFAULT_MAX_MESSAGE_VALUES
     compression: str | None = None
     ssl: Any = None
     proxy: str | bool | None = True
@@ -213,3 +217,5 @@ class ConnectionOptions:
             raise ValueError(f"compression must be None or 'deflate', got {self.compression!r}")
         if self.max_message_size <= 0:
             raise ValueError("max_message_size must be positive")
+        if self.max_message_values is not None and self.max_message_values <= 0:
+            raise ValueError("max_message_values must be positive or None")

@@ -2,9 +2,9 @@
 
 asyncio's socket transport reads with ``sock.recv(256 KiB)`` for every frame. Above
 glibc's malloc mmap threshold (128 KiB until the process frees a larger block) each
-such buffer is a fresh mmap, shrunk with mremap and unmapped: three system calls and
-a page fault per message received (measured: ~13 us of CPU per recv on the benchmark
-VM, against ~1.4 us once the buffer comes from the heap). glibc raises the threshold
+such buffer is a fresh mmap, shrunk with mremap and unmapped. That is three system
+calls and a page fault per message received; docs/performance.md ("read buffers from
+the heap") has the cost. glibc raises the threshold
 to the size of the first mmapped block a program frees; heavy programs do that by
 accident at import time, a lean process never does. Freeing one block larger than
 the read buffer once makes every later read buffer come from the heap. Harmless where

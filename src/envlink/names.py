@@ -15,6 +15,8 @@ from typing import Final
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 
+from envlink import _errors
+
 __all__ = [
     "ATTR_POOL_SIZE",
     "ATTR_POOL_SLOTS",
@@ -107,6 +109,7 @@ __all__ = [
     "OUTCOME_OK",
     "OUTCOME_TIMEOUT",
     "RPC_DURATION_BUCKETS",
+    "RPC_METHOD_CONNECT",
     "RPC_SYSTEM",
     "SCOPE_NAME",
     "SIZE_BUCKETS",
@@ -160,6 +163,12 @@ ATTR_POOL_MIN_READY = "envlink.pool.min_ready"
 ATTR_SESSION_STATE = "envlink.pool.session.state"
 ATTR_BREAKER_STATE = "envlink.breaker.state"
 ATTR_PLACEMENT_RESULT = "envlink.placement.result"
+
+#: ``rpc.method`` of a failed ``connect()`` on ``envlink.client.errors``. Connecting is
+#: not an RPC (no ``rpc.client.call.duration`` record), but a client that cannot
+#: connect must count as failing: the availability SLO and the retry-budget alert read
+#: these failures (docs/telemetry.md, docs/operations.md).
+RPC_METHOD_CONNECT = "connect"
 
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"
@@ -256,11 +265,12 @@ LOG_EVENTS: tuple[str, ...] = (
 HOOK_RECONNECT = "envlink.reconnect"
 HOOK_RECOVERY_FINISHED = "envlink.recovery_finished"
 
-#: Outcomes of a call (``envlink.outcome``).
-OUTCOME_OK = "ok"
-OUTCOME_ERROR = "error"
-OUTCOME_TIMEOUT = "timeout"
-OUTCOME_CANCELLED = "cancelled"
+#: Outcomes of a call (``envlink.outcome``): defined with the error tree, which the
+#: bridge shares without knowing telemetry names.
+OUTCOME_OK: Final = _errors.OUTCOME_OK
+OUTCOME_ERROR: Final = _errors.OUTCOME_ERROR
+OUTCOME_TIMEOUT: Final = _errors.OUTCOME_TIMEOUT
+OUTCOME_CANCELLED: Final = _errors.OUTCOME_CANCELLED
 
 #: Boundaries of ``rpc.client.call.duration``: the semantic conventions' advisory
 #: buckets for RPC durations (seconds).

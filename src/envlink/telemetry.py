@@ -224,9 +224,9 @@ def configure(
             measurement) to metric points. Default: off, unless
             ``OTEL_METRICS_EXEMPLAR_FILTER`` says otherwise. The SDK's own default
             (``trace_based``) makes every measurement taken inside a sampled span
-            offer an exemplar, which costs about 10 µs per measurement on the
-            hot path (``docs/performance.md``); pass ``True`` for the SDK's
-            trace-based filter.
+            offer an exemplar, which adds a filter check and a reservoir offer to
+            every measurement (its cost is in ``docs/performance.md``); pass
+            ``True`` for the SDK's trace-based filter.
         trace_sample_ratio: head sampling of traces: keep this fraction of new
             traces (``ParentBased(TraceIdRatioBased(ratio))``: a call inside a
             sampled parent is always kept, one inside an unsampled parent never).

@@ -17,9 +17,10 @@ import pytest
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 
-from _otel_support import Otel
 from envlink import CallTimeoutError, ReentrantCallError
 from envlink._bridge import Bridge, SyncProxy
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(20)
 

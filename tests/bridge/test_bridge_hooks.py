@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from _otel_support import Otel
 from envlink import (
     Bridge,
     BridgeCallFinished,
@@ -18,6 +17,8 @@ from envlink import (
     ClientClosedError,
 )
 from envlink.telemetry import BridgeTelemetryHook
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from _otel_support import Otel
 from envlink import Bridge, CallTimeoutError, ClientClosedError
 from envlink._telemetry.bridge_hook import WAIT_SAMPLE
 from envlink._telemetry.instruments import (
@@ -24,6 +23,8 @@ from envlink._telemetry.instruments import (
     METRIC_BRIDGE_WAIT_DURATION,
 )
 from envlink.telemetry import BridgeTelemetryHook
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from opentelemetry.trace import SpanKind
 
-from _otel_support import Otel
 from envlink import CallTimeoutError, EchoEnv, GenericEnvClient, set_testing
 from envlink._bridge import Bridge
 from envlink._telemetry.instruments import METRIC_BRIDGE_CALL_DURATION
 from envlink.server import ServerThread
 
+from .._otel_support import Otel
 from .conftest import envlink_threads
 
 pytestmark = pytest.mark.timeout(30)

@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from _oracle import Ledger, LedgerEnvironment
 from websockets.asyncio.client import connect
 
 from envlink.server import EnvServer, ServerThread
+
+from ._oracle import Ledger, LedgerEnvironment
 
 __all__ = ["FAULT_KINDS", "Arming", "InProcessServers", "ServeProcess"]
 

@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script, the repository root is not on the path; as a module it already is.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from _engine import ChaosConfig, format_summary, merge_reports, run_chaos
-from _servers import FAULT_KINDS
+from tests.chaos._engine import ChaosConfig, format_summary, merge_reports, run_chaos
+from tests.chaos._servers import FAULT_KINDS
 
-#: The soak's targets (issue 9): episodes in all, and injected faults of every kind.
+#: The soak's targets: episodes in all, and injected faults of every kind.
 SOAK_EPISODES = 1000
 SOAK_FAULTS = 500
 #: In-process / kill -9 episodes the soak starts from (more run while a kind is short).

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _engine import (
+
+from ._engine import (
     ChaosConfig,
     Stats,
     format_summary,
@@ -20,9 +21,9 @@ from _engine import (
     load_threads,
     run_chaos,
 )
-from _oracle import Ledger
-from _servers import FAULT_KINDS, IN_PROCESS_KINDS, InProcessServers
-from run_chaos import (
+from ._oracle import Ledger
+from ._servers import FAULT_KINDS, IN_PROCESS_KINDS, InProcessServers
+from .run_chaos import (
     SOAK_EPISODES,
     SOAK_FAULTS,
     run_workers,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _oracle import Call, ServerSegment, check_segment, reference_answers
+
+from ._oracle import Call, ServerSegment, check_segment, reference_answers
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(30)
 
 async def test_deadline_during_a_stall_is_prompt_and_next_call_is_clean(
         any_server: EnvServer) -> None:
-    """A stalled call fails with CallTimeoutError within deadline + 50 ms; later calls are clean."""
+    """A stalled call fails with CallTimeoutError soon after its deadline; later calls are clean."""
     env = GenericEnvClient(any_server.url, on_session_lost="replay", ping_timeout=0.2)
     try:
         await env.reset()
@@ -39,7 +39,7 @@ async def test_deadline_during_a_stall_is_prompt_and_next_call_is_clean(
         assert isinstance(info.value, TimeoutError)
         assert info.value.method == "step"
         assert info.value.outcome_unknown  # the frame was sent: the server may have run it
-        assert 0.2 <= elapsed < 0.25, elapsed
+        assert 0.2 <= elapsed < 1.0, elapsed  # a missed deadline would hang on the stall
         if not any_server.extensions:
             # The plain protocol cannot learn whether the stalled step ran: replaying
             # without it could silently diverge, so the episode is lost, and says why.
@@ -148,7 +148,7 @@ async def test_call_deadline_bounds_reconnect_attempts(silent_listener: int) -> 
     start = time.perf_counter()
     with pytest.raises(CallTimeoutError):
         await env.reset()
-    assert time.perf_counter() - start < 0.35
+    assert time.perf_counter() - start < 3.0  # 100 attempts would take over 10 s
     await env.close()
 
 

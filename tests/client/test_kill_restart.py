@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from _processes import ServerProcess
 from envlink import GenericEnvClient, ReconnectPolicy, SessionLostError, Timeout, set_testing
+
+from .._processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from _otel_support import Otel
 from envlink import ConnectError, GenericEnvClient, HandshakeRejectedError, ReconnectPolicy
 from envlink.server import EnvServer
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,11 +1,9 @@
 """The interop suite: envlink against the real ``openenv`` package, and back.
 
 It needs a separate virtualenv with ``openenv==0.10.*`` (see ``.ci/interop.sh``),
-named by ``ENVLINK_OPENENV_PYTHON``. Without it:
-
-- a plain ``pytest`` (or ``pytest tests``) does not collect this directory at all;
-- asking for it explicitly (``pytest tests/interop``) is a usage error, never a
-  silent skip.
+named by ``ENVLINK_OPENENV_PYTHON``. Without it, every interop test is reported as
+skipped with the reason (how to create the virtualenv), and with
+``ENVLINK_REQUIRE_OPENENV=1`` (set by ``.ci/interop.sh``) each of those skips is a failure.
 
 With it, every test must really run: a skipped or xfailed interop test is
 reported as a failure, so a green run means every check passed.
@@ -14,13 +12,15 @@ reported as a failure, so a green run means every check passed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _interop_support import (
+
+from ._interop_support import (
     HERE,
     OPENENV_PYTHON_VAR,
     TAG_HEADER,
@@ -29,44 +29,32 @@ from _interop_support import (
     openenv_python,
     openenv_server,
 )
-from _proxy import CuttingProxy
+from ._proxy import CuttingProxy
+
+#: Set to 1 where the suite must run (CI): a missing openenv virtualenv is then a failure.
+REQUIRE_VAR = "ENVLINK_REQUIRE_OPENENV"
+MISSING = (f"the interop suite needs the openenv virtualenv: set {OPENENV_PYTHON_VAR} to its "
+           "python, or run `bash .ci/interop.sh`, which creates it and runs this suite")
 
 
-def _targets_this_suite(config: pytest.Config) -> bool:
-    base = Path(config.invocation_params.dir)
-    for arg in config.args:
-        path = (base / arg.split("::", 1)[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if openenv_python() is None and _targets_this_suite(config):
-        raise pytest.UsageError(
-            f"tests/interop needs the openenv virtualenv: set {OPENENV_PYTHON_VAR} to its "
-            "python, or run `bash .ci/interop.sh`, which creates it and runs this suite."
-        )
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    # Not configured and not asked for: stay out of the main suite entirely.
-    if openenv_python() is None and (collection_path == HERE or HERE in collection_path.parents):
-        return True
-    return None
+def _must_run() -> bool:
+    return openenv_python() is not None or os.environ.get(REQUIRE_VAR) == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = openenv_python() is None
     for item in items:
         if HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.interop)
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=MISSING))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
-    if report.skipped:
+    if report.skipped and HERE in Path(str(item.path)).parents and _must_run():
         # A check that did not run must not look like one that passed.
         reason = getattr(report, "wasxfail", None) or str(report.longrepr)
         report.outcome = "failed"

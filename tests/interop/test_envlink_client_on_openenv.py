@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _interop_support import (
+from opentelemetry.sdk.trace import TracerProvider
+from pydantic import BaseModel, ConfigDict
+
+import envlink
+
+from ._interop_support import (
     CLIENTS,
     TAG_HEADER,
     Connection,
@@ -23,10 +28,6 @@ from _interop_support import (
     assert_plain_protocol,
     read_connections,
 )
-from opentelemetry.sdk.trace import TracerProvider
-from pydantic import BaseModel, ConfigDict
-
-import envlink
 
 pytestmark = pytest.mark.timeout(60)
 

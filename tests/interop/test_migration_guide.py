@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _interop_support import REPO_ROOT, RecordingServer, ServerProcess, python_command
+
+from ._interop_support import REPO_ROOT, RecordingServer, ServerProcess, python_command
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _interop_support import (
+
+from ._interop_support import (
     CLIENTS,
     RecordingServer,
     ServerProcess,

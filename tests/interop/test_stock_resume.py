@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _interop_support import Connection, RecordingServer, read_connections, read_rpc
-from _proxy import Cut, CuttingProxy, When
 
 import envlink
+
+from ._interop_support import Connection, RecordingServer, read_connections, read_rpc
+from ._proxy import Cut, CuttingProxy, When
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from _processes import ServerProcess
 from envlink import GenericEnvClient, set_testing
 from envlink.server import EnvServer
+
+from .._processes import ServerProcess
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from _processes import ServerProcess
 from envlink import (
     EnvPool,
     GenericEnvClient,
@@ -17,6 +16,7 @@ from envlink import (
     StepResult,
 )
 
+from .._processes import ServerProcess
 from .conftest import solo_run
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from _processes import ServerProcess
-from telemetry.conftest import otlp_http_receiver  # noqa: F401  (reused OTLP receiver)
+from .._processes import ServerProcess
+from ..telemetry.conftest import otlp_http_receiver  # noqa: F401  (reused OTLP receiver)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from _ray_support import require_ray
+from ._ray_support import require_ray
 
 require_ray()
 
@@ -12,7 +12,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from _processes import ServerProcess  # noqa: E402
+from .._processes import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from _ray_support import require_ray
+from ._ray_support import require_ray
 
 require_ray()
 
@@ -13,9 +13,10 @@ import pytest  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
-from _processes import ServerProcess  # noqa: E402
 from envlink import CallTimeoutError, EnvPool, SessionLostError, StepResult  # noqa: E402
 from envlink.ray import RayEnvPool  # noqa: E402
+
+from .._processes import ServerProcess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

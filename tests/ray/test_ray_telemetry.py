@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from _ray_support import require_ray
+from ._ray_support import require_ray
 
 require_ray()
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import signal
 
 import pytest
-from _server_support import STATE, ServeProcess, open_ws, rpc
 
 from envlink.server._command import build_parser, main, options_from_args
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE
+
+from ._server_support import STATE, ServeProcess, open_ws, rpc
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from _server_support import RESET, STATE, open_ws, rpc, step
 from pydantic import ValidationError
 
 from envlink.server import (
@@ -18,6 +17,8 @@ from envlink.server import (
     SnapshotEnvironment,
     StepResult,
 )
+
+from ._server_support import RESET, STATE, open_ws, rpc, step
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from _server_support import RESET, STATE, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed
 
 from envlink._sansio.protocol import (
@@ -16,6 +15,8 @@ from envlink._sansio.protocol import (
     Extensions,
 )
 from envlink.server import EnvServer
+
+from ._server_support import RESET, STATE, open_ws, rpc, step, token_of
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -9,12 +9,13 @@ import os
 import time
 
 import pytest
-from _server_support import RESET, STATE, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
 from envlink._errors import ProtocolError
 from envlink._sansio.protocol import RESUMED_HEADER, decode_response
 from envlink.server import CORRUPT_KINDS, EnvServer, Faults
+
+from ._server_support import RESET, STATE, open_ws, rpc, step, token_of
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
-from _server_support import RESET, STATE, ServeProcess, open_ws, rpc, step, token_of
 from websockets.exceptions import ConnectionClosed
 
 from envlink._sansio.protocol import RESUMED_HEADER
 from envlink.server import DeterministicEnvironment, EnvServer
 from envlink.server._store import SessionStore
+
+from ._server_support import RESET, STATE, ServeProcess, open_ws, rpc, step, token_of
 
 pytestmark = pytest.mark.timeout(20)
 

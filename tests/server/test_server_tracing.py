@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from _server_support import RESET, STATE, open_ws, rpc, step
 from opentelemetry.trace import SpanKind, StatusCode
 
-from _otel_support import Otel
 from envlink.server import EnvServer
+
+from .._otel_support import Otel
+from ._server_support import RESET, STATE, open_ws, rpc, step
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -18,8 +18,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 )
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from _otel_support import Otel
-
+from .._otel_support import Otel
 from ._otlp_receiver import Received, Receiver, start_http_receiver
 
 

@@ -10,11 +10,12 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from _otel_support import Otel
 from envlink import telemetry
 from envlink._errors import CallTimeoutError
 from envlink._telemetry import instruments as _telemetry
 from envlink._telemetry.instruments import Telemetry, error_type_of, get_telemetry
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(30)
 

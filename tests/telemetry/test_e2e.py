@@ -9,11 +9,11 @@ import pytest
 from opentelemetry.trace import SpanKind
 from structlog.testing import capture_logs
 
-from _otel_support import Otel
 from envlink import CallToolAction, EchoEnv, ServerError
 from envlink.server import ServerThread
 from envlink.telemetry import configure
 
+from .._otel_support import Otel
 from .conftest import Receiver, _arm
 
 pytestmark = pytest.mark.timeout(30)

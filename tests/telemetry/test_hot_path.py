@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from opentelemetry.trace import SpanKind
 
-from _otel_support import Otel
 from envlink import GenericEnvClient
 from envlink._telemetry.bridge_hook import WAIT_SAMPLE
 from envlink.names import METRIC_BRIDGE_WAIT_DURATION, METRIC_CALL_DURATION
 from envlink.server import ServerThread
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(30)
 

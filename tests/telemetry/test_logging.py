@@ -12,9 +12,10 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from _otel_support import Otel
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.logs import add_trace_context, get_logger, trace_context
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,5 +1,5 @@
 """The Prometheus endpoint of configure() serves a valid exposition, whatever the order
-of flushes and scrapes and however many scrapers there are (issue 16)."""
+of flushes and scrapes and however many scrapers there are."""
 
 from __future__ import annotations
 

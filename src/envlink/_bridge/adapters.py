@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
     from envlink._bridge.bridge import Bridge
@@ -15,7 +16,7 @@ __all__ = ["BridgedContext", "iterate"]
 
 T = TypeVar("T")
 _log = logging.getLogger("envlink.bridge")
-_get_running_loop = asyncio._get_running_loop
+_get_running_loop = running_loop_getter()
 
 
 class _Stop:

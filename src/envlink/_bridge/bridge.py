@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from envlink._bridge.adapters import BridgedContext, iterate
 from envlink._bridge.handoff import Job, outcome_of, perf, request_cancel, start_job, wait_for
 from envlink._bridge.hooks import (
-    OUTCOME_CANCELLED,
-    OUTCOME_OK,
     BridgeCallFinished,
     BridgeCallStarted,
     BridgeHook,
@@ -23,7 +21,13 @@ from envlink._bridge.hooks import (
 )
 from envlink._bridge.loop import LoopThread
 from envlink._config import check_timeout
-from envlink._errors import ClientClosedError, ReentrantCallError
+from envlink._errors import (
+    OUTCOME_CANCELLED,
+    OUTCOME_OK,
+    ClientClosedError,
+    ReentrantCallError,
+)
+from envlink._speedups import new_record, running_loop_getter
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -35,11 +39,10 @@ T = TypeVar("T")
 ForeignLoopPolicy = Literal["allow", "warn", "raise"]
 
 _log = logging.getLogger("envlink.bridge")
-_get_running_loop = asyncio._get_running_loop
+_get_running_loop = running_loop_getter()
 _copy_context = contextvars.copy_context
-# Builds a NamedTuple record in C: the generated ``__new__`` is a Python function, and
-# this runs twice per bridged call.
-_record = tuple.__new__
+# Two records per bridged call are built without the generated Python ``__new__``.
+_record = new_record
 
 
 class Bridge(LoopThread):

@@ -19,8 +19,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from envlink._bridge.hooks import OUTCOME_CANCELLED, OUTCOME_ERROR, OUTCOME_TIMEOUT
-from envlink._errors import CallTimeoutError, ClientClosedError
+from envlink._errors import (
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_TIMEOUT,
+    CallTimeoutError,
+    ClientClosedError,
+)
 
 if TYPE_CHECKING:
     from envlink._bridge.loop import LoopThread
@@ -46,9 +51,9 @@ class Job:
         self.args = args
         self.kwargs = kwargs
         self.ctx = ctx
-        # The caller holds this lock; the loop thread (or close()) releases it to wake
-        # the caller. Cheaper than a Future + Condition, which is where the speed-up over
-        # run_coroutine_threadsafe comes from.
+        # The caller holds this lock, and the loop thread (or close()) releases it to
+        # wake the caller. A lock is lighter than a Future with a Condition, and that is
+        # most of what the bridge gains over run_coroutine_threadsafe.
         self.waiter = threading.Lock()
         self.waiter.acquire()
         self.task: asyncio.Task[None] | None = None

@@ -15,11 +15,10 @@ __all__ = ["EpisodeJournal", "JournalEntry"]
 
 
 def _encode(value: dict[str, Any] | str) -> str:
-    # Actions and answers are kept as JSON text: immutable (nothing the caller does to
-    # an action or a returned observation can change the record, nor what replay
-    # resends) and far cheaper than a deep copy per step.
-    # One C call (json.dumps is three Python frames around its C encoder); NaN and
-    # infinities are kept as the JSON constants json.loads reads back.
+    # Actions and answers are kept as JSON text, which is immutable and cheaper than a
+    # deep copy. Nothing the caller does to an action or an observation can change the
+    # record, nor what replay resends. pydantic's encoder is used because it is one C
+    # call. NaN and infinities are kept as the JSON constants json.loads reads back.
     return value if isinstance(value, str) else \
         to_json(value, inf_nan_mode="constants").decode()
 

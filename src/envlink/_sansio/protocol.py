@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from json.decoder import JSONDecoder
-from json.scanner import c_make_scanner  # type: ignore[attr-defined]
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,6 +28,8 @@ from pydantic import (
 from pydantic_core import PydanticSerializationError, SchemaSerializer, core_schema, to_json
 
 from envlink._errors import ProtocolError, ServerError
+from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES, check_json_values
+from envlink._speedups import json_scanner
 
 __all__ = [
     "EXTENSION_HEADER",
@@ -146,8 +146,8 @@ class _Request(BaseModel):
     # (and so only serialised) when the server negotiated the extension.
     # NaN and infinities are serialised as the JavaScript constants here only so that
     # encode_request can find and refuse them (pydantic's default would send null).
-    # defer_build: validators and serialisers are built at first use, not by `import
-    # envlink` (docs/performance.md: the first reset pays about what the import saves).
+    # With defer_build, validators and serialisers are built at first use rather than
+    # by `import envlink`; docs/performance.md weighs the first reset against that.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants",
                               defer_build=True)
 
@@ -423,13 +423,16 @@ def server_error(frame: ErrorFrame) -> ServerError:
 
 
 def decode_response(
-    raw: str | bytes, *, max_size: int | None = None
+    raw: str | bytes, *, max_size: int | None = None,
+    max_values: int | None = DEFAULT_MAX_MESSAGE_VALUES,
 ) -> ObservationFrame | StateFrame | ErrorFrame | McpFrame:
     """Validate a frame received from the server.
 
     Args:
         raw: the frame's text (binary frames are accepted if they are UTF-8 JSON).
         max_size: reject frames longer than this many bytes.
+        max_values: reject, unparsed, frames that may hold more JSON values than this
+            (what bounds the parsed frame's memory; see :mod:`envlink._sansio.limits`).
 
     Raises:
         ProtocolError: naming what was wrong (invalid JSON, not an object, unknown
@@ -437,6 +440,7 @@ def decode_response(
     """
     if max_size is not None and len(raw) > max_size:
         raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
+    check_json_values(raw, max_values, "frame")
     obj = _loads(raw, code="")
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
@@ -469,10 +473,7 @@ def encode_response(
     return json.dumps(obj, separators=(",", ":"))
 
 
-# json.loads's own C scanner, called directly: json.loads wraps it in three Python
-# frames and two whitespace regex matches per document.
-_scan: Callable[[str, int], tuple[Any, int]] | None = (
-    None if c_make_scanner is None else c_make_scanner(JSONDecoder()))
+_scan: Callable[[str, int], tuple[Any, int]] | None = json_scanner()
 
 
 def _loads(raw: str | bytes, *, code: str) -> Any:

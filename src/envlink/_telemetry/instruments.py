@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import threading
 import time
 import weakref
@@ -46,6 +45,7 @@ from opentelemetry.trace import (
 )
 
 from envlink import names
+from envlink._speedups import meter_provider_checks, tracer_provider_unset_check
 from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 from envlink.names import (
     ATTR_BREAKER_STATE,
@@ -308,10 +308,10 @@ class Telemetry:
         noop = self._metrics_noop
         if noop is not None:
             return not noop
-        if _global_meter_provider_unset():
+        if _meter_provider_unset():
             return False  # no global provider yet; one may be installed later
         provider = metrics.get_meter_provider()
-        if type(provider).__name__ == "_ProxyMeterProvider":
+        if _is_proxy_meter_provider(provider):
             return False
         self._metrics_noop = isinstance(provider, metrics.NoOpMeterProvider)
         return not self._metrics_noop
@@ -341,7 +341,7 @@ class Telemetry:
         noop = self._tracing_noop
         if noop is not None:
             return not noop
-        if _global_tracer_provider_unset():
+        if _tracer_provider_unset():
             return False  # no global provider yet; one may be installed later
         provider = trace.get_tracer_provider()
         if isinstance(provider, trace.ProxyTracerProvider):
@@ -367,33 +367,10 @@ class Telemetry:
             pass
 
 
-def _global_tracer_provider_unset() -> bool:
-    """True while no global tracer provider is installed (the hot no-SDK case).
-
-    ``trace.get_tracer_provider()`` reads ``os.environ`` on every call while none is
-    set, which costs more than the rest of a no-op span; the API module's global is
-    read directly when it exists, the public function is the fallback.
-    """
-    if _HAVE_PRIVATE_GLOBAL and "OTEL_PYTHON_TRACER_PROVIDER" not in _ENV_AT_IMPORT:
-        return trace._TRACER_PROVIDER is None
-    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-
-
-def _global_meter_provider_unset() -> bool:
-    """Whether no global meter provider is installed yet (cheap, as for tracing)."""
-    if _METRICS_INTERNAL is not None and "OTEL_PYTHON_METER_PROVIDER" not in _ENV_AT_IMPORT:
-        return getattr(_METRICS_INTERNAL, "_METER_PROVIDER", None) is None
-    return type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider"
-
-
-_METRICS_INTERNAL: Any = None
-with contextlib.suppress(ImportError):  # the API's private module: a fast check, if present
-    from opentelemetry.metrics import _internal as _metrics_internal
-
-    if hasattr(_metrics_internal, "_METER_PROVIDER"):
-        _METRICS_INTERNAL = _metrics_internal
-_HAVE_PRIVATE_GLOBAL = hasattr(trace, "_TRACER_PROVIDER")
-_ENV_AT_IMPORT = frozenset(os.environ)
+#: Whether no global provider is installed yet (the hot no-SDK case), and whether a
+#: meter provider is the API's stand-in for one to come.
+_tracer_provider_unset = tracer_provider_unset_check()
+_meter_provider_unset, _is_proxy_meter_provider = meter_provider_checks()
 
 
 class _SpanScope(contextlib.AbstractContextManager[Span]):

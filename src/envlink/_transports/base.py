@@ -190,10 +190,14 @@ class Endpoint:
     @property
     def mcp_url(self) -> str:
         """The server's ``/mcp`` JSON-RPC URL (``http(s)://``, no query), as OpenEnv derives it."""
+        return self.http_url("/mcp")
+
+    def http_url(self, path: str) -> str:
+        """The server's plain-HTTP URL of ``path`` (``/health``, ``/schema``...), no query."""
         parts = urlsplit(self.ws_url)
         scheme = "https" if parts.scheme == "wss" else "http"
-        path = parts.path[:-len("/ws")] if parts.path.endswith("/ws") else parts.path
-        return urlunsplit((scheme, parts.netloc, path.rstrip("/") + "/mcp", "", ""))
+        base = parts.path[:-len("/ws")] if parts.path.endswith("/ws") else parts.path
+        return urlunsplit((scheme, parts.netloc, base.rstrip("/") + path, "", ""))
 
     def attached(self, session_id: str | None) -> Endpoint:
         """The same endpoint, attaching to ``session_id`` (``None``: a plain connection)."""

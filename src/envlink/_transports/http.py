@@ -1,34 +1,40 @@
-"""A minimal HTTP/1.1 client for OpenEnv's ``POST /mcp`` (JSON-RPC), on asyncio streams.
+"""envlink's HTTP requests (OpenEnv's ``POST /mcp``, discovery GETs), on httpx.
 
-Only what envlink needs and no new dependency: one JSON request per connection
-(``Connection: close``), the client's handshake headers (``Authorization``...),
-TLS with the client's SSL context, an HTTP(S) proxy through ``CONNECT`` (proxy
-variables as for the WebSocket: the caller passes ``proxy=None`` for loopback),
-``Content-Length``,
-chunked or close-delimited answers, a bound on the answer's size.
+One request per call, with the client's headers (``Authorization``...), its SSL
+context, the proxy chosen by :mod:`envlink._transports.proxy` (the same rule as the
+WebSocket path), a bound on the answer's size (the body is streamed and the
+request dropped past it, so a huge answer is never held), and an optional
+deadline. Redirects are not followed unless asked; when they are, a cross-origin
+hop drops every credential and ``https`` never becomes ``http``.
 
-Errors are envlink's: :class:`~envlink.ConnectError` when the request provably
-never reached the server, :class:`~envlink.ConnectionLostError` once it may have,
-:class:`~envlink.ProtocolError` for an answer that is not HTTP or not JSON.
+httpx's errors are translated in one table (:func:`_translate`): envlink's
+:class:`~envlink.ConnectError` when the request provably never reached the server,
+:class:`~envlink.ConnectionLostError` once it may have,
+:class:`~envlink.ProtocolError` for an answer that is not HTTP, too large, or not
+JSON. Nothing of httpx leaks past this module; URLs in messages are redacted.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import ssl as ssl_module
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urljoin, urlsplit
 
-from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
+from envlink._deadlines import bounded
+from envlink._errors import ConnectError, ConnectionLostError, EnvlinkError, ProtocolError
+from envlink._sansio.redact import is_sensitive_name, redact_url
+from envlink._transports.proxy import resolve_proxy
 
-__all__ = ["HttpAnswer", "NoAnswerError", "post_json"]
+__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]
 
-_MAX_HEAD = 64 * 1024
+#: Default bound on an answer's body.
+DEFAULT_MAX_ANSWER = 1024 * 1024
+_MAX_REDIRECTS = 5
+
+HeaderPairs = Mapping[str, str] | list[tuple[str, str]] | tuple[tuple[str, str], ...]
 
 
 class NoAnswerError(ConnectionLostError):
@@ -37,30 +43,207 @@ class NoAnswerError(ConnectionLostError):
 
 @dataclass(frozen=True)
 class HttpAnswer:
-    """An HTTP answer: status and the JSON body (``None`` if the body was empty)."""
+    """An HTTP answer.
+
+    Attributes:
+        status: the HTTP status.
+        body: the JSON body (``None`` if empty, or not JSON on an error status).
+        headers: the answer's headers, names in lower case.
+    """
 
     status: int
     body: Any
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
-def _proxy_for(scheme: str, host: str, proxy: str | bool | None) -> str | None:
-    if proxy is None or proxy is False:
-        return None
-    if isinstance(proxy, str):
-        return proxy
-    import urllib.request  # (email, http.client...) only when a proxy may be configured
+_plain_context: ssl_module.SSLContext | None = None
 
-    if urllib.request.proxy_bypass(host):
-        return None
-    proxies = urllib.request.getproxies()
-    return proxies.get(scheme) or proxies.get("all")
+
+def _context(ssl: ssl_module.SSLContext | None) -> ssl_module.SSLContext:
+    # httpx builds a verifying context per client unless given one: building one costs
+    # milliseconds, so a default is made once and reused.
+    global _plain_context
+    if ssl is not None:
+        return ssl
+    if _plain_context is None:
+        _plain_context = ssl_module.create_default_context()
+    return _plain_context
+
+
+def _pairs(headers: HeaderPairs) -> list[tuple[str, str]]:
+    return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+
+
+def _same_origin(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    default = {"http": 80, "https": 443}
+    return (pa.scheme, pa.hostname, pa.port or default.get(pa.scheme)) == (
+        pb.scheme, pb.hostname, pb.port or default.get(pb.scheme))
+
+
+def _translate(exc: BaseException, where: str, *, answered: bool) -> EnvlinkError:
+    """httpx's failure as envlink's: the one table of this seam."""
+    import httpx
+
+    text = str(exc)
+    if isinstance(exc, httpx.ProxyError):
+        return ConnectError(f"the proxy refused the request to {where}: {text}", retryable=True)
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        cause = exc.__context__ or exc.__cause__
+        while cause is not None and not isinstance(cause, ssl_module.SSLError):
+            cause = cause.__context__ or cause.__cause__
+        if isinstance(cause, ssl_module.SSLCertVerificationError):
+            return ConnectError(f"TLS verification failed for {where}: {cause.verify_message}",
+                                retryable=False)
+        if isinstance(cause, ssl_module.SSLError):
+            return ConnectError(f"TLS handshake with {where} failed: {cause}", retryable=False)
+        return ConnectError(f"cannot connect to {where}: {text or type(exc).__name__}",
+                            retryable=True)
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return ConnectError(f"cannot request {where}: {text}", retryable=False)
+    if isinstance(exc, httpx.LocalProtocolError):
+        return ConnectError(f"the request to {where} is malformed: {text}", retryable=False)
+    if isinstance(exc, httpx.RemoteProtocolError):
+        if not answered and "without sending a response" in text:
+            return NoAnswerError(f"{where} closed the connection without answering")
+        if answered:
+            return ConnectionLostError(f"{where} closed the connection mid-answer: {text}")
+        if "buffer" in text.lower() or "too long" in text.lower() or "too large" in text.lower():
+            return ProtocolError(f"the HTTP answer of {where} has oversized headers ({text})")
+        return ProtocolError(f"{where} did not answer valid HTTP/1.x: {text}")
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.ReadTimeout,
+                        httpx.WriteTimeout, httpx.CloseError)):
+        when = "mid-answer" if answered else "before answering"
+        return ConnectionLostError(f"{where} failed {when}: {text or type(exc).__name__}")
+    if isinstance(exc, ImportError):  # a socks5:// proxy without the socks extra
+        return ConnectError(f"cannot connect to {where} through a SOCKS proxy: install "
+                            f"envlink[socks] ({exc})", retryable=False)
+    return ConnectionLostError(f"request to {where} failed: {type(exc).__name__}: {text}")
+
+
+async def request_json(method: str, url: str, body: Any = None, *,
+                       headers: HeaderPairs = (),
+                       ssl: ssl_module.SSLContext | None = None,
+                       proxy: str | bool | None = True,
+                       max_size: int | None = DEFAULT_MAX_ANSWER,
+                       timeout: float | None = None,
+                       follow_redirects: bool = False) -> HttpAnswer:
+    """Send one HTTP request (``body`` as JSON, if given) and read the JSON answer.
+
+    Args:
+        method: ``GET``, ``POST``...
+        url: an ``http://`` or ``https://`` URL.
+        body: a JSON-serialisable body, or ``None`` for none.
+        headers: extra request headers (validated: no CR/LF).
+        ssl: the SSL context for ``https://`` (a verifying one by default).
+        proxy: ``True`` (the environment), ``None``/``False`` (none) or a proxy URL.
+        max_size: the largest body read, in bytes (``None``: no bound).
+        timeout: a deadline for the whole request, in seconds (``None``: the caller's).
+        follow_redirects: follow up to 5 redirects (credentials dropped across origins,
+            never from ``https`` to ``http``).
+
+    Raises:
+        ConnectError: the server (or the proxy) could not be reached; nothing was sent.
+        ConnectionLostError: the connection failed after the request was sent.
+        ProtocolError: the answer is not HTTP/1.x, too large, or not JSON.
+        TimeoutError: ``timeout`` passed.
+    """
+    pairs = _pairs(headers)
+    payload = None if body is None else json.dumps(
+        body, separators=(",", ":"), allow_nan=False).encode()
+    async with bounded(timeout):
+        for _ in range(_MAX_REDIRECTS + 1):
+            answer, location = await _one(method, url, payload, pairs, ssl, proxy, max_size)
+            if location is None or not follow_redirects:
+                return answer
+            target = urljoin(url, location)
+            if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https":
+                raise ProtocolError(f"{redact_url(url)} redirected from https to "
+                                    f"{urlsplit(target).scheme or 'a relative'}:// (refused)")
+            if not _same_origin(url, target):
+                pairs = [(k, v) for k, v in pairs if not is_sensitive_name(k)]
+            if answer.status == 303 or (answer.status in (301, 302) and method == "POST"):
+                method, payload = "GET", None
+            url = target
+        raise ProtocolError(f"{redact_url(url)}: more than {_MAX_REDIRECTS} redirects")
+
+
+async def _one(method: str, url: str, payload: bytes | None, pairs: list[tuple[str, str]],
+               ssl: ssl_module.SSLContext | None, proxy: str | bool | None,
+               max_size: int | None) -> tuple[HttpAnswer, str | None]:
+    import httpx
+
+    where = redact_url(url)
+    for name, value in pairs:
+        if any(c in name or c in value for c in "\r\n\0") or not name.strip():
+            raise ConnectError(f"header {name[:40]!r} for {where} contains CR, LF or NUL "
+                               "(refused)", retryable=False)
+    route = resolve_proxy(url, proxy)
+    # identity: a compressed answer could inflate past max_size after it was counted.
+    # One request per connection, as OpenEnv's clients do: nothing is kept open.
+    request_headers = {"Accept": "application/json", "Accept-Encoding": "identity",
+                       "Connection": "close", "User-Agent": "envlink"}
+    if payload is not None:
+        request_headers["Content-Type"] = "application/json"
+    sent = httpx.Headers(request_headers)
+    for name, value in pairs:
+        if name.lower() in ("host", "content-length", "content-type", "accept",
+                            "accept-encoding", "transfer-encoding", "connection"):
+            continue
+        sent[name] = value
+    limit = max_size if max_size is not None else 1 << 62
+    answered = False
+    try:
+        client = httpx.AsyncClient(verify=_context(ssl), proxy=route, trust_env=False,
+                                   timeout=None, follow_redirects=False)
+    except (ImportError, ValueError) as exc:
+        raise _translate(exc, where, answered=False) from exc
+    try:
+        async with client, client.stream(method, url, content=payload, headers=sent) as r:
+            answered = True
+            status = r.status_code
+            fields = {k.lower(): v for k, v in r.headers.items()}
+            location = fields.get("location") if 300 <= status < 400 else None
+            declared = fields.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                if status >= 400:
+                    return HttpAnswer(status, None, fields), None
+                raise ProtocolError(f"the answer of {where} exceeds {limit} bytes "
+                                    f"(Content-Length {declared})")
+            data = bytearray()
+            async for chunk in r.aiter_raw():
+                data += chunk
+                if len(data) > limit:
+                    if status >= 400:  # the status is the answer; the body is not needed
+                        return HttpAnswer(status, None, fields), None
+                    raise ProtocolError(f"the answer of {where} exceeds {limit} bytes")
+    except EnvlinkError:
+        raise
+    except (httpx.HTTPError, httpx.InvalidURL, ImportError, OSError, ValueError) as exc:
+        raise _translate(exc, where, answered=answered) from exc
+    if fields.get("content-encoding", "identity").lower() not in ("identity", ""):
+        raise ProtocolError(f"the answer of {where} is compressed ({fields['content-encoding']}),"
+                            " which was not asked for")
+    return _parse(status, bytes(data), fields, where), location
+
+
+def _parse(status: int, data: bytes, fields: dict[str, str], where: str) -> HttpAnswer:
+    if not data.strip():
+        return HttpAnswer(status, None, fields)
+    try:
+        return HttpAnswer(status, json.loads(data), fields)
+    except (ValueError, RecursionError) as exc:
+        if status >= 400:
+            return HttpAnswer(status, None, fields)
+        raise ProtocolError(f"the answer of {where} is not JSON") from exc
 
 
 async def post_json(url: str, body: Any, *,
-                    headers: Mapping[str, str] | list[tuple[str, str]] = (),  # type: ignore[assignment]
+                    headers: HeaderPairs = (),
                     ssl: ssl_module.SSLContext | None = None, proxy: str | bool | None = True,
-                    max_size: int | None = 1024 * 1024) -> HttpAnswer:
-    """POST ``body`` as JSON to ``url`` and return the JSON answer.
+                    max_size: int | None = DEFAULT_MAX_ANSWER,
+                    timeout: float | None = None) -> HttpAnswer:
+    """POST ``body`` as JSON to ``url`` and return the JSON answer (no redirects).
 
     The caller bounds it with its own deadline (it is cancellable throughout).
 
@@ -69,143 +252,22 @@ async def post_json(url: str, body: Any, *,
         ConnectionLostError: the connection failed after the request was sent.
         ProtocolError: the answer is not HTTP/1.x, too large, or not JSON.
     """
-    parts = urlsplit(url)
-    secure = parts.scheme == "https"
-    host = parts.hostname or ""
-    port = parts.port or (443 if secure else 80)
-    where = f"{parts.scheme}://{host}:{port}{parts.path}"
-    pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    target = parts.path or "/"
-    if parts.query:
-        target += "?" + parts.query
-    host_header = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        host_header += f":{parts.port}"
-    lines = [f"POST {target} HTTP/1.1", f"Host: {host_header}",
-             "Content-Type: application/json", "Accept: application/json",
-             f"Content-Length: {len(payload)}", "Connection: close"]
-    taken = {"host", "content-type", "accept", "content-length", "connection"}
-    lines += [f"{k}: {v}" for k, v in pairs if k.lower() not in taken]
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
-
-    reader, writer = await _open(host, port, secure, ssl, _proxy_for(parts.scheme, host, proxy),
-                                 where)
-    try:
-        try:
-            writer.write(request)
-            await writer.drain()
-        except OSError as exc:
-            raise ConnectionLostError(f"POST {where} failed while sending: {exc}") from exc
-        return await _read_answer(reader, max_size, where)
-    finally:
-        writer.transport.abort()
+    return await request_json("POST", url, body, headers=headers, ssl=ssl, proxy=proxy,
+                              max_size=max_size, timeout=timeout)
 
 
-async def _open(host: str, port: int, secure: bool, context: ssl_module.SSLContext | None,
-                proxy: str | None, where: str
-                ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    tls = (context or ssl_module.create_default_context()) if secure else None
-    try:
-        if proxy is None:
-            return await asyncio.open_connection(
-                host, port, ssl=tls, server_hostname=host if tls else None)
-        proxy_parts = urlsplit(proxy)
-        if proxy_parts.scheme not in ("http", "https") or not proxy_parts.hostname:
-            raise ConnectError(f"unsupported proxy {proxy_parts.scheme}:// for {where} "
-                               "(only http:// and https:// proxies)", retryable=False)
-        proxy_port = proxy_parts.port or (443 if proxy_parts.scheme == "https" else 80)
-        reader, writer = await asyncio.open_connection(
-            proxy_parts.hostname, proxy_port,
-            ssl=ssl_module.create_default_context() if proxy_parts.scheme == "https" else None)
-        connect = [f"CONNECT {host}:{port} HTTP/1.1", f"Host: {host}:{port}"]
-        if proxy_parts.username is not None:
-            raw = f"{unquote(proxy_parts.username)}:{unquote(proxy_parts.password or '')}"
-            connect.append("Proxy-Authorization: Basic "
-                           + base64.b64encode(raw.encode()).decode("ascii"))
-        writer.write(("\r\n".join(connect) + "\r\n\r\n").encode("latin-1"))
-        await writer.drain()
-        status, _ = await _read_head(reader, where)
-        if status != 200:
-            writer.transport.abort()
-            raise ConnectError(f"the proxy refused CONNECT to {where} (HTTP {status})",
-                               retryable=status >= 500)
-        if tls is not None:
-            if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10 only
-                writer.transport.abort()
-                raise ConnectError(f"POST {where} through a proxy needs Python 3.11 or later",
-                                   retryable=False)
-            await writer.start_tls(tls, server_hostname=host)
-        return reader, writer
-    except ConnectError:
-        raise
-    except ssl_module.SSLCertVerificationError as exc:
-        raise ConnectError(f"TLS verification failed for {where}: {exc.verify_message}",
-                           retryable=False) from exc
-    except (OSError, asyncio.IncompleteReadError, ProtocolError) as exc:
-        raise ConnectError(f"cannot connect to {where}: {exc}", retryable=True) from exc
+async def get_json(url: str, *, headers: HeaderPairs = (),
+                   ssl: ssl_module.SSLContext | None = None, proxy: str | bool | None = True,
+                   max_size: int | None = DEFAULT_MAX_ANSWER, timeout: float | None = None,
+                   follow_redirects: bool = True) -> HttpAnswer:
+    """GET ``url`` and return the JSON answer (see :func:`request_json`).
 
-
-async def _read_head(reader: asyncio.StreamReader, where: str) -> tuple[int, dict[str, str]]:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError as exc:
-        raise ProtocolError(f"the HTTP answer of {where} has an oversized head") from exc
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            raise NoAnswerError(f"{where} closed the connection without answering") from exc
-        raise ConnectionLostError(f"{where} closed the connection mid-answer") from exc
-    except OSError as exc:
-        raise ConnectionLostError(f"{where} closed the connection before answering") from exc
-    if len(head) > _MAX_HEAD:
-        raise ProtocolError(f"the HTTP answer of {where} has an oversized head")
-    text = head.decode("latin-1").split("\r\n")
-    status_line = text[0].split(" ", 2)
-    if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or (
-            not status_line[1].isdigit()):
-        raise ProtocolError(f"{where} did not answer HTTP/1.x: {text[0][:80]!r}")
-    fields: dict[str, str] = {}
-    for line in text[1:]:
-        if ":" in line:
-            name, value = line.split(":", 1)
-            fields[name.strip().lower()] = value.strip()
-    return int(status_line[1]), fields
-
-
-async def _read_answer(reader: asyncio.StreamReader, max_size: int | None,
-                       where: str) -> HttpAnswer:
-    status, fields = await _read_head(reader, where)
-    limit = max_size if max_size is not None else 1 << 62
-    try:
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            body = bytearray()
-            while True:
-                size_line = await reader.readuntil(b"\r\n")
-                size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    break
-                if len(body) + size > limit:
-                    raise ProtocolError(f"the answer of {where} exceeds {limit} bytes")
-                body += await reader.readexactly(size)
-                await reader.readexactly(2)
-        elif "content-length" in fields:
-            length = int(fields["content-length"])
-            if length > limit:
-                raise ProtocolError(f"the answer of {where} exceeds {limit} bytes")
-            body = bytearray(await reader.readexactly(length))
-        else:
-            body = bytearray(await reader.read(limit + 1))
-            if len(body) > limit:
-                raise ProtocolError(f"the answer of {where} exceeds {limit} bytes")
-    except ValueError as exc:
-        raise ProtocolError(f"the HTTP answer of {where} is malformed: {exc}") from exc
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
-        raise ConnectionLostError(f"{where} closed the connection mid-answer") from exc
-    if not body.strip():
-        return HttpAnswer(status, None)
-    try:
-        return HttpAnswer(status, json.loads(body))
-    except ValueError as exc:
-        if status >= 400:
-            return HttpAnswer(status, None)
-        raise ProtocolError(f"the answer of {where} is not JSON") from exc
+    Raises:
+        ConnectError: the server (or the proxy) could not be reached.
+        ConnectionLostError: the connection failed mid-answer.
+        ProtocolError: the answer is not HTTP/1.x, too large, or not JSON.
+        TimeoutError: ``timeout`` passed.
+    """
+    return await request_json("GET", url, headers=headers, ssl=ssl, proxy=proxy,
+                              max_size=max_size, timeout=timeout,
+                              follow_redirects=follow_redirects)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import ipaddress
 import ssl as ssl_module
 import time
 from collections.abc import Mapping
@@ -45,19 +44,9 @@ from envlink._heap import warm_read_buffers
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
 from envlink._transports.http import post_json
+from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["WebSocketConnection", "WebSocketTransport", "open_connection"]
-
-
-def _is_loopback(host: str) -> bool:
-    # Proxy environment variables never apply to the machine itself (as in OpenEnv's
-    # client and most HTTP clients); an explicit proxy URL still does.
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _retry_after(headers: Headers) -> float | None:
@@ -249,13 +238,15 @@ async def open_connection(
         "close_timeout": min(options.close_timeout, options.ping_timeout or options.close_timeout),
         "max_size": options.max_message_size,
         "compression": options.compression,
-        "proxy": None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy,
     }
     if options.user_agent is not None:
         kwargs["user_agent_header"] = options.user_agent
     if endpoint.secure:
         kwargs["ssl"] = options.ssl or ssl_module.create_default_context()
     where = endpoint.display
+    # One rule for both paths (see envlink._transports.proxy), given to websockets
+    # explicitly so that its own resolver never applies.
+    kwargs["proxy"] = resolve_proxy(endpoint.ws_url, options.proxy)
     try:
         ws = await connect(endpoint.connect_url, **kwargs)
     except InvalidStatus as exc:
@@ -331,8 +322,7 @@ class WebSocketTransport:
         answer = await post_json(
             endpoint.mcp_url,
             {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)},
-            headers=headers, ssl=context,
-            proxy=None if _is_loopback(endpoint.host) and options.proxy is True else options.proxy,
+            headers=headers, ssl=context, proxy=options.proxy,
             max_size=options.max_message_size)
         return RpcAnswer(answer.status, answer.body)
 

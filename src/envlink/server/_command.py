@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
+from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
 
@@ -48,6 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=_positive_int, default=64, metavar="N")
     p.add_argument("--max-message-size", type=_positive_int, default=DEFAULT_MAX_MESSAGE_SIZE,
                    metavar="BYTES")
+    p.add_argument("--max-message-values", type=_positive_int,
+                   default=SERVER_MAX_MESSAGE_VALUES, metavar="N",
+                   help="most JSON values in one message, counted before parsing: what "
+                        "bounds its memory (default: %(default)s)")
+    p.add_argument("--compression", choices=["deflate"], default=None,
+                   help="offer permessage-deflate (default: off; the inflated size is "
+                        "what --max-message-size counts)")
     p.add_argument("--no-extensions", dest="extensions", action="store_false",
                    help="serve the plain OpenEnv protocol only")
     p.add_argument("--resume-grace", type=_non_negative_float, default=30.0, metavar="S",
@@ -113,6 +121,10 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.detached_sessions:
         options["detached_sessions"] = True
+    if args.max_message_values != SERVER_MAX_MESSAGE_VALUES:
+        options["max_message_values"] = args.max_message_values
+    if args.compression is not None:
+        options["compression"] = args.compression
     return options
 
 

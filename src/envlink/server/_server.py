@@ -13,7 +13,7 @@ persisted to disk). Fault injection hooks make it a test double for the client.
 
 This module is the I/O layer: listening, one handler per connection, stalls, drops
 and latency. The rest lives on its seams: the upgrade in ``_handshake``, sessions in
-``_registry``, what a frame means and what to answer in ``_dispatch`` (pure), the
+``_registry``, what a frame means and what to answer in ``_frames`` (pure), the
 fault decisions in ``_faults``, spans and test-facing observation in ``_observe``.
 """
 
@@ -32,14 +32,15 @@ from websockets.exceptions import ConnectionClosed
 
 from envlink._errors import ErrorCode
 from envlink._heap import warm_read_buffers
+from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink._sansio.protocol import encode_response
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._dispatch import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
 from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
+from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
@@ -72,7 +73,12 @@ class EnvServer(Observable):
         port: port to listen on; ``0`` picks a free one (kept across :meth:`restart`).
         max_sessions: sessions allowed at once (detached ones included); beyond it a
             new connection gets a ``CAPACITY_REACHED`` error frame and is closed.
-        max_message_size: largest incoming message in bytes (bigger: close 1009).
+        max_message_size: largest incoming message in bytes (bigger: close 1009);
+            with compression, the inflated size is what counts.
+        max_message_values: most JSON values an incoming message may hold, counted
+            before parsing (bigger: an ``INVALID_JSON`` error frame); this, not the
+            length, bounds a parsed message's memory.
+        compression: ``None`` (default) or ``"deflate"`` (permessage-deflate).
         extensions: offer the envlink extensions to clients that ask for them.
         resume_grace: seconds a detached extension session is kept for resumption.
         session_store: directory where extension sessions are persisted, so that a
@@ -97,6 +103,8 @@ class EnvServer(Observable):
         port: int = 0,
         max_sessions: int = 64,
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_values: int | None = SERVER_MAX_MESSAGE_VALUES,
+        compression: str | None = None,
         extensions: bool = True,
         resume_grace: float = 30.0,
         session_store: str | os.PathLike[str] | None = None,
@@ -125,6 +133,10 @@ class EnvServer(Observable):
         self.port = port
         self.max_sessions = max_sessions
         self.max_message_size = max_message_size
+        if compression not in (None, "deflate"):
+            raise ValueError(f"compression must be None or 'deflate', got {compression!r}")
+        self.max_message_values = max_message_values
+        self.compression = compression
         self.extensions = extensions
         self.faults = faults if faults is not None else Faults()
         self._counters = AwaitableCounters()
@@ -209,6 +221,9 @@ class EnvServer(Observable):
             process_request=self._handshake.process_request,
             process_response=self._handshake.process_response,
             max_size=self.max_message_size,
+            # Off unless asked: a compressed message costs the sender a fraction of
+            # what it costs this server to inflate and parse.
+            compression=self.compression,
             ping_interval=self._ping_interval,
             ping_timeout=self._ping_timeout,
             close_timeout=self._close_timeout,
@@ -349,7 +364,8 @@ class EnvServer(Observable):
             except ConnectionClosed:
                 return Outcome.LOST
             handle.requests += 1
-            frame = classify(raw, extensions=session.extensions)
+            frame = classify(raw, extensions=session.extensions,
+                             max_values=self.max_message_values)
             self._counters.incr("request")
             self._counters.incr(f"request.{frame.kind}")
             if frame.kind in METHODS:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from envlink._errors import ErrorCode, ProtocolError
+from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES, check_json_values
 from envlink._sansio.protocol import (
     CloseRequest,
     ResetRequest,
@@ -29,7 +30,7 @@ from envlink._sansio.protocol import (
     encode_response,
     validate_request,
 )
-from envlink.server._environments.environment import InvalidActionError, StepResult, accepted_kwargs
+from envlink.server._environments.environment import InvalidActionError, Transition, accepted_kwargs
 from envlink.server._faults import FaultChain, corrupt_frame
 from envlink.server._store import Session
 
@@ -84,14 +85,24 @@ def _ignore(_name: str) -> None:
     return None
 
 
-def classify(raw: str | bytes, *, extensions: bool) -> Frame:
-    """Sort a received frame the way OpenEnv's ``/ws`` endpoint does (JSON parsed once)."""
+def classify(raw: str | bytes, *, extensions: bool,
+             max_values: int | None = SERVER_MAX_MESSAGE_VALUES) -> Frame:
+    """Sort a received frame the way OpenEnv's ``/ws`` endpoint does (JSON parsed once).
+
+    A frame that may hold more than ``max_values`` JSON values is refused unparsed:
+    its parsed form could cost many times its length in memory.
+    """
     if isinstance(raw, bytes):
         # OpenEnv reads text only; a binary frame fails the session.
         return Frame("invalid", fatal=True, error={
             "message": "binary frames are not supported; send JSON text frames",
             "code": ErrorCode.SESSION_ERROR.value,
         })
+    try:
+        check_json_values(raw, max_values)
+    except ProtocolError as exc:
+        return Frame("invalid", error={"message": exc.reason,
+                                       "code": ErrorCode.INVALID_JSON.value})
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -223,9 +234,9 @@ def validation_error(exc: ValidationError, *, tag: str | None = None) -> dict[st
             "errors": errors}
 
 
-def _result_data(result: StepResult) -> dict[str, Any]:
-    if not isinstance(result, StepResult):
-        raise TypeError(f"environment returned {type(result).__name__}, expected StepResult")
+def _result_data(result: Transition) -> dict[str, Any]:
+    if not isinstance(result, Transition):
+        raise TypeError(f"environment returned {type(result).__name__}, expected Transition")
     data = result.to_wire()
     json.dumps(data)  # fail here (EXECUTION_ERROR) rather than while sending
     return data

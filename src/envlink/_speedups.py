@@ -1,0 +1,152 @@
+"""Fast paths that rely on private names of envlink's dependencies, all in one place.
+
+Each fast path here has a plain fallback that uses public API only, and each is
+checked once, at import: when the private name is missing (a dependency changed it),
+the fallback is used. Setting ``ENVLINK_NO_SPEEDUPS=1`` before envlink is imported
+selects every fallback, so a run with it proves the library correct without them
+(CI runs the whole suite once that way). What each fast path saves is measured in
+docs/performance.md.
+
+Imports of asyncio and OpenTelemetry happen inside the factory functions, which only
+the I/O and telemetry layers call, so the sans-I/O core can use the JSON scanner
+without loading either.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "ENABLED",
+    "SWITCH",
+    "baggage_key",
+    "composite_parts",
+    "json_scanner",
+    "meter_provider_checks",
+    "new_record",
+    "running_loop_getter",
+    "tracer_provider_unset_check",
+]
+
+#: The environment variable that turns every fast path off.
+SWITCH = "ENVLINK_NO_SPEEDUPS"
+#: Whether the fast paths are used (read once, when envlink is imported).
+ENABLED = os.environ.get(SWITCH, "").strip().lower() not in ("1", "true", "yes", "on")
+
+_T = TypeVar("_T")
+
+
+def _new_record_plain(cls: type[_T], values: tuple[Any, ...]) -> _T:
+    return cls(*values)
+
+
+#: Builds a NamedTuple from a tuple of its fields. ``tuple.__new__`` is the C
+#: constructor under the generated Python ``__new__``, which it skips.
+new_record: Callable[[type[_T], tuple[Any, ...]], _T] = (
+    tuple.__new__ if ENABLED else _new_record_plain)  # type: ignore[assignment]
+
+
+def json_scanner() -> Callable[[str, int], tuple[Any, int]] | None:
+    """json's C scanner, called directly, or ``None``: use ``json.loads``.
+
+    ``json.loads`` wraps the scanner in three Python frames and two regex matches.
+    """
+    if not ENABLED:
+        return None
+    try:
+        from json.decoder import JSONDecoder
+        from json.scanner import c_make_scanner  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - an interpreter without the C scanner
+        return None
+    if c_make_scanner is None:  # pragma: no cover
+        return None
+    scan: Callable[[str, int], tuple[Any, int]] = c_make_scanner(JSONDecoder())
+    return scan
+
+
+def running_loop_getter() -> Callable[[], Any]:
+    """A function returning the running event loop or ``None`` (never raising).
+
+    asyncio's private ``_get_running_loop`` does that without an exception when no
+    loop runs; the fallback catches the public function's ``RuntimeError``.
+    """
+    import asyncio
+
+    fast = getattr(asyncio, "_get_running_loop", None)
+    if ENABLED and callable(fast):
+        return fast  # type: ignore[no-any-return]
+
+    def running_loop() -> asyncio.AbstractEventLoop | None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+
+    return running_loop
+
+
+def baggage_key() -> Any:
+    """The context key OpenTelemetry's baggage lives under, or ``None`` (use
+    ``baggage.get_all``); a dict look-up instead of three Python calls per frame."""
+    from opentelemetry import baggage
+
+    return getattr(baggage, "_BAGGAGE_KEY", None) if ENABLED else None
+
+
+def composite_parts(textmap: Any) -> list[Any] | None:
+    """The propagators inside a ``CompositePropagator``, or ``None`` when unknown.
+
+    The class keeps them in ``_propagators`` without a public accessor; ``None``
+    makes the caller treat the propagator as opaque and always ask it to inject.
+    """
+    if not ENABLED:
+        return None
+    parts = getattr(textmap, "_propagators", None)
+    return list(parts) if isinstance(parts, (list, tuple)) else None
+
+
+def tracer_provider_unset_check() -> Callable[[], bool]:
+    """A function telling whether no global tracer provider is installed yet.
+
+    ``trace.get_tracer_provider()`` reads ``os.environ`` on every call while none is
+    set; the fast path reads the API module's global instead. It is not used when the
+    provider is chosen by environment variable, which the public function honours.
+    """
+    from opentelemetry import trace
+
+    def public() -> bool:
+        return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+    if (ENABLED and hasattr(trace, "_TRACER_PROVIDER")
+            and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ):
+        return lambda: trace._TRACER_PROVIDER is None
+    return public
+
+
+def meter_provider_checks() -> tuple[Callable[[], bool], Callable[[Any], bool]]:
+    """``(unset, is_proxy)``: whether no global meter provider is installed yet, and
+    whether a provider is the API's stand-in for one to come.
+
+    The metrics API has no public proxy class. Without the fast path, the global is
+    never reported unset and no provider counts as a stand-in: metrics then go
+    through the API's proxy, which forwards to a provider installed later, so they
+    are still recorded, only at the proxy's cost.
+    """
+    from opentelemetry import metrics
+
+    internal: Any = None
+    if ENABLED and "OTEL_PYTHON_METER_PROVIDER" not in os.environ:
+        try:
+            from opentelemetry.metrics import _internal as internal
+        except ImportError:  # pragma: no cover - a different API layout
+            internal = None
+        if internal is not None and not hasattr(internal, "_METER_PROVIDER"):
+            internal = None
+    proxy = getattr(internal, "_ProxyMeterProvider", None) if internal is not None else None
+    if internal is None or proxy is None:
+        return (lambda: False), (lambda provider: False)
+    del metrics
+    return ((lambda: getattr(internal, "_METER_PROVIDER", None) is None),
+            (lambda provider: type(provider) is proxy))
