@@ -44,6 +44,8 @@ RI = "$__rate_interval"
 
 CALLS = "rpc_client_call_duration_seconds"
 ERR = 'envlink_outcome=~"error|timeout"'
+#: Failed connect()s: rpc.method "connect" on envlink.client.errors.
+CONNECT_FAILED = 'rpc_method="connect"'
 
 
 class _Ids:
@@ -218,11 +220,17 @@ def overview() -> dict[str, Any]:
                    "reqps", [target(f"sum by (rpc_method) (rate({CALLS}_count{{{s}}}[{RI}]))",
                                     "{{rpc_method}}")], (0, 1, 8, 8), stack=True))
     p.append(panel(ids, "Success ratio",
-                   "Share of calls that ended ok (not error or timeout; cancelled calls are "
-                   "the caller's choice and left out).", "percentunit",
-                   [target(f"sum(rate({CALLS}_count{{{s}, envlink_outcome=\"ok\"}}[{RI}])) / "
-                           f"sum(rate({CALLS}_count{{{s}, envlink_outcome!=\"cancelled\"}}"
-                           f"[{RI}]))", "success")],
+                   "Share of operations that ended ok: protocol calls (not error or "
+                   "timeout; cancelled calls are the caller's choice and left out) and "
+                   "failed connect()s, which stand for the calls a client that cannot "
+                   "connect never makes (a total outage reads 0 %, as the SLO rules "
+                   "count it).", "percentunit",
+                   [target(f"(sum(rate({CALLS}_count{{{s}, envlink_outcome=\"ok\"}}[{RI}])) "
+                           f"or vector(0)) / ((sum(rate({CALLS}_count{{{s}, "
+                           f"envlink_outcome!=\"cancelled\"}}[{RI}])) or vector(0)) + "
+                           f"(sum(rate(envlink_client_errors_total{{{s}, {CONNECT_FAILED}}}[{RI}])) "
+                           f"or vector(0)))",
+                           "success")],
                    (8, 1, 4, 8), kind="stat", max_value=1))
     p.append(panel(ids, "Error ratio by error.type",
                    "Failed calls (error or timeout) per call, by error.type.", "percentunit",
@@ -259,8 +267,9 @@ def overview() -> dict[str, Any]:
                            f"{{{s}, envlink_retry=\"true\"}}[{RI}]))", "{{rpc_method}}")],
                    (8, 18, 8, 8), stack=True))
     p.append(panel(ids, "Retry budget refusals",
-                   "Calls failed because the shared retry budget refused a reconnect "
-                   "(error.type retry_budget_exhausted): retries are being throttled.",
+                   "Calls and connect()s (rpc.method connect) failed because the shared "
+                   "retry budget refused a reconnect (error.type retry_budget_exhausted): "
+                   "retries are being throttled.",
                    "ops",
                    [target(f"sum by (rpc_method) (rate(envlink_client_errors_total"
                            f"{{{s}, error_type=\"retry_budget_exhausted\"}}[{RI}]))",

@@ -18,6 +18,7 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, S
 from envlink import _errors
 
 __all__ = [
+    "SPAN_HARNESS_TURN",
     "ATTR_POOL_SIZE",
     "ATTR_POOL_SLOTS",
     "ATTR_POOL_ERRORS",
@@ -109,6 +110,7 @@ __all__ = [
     "OUTCOME_OK",
     "OUTCOME_TIMEOUT",
     "RPC_DURATION_BUCKETS",
+    "RPC_METHOD_CONNECT",
     "RPC_SYSTEM",
     "SCOPE_NAME",
     "SIZE_BUCKETS",
@@ -163,6 +165,12 @@ ATTR_SESSION_STATE = "envlink.pool.session.state"
 ATTR_BREAKER_STATE = "envlink.breaker.state"
 ATTR_PLACEMENT_RESULT = "envlink.placement.result"
 
+#: ``rpc.method`` of a failed ``connect()`` on ``envlink.client.errors``. Connecting is
+#: not an RPC (no ``rpc.client.call.duration`` record), but a client that cannot
+#: connect must count as failing: the availability SLO and the retry-budget alert read
+#: these failures (docs/telemetry.md, docs/operations.md).
+RPC_METHOD_CONNECT = "connect"
+
 # Metric names.
 METRIC_CALL_DURATION = "rpc.client.call.duration"
 #: Connection attempts (WebSocket upgrades); connecting is not an RPC method.
@@ -195,6 +203,8 @@ METRIC_NAMES: tuple[str, ...] = (
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
 # a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
 SPAN_CONNECT = "connect"
+#: One turn of a harness session (``/harness``), from the message to ``turn_complete``.
+SPAN_HARNESS_TURN = "harness_turn"
 SPAN_BRIDGE_PREFIX = "envlink.bridge "
 #: A pool's batch call: ``envlink.pool reset``, ``envlink.pool step``.
 SPAN_POOL_PREFIX = "envlink.pool "

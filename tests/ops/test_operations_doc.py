@@ -45,3 +45,26 @@ def test_every_panel_is_described() -> None:
         for panel in board["panels"]:
             if panel["type"] != "row":
                 assert f"| {panel['title']} |" in DOC, (path.name, panel["title"])
+
+
+def _section(name: str) -> str:
+    start = DOC.index(f"\n### {name}\n")
+    ends = [i for i in (DOC.find("\n### ", start + 1), DOC.find("\n## ", start + 1)) if i != -1]
+    return DOC[start:min(ends)]
+
+
+def test_every_runbook_names_the_scenarios_that_produce_its_alert() -> None:
+    """Each alert's runbook names exactly the scenarios of the live alert suite in which
+    the suite expects it to fire, and those scenarios exist."""
+    from .alert_scenarios import SCENARIOS
+    from .test_alerts_live import EXPECTED
+
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    for alert in alerts:
+        section = _section(alert)
+        (produced,) = re.findall(r"\nProduced by the suite's scenarios? (.+?)(?:\n\n|\Z)",
+                                 section, re.S)
+        named = {n for n in re.findall(r"`([a-z-]+)`", produced) if n in SCENARIOS}
+        expected = {scenario for scenario, fired in EXPECTED.items() if alert in fired}
+        assert expected and named == expected, (alert, named, expected)

@@ -15,9 +15,7 @@ each recording rule, must return at least one sample with a number (not NaN).
 from __future__ import annotations
 
 import json
-import math
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ._live import get, has_number, query, read_line, start_prometheus, stop, wait_targets_up
 from .conftest import DASHBOARDS, RULES, WORKLOAD, require_tool
 
 pytestmark = pytest.mark.timeout(180)
@@ -51,59 +50,6 @@ class Stack:
     job: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
-def _query(api: str, expr: str) -> list[dict[str, Any]]:
-    data = _get(f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-    assert data["status"] == "success", (expr, data)
-    result: list[dict[str, Any]] = data["data"]["result"]
-    return result
-
-
-def _has_number(result: list[dict[str, Any]]) -> bool:
-    return any(not math.isnan(float(r["value"][1])) for r in result)
-
-
-def _read_line(stream: Any, prefix: str, timeout: float) -> tuple[str, threading.Thread]:
-    """The first line of ``stream`` starting with ``prefix``, and the thread reading it."""
-    found: list[str] = []
-    done = threading.Event()
-
-    def reader() -> None:
-        # Reads to the end, so the process never blocks on a full pipe.
-        for line in stream:
-            if not found and line.startswith(prefix):
-                found.append(line[len(prefix):].strip())
-                done.set()
-        done.set()
-
-    thread = threading.Thread(target=reader, daemon=True)
-    thread.start()
-    done.wait(timeout)
-    assert found, f"no {prefix!r} line within {timeout} s"
-    return found[0], thread
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The workload, and a Prometheus scraping it every second with envlink's rules."""
@@ -116,7 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prom: subprocess.Popen[Any] | None = None
     reader: threading.Thread | None = None
     try:
-        metrics_url, reader = _read_line(workload.stdout, METRICS_PREFIX, 60)
+        metrics_url, reader = read_line(workload.stdout, METRICS_PREFIX, 60)
         target = urllib.parse.urlparse(metrics_url).netloc
         job = "envlink-workload"
         config = {
@@ -124,32 +70,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "rule_files": [str(RULES)],
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}],
         }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        port = _free_port()
-        with (tmp / "prometheus.log").open("w") as log:
-            prom = subprocess.Popen(
-                [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdout=subprocess.DEVNULL, stderr=log)
-        api = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + WAIT_S
-        while True:  # bounded: the target is up and scraped
-            assert prom.poll() is None, (tmp / "prometheus.log").read_text()
+        prom, api = start_prometheus(prometheus, tmp, config)
+
+        def workload_runs() -> None:
             assert workload.poll() is None, "the workload exited"
-            try:
-                targets = _get(f"{api}/api/v1/targets")["data"]["activeTargets"]
-                if targets and all(t["health"] == "up" for t in targets):
-                    break
-            except OSError:
-                pass  # not listening yet
-            assert time.monotonic() < deadline, "Prometheus did not scrape the workload in time"
-            time.sleep(0.2)  # polling interval, not synchronisation
+
+        wait_targets_up(api, prom, tmp / "prometheus.log", 1, WAIT_S, workload_runs)
         yield Stack(api, metrics_url, job)
     finally:
         if prom is not None:
-            _stop(prom)
-        _stop(workload)
+            stop(prom)
+        stop(workload)
         if reader is not None:
             reader.join(10)  # the workload has exited: its output ends
         assert workload.stdout is not None
@@ -188,11 +119,11 @@ def _wait_for_data(api: str, queries: list[tuple[str, str]]) -> dict[str, str]:
     deadline = time.monotonic() + WAIT_S
     while pending and time.monotonic() < deadline:
         for label, expr in list(pending.items()):
-            if _has_number(_query(api, expr)):
+            if has_number(query(api, expr)):
                 del pending[label]
         if pending:
             time.sleep(0.5)  # polling interval, not synchronisation
-    return {label: f"{expr} -> {_query(api, expr)!r}" for label, expr in pending.items()}
+    return {label: f"{expr} -> {query(api, expr)!r}" for label, expr in pending.items()}
 
 
 def test_every_dashboard_panel_query_returns_data(stack: Stack) -> None:
@@ -214,7 +145,7 @@ def test_every_template_variable_resolves(stack: Stack) -> None:
             match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
             assert match, (name, var["name"])
             selector, label = _substitute(match.group(1)), match.group(2)
-            values = _get(f"{stack.api}/api/v1/label/{label}/values?"
+            values = get(f"{stack.api}/api/v1/label/{label}/values?"
                           + urllib.parse.urlencode({"match[]": selector}))["data"]
             assert values, (name, var["name"], selector)
             if label == "job":
@@ -229,7 +160,7 @@ def test_every_recording_rule_returns_data(stack: Stack) -> None:
     assert len(records) >= 10
     missing = _wait_for_data(stack.api, [(r, r) for r in records])
     assert missing == {}
-    rules = _get(f"{stack.api}/api/v1/rules")["data"]["groups"]
+    rules = get(f"{stack.api}/api/v1/rules")["data"]["groups"]
     health = {r["name"]: (r["health"], r.get("lastError", "")) for g in rules
               for r in g["rules"]}
     assert all(h == "ok" for h, _err in health.values()), health

@@ -299,6 +299,81 @@ def test_connection_attempts_have_their_own_histogram(scripted_episode: Episode)
             assert not any(k.startswith("rpc.") for k in (span.attributes or {})), span
 
 
+def test_a_failed_connect_is_counted_as_an_error() -> None:
+    """A connect() that fails (server down; upgrades refused until the retry budget runs
+    out) counts in envlink.client.errors as rpc.method="connect", and records no call."""
+    import socket
+
+    from envlink import EchoEnv, EnvlinkError, ReconnectPolicy, RetryBudget
+    from envlink.names import METRIC_ERRORS, RPC_METHOD_CONNECT
+    from envlink.server import ServerThread
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    fast = ReconnectPolicy(max_attempts=3, initial_delay=0.01, max_delay=0.02)
+    with Otel.capture() as otel, ServerThread(env="echo") as refusing:
+        # As the README shows: the sync client connects on entry.
+        with pytest.raises(EnvlinkError), EchoEnv(
+                base_url=down, reconnect=fast, tracer_provider=otel.tracer_provider,
+                meter_provider=otel.meter_provider).sync() as env:
+            env.reset()
+
+        def refuse(server: Any) -> None:
+            server.faults.refuse = 10
+
+        refusing.call(refuse)
+        budget = ReconnectPolicy(max_attempts=5, initial_delay=0.01, max_delay=0.02,
+                                 budget=RetryBudget(max_tokens=2.0, token_ratio=0.1))
+        with pytest.raises(EnvlinkError), EchoEnv(
+                base_url=refusing.url, reconnect=budget, tracer_provider=otel.tracer_provider,
+                meter_provider=otel.meter_provider).sync() as env:
+            env.reset()
+        errors = {(p.attributes["rpc.method"], p.attributes["error.type"]): p.value
+                  for p in otel.points(METRIC_ERRORS)}
+        assert errors == {(RPC_METHOD_CONNECT, "connect_error"): 1,
+                          (RPC_METHOD_CONNECT, "retry_budget_exhausted"): 1}
+        assert otel.points(METRIC_CALL_DURATION) == []
+        # The attempts keep what each of them met: the refused upgrade is on the connect
+        # histogram as handshake_rejected.
+        attempts = {p.attributes.get("error.type") for p in otel.points(METRIC_CONNECT_DURATION)}
+        assert {"connect_error", "handshake_rejected"} <= attempts
+
+
+def test_a_connection_lost_between_calls_is_reopened_as_a_reconnect() -> None:
+    """A server restarted while its client is between episodes: the next call reopens the
+    connection, counted in envlink.client.reconnects (reason retry); nothing fails."""
+    import socket
+
+    from envlink import EchoEnv, ReconnectPolicy
+    from envlink.names import METRIC_ERRORS, METRIC_RECONNECTS, METRIC_RECOVERIES
+    from envlink.server import ServerThread
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fast = ReconnectPolicy(max_attempts=20, initial_delay=0.01, max_delay=0.05)
+    server = ServerThread(env="echo", port=port)
+    server.start()
+    try:
+        with Otel.capture() as otel, EchoEnv(
+                base_url=f"http://127.0.0.1:{port}", reconnect=fast,
+                meter_provider=otel.meter_provider).sync() as env:
+            for _ in range(2):
+                env.reset()
+                server.stop()
+                server = ServerThread(env="echo", port=port)
+                server.start()
+            env.reset()
+            reconnects = {p.attributes["envlink.reason"]: p.value
+                          for p in otel.points(METRIC_RECONNECTS)}
+            assert reconnects == {"retry": 2}
+            assert otel.points(METRIC_ERRORS) == []
+            assert otel.points(METRIC_RECOVERIES) == []
+    finally:
+        server.stop()
+
+
 def test_failed_spans_record_an_exception_event(scripted_episode: Episode) -> None:
     """Every span envlink marks failed has ERROR status, error.type and an exception event."""
     failed = [s for s in scripted_episode.spans if "error.type" in (s.attributes or {})]

@@ -58,7 +58,8 @@ _COROUTINE_ATTRS = frozenset({
 
 
 #: The client's own dispatched methods (see AutoDispatch.__init_subclass__).
-_CLIENT_METHODS = frozenset({"connect", "reset", "step", "state", "disconnect", "close"})
+_CLIENT_METHODS = frozenset({"connect", "reset", "step", "state", "disconnect", "close",
+                             "new_session", "mcp_request", "mcp_list_tools", "mcp_call_tool"})
 
 
 def dispatched(fn: F) -> F:
@@ -211,12 +212,14 @@ class AutoDispatch:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The client's own methods, and a typed client's overrides of any dispatched
-        # method, dispatch (the mixins' methods are decorated where they are defined).
-        for name, value in list(vars(cls).items()):
+        # The client's own methods (its mixins' too), and a typed client's overrides of
+        # any dispatched method, dispatch.
+        for name in set(vars(cls)) | _CLIENT_METHODS:
+            value = getattr(cls, name, None)
+            if not inspect.iscoroutinefunction(value):
+                continue  # not a coroutine method, or already dispatching
             inherited = getattr(super(cls, cls), name, None)
-            if inspect.iscoroutinefunction(value) and (
-                    name in _CLIENT_METHODS or hasattr(inherited, "_envlink_raw")):
+            if name in _CLIENT_METHODS or hasattr(inherited, "_envlink_raw"):
                 setattr(cls, name, dispatched(value))
 
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector, DetachedSessionGone
 from envlink._client.events import (
     CallFinished,
@@ -115,6 +116,8 @@ class SessionDriver:
         self._lock: asyncio.Lock | None = None
         #: The task of the call in flight, cancelled by close().
         self.active: asyncio.Task[Any] | None = None
+        #: The client's share of the process's session limit (None: not counted).
+        self.capacity: CapacityGate | None = None
 
     @property
     def closed(self) -> bool:
@@ -139,7 +142,10 @@ class SessionDriver:
         try:
             try:
                 async with deadline(seconds, method):
-                    return await run(call)
+                    gate = self.capacity
+                    if gate is None or gate.passes(method):
+                        return await run(call)
+                    return await gate.call(method, seconds, lambda: run(call))
             except asyncio.CancelledError as exc:
                 if self.closed:
                     raise ClientClosedError(f"the client was closed during {method}") from exc
@@ -213,8 +219,12 @@ class SessionDriver:
             # itself is passed on.
             await asyncio.wait({active}, timeout=seconds)
         await self.connector.wait_background(seconds)
-        with self.report(PhaseStarted("close", "close")):
-            await self.connector.close(graceful=True, timeout=seconds)
+        try:
+            with self.report(PhaseStarted("close", "close")):
+                await self.connector.close(graceful=True, timeout=seconds)
+        finally:
+            if self.capacity is not None:
+                self.capacity.release()
         self.hook.event(ClientEvent(LOG_CLIENT_CLOSED, self.core.session_id, {}))
 
     # ------------------------------------------------------------------ requests
@@ -282,6 +292,10 @@ class SessionDriver:
         """The connection to send on, after the core's preflight; ``None``: recover."""
         connector, core = self.connector, self.core
         conn = connector.conn
+        # A connection that died since the last call (the server restarted or cut it)
+        # is reopened as a reconnect, as one lost during a call is: a crash-looping
+        # server shows in the reconnect rate even when its clients are between calls.
+        lost = conn is not None and not conn.is_open
         todo = core.preflight(method, connection_open=conn is not None and conn.is_open)
         if todo is Preflight.REPLACE:
             # A new episode need not queue behind the old one's late answer; the old
@@ -305,7 +319,8 @@ class SessionDriver:
         connector.conn = None
         if todo is Preflight.RECOVER:
             return None
-        return await connector.open_session(method, reason="connect" if number == 1 else "retry")
+        return await connector.open_session(
+            method, reason="connect" if number == 1 and not lost else "retry")
 
     def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
         """The answer as ``kind``; an error frame raises ``ServerError``.

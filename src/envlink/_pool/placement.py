@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from envlink._pool.breaker import BreakerState, CircuitBreaker
 from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.redact import redact_url
 
 __all__ = ["PoolServer", "Placement", "parse_endpoints"]
 
@@ -40,15 +41,15 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, str, int]
             raise TypeError(f"an endpoint must be a URL string, got {type(url).__name__}")
         parts = urlsplit(url)
         if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise ValueError(f"endpoint {url!r} must be an http(s):// or ws(s):// URL "
+            raise ValueError(f"endpoint {redact_url(url)!r} must be an http(s):// or ws(s):// URL "
                              "with a host")
         try:
             port = parts.port or _DEFAULT_PORTS[parts.scheme]
         except ValueError as exc:
-            raise ValueError(f"endpoint {url!r} has an invalid port") from exc
+            raise ValueError(f"endpoint {redact_url(url)!r} has an invalid port") from exc
         key = url.rstrip("/")
         if key in seen:
-            raise ValueError(f"endpoint {url!r} is listed twice")
+            raise ValueError(f"endpoint {redact_url(url)!r} is listed twice")
         seen.add(key)
         out.append((url, parts.hostname, port))
     return out
@@ -78,6 +79,11 @@ class PoolServer:
     refusals: int = 0
     full_until: float = 0.0
     index: int = field(default=0, repr=False)
+
+    @property
+    def display(self) -> str:
+        """The URL safe to show (no userinfo, secret query values redacted)."""
+        return redact_url(self.url)
 
     @property
     def address(self) -> str:

@@ -148,7 +148,7 @@ class SlotEngine:
         self.tel.add(self.tel.pool_breaker_transitions, 1, {
             ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
             ATTR_BREAKER_STATE: new.value})
-        _log.warning(LOG_POOL_BREAKER_CHANGED, url=ep.url, old=old.value, new=new.value,
+        _log.warning(LOG_POOL_BREAKER_CHANGED, url=ep.display, old=old.value, new=new.value,
                      failures=ep.breaker.consecutive_failures)
         self.notify()
 
@@ -403,8 +403,8 @@ class SlotEngine:
                     f"another endpoint: {exc}", journal=journal) from exc
             raise
         _log.info(LOG_POOL_SESSION_MOVED, slot=slot.index,
-                  from_url=old.url if old else None,
-                  to_url=slot.endpoint.url if slot.endpoint else None,
+                  from_url=old.display if old else None,
+                  to_url=slot.endpoint.display if slot.endpoint else None,
                   steps=journal.step_count, error_type=cause.error_type)
         return result
 

@@ -91,6 +91,9 @@ class DropReason(enum.Enum):
     #: It belongs to a parent process (after a fork) or to another event loop: let go
     #: without any I/O on it.
     INHERITED = "inherited"
+    #: The session was handed to another process (``detach()``): let go without the
+    #: protocol's close request, so the server keeps the session.
+    DETACHED = "detached"
 
 
 class Link(enum.Enum):

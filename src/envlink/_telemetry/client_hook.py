@@ -74,6 +74,7 @@ from envlink.names import (
     OUTCOME_ERROR,
     OUTCOME_OK,
     OUTCOME_TIMEOUT,
+    RPC_METHOD_CONNECT,
     RPC_SYSTEM,
     SPAN_CONNECT,
 )
@@ -83,7 +84,7 @@ __all__ = ["ClientTelemetryHook", "outcome_of"]
 _log = _logging.get_logger()
 
 #: ``connect()`` is not an RPC method: an INTERNAL span, no RPC metrics.
-_NOT_RPC = frozenset({"connect"})
+_NOT_RPC = frozenset({RPC_METHOD_CONNECT})
 #: Log level of each event that is only logged.
 _LEVELS: Mapping[str, str] = {
     "envlink.peer_unresponsive": "info",
@@ -258,8 +259,11 @@ class ClientTelemetryHook(ClientHook):
             return
         error_type = error_type_of(error)
         if isinstance(error, Exception):
-            if rpc:
-                tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method, ATTR_ERROR_TYPE: error_type})
+            # A failed connect() is counted too (rpc.method "connect"): a client that
+            # never connects makes no protocol call, and the availability SLO and the
+            # retry-budget alert must still see it. Failures only: a successful
+            # connect is not a call, and costs nothing here.
+            tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method, ATTR_ERROR_TYPE: error_type})
             _log.info(LOG_CALL_FAILED, method=method, error_type=error_type,
                       error=str(error), session_id=call.session_id)
         if token.context is not None:

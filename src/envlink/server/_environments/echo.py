@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from envlink.server._environments.environment import Transition
 
@@ -138,6 +138,17 @@ class EchoEnvironment:
         return Transition(
             observation={"tool_name": call.tool_name, "result": result, "error": error},
         )
+
+    def metadata(self) -> dict[str, Any]:
+        """What ``GET /metadata`` describes."""
+        return {"name": "echo_env",
+                "description": "Echoes messages back, with the MCP tools echo_message "
+                               "and echo_with_length (like OpenEnv's echo example)."}
+
+    def schema(self) -> dict[str, Any]:
+        """The action's JSON schema, for ``GET /schema``."""
+        return {"action": TypeAdapter(_EchoAction | _ListToolsAction | _CallToolAction)
+                .json_schema()}
 
     def state(self) -> dict[str, Any]:
         """``episode_id`` and ``step_count``, like OpenEnv's ``State``."""

@@ -1,0 +1,382 @@
+"""The failures behind each alert, produced for real: one scenario per process.
+
+    python tests/ops/alert_scenarios.py SCENARIO [--duration S]
+
+runs ``SCENARIO`` against reference servers of its own on 127.0.0.1, with envlink's
+telemetry on a Prometheus scrape endpoint (its URL is printed as
+``scenario: metrics URL``), until SIGTERM or ``--duration`` seconds have passed.
+tests/ops/test_alerts_live.py runs every scenario at once under one Prometheus (one
+scrape job each) and checks which alerts fire for which scenario.
+
+Clients connect as the README shows (``with EchoEnv(url).sync() as env:``). Each
+scenario keeps a steady background of successful calls where its failure alone
+must not burn the error budget, and paces its failures so that the rates the
+rules read (with the suite's shortened windows) cross the threshold of its own
+alert and no other. The numbers are in :data:`PACE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from envlink import (
+    CallToolAction,
+    EchoEnv,
+    EnvlinkError,
+    EnvPool,
+    GenericEnvClient,
+    ReconnectPolicy,
+    RetryBudget,
+)
+from envlink.server import ServerThread, StepResult
+from envlink.telemetry import TelemetryHandle, configure
+
+#: The line printed once the scrape endpoint listens: ``PREFIX + url``.
+METRICS_PREFIX = "scenario: metrics "
+
+#: Seconds between failures, per scenario, chosen against the shortened rule windows
+#: of the suite (5m -> 60s): e.g. a session lost under ``raise`` every 40 s keeps the
+#: recovery-failure ratio defined in every 60 s window (at least one loss) while the
+#: loss rate stays under 0.05/s (at most two losses: 0.033/s).
+PACE = {
+    "budget": 20.0,          # one connect() refused by the budget every 20 s
+    "sessions-lost": 3.0,    # a server restart mid-episode every 3 s (0.33/s)
+    "lost-under-raise": 40.0,
+    "recovery-failing": 40.0,
+}
+#: One injected error frame in this many calls (1 %: between the slow burn's 0.6 %
+#: and the fast burn's 1.44 %).
+SLOW_BURN_EVERY = 100
+#: Server latency of the latency scenario: above the 1 s SLO, within every timeout.
+LATENCY_S = 1.3
+
+_FAST = ReconnectPolicy(max_attempts=20, initial_delay=0.01, max_delay=0.05,
+                        max_elapsed=5.0, stable_after=0.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _step(env: Any, i: int) -> None:
+    env.step(CallToolAction(tool_name="echo_message", arguments={"message": f"m{i}"}))
+
+
+class Scenarios:
+    """Every scenario, each a loop that runs until :attr:`stop` is set."""
+
+    def __init__(self, handle: TelemetryHandle, stop: threading.Event) -> None:
+        self.handle = handle
+        self.stop = stop
+        self._threads: list[threading.Thread] = []
+
+    # ----------------------------------------------------------------- helpers
+
+    def client(self, url: str, **kwargs: Any) -> EchoEnv:
+        kwargs.setdefault("reconnect", _FAST)
+        return EchoEnv(base_url=url, meter_provider=self.handle.meter_provider, **kwargs)
+
+    def background(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in a thread of its own (joined when the scenario ends)."""
+        thread = threading.Thread(target=fn, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(30)
+
+    def steady(self, url: str, steps: int = 9, pause: float = 0.02) -> None:
+        """Clean episodes (a reset and ``steps`` steps) until stopped: the calls that
+        keep a scenario's own failures a small share of its traffic."""
+        with self.client(url).sync() as env:
+            while not self.stop.is_set():
+                try:
+                    env.reset()
+                    for i in range(steps):
+                        _step(env, i)
+                except EnvlinkError:
+                    if self.stop.is_set():
+                        return  # the scenario's servers are stopping
+                    raise
+                self.stop.wait(pause)
+
+    def every(self, seconds: float) -> Iterator[int]:
+        """0, 1, 2... one every ``seconds`` (the first at once), until stopped."""
+        for n in itertools.count():
+            if self.stop.is_set():
+                return
+            yield n
+            if self.stop.wait(seconds):
+                return
+
+    # --------------------------------------------------------------- scenarios
+
+    def healthy(self) -> None:
+        """Clean episodes only: no alert may fire."""
+        with ServerThread(env="echo") as server:
+            self.background(lambda: self.steady(server.url))
+            self.steady(server.url)
+
+    def outage(self) -> None:
+        """Every server down: clients keep trying to connect, as the README shows."""
+        url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+        policy = ReconnectPolicy(max_attempts=3, initial_delay=0.05, max_delay=0.1)
+
+        def connect_forever() -> None:
+            while not self.stop.is_set():
+                with contextlib.suppress(EnvlinkError), \
+                        self.client(url, reconnect=policy).sync() as env:
+                    env.reset()
+                self.stop.wait(0.2)
+
+        self.background(connect_forever)
+        connect_forever()
+
+    def slow_burn(self) -> None:
+        """1 % of calls answered with an error frame (the server's own failure)."""
+        with ServerThread(env="echo") as server, self.client(server.url).sync() as env:
+            calls = 0
+            while not self.stop.is_set():
+                env.reset()
+                calls += 1
+                for i in range(9):
+                    calls += 1
+                    if calls % SLOW_BURN_EVERY == 0:
+                        server.call(_set_faults(error_frames=1))
+                    with contextlib.suppress(EnvlinkError):
+                        _step(env, i)
+                self.stop.wait(0.01)
+
+    def budget(self) -> None:
+        """Upgrades refused until the shared retry budget runs out, while connecting."""
+        with ServerThread(env="echo") as server:
+            ready = threading.Event()
+
+            def steady() -> None:
+                with self.client(server.url).sync() as env:
+                    ready.set()
+                    while not self.stop.is_set():
+                        env.reset()
+                        for i in range(9):
+                            _step(env, i)
+                        self.stop.wait(0.02)
+
+            self.background(steady)
+            ready.wait(10)
+            # The server now refuses every new WebSocket upgrade (at capacity, say);
+            # the steady client keeps the connection it has.
+            server.call(_set_faults(refuse=10**9))
+            budget = RetryBudget(max_tokens=2.0, token_ratio=0.1)
+            policy = ReconnectPolicy(max_attempts=5, initial_delay=0.01, max_delay=0.02,
+                                     budget=budget)
+            for _ in self.every(PACE["budget"]):
+                with contextlib.suppress(EnvlinkError), \
+                        self.client(server.url, reconnect=policy).sync() as env:
+                    env.reset()
+
+    def latency(self) -> None:
+        """Every answer delayed above the latency SLO."""
+        with ServerThread(env="echo") as server:
+            server.call(_set_faults(latency=LATENCY_S))
+            for _ in range(3):
+                self.background(lambda: self.steady(server.url, steps=3, pause=0.0))
+            self.steady(server.url, steps=3, pause=0.0)
+
+    def flapping(self) -> None:
+        """A server that goes down and comes back between episodes, again and again:
+        every episode's reset has to reconnect (no episode is interrupted)."""
+        port = _free_port()
+        server = ServerThread(env="echo", port=port)
+        server.start()
+        try:
+            with self.client(f"http://127.0.0.1:{port}").sync() as env:
+                while not self.stop.is_set():
+                    env.reset()
+                    for i in range(3):
+                        _step(env, i)
+                    server.stop()
+                    server = ServerThread(env="echo", port=port)
+                    server.start()
+                    self.stop.wait(0.2)  # a few restarts a second
+        finally:
+            server.stop()
+
+    def sessions_lost(self) -> None:
+        """Servers killed mid-episode, the sessions rebuilt by replay on the restarted one."""
+        self._killed_mid_episode(PACE["sessions-lost"], on_session_lost="replay")
+
+    def lost_under_raise(self) -> None:
+        """Servers killed mid-episode under ``on_session_lost="raise"``: episodes lost."""
+        self._killed_mid_episode(PACE["lost-under-raise"], on_session_lost="raise")
+
+    def _killed_mid_episode(self, pace: float, **options: Any) -> None:
+        port = _free_port()
+        holder = [ServerThread(env="echo", port=port)]
+        holder[0].start()
+        with ServerThread(env="echo") as steady_server:
+            self.background(lambda: self.steady(steady_server.url))
+            try:
+                with self.client(f"http://127.0.0.1:{port}", **options).sync() as env:
+                    for _ in self.every(pace):
+                        with contextlib.suppress(EnvlinkError):
+                            env.reset()
+                            _step(env, 0)
+                            holder[0].stop()  # killed mid-episode, back at once
+                            holder[0] = ServerThread(env="echo", port=port)
+                            holder[0].start()
+                            _step(env, 1)
+            finally:
+                holder[0].stop()
+
+    def recovery_failing(self) -> None:
+        """Recovery that cannot work: resuming on a server restarted without the session
+        (resume impossible), and replaying on an environment that answers differently
+        (replay diverging), in turn."""
+        port = _free_port()
+        holder = [ServerThread(env="echo", port=port)]
+        holder[0].start()
+        generations = itertools.count()
+
+        class Drifting:
+            """Observations name the server's session: a replay never matches."""
+
+            def __init__(self) -> None:
+                self.generation = next(generations)
+
+            def reset(self, **kwargs: Any) -> StepResult:
+                return StepResult(observation={"generation": self.generation})
+
+            def step(self, action: dict[str, Any]) -> StepResult:
+                return StepResult(observation={"generation": self.generation})
+
+            def state(self) -> dict[str, Any]:
+                return {}
+
+        with ServerThread(env="echo") as steady_server, \
+                ServerThread(env=Drifting) as drifting:
+            self.background(lambda: self.steady(steady_server.url))
+            resuming = self.client(f"http://127.0.0.1:{port}",
+                                   on_session_lost="resume").sync()
+            replaying = GenericEnvClient(drifting.url, on_session_lost="replay",
+                                         reconnect=_FAST,
+                                         meter_provider=self.handle.meter_provider).sync()
+            try:
+                for n in self.every(PACE["recovery-failing"]):
+                    with contextlib.suppress(EnvlinkError):
+                        if n % 2 == 0:
+                            resuming.reset()
+                            _step(resuming, 0)
+                            holder[0].stop()
+                            holder[0] = ServerThread(env="echo", port=port)
+                            holder[0].start()
+                            _step(resuming, 1)
+                        else:
+                            replaying.reset()
+                            replaying.step({})
+                            drifting.call(_drop_newest)
+                            replaying.step({})
+            finally:
+                resuming.close()
+                replaying.close()
+                holder[0].stop()
+
+    def pool(self) -> None:
+        """The demo workload's EnvPool cycle: a full steady server, a flapping one
+        (its breaker opens, half-opens and closes), ready-first steps with a straggler."""
+        sys.path.insert(0, str(_WORKLOAD_DIR))
+        from workload import Workload  # type: ignore[import-not-found]
+
+        with ServerThread(env="echo") as chaos, \
+                ServerThread(env="echo", max_sessions=1) as full, \
+                ServerThread(env="echo") as roomy, \
+                self.client(full.url).sync() as squatter:
+            squatter.reset()  # holds the full server's only session
+            work = Workload(self.handle, chaos, None, 3)
+            try:
+                while not self.stop.is_set():
+                    with contextlib.suppress(EnvlinkError):
+                        work.pool()
+                        # A new pool places one session on each endpoint; the full
+                        # server refuses its one (capacity_reached), which is placed
+                        # on the other endpoint instead.
+                        with EnvPool([full.url, roomy.url], 2, client=EchoEnv,
+                                     client_options={"reconnect": _FAST},
+                                     meter_provider=self.handle.meter_provider).sync() as pool:
+                            pool.reset(seeds=0)
+                    self.stop.wait(0.3)
+            finally:
+                work.close()
+
+
+def _set_faults(**faults: Any) -> Callable[[Any], None]:
+    def apply(server: Any) -> None:
+        for key, value in faults.items():
+            setattr(server.faults, key, value)
+    return apply
+
+
+def _drop_newest(server: Any) -> None:
+    """The newest connection is aborted at its next request (no close frame)."""
+    handle = server.connections[-1]
+    handle.faults.drop_after = handle.requests + 1
+
+
+#: The demo workload (deploy/workload/workload.py), whose EnvPool cycle the pool
+#: scenario reuses.
+_WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "workload"
+
+#: Scenario names (the command line's, and the suite's scrape jobs) and their loops.
+SCENARIOS: dict[str, Callable[[Scenarios], None]] = {
+    "healthy": Scenarios.healthy,
+    "outage": Scenarios.outage,
+    "slow-burn": Scenarios.slow_burn,
+    "budget": Scenarios.budget,
+    "latency": Scenarios.latency,
+    "flapping": Scenarios.flapping,
+    "sessions-lost": Scenarios.sessions_lost,
+    "lost-under-raise": Scenarios.lost_under_raise,
+    "recovery-failing": Scenarios.recovery_failing,
+    "pool": Scenarios.pool,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    p.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    args = p.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.duration:
+        threading.Timer(args.duration, stop.set).start()
+    handle = configure(service_name=f"envlink-{args.scenario}", prometheus_port=0,
+                       set_global=False)
+    try:
+        print(METRICS_PREFIX + str(handle.prometheus_url), flush=True)
+        scenarios = Scenarios(handle, stop)
+        try:
+            SCENARIOS[args.scenario](scenarios)
+        finally:
+            stop.set()
+            scenarios.join()
+    finally:
+        handle.shutdown(timeout_s=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
