@@ -160,3 +160,24 @@ def test_no_module_basename_is_used_twice() -> None:
         if path.name not in {"__init__.py", "__main__.py"}:
             seen.setdefault(path.stem.lstrip("_"), []).append(name)
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+def test_no_module_imports_another_packages_private_names() -> None:
+    """A module takes from another package only the names it offers (no ``_helper``);
+    importing a private module itself is how packages are used."""
+    found = []
+    for name, path in modules():
+        package = ".".join(name.split(".")[:2])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                    and node.module.startswith("envlink")):
+                continue
+            if ".".join(node.module.split(".")[:2]) == package:
+                continue
+            base = SRC.parent.joinpath(*node.module.split("."))
+            for alias in node.names:
+                is_module = (base / f"{alias.name}.py").exists() or (base / alias.name).is_dir()
+                if alias.name.startswith("_") and not alias.name.startswith("__") \
+                        and not is_module:
+                    found.append(f"{name}: {node.module}.{alias.name}")
+    assert found == []

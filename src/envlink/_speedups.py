@@ -134,19 +134,20 @@ def meter_provider_checks() -> tuple[Callable[[], bool], Callable[[Any], bool]]:
     through the API's proxy, which forwards to a provider installed later, so they
     are still recorded, only at the proxy's cost.
     """
-    from opentelemetry import metrics
-
     internal: Any = None
-    if ENABLED and "OTEL_PYTHON_METER_PROVIDER" not in os.environ:
+    if ENABLED:
         try:
             from opentelemetry.metrics import _internal as internal
         except ImportError:  # pragma: no cover - a different API layout
             internal = None
-        if internal is not None and not hasattr(internal, "_METER_PROVIDER"):
-            internal = None
-    proxy = getattr(internal, "_ProxyMeterProvider", None) if internal is not None else None
-    if internal is None or proxy is None:
-        return (lambda: False), (lambda provider: False)
-    del metrics
-    return ((lambda: getattr(internal, "_METER_PROVIDER", None) is None),
-            (lambda provider: type(provider) is proxy))
+    proxy = getattr(internal, "_ProxyMeterProvider", None)
+
+    def is_proxy(provider: Any) -> bool:
+        return proxy is not None and type(provider) is proxy
+
+    # The global is read directly unless the provider is chosen by environment
+    # variable, which only the public function honours.
+    if (internal is not None and hasattr(internal, "_METER_PROVIDER")
+            and "OTEL_PYTHON_METER_PROVIDER" not in os.environ):
+        return (lambda: getattr(internal, "_METER_PROVIDER", None) is None), is_proxy
+    return (lambda: False), is_proxy

@@ -41,8 +41,8 @@ from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._deadlines import bounded
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
-from envlink._pool.batch import _record_batch, _recv_want
-from envlink._pool.pool import AutoresetMode, EnvPool, _only, _seed_list, _slot_mask
+from envlink._pool.batch import record_batch, recv_want, seed_list, single_result, slot_mask
+from envlink._pool.pool import AutoresetMode, EnvPool
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotResult
 from envlink._pool.shard import (
     DriverSlot,
@@ -327,7 +327,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             ClientClosedError: the pool is closed.
         """
         chosen = self._chosen(mask)
-        per_slot = _seed_list(seeds, self.size)
+        per_slot = seed_list(seeds, self.size)
         seconds = self._seconds(timeout)
         return await self._batch("reset", chosen, per_slot, seconds, dict(kwargs))
 
@@ -339,8 +339,8 @@ class RayEnvPool(Generic[ActT, ObsT]):
             EnvlinkError: that slot's error.
             IndexError: no such slot.
         """
-        mask = _slot_mask(index, self.size)
-        return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
+        mask = slot_mask(index, self.size)
+        return single_result(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
 
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
                    *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
@@ -391,7 +391,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             return Batch([None] * self.size)
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
-        want = _recv_want(len(pending), min_ready, timeout)
+        want = recv_want(len(pending), min_ready, timeout)
         start = time.perf_counter()
         attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
                   ATTR_POOL_MIN_READY: want, ATTR_RAY_SHARDS: self.shards}
@@ -759,7 +759,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         return seconds
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        _record_batch(self._tel, span, method, batch, start)
+        record_batch(self._tel, span, method, batch, start)
 
     def __repr__(self) -> str:
         return (f"<RayEnvPool size={self.size} shards={self.shards} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from opentelemetry.trace import Span
@@ -34,7 +34,8 @@ from envlink.names import (
     SPAN_POOL_RECV,
 )
 
-__all__ = ["BatchRunner"]
+#: The batch helpers both pools use (EnvPool here, RayEnvPool in envlink.ray).
+__all__ = ["BatchRunner", "record_batch", "recv_want", "seed_list", "single_result", "slot_mask"]
 
 ObsT = TypeVar("ObsT")
 Calls = dict[int, Coroutine[Any, Any, StepResult[Any]]]
@@ -119,7 +120,7 @@ class BatchRunner(Generic[ObsT]):
             return Batch([None] * self.size)  # nothing left to collect
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
-        want = _recv_want(len(pending), min_ready, timeout)
+        want = recv_want(len(pending), min_ready, timeout)
         start = time.perf_counter()
         attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
                   ATTR_POOL_MIN_READY: want} if self.tel.tracing_enabled() else None)
@@ -171,7 +172,7 @@ class BatchRunner(Generic[ObsT]):
                      final={i: r for i, r in final.items() if i in ready})
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        _record_batch(self.tel, span, method, batch, start)
+        record_batch(self.tel, span, method, batch, start)
 
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
@@ -215,7 +216,7 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | 
                                 method=method, timeout=seconds)
 
 
-def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
+def recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
     """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``.
 
     Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
@@ -229,7 +230,7 @@ def _recv_want(pending: int, min_ready: int | None, timeout: float | None) -> in
     return want
 
 
-def _record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
+def record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
                   start: float) -> None:
     """Record one finished batch: its duration, stragglers and span attributes.
 
@@ -247,3 +248,32 @@ def _record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
             kinds = sorted({e.error_type for e in errors.values()})
             span.set_attribute(ATTR_POOL_ERROR_TYPE,
                                kinds[0] if len(kinds) == 1 else "mixed")
+
+
+def single_result(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:
+    """Slot ``index``'s answer of a one-slot batch; its error is raised."""
+    result = batch[index]
+    if isinstance(result, EnvlinkError):
+        raise result
+    assert result is not None
+    return result
+
+
+def slot_mask(index: int, size: int) -> list[bool]:
+    """A mask choosing slot ``index`` alone; IndexError if there is no such slot."""
+    if not 0 <= index < size:
+        raise IndexError(f"slot {index} out of range for a pool of {size}")
+    return [i == index for i in range(size)]
+
+
+def seed_list(seeds: int | Sequence[int | None] | None, size: int) -> list[int | None]:
+    """One seed per slot from ``seeds``: ``None``, a first seed, or one per slot."""
+    if seeds is None:
+        return [None] * size
+    if isinstance(seeds, bool):
+        raise TypeError("seeds must be None, an int, or one seed per slot")
+    if isinstance(seeds, int):
+        return [seeds + i for i in range(size)]
+    if isinstance(seeds, (str, bytes)) or len(seeds) != size:
+        raise ValueError(f"seeds must be None, an int, or a sequence of {size}")
+    return list(seeds)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
-from envlink._errors import ClientClosedError, EnvlinkError
-from envlink._pool.batch import BatchRunner
+from envlink._errors import ClientClosedError
+from envlink._pool.batch import BatchRunner, seed_list, single_result, slot_mask
 from envlink._pool.breaker import CircuitBreaker
 from envlink._pool.placement import Placement, parse_endpoints
 from envlink._pool.results import Batch, EndpointView, PoolView
@@ -240,7 +240,7 @@ class EnvPool(Generic[ActT, ObsT]):
             ClientClosedError: the pool is closed.
         """
         chosen = self._chosen(mask)
-        per_slot = _seed_list(seeds, self.size)
+        per_slot = seed_list(seeds, self.size)
         engine = self._ready_engine()
         calls = {}
         for i in chosen:
@@ -258,8 +258,8 @@ class EnvPool(Generic[ActT, ObsT]):
             EnvlinkError: that slot's error.
             IndexError: no such slot.
         """
-        mask = _slot_mask(index, self.size)
-        return _only(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
+        mask = slot_mask(index, self.size)
+        return single_result(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
 
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
                    *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
@@ -478,33 +478,6 @@ class EnvPool(Generic[ActT, ObsT]):
                 coro.close()
             raise
         return await self._batches.run(method, calls, seconds, autoreset, final)
-def _only(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:
-    result = batch[index]
-    if isinstance(result, EnvlinkError):
-        raise result
-    assert result is not None
-    return result
-
-
-def _slot_mask(index: int, size: int) -> list[bool]:
-    """A mask choosing slot ``index`` alone; IndexError if there is no such slot."""
-    if not 0 <= index < size:
-        raise IndexError(f"slot {index} out of range for a pool of {size}")
-    return [i == index for i in range(size)]
-
-
-def _seed_list(seeds: int | Sequence[int | None] | None, size: int) -> list[int | None]:
-    if seeds is None:
-        return [None] * size
-    if isinstance(seeds, bool):
-        raise TypeError("seeds must be None, an int, or one seed per slot")
-    if isinstance(seeds, int):
-        return [seeds + i for i in range(size)]
-    if isinstance(seeds, (str, bytes)) or len(seeds) != size:
-        raise ValueError(f"seeds must be None, an int, or a sequence of {size}")
-    return list(seeds)
-
-
 def _client_factory(client: Any, options: dict[str, Any],
                     policy: SessionLostPolicy) -> Callable[[str], EnvClient[Any, Any, Any]]:
     if isinstance(client, type):

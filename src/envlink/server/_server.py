@@ -44,7 +44,7 @@ from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
 from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
-from envlink.server._harness import serve_harness
+from envlink.server._harness_stream import serve_harness
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
