@@ -22,6 +22,7 @@ from envlink._bridge import (
     set_default_hooks,
 )
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._client.events import (
     CallFinished,
     CallStarted,
@@ -30,6 +31,9 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._client.lifecycle import Bootstrap
+from envlink._client.providers import DockerProvider, LocalServerProvider
+from envlink._client.spaces import hf_space_subdomain
 from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
@@ -43,9 +47,12 @@ from envlink._errors import (
     ExecutionModeError,
     FactoryError,
     HandshakeRejectedError,
+    HttpStatusError,
     McpError,
+    NotReadyError,
     OutcomeUnknownError,
     ProtocolError,
+    ProviderError,
     ReentrantCallError,
     ReplayDivergedError,
     RetryBudgetExhaustedError,
@@ -54,6 +61,7 @@ from envlink._errors import (
     SessionError,
     SessionGoneError,
     SessionLostError,
+    SpaceNotAwakeError,
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
@@ -143,6 +151,7 @@ __all__ = [
     "UNSET",
     "AutoresetMode",
     "Batch",
+    "Bootstrap",
     "Bridge",
     "BridgeCallFinished",
     "BridgeCallStarted",
@@ -158,11 +167,14 @@ __all__ = [
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
+    "DockerProvider",
     "EchoEnv",
     "EchoObservation",
     "EndpointView",
     "EnvClient",
     "EnvPool",
+    "EnvironmentMetadata",
+    "EnvironmentSchema",
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
@@ -170,12 +182,16 @@ __all__ = [
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
+    "Health",
+    "HttpStatusError",
+    "LocalServerProvider",
     "HarnessClient",
     "HarnessEvent",
     "HarnessEventType",
     "HarnessProtocolError",
     "HarnessTurnError",
     "McpError",
+    "NotReadyError",
     "JournalEntry",
     "Limits",
     "ListToolsAction",
@@ -185,6 +201,7 @@ __all__ = [
     "PhaseStarted",
     "PoolView",
     "ProtocolError",
+    "ProviderError",
     "ReconnectPolicy",
     "ReentrantCallError",
     "ReplayDivergedError",
@@ -198,6 +215,7 @@ __all__ = [
     "SessionLostError",
     "SessionLostPolicy",
     "State",
+    "SpaceNotAwakeError",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",
@@ -209,5 +227,6 @@ __all__ = [
     "default_bridge",
     "get_limits",
     "set_limits",
+    "hf_space_subdomain",
     "set_testing",
 ]

@@ -20,7 +20,6 @@ costs one function call more than a plain coroutine method.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import inspect
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from envlink._bridge import is_bridge_loop
 from envlink._config import UNSET
 from envlink._errors import ExecutionModeError
+from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
     from envlink._client.client import EnvClient
@@ -47,7 +47,7 @@ _D = TypeVar("_D", bound="AutoDispatch")
 SYNC: Final = "sync"
 ASYNC: Final = "async"
 
-_get_running_loop = asyncio._get_running_loop
+_get_running_loop = running_loop_getter()
 _facade_lock = threading.Lock()
 # Attributes asyncio and inspect probe on a coroutine (task reprs, debugging): answered
 # from the coroutine once started, never by running the call.
