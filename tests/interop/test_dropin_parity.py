@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -187,3 +188,28 @@ def test_production_mode_tool_calls_over_post_mcp(echo_server: RecordingServer,
         assert exchange.request["params"]["session_id"] == session_id
     attached = {conn.session_id for conn in read_connections(echo_server.frame_log, tag)}
     assert attached == {session_id}
+
+
+def test_harness_client_on_openenv_harness_server(
+        spawn_openenv: Callable[..., RecordingServer]) -> None:
+    """envlink's HarnessClient against OpenEnv 0.10's own /harness route (a production
+    server over a HarnessEnvironment): session_started, a turn's typed events through
+    turn_complete, and OpenEnv's terminal error for a failed turn as HarnessTurnError."""
+    import asyncio
+
+    from envlink import HarnessClient, HarnessTurnError
+
+    server = spawn_openenv("harness", max_sessions=2)
+
+    async def main() -> None:
+        async with HarnessClient(server.base_url) as harness:
+            assert harness.harness == "interop-scripted"
+            assert harness.session_id
+            events = await harness.turn("hi")
+            assert [e.type.value for e in events] == [
+                "tool_call", "tool_result", "text_output", "turn_complete"]
+            assert events[-1].data["response"] == "hi"
+            with pytest.raises(HarnessTurnError, match="harness turn failed"):
+                await harness.turn("!fail")
+
+    asyncio.run(main())

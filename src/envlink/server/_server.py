@@ -38,13 +38,13 @@ from envlink._sansio.protocol import encode_response
 from envlink.server._access import Access, capped_connection
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
+from envlink.server._echo_harness import serve_harness
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
 from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
 from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
-from envlink.server._harness_stream import serve_harness
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
