@@ -78,7 +78,7 @@ class _Connect(connect):
     """
 
     def process_redirect(self, exc: Exception) -> Exception | str:
-        old = self.ws_uri
+        old = parse_uri(self.uri)  # self.uri: the URI being opened, on every websockets >= 15
         target = super().process_redirect(exc)
         if isinstance(target, str) and self.additional_headers is not None:
             new = parse_uri(target)
