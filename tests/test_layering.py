@@ -131,3 +131,32 @@ def test_the_import_contracts_hold() -> None:
     done = subprocess.run([str(linter), "--no-cache"], capture_output=True, text=True,
                           timeout=25, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_telemetry_names_come_from_envlink_names_only() -> None:
+    """Library modules take span, metric, attribute and event names from envlink.names,
+    not through the modules that re-export them (the outcomes, which the bridge shares
+    without knowing telemetry, are defined with the error tree)."""
+    from envlink import names
+
+    listed = set(names.__all__)
+    routes: dict[str, set[str]] = {}
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.startswith("envlink") \
+                    and node.module not in ("envlink.names", "envlink._errors"):
+                found = {a.name for a in node.names} & listed
+                if found:
+                    routes.setdefault(name, set()).update(found)
+    assert routes == {}, routes
+
+
+def test_no_module_basename_is_used_twice() -> None:
+    """Each module of the library has a name of its own (underscore aside), so a name in a
+    traceback or a log says which module it is."""
+    seen: dict[str, list[str]] = {}
+    for name, path in modules():
+        if path.name not in {"__init__.py", "__main__.py"}:
+            seen.setdefault(path.stem.lstrip("_"), []).append(name)
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}

@@ -14,26 +14,36 @@ pytestmark = pytest.mark.timeout(30)
 
 EXPECTED = {
     # clients and results
-    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult",
+    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult", "State",
     "CallToolAction", "ListToolsAction", "EchoObservation",
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
+    "Limits", "set_limits", "get_limits", "SessionHandle",
     # testing without a server; observing a client
     "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
     "PhaseFinished", "ClientEvent",
     # the bridge
     "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
+    "default_bridge",
     # many sessions
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
     "configure",
+    # where the server comes from: providers, Spaces, readiness and discovery
+    "LocalServerProvider", "DockerProvider", "Bootstrap", "hf_space_subdomain",
+    "Health", "EnvironmentMetadata", "EnvironmentSchema",
     # errors
     "EnvlinkError", "ConnectError", "HandshakeRejectedError", "ConnectionLostError",
     "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
+    "ExecutionModeError",
+    "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
+    # the harness stream
+    "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
+    "HarnessTurnError",
     "__version__",
 }
 

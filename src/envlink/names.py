@@ -15,7 +15,10 @@ from typing import Final
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 
+from envlink import _errors
+
 __all__ = [
+    "SPAN_HARNESS_TURN",
     "ATTR_POOL_SIZE",
     "ATTR_POOL_SLOTS",
     "ATTR_POOL_ERRORS",
@@ -200,6 +203,8 @@ METRIC_NAMES: tuple[str, ...] = (
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
 # a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
 SPAN_CONNECT = "connect"
+#: One turn of a harness session (``/harness``), from the message to ``turn_complete``.
+SPAN_HARNESS_TURN = "harness_turn"
 SPAN_BRIDGE_PREFIX = "envlink.bridge "
 #: A pool's batch call: ``envlink.pool reset``, ``envlink.pool step``.
 SPAN_POOL_PREFIX = "envlink.pool "
@@ -263,11 +268,12 @@ LOG_EVENTS: tuple[str, ...] = (
 HOOK_RECONNECT = "envlink.reconnect"
 HOOK_RECOVERY_FINISHED = "envlink.recovery_finished"
 
-#: Outcomes of a call (``envlink.outcome``).
-OUTCOME_OK = "ok"
-OUTCOME_ERROR = "error"
-OUTCOME_TIMEOUT = "timeout"
-OUTCOME_CANCELLED = "cancelled"
+#: Outcomes of a call (``envlink.outcome``): defined with the error tree, which the
+#: bridge shares without knowing telemetry names.
+OUTCOME_OK: Final = _errors.OUTCOME_OK
+OUTCOME_ERROR: Final = _errors.OUTCOME_ERROR
+OUTCOME_TIMEOUT: Final = _errors.OUTCOME_TIMEOUT
+OUTCOME_CANCELLED: Final = _errors.OUTCOME_CANCELLED
 
 #: Boundaries of ``rpc.client.call.duration``: the semantic conventions' advisory
 #: buckets for RPC durations (seconds).

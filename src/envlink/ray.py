@@ -28,7 +28,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 try:
     import ray
@@ -52,9 +52,13 @@ from envlink._pool.shard import (
     ShardTelemetry,
     SlotRestore,
 )
-from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.policies import PoolSessionLostPolicy, ReconnectPolicy
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
+    Telemetry,
+    get_telemetry,
+)
+from envlink.names import (
     ATTR_POOL_MIN_READY,
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
@@ -67,8 +71,6 @@ from envlink._telemetry.instruments import (
     RAY_RESTART_UNRESPONSIVE,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
-    Telemetry,
-    get_telemetry,
 )
 
 if TYPE_CHECKING:
@@ -174,7 +176,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
         client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
         = GenericEnvClient,  # type: ignore[assignment]
         client_options: Mapping[str, Any] | None = None,
-        on_session_lost: Literal["raise", "replay", "resume"] = "raise",
+        on_session_lost: PoolSessionLostPolicy = "raise",
         autoreset: AutoresetMode = "next_step",
         autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
         batch_timeout: float | None = None,

@@ -8,11 +8,14 @@ from collections.abc import Iterator
 import pytest
 
 from envlink._bridge import Bridge
+from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME
 
 
 def envlink_threads() -> set[threading.Thread]:
-    """Live threads started by envlink."""
-    return {t for t in threading.enumerate() if t.name.startswith("envlink")}
+    """Live threads started by envlink, except the process-wide default bridge's (which
+    outlives the facades on it by design)."""
+    return {t for t in threading.enumerate()
+            if t.name.startswith("envlink") and not t.name.startswith(DEFAULT_BRIDGE_NAME)}
 
 
 @pytest.fixture

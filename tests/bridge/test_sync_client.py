@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from envlink import UNSET, ClientClosedError, EnvClient, ReentrantCallError
+from envlink import UNSET, ClientClosedError, EnvClient, ReentrantCallError, default_bridge
 from envlink._bridge import Bridge
 from envlink._client.sync_client import TIMEOUT_MARGIN, SyncEnvClient
 
@@ -77,8 +77,10 @@ class FakeClient:
     async def ping(self, payload: str) -> str:
         return payload
 
-    def sync(self, bridge: Bridge | None = None) -> SyncEnvClient[Any, Any, Any]:
-        return SyncEnvClient(self, bridge=bridge)  # type: ignore[arg-type]
+    def sync(self, bridge: Bridge | None = None, *,
+             nested_spans: bool = False) -> SyncEnvClient[Any, Any, Any]:
+        return SyncEnvClient(self, bridge=bridge,  # type: ignore[arg-type]
+                             nested_spans=nested_spans)
 
 
 class DuckClient:
@@ -174,19 +176,37 @@ def test_timeout_is_popped_for_a_client_without_one() -> None:
 
 
 def test_context_manager_connects_and_closes_owned_bridge() -> None:
-    """`with client.sync() as env` connects on entry; exit closes the client and the owned
-    bridge: no envlink thread is left."""
+    """`with client.sync(nested_spans=True) as env` (a facade that owns its bridge) connects
+    on entry; exit closes the client and the owned bridge: no envlink thread is left."""
     before = envlink_threads()
     fake = FakeClient()
-    with fake.sync() as env:
+    with fake.sync(nested_spans=True) as env:
         assert fake.calls[0][0] == "connect"
         env.reset()
         bridge = env.bridge
+        assert bridge is not default_bridge()
     assert fake.closed
     assert bridge.closed
     assert envlink_threads() - before == set()
     with pytest.raises(ClientClosedError):
         env.reset()
+
+
+def test_context_manager_on_the_default_bridge_leaves_it_open() -> None:
+    """`with client.sync() as env` runs on the process-wide default bridge; exit closes the
+    client but not that bridge, whose one thread keeps serving the next facade."""
+    fake = FakeClient()
+    with fake.sync() as env:
+        env.reset()
+        assert env.bridge is default_bridge()
+    assert fake.closed
+    assert not default_bridge().closed
+    with pytest.raises(ClientClosedError):
+        env.reset()
+    other = FakeClient()
+    with other.sync() as env2:
+        env2.step(1)
+    assert fake.loop_threads == other.loop_threads == {default_bridge().thread.ident}  # type: ignore[union-attr]
 
 
 def test_close_is_idempotent() -> None:

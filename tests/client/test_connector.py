@@ -9,7 +9,7 @@ import pytest
 
 from envlink import ConnectError, MockTransport, ReconnectPolicy
 from envlink._client.events import PhaseFinished, PhaseStarted
-from envlink._sansio.session import Link
+from envlink._sansio.session import DropReason, Link
 from envlink.names import (
     HOOK_RECONNECT,
     LOG_CONNECTION_DISCARDED,
@@ -67,17 +67,18 @@ async def test_open_retries_under_the_policy_then_gives_up() -> None:
     assert parts.connector.conn is None
 
 
-async def test_forget_discard_and_abandon_drop_the_connection_differently() -> None:
-    """forget(): a failure (the core counts it); discard(): distrust, reported;
-    abandon(): no I/O at all (a forked child's copy), background tasks left behind."""
-    for how in ("forget", "discard", "abandon"):
-        parts = build(echo)
-        conn = await parts.connector.open("reset", reason="connect")
-        getattr(parts.connector, how)()
-        assert parts.connector.conn is None
-        assert conn.is_open is (how == "abandon")
-        assert (LOG_CONNECTION_DISCARDED in parts.hook.events()) is (how == "discard")
-        assert parts.core.link is (Link.OPEN if how == "abandon" else Link.NONE)
+@pytest.mark.parametrize("reason", list(DropReason))
+async def test_each_drop_reason_lets_the_connection_go_its_own_way(reason: DropReason) -> None:
+    """FAILED aborts it; DISTRUSTED aborts it and reports connection_discarded;
+    INHERITED (a forked child's copy) does no I/O on it at all. The link is gone."""
+    parts = build(echo)
+    conn = await parts.connector.open("reset", reason="connect")
+    parts.connector.drop(reason)
+    assert parts.connector.conn is None
+    assert conn.is_open is (reason is DropReason.INHERITED)
+    assert (LOG_CONNECTION_DISCARDED in parts.hook.events()) is (
+        reason is DropReason.DISTRUSTED)
+    assert parts.core.link is Link.NONE
 
 
 async def test_a_graceful_close_sends_close_and_reports_the_disconnect() -> None:

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from envlink import Bridge, EnvPool, ReentrantCallError, StepResult
+from envlink import Bridge, EnvPool, ReentrantCallError, StepResult, default_bridge
 from envlink.server import ServerThread
 
 from .conftest import dead_url
@@ -32,12 +32,14 @@ def _bridge_threads() -> list[threading.Thread]:
 
 
 def test_sync_pool_runs_every_session_on_one_thread(server: ServerThread) -> None:
-    """The sync facade steps 6 sessions on two servers from one loop thread, then stops it."""
+    """The sync facade steps 6 sessions on two servers from the process-wide default bridge's
+    one loop thread, and leaves that bridge open on close."""
     with ServerThread(env="deterministic", max_sessions=3) as other, \
             EnvPool([server.url, other.url], 6).sync() as pool:
         first = pool.reset(seeds=0)
         assert first.ok
-        assert len(_bridge_threads()) == 1
+        assert pool.bridge is default_bridge()
+        assert _bridge_threads() == []
         batch = pool.step([{"move": 1}] * 6)
         assert [r.observation["step"] for r in batch.results()] == [1] * 6
         pool.step_send([{"move": 1}] * 6)
@@ -46,7 +48,8 @@ def test_sync_pool_runs_every_session_on_one_thread(server: ServerThread) -> Non
         assert pool.reset_at(0, seed=0).observation == first.results()[0].observation
         view = pool.view()
         assert [e.sessions for e in view.endpoints] == [3, 3]
-    assert _bridge_threads() == []
+    assert pool.async_pool.closed
+    assert not default_bridge().closed
 
 
 def test_sync_pool_on_a_shared_bridge_leaves_it_open(server: ServerThread) -> None:

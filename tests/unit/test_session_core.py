@@ -16,7 +16,15 @@ from envlink import (
     SessionLostError,
 )
 from envlink._sansio.protocol import Extensions, ObservationFrame, StateFrame
-from envlink._sansio.session import Action, Dropped, Episode, Link, Preflight, SessionCore
+from envlink._sansio.session import (
+    Action,
+    Dropped,
+    DropReason,
+    Episode,
+    Link,
+    Preflight,
+    SessionCore,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,7 +54,7 @@ def core(policy: str = "raise", ext: Extensions = PLAIN, *, episode: bool = Fals
          clock: Clock | None = None, **kw: Any) -> SessionCore:
     c = SessionCore(policy=ReconnectPolicy(**kw), on_session_lost=policy,  # type: ignore[arg-type]
                     clock=clock or Clock(), id_prefix="p")
-    c.connected(ext)
+    c.on_connected(ext)
     if episode:
         reset = c.receive(obs_text(), None)
         assert not isinstance(reset, Dropped)
@@ -224,7 +232,7 @@ def test_a_new_connection_forgets_the_old_ones_late_answers() -> None:
     """Late answers belong to a connection; a new one starts with none due."""
     c = core(ext=EXTENDED)
     c.deadline_expired("step", None, c.next_request_id(), sent=True)
-    c.connected(EXTENDED)
+    c.on_connected(EXTENDED)
     assert not c.late and c.link is Link.OPEN
 
 
@@ -251,7 +259,7 @@ def test_a_fresh_server_session_mid_episode_loses_the_episode() -> None:
     step = c.receive(obs_text(n=1), None)
     assert not isinstance(step, Dropped)
     c.answered("step", {"a": 1}, step)
-    c.connected(PLAIN)  # a new connection, not resumed
+    c.on_connected(PLAIN)  # a new connection, not resumed
     assert c.episode is Episode.LOST
     with pytest.raises(SessionLostError, match="after 1 steps") as info:
         c.check_call("step")
@@ -267,7 +275,7 @@ def test_a_fresh_server_session_mid_episode_loses_the_episode() -> None:
 def test_a_resumed_session_keeps_the_episode() -> None:
     """Re-attached to the same server session, the episode goes on."""
     c = core("resume", EXTENDED, episode=True)
-    c.connected(RESUMED)
+    c.on_connected(RESUMED)
     assert c.episode is Episode.ACTIVE
 
 
@@ -278,7 +286,7 @@ def test_failed_recovery_marks_the_episode_lost_and_disconnect_clears_it() -> No
     assert c.episode is Episode.LOST and c.link is Link.NONE
     with pytest.raises(SessionLostError):
         c.check_call("state")
-    c.closed()
+    c.on_closed()
     c.check_call("state")
     assert c.episode is Episode.NONE
 
@@ -286,7 +294,7 @@ def test_failed_recovery_marks_the_episode_lost_and_disconnect_clears_it() -> No
 def test_no_connection_mid_episode_means_recovery_before_any_send() -> None:
     """Mid-episode, a call that finds no connection recovers instead of connecting."""
     c = core("replay", episode=True)
-    c.dropped()
+    c.on_dropped(DropReason.FAILED)
     assert c.preflight("step", connection_open=False) is Preflight.RECOVER
     assert c.preflight("reset", connection_open=False) is Preflight.CONNECT
 
@@ -316,13 +324,13 @@ def test_flapping_continues_the_outage_count_and_is_reported_once() -> None:
     assert c.connect_attempts_used("ws://x") == 0
     for _ in range(3):
         clock.now += 1.0
-        c.dropped()  # died 1 s after opening: short-lived
+        c.on_dropped(DropReason.FAILED)  # died 1 s after opening: short-lived
         used = c.connect_attempts_used("ws://x")
         c.connects_made(1)
-        c.connected(PLAIN)
+        c.on_connected(PLAIN)
     assert used == 2
     clock.now += 1.0
-    c.dropped()
+    c.on_dropped(DropReason.FAILED)
     with pytest.raises(ConnectionLostError, match="keeps dropping: 3 reconnects"):
         c.connect_attempts_used("ws://x")
     assert c.connect_attempts_used("ws://x") == 0  # reported once; a new outage
@@ -333,15 +341,15 @@ def test_a_stable_connection_or_a_quiet_spell_starts_a_new_outage() -> None:
     clock = Clock()
     c = core(clock=clock, max_attempts=3, stable_after=10.0)
     clock.now += 1.0
-    c.dropped()
+    c.on_dropped(DropReason.FAILED)
     c.connects_made(2)
-    c.connected(PLAIN)
+    c.on_connected(PLAIN)
     clock.now += 1.0
-    c.dropped()
+    c.on_dropped(DropReason.FAILED)
     assert c.connect_attempts_used("ws://x") == 2
     clock.now += 11.0  # quiet since the last drop
     assert c.connect_attempts_used("ws://x") == 0
-    c.connected(PLAIN)
+    c.on_connected(PLAIN)
     clock.now += 30.0  # lived longer than stable_after
-    c.dropped()
+    c.on_dropped(DropReason.FAILED)
     assert c.connect_attempts_used("ws://x") == 0

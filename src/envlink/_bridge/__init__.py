@@ -40,18 +40,21 @@ from __future__ import annotations
 
 from envlink._bridge.bridge import Bridge, ForeignLoopPolicy
 from envlink._bridge.hooks import (
-    OUTCOME_CANCELLED,
-    OUTCOME_ERROR,
-    OUTCOME_OK,
-    OUTCOME_TIMEOUT,
-    OUTCOMES,
     BridgeCallFinished,
     BridgeCallStarted,
     BridgeHook,
     set_default_hooks,
 )
 from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
-from envlink._bridge.proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
+from envlink._bridge.loop import is_bridge_loop
+from envlink._bridge.sync_proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
+from envlink._errors import (
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_OK,
+    OUTCOME_TIMEOUT,
+    OUTCOMES,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -68,5 +71,6 @@ __all__ = [
     "Invoke",
     "SyncProxy",
     "blocking_wrapper",
+    "is_bridge_loop",
     "set_default_hooks",
 ]

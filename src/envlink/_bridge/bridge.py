@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from envlink._bridge.adapters import BridgedContext, iterate
 from envlink._bridge.handoff import Job, outcome_of, perf, request_cancel, start_job, wait_for
 from envlink._bridge.hooks import (
-    OUTCOME_CANCELLED,
-    OUTCOME_OK,
     BridgeCallFinished,
     BridgeCallStarted,
     BridgeHook,
@@ -23,7 +21,12 @@ from envlink._bridge.hooks import (
 )
 from envlink._bridge.loop import LoopThread
 from envlink._config import check_timeout
-from envlink._errors import ClientClosedError, ReentrantCallError
+from envlink._errors import (
+    OUTCOME_CANCELLED,
+    OUTCOME_OK,
+    ClientClosedError,
+    ReentrantCallError,
+)
 from envlink._speedups import new_record, running_loop_getter
 
 if TYPE_CHECKING:

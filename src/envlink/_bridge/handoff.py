@@ -19,8 +19,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from envlink._bridge.hooks import OUTCOME_CANCELLED, OUTCOME_ERROR, OUTCOME_TIMEOUT
-from envlink._errors import CallTimeoutError, ClientClosedError
+from envlink._errors import (
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_TIMEOUT,
+    CallTimeoutError,
+    ClientClosedError,
+)
 
 if TYPE_CHECKING:
     from envlink._bridge.loop import LoopThread

@@ -28,14 +28,16 @@ __all__ = [
     "set_default_hooks",
 ]
 
+from envlink._errors import (
+    OUTCOME_CANCELLED,
+    OUTCOME_ERROR,
+    OUTCOME_OK,
+    OUTCOME_TIMEOUT,
+    OUTCOMES,
+)
+
 _log = logging.getLogger("envlink.bridge")
 
-#: Outcomes of a bridged call (the ``envlink.outcome`` telemetry attribute).
-OUTCOME_OK = "ok"
-OUTCOME_ERROR = "error"
-OUTCOME_TIMEOUT = "timeout"
-OUTCOME_CANCELLED = "cancelled"
-OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
 
 
 class BridgeCallStarted(NamedTuple):

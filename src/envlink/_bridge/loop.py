@@ -23,10 +23,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from envlink._config import check_timeout
-from envlink._deadlines import bounded
 from envlink._errors import ClientClosedError
 
-__all__ = ["LoopThread"]
+__all__ = ["LoopThread", "is_bridge_loop"]
 
 _log = logging.getLogger("envlink.bridge")
 _thread_ids = itertools.count(1)
@@ -105,6 +104,7 @@ class LoopThread:
             self._thread = thread
             self._thread_ident = thread.ident
             self._loop = loop
+            _bridge_loops.add(loop)
             return loop
 
     def _wake_waiters(self) -> None:
@@ -212,14 +212,27 @@ def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
 
 
 async def _bounded(aw: Awaitable[None], timeout: float) -> None:
-    try:
-        async with bounded(timeout):
-            await aw
-    except Exception:
-        _log.warning("envlink bridge: loop cleanup did not finish in time", exc_info=True)
+    # No async generator here (bounded() is one): a generator first iterated after
+    # shutdown_asyncgens() makes asyncio warn that it was scheduled too late.
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait((task,), timeout=timeout)
+    if not done:
+        task.cancel()
+        _log.warning("envlink bridge: loop cleanup did not finish in time")
+    elif not task.cancelled() and task.exception() is not None:
+        _log.warning("envlink bridge: loop cleanup failed", exc_info=task.exception())
+
+
+def is_bridge_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is the event loop of an envlink loop thread (a bridge's)."""
+    return loop in _bridge_loops
 
 
 # ---------------------------------------------------------------------- process hooks
+
+# Every loop a LoopThread started: code running there is envlink's own work for a
+# blocking caller, which the client's plain-call dispatch must not take for async use.
+_bridge_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 _live: weakref.WeakSet[LoopThread] = weakref.WeakSet()
 # Loops inherited from the parent process across fork(): referenced forever so they

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opentelemetry import propagate
 
-from envlink._client.events import ClientEvent, ClientHook, PhaseFinished, PhaseStarted
+from envlink._client.events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
 from envlink._config import ConnectionOptions, Timeout
 from envlink._deadlines import bounded
 from envlink._errors import (
@@ -37,7 +38,7 @@ from envlink._sansio.protocol import (
     server_error,
 )
 from envlink._sansio.retry import BackoffDetails, Retry
-from envlink._sansio.session import SessionCore
+from envlink._sansio.session import DropReason, SessionCore
 from envlink._transports.base import (
     Connection,
     Endpoint,
@@ -109,6 +110,8 @@ class Connector:
         #: Whether an attempt of the last :meth:`open` could not reach the server.
         self.saw_unreachable = False
         self._rpc_ids = 0
+        #: Awaited before every open: starts a provider's server, waits for a Space.
+        self.prepare: Callable[[], Awaitable[None]] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -126,6 +129,8 @@ class Connector:
             ConnectionLostError: the connection keeps dropping (flapping).
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
+        if self.prepare is not None:
+            await self.prepare()
         core, hook = self.core, self.hook
         if reason != "connect":
             hook.event(ClientEvent(HOOK_RECONNECT, core.session_id, {"reason": reason}))
@@ -159,46 +164,40 @@ class Connector:
         endpoint = self.endpoint
         phase = PhaseStarted("connect", method, attempt, reason, server_address=endpoint.host,
                              server_port=endpoint.port)
-        mark = self.hook.phase_started(phase)
-        error: BaseException | None = None
-        conn: Connection | None = None
         try:
-            headers: dict[str, str] = {}
-            propagate.inject(headers)  # the attempt's trace context, to the server
-            if resume_token is not None:
-                headers[RESUME_TOKEN_HEADER] = resume_token
-            reattached = False
-            core = self.core
-            if resume_token is None and core.wants_detached and isinstance(
-                    self.transport, RpcTransport):
-                reattached = core.detached_id is not None
-                if core.detached_id is None:
-                    await self._create_detached()
-                endpoint = endpoint.attached(core.detached_id)
-            conn = await self.transport.connect(
-                endpoint, self.options, headers=headers, timeout=self.timeouts.connect,
-                offer_extensions=self.offer_extensions)
-            if endpoint.session_id is not None:
-                await self._confirm_attached(conn)
-            self._adopt(conn, reattached=reattached)
-            return conn
-        except BaseException as exc:
-            error = exc
-            if isinstance(exc, ConnectError) and not isinstance(
-                    exc, (_AttachRefused, DetachedSessionGone)):
+            with PhaseReport(self.hook, phase) as report:
+                headers: dict[str, str] = {}
+                propagate.inject(headers)  # the attempt's trace context, to the server
+                if resume_token is not None:
+                    headers[RESUME_TOKEN_HEADER] = resume_token
+                reattached = False
+                core = self.core
+                if resume_token is None and core.wants_detached and isinstance(
+                        self.transport, RpcTransport):
+                    reattached = core.detached_id is not None
+                    if core.detached_id is None:
+                        await self._create_detached()
+                    endpoint = endpoint.attached(core.detached_id)
+                conn = await self.transport.connect(
+                    endpoint, self.options, headers=headers, timeout=self.timeouts.connect,
+                    offer_extensions=self.offer_extensions)
+                report.session_id, report.extensions = core.session_id, conn.extensions.enabled
+                if endpoint.session_id is not None:
+                    await self._confirm_attached(conn)
+                self._adopt(conn, reattached=reattached)
+                report.session_id = core.session_id
+                return conn
+        except ConnectError as exc:
+            if not isinstance(exc, (_AttachRefused, DetachedSessionGone)):
                 self.saw_unreachable = True
             raise
-        finally:
-            self.hook.phase_finished(PhaseFinished(
-                phase, error, self.core.session_id if conn is not None else None,
-                conn.extensions.enabled if conn is not None else None), mark)
 
     def _adopt(self, conn: Connection, *, reattached: bool = False) -> None:
         previous = self.conn
         if previous is not None and previous is not conn:
             previous.abort()
         self.conn = conn
-        self.core.connected(conn.extensions, reattached=reattached)
+        self.core.on_connected(conn.extensions, reattached=reattached)
 
     # ----------------------------------------------- OpenEnv detached sessions
 
@@ -321,25 +320,26 @@ class Connector:
 
     # ------------------------------------------------------------------ ending
 
-    def forget(self) -> None:
-        """The connection failed: drop it (the core keeps the flapping count)."""
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.abort()
-            self.core.dropped()
+    def drop(self, reason: DropReason) -> None:
+        """Let the connection go, for ``reason``.
 
-    def discard(self) -> None:
-        """Drop a connection that can no longer be trusted."""
+        A failed connection is aborted and counted towards flapping; a distrusted one
+        is aborted and reported; an inherited one (a forked child's copy, another
+        loop's) is forgotten without any I/O, with the housekeeping tasks it had.
+        """
         conn, self.conn = self.conn, None
-        self.core.discarded()
-        if conn is not None:
+        if reason is DropReason.INHERITED:
+            self.background = set()
+            self.core.on_dropped(reason)
+            return
+        if reason is DropReason.DISTRUSTED:
+            self.core.on_dropped(reason)
+            if conn is not None:
+                conn.abort()
+                self.hook.event(ClientEvent(LOG_CONNECTION_DISCARDED, self.core.session_id, {}))
+        elif conn is not None:
             conn.abort()
-            self.hook.event(ClientEvent(LOG_CONNECTION_DISCARDED, self.core.session_id, {}))
-
-    def abandon(self) -> None:
-        """Forget the connection without any I/O on it (a forked child's copy)."""
-        self.conn = None
-        self.background = set()
+            self.core.on_dropped(reason)
 
     async def close(self, *, graceful: bool, timeout: float | None = None) -> None:
         """End the session: ``close`` frame (when graceful), closing handshake, drop;
@@ -347,7 +347,7 @@ class Connector:
         conn, self.conn = self.conn, None
         core = self.core
         detached = core.detached_id
-        core.closed()
+        core.on_closed()
         seconds = self.timeouts.close if timeout is None else timeout
         if conn is not None:
             if graceful and conn.is_open:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector, DetachedSessionGone
 from envlink._client.events import (
     CallFinished,
@@ -26,6 +27,7 @@ from envlink._client.events import (
     ClientEvent,
     ClientHook,
     PhaseFinished,
+    PhaseReport,
     PhaseStarted,
 )
 from envlink._client.propagation import trace_carrier
@@ -54,6 +56,7 @@ from envlink._sansio.session import (
     Action,
     Call,
     Dropped,
+    DropReason,
     Episode,
     Frame,
     Link,
@@ -113,6 +116,8 @@ class SessionDriver:
         self._lock: asyncio.Lock | None = None
         #: The task of the call in flight, cancelled by close().
         self.active: asyncio.Task[Any] | None = None
+        #: The client's share of the process's session limit (None: not counted).
+        self.capacity: CapacityGate | None = None
 
     @property
     def closed(self) -> bool:
@@ -137,7 +142,10 @@ class SessionDriver:
         try:
             try:
                 async with deadline(seconds, method):
-                    return await run(call)
+                    gate = self.capacity
+                    if gate is None or gate.passes(method):
+                        return await run(call)
+                    return await gate.call(method, seconds, lambda: run(call))
             except asyncio.CancelledError as exc:
                 if self.closed:
                     raise ClientClosedError(f"the client was closed during {method}") from exc
@@ -171,14 +179,18 @@ class SessionDriver:
         """
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self.connector.abandon()
+            self.connector.drop(DropReason.INHERITED)
             self._loop = None
             self._lock = None
             self.active = None
             core = self.core
             core.lose_episode()
-            core.discarded()
             core.resume_token = None
+
+    def serves_live_loop(self) -> bool:
+        """Whether the client is connected on an event loop that is still open."""
+        loop = self._loop
+        return loop is not None and not loop.is_closed() and self.connector.is_open
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         self.drop_if_inherited()
@@ -191,9 +203,8 @@ class SessionDriver:
                 )
             self._loop = loop
             self._lock = asyncio.Lock()
-            self.connector.conn = None
-            self.connector.background = set()  # a previous loop's tasks are not ours
-            self.core.discarded()
+            # The previous loop's connection and tasks are not ours.
+            self.connector.drop(DropReason.INHERITED)
             self.core.lose_episode()
         return self._lock
 
@@ -208,18 +219,12 @@ class SessionDriver:
             # itself is passed on.
             await asyncio.wait({active}, timeout=seconds)
         await self.connector.wait_background(seconds)
-        endpoint = self.connector.endpoint
-        phase = PhaseStarted("close", "close", server_address=endpoint.host,
-                             server_port=endpoint.port)
-        mark = self.hook.phase_started(phase)
-        error: BaseException | None = None
         try:
-            await self.connector.close(graceful=True, timeout=seconds)
-        except BaseException as exc:
-            error = exc
-            raise
+            with self.report(PhaseStarted("close", "close")):
+                await self.connector.close(graceful=True, timeout=seconds)
         finally:
-            self.hook.phase_finished(PhaseFinished(phase, error), mark)
+            if self.capacity is not None:
+                self.capacity.release()
         self.hook.event(ClientEvent(LOG_CLIENT_CLOSED, self.core.session_id, {}))
 
     # ------------------------------------------------------------------ requests
@@ -241,19 +246,21 @@ class SessionDriver:
                     return await recover(self, call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
+            # What PhaseReport does, written out: this runs once per call, and the
+            # context manager would add three Python calls to each.
             phase = PhaseStarted("attempt", method, number)
-            mark = self.hook.phase_started(phase)
-            error: BaseException | None = None
+            hook = self.hook
+            mark = hook.phase_started(phase)
             try:
                 try:
-                    return await self.exchange(conn, method, data, request_id, call=call)
+                    answer = await self.exchange(conn, method, data, request_id, call=call)
                 except BaseException as exc:
-                    error = exc
+                    hook.phase_finished(PhaseFinished(phase, exc), mark)
                     raise
-                finally:
-                    self.hook.phase_finished(PhaseFinished(phase, error), mark)
+                hook.phase_finished(PhaseFinished(phase, None), mark)
+                return answer
             except ConnectionLostError as exc:
-                self.connector.forget()
+                self.connector.drop(DropReason.FAILED)
                 decision = core.after_failure(method, exc,
                                               written=not isinstance(exc, NotWrittenError),
                                               data=data)
@@ -294,7 +301,7 @@ class SessionDriver:
             # A new episode need not queue behind the old one's late answer; the old
             # session is ended rather than left holding a server slot.
             token = core.resume_token
-            connector.discard()
+            connector.drop(DropReason.DISTRUSTED)
             if token is not None:
                 await connector.release(token)
             todo = Preflight.CONNECT
@@ -305,7 +312,7 @@ class SessionDriver:
             if alive:
                 return conn
             self.hook.event(ClientEvent(LOG_PEER_UNRESPONSIVE, core.session_id, {}))
-            connector.discard()
+            connector.drop(DropReason.DISTRUSTED)
             todo = core.preflight(method, connection_open=False)
         if todo is Preflight.SEND:
             return conn
@@ -325,7 +332,7 @@ class SessionDriver:
             raise server_error(frame)
         if not isinstance(frame, kind):
             error = self.core.unexpected_frame(frame, kind, method)
-            self.connector.discard()
+            self.connector.drop(DropReason.DISTRUSTED)
             raise error
         return frame
 
@@ -394,12 +401,12 @@ class SessionDriver:
                 return frame
         except ProtocolError:
             if core.protocol_error():
-                self.connector.discard()
+                self.connector.drop(DropReason.DISTRUSTED)
             raise
         except (asyncio.CancelledError, CallTimeoutError):
             if not core.deadline_expired(method, data, request_id, sent=sent):
                 # An answer may still arrive and would be read by the next call.
-                self.connector.discard()
+                self.connector.drop(DropReason.DISTRUSTED)
             raise
 
     # ---------------------------------------------- what recovery strategies use
@@ -407,8 +414,8 @@ class SessionDriver:
     async def open(self, *, reason: str, resume_token: str | None = None) -> Connection:
         return await self.connector.open("recover", reason=reason, resume_token=resume_token)
 
-    def forget_connection(self) -> None:
-        self.connector.forget()
+    def drop_connection(self, reason: DropReason) -> None:
+        self.connector.drop(reason)
 
     async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
         connector, core = self.connector, self.core
@@ -435,21 +442,16 @@ class SessionDriver:
         if session_id is not None:
             self.connector.close_detached_later(session_id)
 
-    def discard_connection(self) -> None:
-        self.connector.discard()
-
     def retry(self, operation: str) -> Retry:
         """The retry loop of one operation: no backoff of its own (each try connects)."""
         return Retry(self.connector.policy, operation=operation, sleep=asyncio.sleep,
                      clock=self.core.clock, retry_on=_never, backoff=False)
 
-    def phase(self, phase: PhaseStarted) -> Any:
+    def report(self, phase: PhaseStarted) -> PhaseReport:
+        """Report ``phase``, with the server's address, around a block."""
         endpoint = self.connector.endpoint
-        return self.hook.phase_started(phase._replace(server_address=endpoint.host,
-                                                      server_port=endpoint.port))
-
-    def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
-        self.hook.phase_finished(PhaseFinished(phase, error), token)
+        return PhaseReport(self.hook, phase._replace(server_address=endpoint.host,
+                                                     server_port=endpoint.port))
 
     async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
         return await self.connector.release(token, count_steps=count_steps)

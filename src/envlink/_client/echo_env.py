@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envlink._client.client import EnvClient, StepResult
+from envlink._client.dispatch import dispatched
+from envlink._client.state import State
 from envlink._errors import ToolCallError
 
 __all__ = ["CallToolAction", "EchoEnv", "EchoObservation", "ListToolsAction"]
@@ -57,16 +59,19 @@ class EchoObservation(BaseModel):
 EchoAction = CallToolAction | ListToolsAction | dict[str, Any]
 
 
-class EchoEnv(EnvClient[EchoAction, EchoObservation, dict[str, Any]]):
+class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
     """Client for the echo environment: tools ``echo_message`` and ``echo_with_length``.
 
     Example::
 
-        with EchoEnv(base_url="http://127.0.0.1:8000").sync() as env:
+        with EchoEnv(base_url="http://127.0.0.1:8000") as env:
             env.reset()
             result = env.step(CallToolAction(tool_name="echo_message",
                                              arguments={"message": "Hello, World!"}))
             assert result.observation.result == "Hello, World!"
+            assert env.state().step_count == 1
+
+    ``state()`` returns a :class:`~envlink.State`.
     """
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[EchoObservation]:
@@ -77,16 +82,23 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, dict[str, Any]]):
             metadata=payload.get("metadata"),
         )
 
+    def _parse_state(self, payload: dict[str, Any]) -> State:
+        return State.model_validate(payload)
+
+    @dispatched
     async def call_tool(self, tool_name: str, /, **arguments: Any) -> Any:
         """Call a tool and return its value (a step under the hood), as OpenEnv's client does.
 
         A FastMCP ``CallToolResult`` (what a real OpenEnv MCP server returns, with
-        ``content`` and ``data``) is unwrapped to its ``data``.
+        ``content`` and ``data``) is unwrapped to its ``data``. In production mode the
+        call goes over ``POST /mcp`` (:meth:`mcp_call_tool`), not through ``step()``.
 
         Raises:
             ToolCallError: the server reported that the tool call failed (unknown tool,
                 invalid arguments, ...).
         """
+        if self.mode == "production":
+            return await self.mcp_call_tool(tool_name, arguments)
         result = await self.step(CallToolAction(tool_name=tool_name, arguments=arguments))
         obs = result.observation
         if obs.error:
@@ -100,7 +112,10 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, dict[str, Any]]):
             return value["data"]
         return value
 
+    @dispatched
     async def list_tools(self) -> list[dict[str, Any]]:
         """The environment's tools (name, description, input schema)."""
+        if self.mode == "production":
+            return await self.mcp_list_tools()
         result = await self.step(ListToolsAction())
         return result.observation.tools or []

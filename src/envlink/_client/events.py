@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import Any, NamedTuple
 
+from envlink._errors import OUTCOMES
+from envlink._sansio.retry import Again
 from envlink.names import (
     HOOK_RECONNECT,
     HOOK_RECOVERY_FINISHED,
@@ -35,10 +38,6 @@ from envlink.names import (
     LOG_STALE_ANSWER_DROPPED,
     LOG_UNATTRIBUTABLE_FRAME,
     LOG_UNKNOWN_STEP_SETTLED,
-    OUTCOME_CANCELLED,
-    OUTCOME_ERROR,
-    OUTCOME_OK,
-    OUTCOME_TIMEOUT,
 )
 
 __all__ = [
@@ -50,14 +49,13 @@ __all__ = [
     "ClientEvent",
     "ClientHook",
     "PhaseFinished",
+    "PhaseReport",
     "PhaseStarted",
     "combine_client_hooks",
 ]
 
 _log = logging.getLogger("envlink.client")
 
-#: Outcomes of a call (the ``envlink.outcome`` telemetry attribute).
-OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_TIMEOUT, OUTCOME_CANCELLED)
 
 #: Phases of a call reported through :meth:`ClientHook.phase_started`.
 PHASES: tuple[str, ...] = ("attempt", "connect", "resume", "replay", "close")
@@ -168,6 +166,37 @@ class PhaseFinished(NamedTuple):
     error: BaseException | None
     session_id: str | None = None
     extensions: bool | None = None
+
+
+class PhaseReport:
+    """Reports one phase around a block: the one way a phase is reported.
+
+    Entering calls :meth:`ClientHook.phase_started`; leaving calls
+    :meth:`ClientHook.phase_finished` with the error that ended the block, or
+    ``None``, and lets that error through. A connect phase sets ``session_id`` and
+    ``extensions`` inside the block once it knows them. A request for another try
+    (:class:`~envlink._sansio.retry.Again`) is reported as the error it carries.
+    """
+
+    __slots__ = ("_hook", "_phase", "_token", "extensions", "session_id")
+
+    def __init__(self, hook: ClientHook, phase: PhaseStarted) -> None:
+        self._hook = hook
+        self._phase = phase
+        self._token: Any = None
+        self.session_id: str | None = None
+        self.extensions: bool | None = None
+
+    def __enter__(self) -> PhaseReport:
+        self._token = self._hook.phase_started(self._phase)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(exc, Again):
+            exc = exc.error
+        self._hook.phase_finished(
+            PhaseFinished(self._phase, exc, self.session_id, self.extensions), self._token)
 
 
 class ClientEvent(NamedTuple):

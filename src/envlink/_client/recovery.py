@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
 
-from envlink._client.events import ClientEvent, ClientHook, PhaseStarted
+from envlink._client.events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -26,9 +27,10 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.policies import idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again, Retry
-from envlink._sansio.session import Call, Frame, SessionCore
+from envlink._sansio.session import Call, DropReason, Frame, SessionCore
 from envlink._transports.base import Connection
 from envlink.names import (
     HOOK_RECOVERY_FINISHED,
@@ -48,6 +50,8 @@ __all__ = [
     "ResumeStrategy",
     "recover",
 ]
+
+_T = TypeVar("_T")
 
 
 class RecoveryDriver(Protocol):
@@ -70,24 +74,16 @@ class RecoveryDriver(Protocol):
         """The server session's ``step_count``, if it reports one."""
         ...
 
-    def forget_connection(self) -> None:
-        """The connection failed: drop it."""
-        ...
-
-    def discard_connection(self) -> None:
-        """Drop the connection: what it carries is not the episode."""
+    def drop_connection(self, reason: DropReason) -> None:
+        """Let the connection go (failed, or not carrying the episode)."""
         ...
 
     def retry(self, operation: str) -> Retry:
         """The retry loop of one recovery operation."""
         ...
 
-    def phase(self, phase: PhaseStarted) -> Any:
-        """Report a phase's start; returns the token for :meth:`phase_done`."""
-        ...
-
-    def phase_done(self, phase: PhaseStarted, token: Any, error: BaseException | None) -> None:
-        """Report a phase's end."""
+    def report(self, phase: PhaseStarted) -> PhaseReport:
+        """Report ``phase`` around a block."""
         ...
 
     async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
@@ -160,28 +156,17 @@ class ResumeStrategy:
         rid = request_id or core.next_request_id()
 
         async def round_(number: int) -> Frame | None:
-            phase = PhaseStarted("resume", method, number, mechanism="envlink-resume")
-            mark = driver.phase(phase)
-            error: BaseException | None = None
-            try:
-                conn = await driver.open(reason="resume", resume_token=token)
-                if not conn.extensions.resumed:
-                    return None  # the server no longer has the session (grace window over)
-                try:
-                    frame = await driver.exchange(conn, method, data, rid, call=call)
-                except ConnectionLostError as exc:
-                    driver.forget_connection()
-                    raise Again(exc) from None
-                if core.journal.unknown_steps:
-                    await _settle_from_count(driver, conn, call, frame)
-                return frame
-            except BaseException as exc:
-                error = exc.error if isinstance(exc, Again) else exc
-                raise
-            finally:
-                driver.phase_done(phase, mark, error)
+            conn = await driver.open(reason="resume", resume_token=token)
+            if not conn.extensions.resumed:
+                return None  # the server no longer has the session (grace window over)
+            with _LostMeansAgain(driver):
+                frame = await driver.exchange(conn, method, data, rid, call=call)
+            if core.journal.unknown_steps:
+                await _settle_from_count(driver, conn, call, frame)
+            return frame
 
-        return await driver.retry("resume").run(round_)
+        return await _rounds(driver, "resume", round_, lambda number: PhaseStarted(
+            "resume", method, number, mechanism="envlink-resume"))
 
 
 class OpenEnvResumeStrategy:
@@ -206,59 +191,75 @@ class OpenEnvResumeStrategy:
         journal = core.journal
 
         async def round_(number: int) -> Frame:
-            phase = PhaseStarted("resume", method, number, mechanism=self.name)
-            mark = driver.phase(phase)
-            error: BaseException | None = None
-            try:
-                conn, count = await driver.attach(reason="resume")
-                # What may have reached the old socket unanswered: earlier steps cut by
-                # a deadline, and this call's own request.
-                own = call.unanswered and method in ("step", "mcp")
-                if own and method == "step":
-                    journal.record_unknown(data or {}, None)
-                if journal.unknown_steps:
-                    before, pending = journal.steps_applied, len(journal.unknown_steps)
-                    applied = None if count is None else journal.settle_applied(count)
-                    driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
-                        "applied": applied, "source": "step_count"}))
-                    if applied is None:
-                        call.unanswered = False
-                        raise OutcomeUnknownError(
-                            f"the connection was lost after {method} was sent and the "
-                            f"session's step_count ({count}) cannot settle it (the client "
-                            f"counted {before} steps before it); it is not resent",
-                            applied=None)
-                    # The server applies in order: the own step, last, was applied iff
-                    # every unknown step was.
-                    if own and method == "step" and applied == pending:
-                        call.unanswered = False
-                        raise OutcomeUnknownError(
-                            "the connection was lost after step was sent; the step WAS "
-                            f"applied (the session's step_count is {count}, which counts "
-                            "it) but its answer was lost; it is not resent", applied=True)
-                if own and method == "mcp" and not _idempotent(data):
+            conn, count = await driver.attach(reason="resume")
+            # What may have reached the old socket unanswered: earlier steps cut by
+            # a deadline, and this call's own request.
+            own = call.unanswered and method in ("step", "mcp")
+            if own and method == "step":
+                journal.record_unknown(data or {}, None)
+            if journal.unknown_steps:
+                before, pending = journal.steps_applied, len(journal.unknown_steps)
+                applied = None if count is None else journal.settle_applied(count)
+                driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                    "applied": applied, "source": "step_count"}))
+                if applied is None:
                     call.unanswered = False
                     raise OutcomeUnknownError(
-                        "the connection was lost after an mcp tools/call was sent; a tool "
-                        "call does not count as a step, so whether the server ran it "
-                        "cannot be told; it is not resent", applied=None)
-                try:
-                    return await driver.exchange(conn, method, data, core.next_request_id(),
-                                                 call=call)
-                except ConnectionLostError as exc:
-                    driver.forget_connection()
-                    raise Again(exc) from None
-            except BaseException as exc:
-                error = exc.error if isinstance(exc, Again) else exc
-                raise
-            finally:
-                driver.phase_done(phase, mark, error)
+                        f"the connection was lost after {method} was sent and the "
+                        f"session's step_count ({count}) cannot settle it (the client "
+                        f"counted {before} steps before it); it is not resent",
+                        applied=None)
+                # The server applies in order: the own step, last, was applied iff
+                # every unknown step was.
+                if own and method == "step" and applied == pending:
+                    call.unanswered = False
+                    raise OutcomeUnknownError(
+                        "the connection was lost after step was sent; the step WAS "
+                        f"applied (the session's step_count is {count}, which counts "
+                        "it) but its answer was lost; it is not resent", applied=True)
+            if own and method == "mcp" and not idempotent_mcp(method, data):
+                call.unanswered = False
+                raise OutcomeUnknownError(
+                    "the connection was lost after an mcp tools/call was sent; a tool "
+                    "call does not count as a step, so whether the server ran it "
+                    "cannot be told; it is not resent", applied=None)
+            with _LostMeansAgain(driver):
+                return await driver.exchange(conn, method, data, core.next_request_id(),
+                                             call=call)
 
-        return await driver.retry("resume").run(round_)
+        return await _rounds(driver, "resume", round_, lambda number: PhaseStarted(
+            "resume", method, number, mechanism=self.name))
 
 
-def _idempotent(data: dict[str, Any] | None) -> bool:
-    return data is not None and data.get("method") == "tools/list"
+async def _rounds(driver: RecoveryDriver, operation: str,
+                  body: Callable[[int], Awaitable[_T]],
+                  phase: Callable[[int], PhaseStarted]) -> _T:
+    """The recovery round: each try of ``body`` reported as its phase, under the
+    retry loop of ``operation`` (a lost connection asks for another round)."""
+
+    async def round_(number: int) -> _T:
+        with driver.report(phase(number)):
+            return await body(number)
+
+    return await driver.retry(operation).run(round_)
+
+
+class _LostMeansAgain:
+    """A connection lost inside the block is dropped and the round tried again."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: RecoveryDriver) -> None:
+        self._driver = driver
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(exc, ConnectionLostError):
+            self._driver.drop_connection(DropReason.FAILED)
+            raise Again(exc) from None
 
 
 class ReplayStrategy:
@@ -274,25 +275,14 @@ class ReplayStrategy:
             return None
 
         async def round_(number: int) -> Frame:
-            phase = PhaseStarted("replay", method, number, replay_steps=journal.step_count)
-            mark = driver.phase(phase)
-            error: BaseException | None = None
-            try:
-                conn = await driver.open(reason="replay")
-                try:
-                    await _replay(driver, conn, journal)
-                    return await driver.exchange(conn, method, data, core.next_request_id(),
-                                                 call=call)
-                except ConnectionLostError as exc:
-                    driver.forget_connection()
-                    raise Again(exc) from None
-            except BaseException as exc:
-                error = exc.error if isinstance(exc, Again) else exc
-                raise
-            finally:
-                driver.phase_done(phase, mark, error)
+            conn = await driver.open(reason="replay")
+            with _LostMeansAgain(driver):
+                await _replay(driver, conn, journal)
+                return await driver.exchange(conn, method, data, core.next_request_id(),
+                                             call=call)
 
-        return await driver.retry("replay").run(round_)
+        return await _rounds(driver, "replay", round_, lambda number: PhaseStarted(
+            "replay", method, number, replay_steps=journal.step_count))
 
 
 async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJournal) -> None:
@@ -437,7 +427,7 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         if isinstance(exc, ReplayDivergedError):
             result = "diverged"
         # Whatever was half rebuilt is not the episode: never run a later call on it.
-        driver.discard_connection()
+        driver.drop_connection(DropReason.DISTRUSTED)
         core.recovery_failed()
         raise
     finally:

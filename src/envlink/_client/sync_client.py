@@ -24,7 +24,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from envlink._bridge import DEFAULT_TIMEOUT, Bridge, Invoke, SyncProxy
+from envlink._bridge import Bridge, Invoke, SyncProxy, blocking_wrapper
+from envlink._client.default_bridge import default_bridge
+from envlink._client.dispatch import raw_method
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
@@ -65,7 +67,7 @@ def _bridged(bridge: Bridge, client: EnvClient[Any, Any, Any], margin: float, me
              fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              timeout: Any) -> Any:
     """Run one client call on the bridge, waiting the client's own deadline plus ``margin``."""
-    if timeout is UNSET or timeout is DEFAULT_TIMEOUT:
+    if timeout is UNSET:
         deadline = client.call_deadline(method)
     elif _accepts_timeout(client, method, fn):
         # Validated before the margin is added: the error names the caller's value.
@@ -99,10 +101,13 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         client: the async client (an :class:`~envlink.EnvClient`).
         bridge: a bridge to share with other clients (one thread for many
             sessions); :meth:`close` then leaves it open. By default the facade
-            creates its own bridge, with the client's tracer and meter providers,
-            and closes it on :meth:`close`. (A shared bridge traces with its own
-            hooks: ``Bridge(hooks=[BridgeTelemetryHook(nested=False)])`` gives
-            the merged shape below.)
+            runs on the process-wide :func:`~envlink.default_bridge` (one loop
+            thread for every such client), which :meth:`close` leaves open too.
+            A client with its own tracer or meter provider, or ``nested_spans``,
+            gets a bridge of its own on those providers instead, closed by
+            :meth:`close`. (A shared bridge traces with its own hooks:
+            ``Bridge(hooks=[BridgeTelemetryHook(nested=False)])`` gives the
+            merged shape below.)
         timeout_margin: seconds the bridge waits beyond the client's own deadline.
         nested_spans: on the facade's own bridge, give every call the bridge's
             span ``envlink.bridge <method>`` as the parent of the client's span.
@@ -117,12 +122,17 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         if margin is None:
             raise TypeError("timeout_margin must be a number of seconds, not None")
         timeout_margin = margin
-        owns = bridge is None
+        owns = False
         if bridge is None:
-            # The bridge's telemetry goes where the client's goes.
-            bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
-                                                       client.meter_provider,
-                                                       nested=bool(nested_spans))])
+            if (client.tracer_provider is None and client.meter_provider is None
+                    and not nested_spans):
+                bridge = default_bridge()
+            else:
+                # The bridge's telemetry goes where the client's goes.
+                owns = True
+                bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
+                                                           client.meter_provider,
+                                                           nested=bool(nested_spans))])
         deadline = client.call_deadline("call")
         super().__init__(client, bridge,
                          timeout=None if deadline is None else deadline + timeout_margin)
@@ -136,9 +146,18 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
 
     def _envlink_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                       timeout: float | UnsetType | None) -> Any:
-        client = self._envlink_target
-        return _bridged(self._envlink_bridge, client, self._envlink_margin, method,
-                        getattr(client, method), args, kwargs, timeout)
+        return self._envlink_run(method, raw_method(getattr(self._envlink_target, method)),
+                                 args, kwargs, timeout)
+
+    def _envlink_run(self, method: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any], timeout: Any) -> Any:
+        """Run the client's coroutine method ``fn`` (named ``method``) on the bridge."""
+        return _bridged(self._envlink_bridge, self._envlink_target, self._envlink_margin,
+                        method, fn, args, kwargs, timeout)
+
+    def _envlink_wrap(self, name: str, attr: Any) -> Callable[..., Any] | None:
+        # The client's dispatched methods are bridged as the coroutine methods they wrap.
+        return blocking_wrapper(self, name, raw_method(attr))
 
     def _envlink_invoke(self) -> Invoke:
         # Captured by value: no reference cycle through the facade.
@@ -248,7 +267,7 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         """Close the client, and the bridge if this facade owns it. Idempotent.
 
         Afterwards, with an owned bridge, no envlink thread is left running. A shared
-        bridge stays open.
+        bridge (the process-wide default included) stays open.
 
         Args:
             timeout: deadline in seconds for the client's close (default: the

@@ -19,6 +19,9 @@ from envlink._deadlines import bounded
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
 from envlink._pool.results import Batch, SlotResult
 from envlink._telemetry.instruments import (
+    Telemetry,
+)
+from envlink.names import (
     ATTR_OUTCOME,
     ATTR_POOL_ERROR_TYPE,
     ATTR_POOL_ERRORS,
@@ -29,7 +32,6 @@ from envlink._telemetry.instruments import (
     ATTR_RPC_METHOD,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
-    Telemetry,
 )
 
 __all__ = ["BatchRunner"]

@@ -22,7 +22,14 @@ from envlink._pool.placement import Placement, parse_endpoints
 from envlink._pool.results import Batch, EndpointView, PoolView
 from envlink._pool.slot import Slot, SlotEngine, SlotState, same_answer
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.policies import ReconnectPolicy, SessionLostPolicy
+from envlink._sansio.policies import (
+    POOL_NO_AUTO,
+    POOL_SESSION_LOST_POLICIES,
+    PoolSessionLostPolicy,
+    ReconnectPolicy,
+    SessionLostPolicy,
+)
+from envlink._sansio.redact import redact_url
 from envlink._telemetry.instruments import get_telemetry
 
 if TYPE_CHECKING:
@@ -39,7 +46,6 @@ ObsT = TypeVar("ObsT")
 
 AutoresetMode = Literal["next_step", "same_step", "disabled"]
 _AUTORESET = ("next_step", "same_step", "disabled")
-_POLICIES = ("raise", "replay", "resume")
 
 #: Waiting for room while every endpoint is full: many short waits, bounded.
 DEFAULT_CAPACITY_POLICY = ReconnectPolicy(max_attempts=120, initial_delay=0.05,
@@ -82,7 +88,9 @@ class EnvPool(Generic[ActT, ObsT]):
             :class:`~envlink.SessionLostError`), ``"replay"`` (the episode is rebuilt
             on the least-loaded endpoint from its journal, each replayed answer
             verified, then the interrupted step is applied) or ``"resume"`` (each
-            client resumes on its own server where it offers it).
+            client resumes on its own server where it offers it). Not ``"auto"``:
+            the pool's replay rebuilds on any endpoint and its resume stays on one,
+            so it asks which.
         autoreset: ``"next_step"``, ``"same_step"`` or ``"disabled"``.
         autoreset_kwargs: ``(slot, episode) -> reset kwargs`` for automatic resets.
         batch_timeout: default deadline of a batch call in seconds (``None``: none;
@@ -115,7 +123,7 @@ class EnvPool(Generic[ActT, ObsT]):
         client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
         = GenericEnvClient,  # type: ignore[assignment]
         client_options: Mapping[str, Any] | None = None,
-        on_session_lost: Literal["raise", "replay", "resume"] = "raise",
+        on_session_lost: PoolSessionLostPolicy = "raise",
         autoreset: AutoresetMode = "next_step",
         autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
         batch_timeout: float | None = None,
@@ -129,9 +137,10 @@ class EnvPool(Generic[ActT, ObsT]):
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive integer, got {size!r}")
-        if on_session_lost not in _POLICIES:
-            raise ValueError(f"on_session_lost must be one of {_POLICIES}, "
-                             f"got {on_session_lost!r}")
+        if on_session_lost not in POOL_SESSION_LOST_POLICIES:
+            why = f" ({POOL_NO_AUTO})" if str(on_session_lost) == "auto" else ""
+            raise ValueError(f"on_session_lost must be one of {POOL_SESSION_LOST_POLICIES}, "
+                             f"got {on_session_lost!r}{why}")
         if autoreset not in _AUTORESET:
             raise ValueError(f"autoreset must be one of {_AUTORESET}, got {autoreset!r}")
         if batch_timeout is not None and not batch_timeout > 0:
@@ -199,13 +208,13 @@ class EnvPool(Generic[ActT, ObsT]):
         for i, (url, _h, _p) in enumerate(self._parsed):
             ep = eps[i] if eps else None
             views.append(EndpointView(
-                url=url, breaker=ep.breaker.state.value if ep else "closed",
+                url=redact_url(url), breaker=ep.breaker.state.value if ep else "closed",
                 consecutive_failures=ep.breaker.consecutive_failures if ep else 0,
                 sessions=ep.sessions if ep else 0,
                 server_max=ep.server_max if ep else None, states=counts[i]))
         return PoolView(endpoints=tuple(views),
                         slots=tuple(s.state.value for s in self._slots),
-                        slot_endpoints=tuple(s.endpoint.url if s.endpoint and s.client
+                        slot_endpoints=tuple(s.endpoint.display if s.endpoint and s.client
                                              else None for s in self._slots))
 
     # ------------------------------------------------------------------ batch calls
@@ -340,8 +349,8 @@ class EnvPool(Generic[ActT, ObsT]):
         """A blocking facade running this pool on one bridge thread.
 
         Args:
-            bridge: share an existing :class:`~envlink.Bridge`; by default the facade
-                owns a new one and closes it with the pool.
+            bridge: share an existing :class:`~envlink.Bridge`; by default the
+                process-wide :func:`~envlink.default_bridge` (see :class:`SyncEnvPool`).
         """
         from envlink._pool.sync_pool import SyncEnvPool
 

@@ -25,12 +25,14 @@ from envlink._pool.pool import EnvPool
 from envlink._pool.results import Batch, PoolView, SlotResult
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._telemetry.instruments import (
+    Telemetry,
+    get_telemetry,
+)
+from envlink.names import (
     ATTR_POOL_SIZE,
     ATTR_POOL_SLOTS,
     ATTR_RAY_SHARD,
     SPAN_RAY_SHARD_PREFIX,
-    Telemetry,
-    get_telemetry,
 )
 
 if TYPE_CHECKING:

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy
+from envlink._client.default_bridge import default_bridge
 from envlink._client.sync_client import TIMEOUT_MARGIN
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, ReentrantCallError
@@ -47,16 +48,23 @@ class SyncEnvPool(SyncProxy["EnvPool[ActT, ObsT]"], Generic[ActT, ObsT]):
     Args:
         pool: the async pool.
         bridge: a bridge to share (left open on :meth:`close`); by default the
-            facade owns a new one and closes it.
+            process-wide :func:`~envlink.default_bridge` (left open too), or, for a
+            pool with its own tracer or meter provider, a bridge of its own on
+            them, closed by :meth:`close`.
         timeout_margin: seconds the bridge waits beyond the batch deadline.
     """
 
     def __init__(self, pool: EnvPool[ActT, ObsT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN) -> None:
-        owns = bridge is None
+        owns = False
         if bridge is None:
-            bridge = Bridge(name="envlink-pool", tracer_provider=pool.tracer_provider,
-                            meter_provider=pool.meter_provider)
+            if pool.tracer_provider is None and pool.meter_provider is None:
+                bridge = default_bridge()
+            else:
+                # The bridge's spans and metrics go where the pool's go.
+                owns = True
+                bridge = Bridge(name="envlink-pool", tracer_provider=pool.tracer_provider,
+                                meter_provider=pool.meter_provider)
         super().__init__(pool, bridge, timeout=None)
         self._envlink_owns_bridge = owns
         self._envlink_margin = float(timeout_margin)

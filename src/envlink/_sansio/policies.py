@@ -37,6 +37,9 @@ __all__ = [
     "idempotent_mcp",
     "ReconnectPolicy",
     "RetryBudget",
+    "POOL_NO_AUTO",
+    "POOL_SESSION_LOST_POLICIES",
+    "PoolSessionLostPolicy",
     "SessionLostPolicy",
     "is_retryable",
     "set_testing",
@@ -44,8 +47,15 @@ __all__ = [
 ]
 
 SessionLostPolicy = Literal["raise", "replay", "resume", "auto"]
-#: The ``on_session_lost`` values.
-SESSION_LOST_POLICIES = ("raise", "replay", "resume", "auto")
+#: The ``on_session_lost`` values of a client.
+SESSION_LOST_POLICIES: tuple[SessionLostPolicy, ...] = ("raise", "replay", "resume", "auto")
+PoolSessionLostPolicy = Literal["raise", "replay", "resume"]
+#: The ``on_session_lost`` values of a pool: a client's, but ``"auto"``.
+POOL_SESSION_LOST_POLICIES: tuple[PoolSessionLostPolicy, ...] = ("raise", "replay", "resume")
+#: Why a pool does not take ``"auto"``.
+POOL_NO_AUTO = ("a pool takes no 'auto': a client's 'auto' resumes on its own server or "
+                "replays there, while a pool's 'replay' rebuilds on any endpoint and its "
+                "'resume' stays on one; choose which")
 #: The recovery mechanisms, as ``client.recovery`` and telemetry name them.
 MECHANISM_RAISE = "raise"
 MECHANISM_REPLAY = "replay"

@@ -52,6 +52,7 @@ __all__ = [
     "Action",
     "Call",
     "Decision",
+    "DropReason",
     "Dropped",
     "Episode",
     "Frame",
@@ -77,6 +78,22 @@ class Episode(enum.Enum):
     ACTIVE = "active"
     #: The episode was lost and not recovered: step and state raise until reset().
     LOST = "lost"
+
+
+class DropReason(enum.Enum):
+    """Why a connection is let go: the one vocabulary for dropping one."""
+
+    #: It failed (the peer went away, a send or read broke): counts towards flapping.
+    FAILED = "failed"
+    #: The client no longer trusts what it carries (a late answer may follow, the
+    #: stream is out of step, a probe went unanswered, recovery half-built it).
+    DISTRUSTED = "distrusted"
+    #: It belongs to a parent process (after a fork) or to another event loop: let go
+    #: without any I/O on it.
+    INHERITED = "inherited"
+    #: The session was handed to another process (``detach()``): let go without the
+    #: protocol's close request, so the server keeps the session.
+    DETACHED = "detached"
 
 
 class Link(enum.Enum):
@@ -180,11 +197,15 @@ class _Planning:
     resume_token: str | None
     detached_id: str | None
     detached_offered: bool | None
+    #: OpenEnv's production mode: tool calls go over ``POST /mcp`` to this session.
+    production: bool
 
     @property
     def wants_detached(self) -> bool:
-        """Whether to hold the session as an OpenEnv detached session (to resume it)."""
-        return self.on_session_lost in ("resume", "auto") and self.detached_offered is not False
+        """Whether to hold the session as an OpenEnv detached session (to resume it, or to
+        reach it over ``POST /mcp`` in production mode)."""
+        return (self.production or self.on_session_lost in ("resume", "auto")) and (
+            self.detached_offered is not False)
 
     def recovery_plan(self) -> list[str]:
         """The strategies to try now, in order: ``resume``/``auto`` use envlink's token,
@@ -255,6 +276,7 @@ class SessionCore(_Planning):
         #: The OpenEnv detached session held (a capability, never logged); offered?
         self.detached_id: str | None = None
         self.detached_offered: bool | None = None
+        self.production = False
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
         self._ids = itertools.count(1)
@@ -523,7 +545,7 @@ class SessionCore(_Planning):
 
     # -------------------------------------------------------------------- the link
 
-    def connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
+    def on_connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
         """A connection opened: fresh, re-attached by token, or ``reattached`` to the
         OpenEnv detached session the client already held (the same server session)."""
         self.link = Link.OPEN
@@ -539,9 +561,12 @@ class SessionCore(_Planning):
             self.session_id = extensions.session_id or uuid.uuid4().hex[:16]
         self.resume_token = extensions.session_token if extensions.can_resume else None
 
-    def dropped(self) -> None:
-        """The connection failed; remember whether it had been stable (flapping)."""
+    def on_dropped(self, reason: DropReason) -> None:
+        """The connection was let go. A failure is remembered with whether the
+        connection had been stable (flapping); the client's own drops are not."""
         self.link = Link.NONE
+        if reason is not DropReason.FAILED:
+            return
         self._dropped_at = self.clock()
         if self._dropped_at - self._opened_at < self.policy.stable_after:
             # Flapping: the next outage continues this one's attempt count.
@@ -550,11 +575,7 @@ class SessionCore(_Planning):
             self._short_lived = False
             self._flap_attempts = 0
 
-    def discarded(self) -> None:
-        """The client dropped the connection itself (not a failure of the peer)."""
-        self.link = Link.NONE
-
-    def closed(self) -> None:
+    def on_closed(self) -> None:
         """The client ended the session (disconnect, close, or a forked child)."""
         self.link = Link.NONE
         self.episode = Episode.NONE

@@ -39,17 +39,19 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from envlink._bridge import OUTCOMES, BridgeCallFinished, BridgeCallStarted, BridgeHook
 from envlink._telemetry.instruments import (
+    BRIDGE_HOP,
+    BridgeHop,
+    error_type_of,
+    get_telemetry,
+    mark_error,
+)
+from envlink.names import (
     ATTR_BRIDGE_QUEUE_WAIT,
     ATTR_BRIDGE_RUN_TIME,
     ATTR_ERROR_TYPE,
     ATTR_OUTCOME,
     ATTR_RPC_METHOD,
-    BRIDGE_HOP,
     SPAN_BRIDGE_PREFIX,
-    BridgeHop,
-    error_type_of,
-    get_telemetry,
-    mark_error,
 )
 
 __all__ = ["WAIT_SAMPLE", "BridgeTelemetryHook", "default_bridge_hooks"]

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
 from envlink import __version__
-from envlink._telemetry.instruments import (
+from envlink.names import (
     ATTR_ERROR_TYPE,
     ATTR_RPC_METHOD,
     ATTR_RPC_SYSTEM,
@@ -28,7 +28,7 @@ from envlink._telemetry.instruments import (
 )
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._dispatch import Frame
+from envlink.server._frames import Frame
 from envlink.server._registry import SessionRegistry
 from envlink.server._store import SessionInfo
 

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
-from envlink._config import check_timeout
+from envlink._config import UNSET, check_timeout
 
 if TYPE_CHECKING:
     from envlink._bridge.bridge import Bridge
@@ -19,15 +19,9 @@ __all__ = ["DEFAULT_TIMEOUT", "Invoke", "SyncProxy", "blocking_wrapper"]
 ObjT = TypeVar("ObjT")
 
 
-class _DefaultTimeout:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "DEFAULT_TIMEOUT"
-
-
-#: ``timeout=`` of a wrapped method when the caller gives none.
-DEFAULT_TIMEOUT: Final[Any] = _DefaultTimeout()
+#: ``timeout=`` of a wrapped method when the caller gives none: the library's one
+#: "not given" sentinel, :data:`~envlink.UNSET`.
+DEFAULT_TIMEOUT: Final[Any] = UNSET
 
 #: How a proxy runs one call of a coroutine method:
 #: ``invoke(name, method, args, kwargs, timeout)``, ``timeout`` possibly

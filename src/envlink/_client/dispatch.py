@@ -1,0 +1,346 @@
+"""Calls without ``await``: a client's methods dispatched as OpenEnv 0.10 dispatches them.
+
+A dispatched method (``reset``, ``step``, ``state``, ``connect``, ``close``, ...)
+
+* in async code returns its coroutine, to be awaited as always;
+* in plain code (no running event loop) blocks and returns the result. The call
+  runs on the client's bridge, through the same path as ``client.sync()`` (so
+  deadlines, context propagation, spans and cancellation on timeout are those of
+  the sync facade);
+* inside a running loop, before the client has been awaited, returns an
+  :class:`AutoResult`: awaiting it runs the coroutine; using it (an attribute,
+  ``bool``, ``str``, ``repr``, indexing, iteration) runs the call on the bridge's
+  loop thread and blocks until it is done. Blocking there cannot deadlock: the
+  work does not need the caller's loop.
+
+The client claims ``"sync"`` or ``"async"`` on first use and refuses to mix them
+with :class:`~envlink.ExecutionModeError`, as OpenEnv's does. Once awaited, a call
+costs one function call more than a plain coroutine method.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import threading
+import warnings
+from collections.abc import Callable, Coroutine, Generator, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
+
+from envlink._bridge import is_bridge_loop
+from envlink._config import UNSET
+from envlink._errors import ExecutionModeError
+from envlink._speedups import running_loop_getter
+
+if TYPE_CHECKING:
+    from envlink._client.client import EnvClient
+    from envlink._client.sync_client import SyncEnvClient
+
+__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "claim", "dispatched", "raw_method",
+           "run_blocking"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_D = TypeVar("_D", bound="AutoDispatch")
+
+SYNC: Final = "sync"
+ASYNC: Final = "async"
+
+_get_running_loop = running_loop_getter()
+_facade_lock = threading.Lock()
+# Attributes asyncio and inspect probe on a coroutine (task reprs, debugging): answered
+# from the coroutine once started, never by running the call.
+_COROUTINE_ATTRS = frozenset({
+    "cr_await", "cr_code", "cr_frame", "cr_origin", "cr_running", "cr_suspended",
+    "gi_code", "gi_frame", "gi_running", "gi_suspended", "gi_yieldfrom", "_is_coroutine",
+})
+
+
+#: The client's own dispatched methods (see AutoDispatch.__init_subclass__).
+_CLIENT_METHODS = frozenset({"connect", "reset", "step", "state", "disconnect", "close",
+                             "new_session", "mcp_request", "mcp_list_tools", "mcp_call_tool"})
+
+
+def dispatched(fn: F) -> F:
+    """Make the coroutine method ``fn`` dispatch on how it is called (see the module)."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def method(self: EnvClient[Any, Any, Any], *args: Any, **kwargs: Any) -> Any:
+        # The async path: one check, then the plain coroutine.
+        if self._execution_mode is ASYNC and _get_running_loop() is not None:
+            return fn(self, *args, **kwargs)
+        return _dispatch(self, fn, name, args, kwargs)
+
+    method._envlink_raw = fn  # type: ignore[attr-defined]
+    return cast(F, method)
+
+
+def raw_method(attr: Any) -> Any:
+    """The coroutine method behind a dispatched bound method (``attr`` itself otherwise)."""
+    raw = getattr(getattr(attr, "__func__", None), "_envlink_raw", None)
+    return attr if raw is None else raw.__get__(attr.__self__)
+
+
+def _dispatch(client: Any, fn: Callable[..., Any], name: str,
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    running = _get_running_loop()
+    if running is None:
+        return run_blocking(client, fn, name, args, kwargs, handoff=True)
+    mode = client._execution_mode
+    if mode is ASYNC or is_bridge_loop(running):
+        # On a bridge's loop the call is envlink's own work for a blocking caller
+        # (a facade, a typed client's method calling step()): always the coroutine.
+        return fn(client, *args, **kwargs)
+    if mode is SYNC:
+        # A blocking client called from someone else's loop: block it (the bridge
+        # warns once); the work runs on the bridge's loop thread.
+        return run_blocking(client, fn, name, args, kwargs)
+    return AutoResult(client, fn, name, args, kwargs)
+
+
+def claim(client: AutoDispatch, mode: str, *, handoff: bool = False) -> None:
+    """Record the client's execution mode on first use; refuse the other one after.
+
+    Args:
+        client: the client.
+        mode: :data:`SYNC` or :data:`ASYNC`.
+        handoff: a plain call with no loop running may take over an async client
+            whose loop is gone (OpenEnv allows it: ``asyncio.run(...)`` then plain
+            calls), but not one still connected on a live loop.
+
+    Raises:
+        ExecutionModeError: the client already claimed the other mode.
+    """
+    current = client._execution_mode
+    if current is mode:
+        return
+    if current is None:
+        client._execution_mode = mode
+        return
+    if handoff and current is ASYNC and not client._driver.serves_live_loop():
+        client._execution_mode = SYNC
+        return
+    if current is ASYNC:
+        raise ExecutionModeError(
+            "this client is used with await (async mode); a blocking call (plain code, "
+            "`with`, or using an un-awaited result) cannot share it. Create another "
+            "client for blocking use, or call client.sync() for a blocking facade")
+    raise ExecutionModeError(
+        "this client is used by blocking calls (sync mode); it cannot be awaited or "
+        "used with `async with`. Create another client for async use")
+
+
+def _facade(client: AutoDispatch) -> SyncEnvClient[Any, Any, Any]:
+    facade = client._envlink_auto
+    if facade is None:
+        with _facade_lock:
+            facade = client._envlink_auto
+            if facade is None:
+                # Whatever bridge sync() takes, plain calls take the same one.
+                facade = client._envlink_auto = client.sync()
+    return facade
+
+
+def run_blocking(client: AutoDispatch, fn: Callable[..., Any], name: str,
+                 args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                 handoff: bool = False) -> Any:
+    """Run one call of ``fn`` (a method named ``name``) for a blocking caller.
+
+    Raises:
+        ExecutionModeError: the client is in async mode.
+        Whatever the call raises (its own deadline's ``CallTimeoutError`` included).
+    """
+    claim(client, SYNC, handoff=handoff)
+    facade = _facade(client)
+    timeout = UNSET
+    if "timeout" in kwargs:
+        kwargs = dict(kwargs)
+        timeout = kwargs.pop("timeout")
+    if name == "close":
+        facade.close(timeout=timeout)
+        return None
+    if name == "new_session":
+        return facade.new_session()
+    result = facade._envlink_run(name, fn.__get__(client), args, kwargs, timeout)
+    return client if name == "connect" else result
+
+
+def _raw(cls: type, name: str) -> Callable[..., Any]:
+    raw: Callable[..., Any] = getattr(cls, name)._envlink_raw
+    return raw
+
+
+class AutoDispatch:
+    """The client's side of the dispatch: its mode, its blocking facade, ``with``."""
+
+    _execution_mode: str | None = None
+    #: The facade that runs the client's blocking calls (made on first such call).
+    _envlink_auto: SyncEnvClient[Any, Any, Any] | None = None
+    if TYPE_CHECKING:
+        _driver: Any
+
+        def sync(self) -> SyncEnvClient[Any, Any, Any]: ...
+
+        async def connect(self) -> Any: ...
+
+        async def close(self) -> None: ...
+
+    def __enter__(self: _D) -> _D:
+        """``with EnvClient(...) as env``: connect now, in sync mode, on the client's bridge.
+
+        Raises:
+            ExecutionModeError: the client is in async mode.
+            ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
+        """
+        run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        run_blocking(self, _raw(type(self), "close"), "close", (), {})
+        return False
+
+    async def __aenter__(self: _D) -> _D:
+        claim(self, ASYNC)
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The client's own methods (its mixins' too), and a typed client's overrides of
+        # any dispatched method, dispatch.
+        for name in set(vars(cls)) | _CLIENT_METHODS:
+            value = getattr(cls, name, None)
+            if not inspect.iscoroutinefunction(value):
+                continue  # not a coroutine method, or already dispatching
+            inherited = getattr(super(cls, cls), name, None)
+            if name in _CLIENT_METHODS or hasattr(inherited, "_envlink_raw"):
+                setattr(cls, name, dispatched(value))
+
+
+class AutoResult(Coroutine[Any, Any, Any]):
+    """The result of a call made inside a running event loop without ``await``.
+
+    Await it (the call runs as a coroutine, and the client is in async mode from
+    then on), or use it as the result: its attributes, ``bool``, ``str``,
+    ``repr``, ``==``, indexing, iteration and ``len`` are the result's, the call
+    running on the client's bridge while the caller's loop waits (the client is
+    in sync mode from then on). A call whose result is never used does not run,
+    and a warning says so.
+    """
+
+    __slots__ = ("_args", "_client", "_coro", "_ctx", "_error", "_fn", "_kwargs", "_name",
+                 "_resolved", "_value")
+
+    def __init__(self, client: EnvClient[Any, Any, Any], fn: Callable[..., Any], name: str,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._client = client
+        self._fn = fn
+        self._name = name
+        self._args = args
+        self._kwargs = kwargs
+        # The caller's context as of the call (span, baggage), for a later resolution.
+        self._ctx = contextvars.copy_context()
+        self._coro: Coroutine[Any, Any, Any] | None = None
+        self._resolved = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------------ as awaited
+
+    def _coroutine(self) -> Coroutine[Any, Any, Any]:
+        coro = self._coro
+        if coro is None:
+            if self._resolved:
+                raise ExecutionModeError(
+                    f"the result of {self._name}() was already used without await; "
+                    "it cannot be awaited too")
+            claim(self._client, ASYNC)
+            coro = self._coro = self._fn(self._client, *self._args, **self._kwargs)
+        return coro
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._coroutine().__await__()
+
+    def send(self, value: Any) -> Any:
+        """Run the call as a coroutine (what ``await`` and ``asyncio.create_task`` do)."""
+        return self._coroutine().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        """Throw into the call's coroutine."""
+        return self._coroutine().throw(*args)
+
+    def close(self) -> None:
+        """Close the call's coroutine; a call never started is dropped without warning."""
+        if self._coro is not None:
+            self._coro.close()
+        else:
+            self._resolved = True
+
+    # ------------------------------------------------------------------ as used
+
+    def _result(self) -> Any:
+        if not self._resolved:
+            if self._coro is not None:
+                raise ExecutionModeError(
+                    f"the result of {self._name}() is being awaited; use the awaited value")
+            self._resolved = True
+            try:
+                self._value = self._ctx.run(run_blocking, self._client, self._fn, self._name,
+                                            self._args, self._kwargs)
+            except BaseException as exc:
+                # Kept, so that using the result again re-raises instead of calling again.
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _COROUTINE_ATTRS:
+            if self._coro is None:
+                raise AttributeError(name)
+            return getattr(self._coro, name)
+        if name in AutoResult.__slots__ or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)
+        return getattr(self._result(), name)
+
+    def __bool__(self) -> bool:
+        return bool(self._result())
+
+    def __str__(self) -> str:
+        return str(self._result())
+
+    def __repr__(self) -> str:
+        return repr(self._result())
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self._result() == other)
+
+    __hash__ = object.__hash__
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._result()[key]
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._result()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._result())
+
+    def __len__(self) -> int:
+        return len(self._result())
+
+    def __del__(self) -> None:
+        try:
+            if self._coro is None and not self._resolved:
+                warnings.warn(
+                    f"envlink: {type(self._client).__name__}.{self._name}() was called "
+                    "inside a running event loop, but its result was neither awaited nor "
+                    "used, so the call did not run", RuntimeWarning, stacklevel=2)
+        except AttributeError:  # __init__ did not finish
+            pass

@@ -1,0 +1,155 @@
+"""What the training adapters share: a reset that waits, and sessions released once.
+
+Training frameworks build many environment objects in one process (TRL pools one per
+concurrent rollout, SkyRL builds one per trajectory). They all run on the process's
+default bridge (one loop thread, :func:`~envlink.default_bridge`) and count against
+the process-wide session limit; their sessions are released when the objects are
+dropped and, at the latest, at exit (before the bridge's own exit hook closes the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from envlink._bridge import Bridge
+from envlink._client.client import EnvClient, StepResult
+from envlink._client.default_bridge import default_bridge
+from envlink._errors import (
+    CallTimeoutError,
+    CapacityReachedError,
+    ConnectError,
+    ConnectionLostError,
+    SessionLostError,
+)
+from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.retry import Retry
+
+__all__ = [
+    "DEFAULT_CLIENT_OPTIONS",
+    "Lease",
+    "reset_until_ready",
+    "shared_bridge",
+    "transient",
+]
+
+#: Every lease not yet released: closed at exit, before the bridge's own exit hook.
+#: What the adapters' clients do unless told otherwise: recover a lost session (resume
+#: where the server can, else replay) and wait for a full endpoint instead of failing.
+DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {"on_session_lost": "auto", "on_capacity": "wait"}
+_live: weakref.WeakSet[Lease] = weakref.WeakSet()
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def shared_bridge() -> Bridge:
+    """The bridge the adapters run on: the process's default bridge (one loop thread)."""
+    return default_bridge()
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed reset may simply be tried again (a reset is idempotent).
+
+    A full server, a refused or dropped connection, a lost session and a timed-out
+    reset are transient; a validation error or a rejected handshake (401, 404) is not.
+    """
+    if isinstance(exc, CapacityReachedError):
+        return True
+    if isinstance(exc, ConnectError):
+        return exc.retryable
+    return isinstance(exc, (ConnectionLostError, SessionLostError, CallTimeoutError))
+
+
+async def reset_until_ready(client: EnvClient[Any, Any, Any], kwargs: Mapping[str, Any], *,
+                            deadline: float, policy: ReconnectPolicy | None = None,
+                            retry_on: Callable[[BaseException], bool] = transient,
+                            ) -> StepResult[Any]:
+    """``client.reset(**kwargs)``, tried again while it fails transiently, within ``deadline``.
+
+    The tries go through envlink's retry primitive with the client's reconnect policy
+    (its backoff and its shared retry budget), the attempt cap lifted and the elapsed
+    cap set to ``deadline``: a full server is waited for, a dropped connection is
+    reopened, and the last error is raised once the deadline or the budget says stop.
+
+    Args:
+        client: the async client (called on its own loop).
+        kwargs: the reset arguments.
+        deadline: seconds the whole reset may take.
+        policy: backoff and budget (default: the client's reconnect policy).
+        retry_on: which failures are tried again.
+
+    Raises:
+        CallTimeoutError: the deadline expired during a try.
+        RetryBudgetExhaustedError: the shared budget refused a retry.
+        EnvlinkError: the last failure, when it is not transient.
+    """
+    base = policy or client.reconnect_policy
+    waiting = dataclasses.replace(base, max_attempts=1_000_000, max_elapsed=deadline)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+
+    async def attempt(_: int) -> StepResult[Any]:
+        remaining = max(0.001, end - loop.time())
+        return await client.reset(timeout=remaining, **dict(kwargs))
+
+    retry = Retry(waiting, operation="reset", sleep=asyncio.sleep, clock=loop.time,
+                  retry_on=retry_on)
+    return await retry.run(attempt)
+
+
+class Lease:
+    """One adapter's hold on one sync client, released exactly once.
+
+    Kept apart from the adapter object so that a ``weakref.finalize`` on the adapter
+    can release it without keeping the adapter alive.
+    """
+
+    def __init__(self) -> None:
+        self.client: Any = None  # a SyncEnvClient once connected
+        self._lock = threading.Lock()
+        _live.add(self)
+
+    def release(self) -> None:
+        """End the server session (``close`` on the wire) and drop the client. Idempotent."""
+        with self._lock:
+            client, self.client = self.client, None
+        if client is None:
+            return
+        bridge = client.bridge
+        loop = bridge.loop
+        if loop is not None and _in_running_loop():
+            # A garbage collection inside running async code (the bridge's own loop, or
+            # a caller's): a blocking close would stall or deadlock that loop, so the
+            # close is handed to the bridge's loop and not waited for.
+            def start_close() -> None:
+                task = loop.create_task(client.async_client.close())
+                _tasks.add(task)
+                task.add_done_callback(_tasks.discard)
+
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(start_close)
+            return
+        # Best effort: the session may already be gone with its server.
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+def _in_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@atexit.register
+def _release_all_at_exit() -> None:
+    # Registered after envlink's bridge hook (imported above), so it runs before it:
+    # the sessions are closed on the wire while the loop thread still runs.
+    for lease in list(_live):
+        lease.release()

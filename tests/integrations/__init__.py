@@ -1,0 +1,1 @@
+"""Tests of envlink.integrations (the training-loop adapters)."""

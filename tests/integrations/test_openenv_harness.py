@@ -1,0 +1,100 @@
+"""envlink.integrations.openenv_harness: sessions for harness rollouts, without OpenEnv."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from envlink import ConnectError, ReconnectPolicy, RetryBudget, RetryBudgetExhaustedError
+from envlink.integrations.openenv_harness import EnvlinkSessionFactory, HarnessToolResult
+
+from .._processes import ServerProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def one_session_server() -> Iterator[ServerProcess]:
+    """``envlink serve --max-sessions 1`` (echo), whose first upgrade is refused."""
+    server = ServerProcess("--env", "echo", "--max-sessions", "1", "--refuse", "1")
+    yield server
+    server.stop()
+
+
+def rollout(factory: EnvlinkSessionFactory, text: str) -> tuple[object, object]:
+    with factory.create({"prompt": text}, seed=1, episode_id=f"ep-{text}") as session:
+        assert session.initial_messages() == [{"role": "user", "content": text}]
+        names = [tool.name for tool in session.list_tools()]
+        assert names == ["echo_message", "echo_with_length"]
+        result = session.call_tool("echo_message", {"message": text})
+        return result, session.verify([{"role": "user", "content": text}])
+
+
+def test_create_retries_and_rollouts_share_one_session_slot(
+        one_session_server: ServerProcess) -> None:
+    """The refused first connect is retried; rollouts run one after another on a one-session
+    server and concurrently (the second waits for the first's slot); nothing leaks."""
+    factory = EnvlinkSessionFactory(one_session_server.url, create_timeout=30)
+    result, verify = rollout(factory, "first")
+    assert isinstance(result, HarnessToolResult)
+    assert result.data == "first" and result.error is None
+    assert verify.metrics["tool_calls"] == 1
+
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            rollout(factory, f"w{i}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    health = one_session_server.health()
+    assert health["counters"]["refused"] == 1
+    assert health["counters"]["applied.step"] == 8  # list_tools + one call, per rollout
+    assert health["sessions"] == 0
+    assert (factory.created, factory.failed) == (4, 0)
+
+
+def test_tool_errors_are_results_and_reserved_names_are_refused(
+        one_session_server: ServerProcess) -> None:
+    """A tool's own error is the result's error (the harness contract); orchestration names
+    are never forwarded."""
+    factory = EnvlinkSessionFactory(one_session_server.url, create_timeout=30)
+    with factory.create("hi") as session:
+        failed = session.call_tool("no_such_tool", {"message": "x"})
+        assert failed.error and "no_such_tool" in failed.error
+        with pytest.raises(KeyError, match="reserved"):
+            session.call_tool("reset", {})
+    assert one_session_server.health()["sessions"] == 0
+
+
+def test_create_gives_up_within_its_deadline_and_budget() -> None:
+    """Against nothing listening, create raises the typed error once the retry budget or the
+    deadline says stop, and counts the failure."""
+    budget = RetryBudget(max_tokens=2, token_ratio=0.01)
+    factory = EnvlinkSessionFactory(
+        "ws://127.0.0.1:9", create_timeout=5,
+        reconnect=ReconnectPolicy(initial_delay=0.01, max_delay=0.05, budget=budget),
+        client_options={"reconnect": ReconnectPolicy(max_attempts=1)})
+    with pytest.raises(RetryBudgetExhaustedError) as info:
+        factory.create("x")
+    assert isinstance(info.value.__cause__, ConnectError)
+    assert factory.failed == 1
+
+
+async def test_acreate_does_not_block_the_loop(one_session_server: ServerProcess) -> None:
+    """The async form awaits creation and tool calls on the caller's loop."""
+    factory = EnvlinkSessionFactory(one_session_server.url, create_timeout=30)
+    session = await factory.acreate("async")
+    result = await session.acall_tool("echo_with_length", {"message": "abc"})
+    assert result.data == {"message": "abc", "length": 3}
+    await session.aclose()
+    assert one_session_server.health()["sessions"] == 0
