@@ -16,9 +16,9 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["envlink"]):
-    from envlink.server._dispatch import dispatch
     from envlink.server._environments.deterministic import DeterministicEnvironment
     from envlink.server._environments.echo import EchoEnvironment
+    from envlink.server._frames import dispatch
     from envlink.server._store import Session
 
 SEEDS = [
