@@ -12,6 +12,9 @@ line per command read from stdin:
 * ``{"op": "scale", "sessions": S, "steps": K}``: (``--mode scale``) S sessions
   on this one event loop, K concurrent steps each; the first command per S
   also opens the sessions and reports the memory per idle session;
+* ``{"op": "count", "n": N}``: N sequential steps, untimed, with callgrind
+  counting around them (``_callgrind.Marks``; the process runs under callgrind
+  and ``ENVLINK_CALLGRIND_MARKS`` names the marks library), once per process;
 * ``{"op": "quit"}``.
 
 Nothing here prints to the protocol stream but the answers: stdout is moved to
@@ -149,6 +152,21 @@ class SyncRunner:
             env.reset()
             self.step = lambda: env.step(ACTION)
             self._close = env.close
+        elif client == "bridge":
+            from envlink._bridge import Bridge
+
+            bridge = Bridge()
+            self.step = lambda: bridge.call(_noop, timeout=60.0)
+            self._close = bridge.close
+        elif client == "rcts":
+            loop, thread = _plain_loop_thread()
+            self.step = lambda: asyncio.run_coroutine_threadsafe(_noop(), loop).result(60.0)
+
+            def close() -> None:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(10)
+
+            self._close = close
         elif client == "openenv":
             from openenv.core import GenericEnvClient as OpenEnvClient
 
@@ -175,8 +193,40 @@ class SyncRunner:
         wall, cpu = perf() - t0, time.process_time() - cpu0
         return _summary(lat, wall, cpu)
 
+    def count(self, n: int, marks: Any) -> dict[str, Any]:
+        step = self.step
+        gc.collect()
+        marks.start()
+        for _ in range(n):
+            step()
+        marks.stop()
+        return {"n": n, "on_valgrind": marks.on_valgrind}
+
     def close(self) -> None:
         self._close()
+
+
+async def _noop() -> None:
+    return None
+
+
+def _plain_loop_thread() -> tuple[asyncio.AbstractEventLoop, Any]:
+    """An event loop in a daemon thread, as ``run_coroutine_threadsafe`` users run one."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=run, name="bench-plain-loop", daemon=True)
+    thread.start()
+    ready.wait()
+    return loop, thread
 
 
 class AsyncRunner:
@@ -237,6 +287,15 @@ class AsyncRunner:
             lat[i] = perf() - s
         wall, cpu = perf() - t0, time.process_time() - cpu0
         return _summary(lat, wall, cpu)
+
+    async def count(self, n: int, marks: Any) -> dict[str, Any]:
+        step = self.step
+        gc.collect()
+        marks.start()
+        for _ in range(n):
+            await step()
+        marks.stop()
+        return {"n": n, "on_valgrind": marks.on_valgrind}
 
     async def close(self) -> None:
         await self._close()
@@ -307,12 +366,18 @@ class ScaleRunner:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--client", choices=["envlink", "openenv", "floor"], required=True)
+    parser.add_argument("--client", choices=["envlink", "openenv", "floor", "bridge", "rcts"],
+                        required=True)
     parser.add_argument("--mode", choices=["sync", "async", "scale"], required=True)
     parser.add_argument("--telemetry", default="off")
     parser.add_argument("--otlp-endpoint", default=None)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", default="")
     args = parser.parse_args()
+    marks: Any = None
+    if os.environ.get("ENVLINK_CALLGRIND_MARKS"):
+        from _callgrind import Marks
+
+        marks = Marks(os.environ["ENVLINK_CALLGRIND_MARKS"])
 
     # The protocol stream is a private copy of stdout; fd 1 becomes stderr.
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -329,6 +394,9 @@ def main() -> int:
             cmd = json.loads(line)
             if cmd["op"] == "quit":
                 break
+            if cmd["op"] == "count":
+                answer(runner.count(int(cmd["n"]), marks))
+                continue
             result = runner.steps(int(cmd["n"]))
             result.update(telemetry.after_round())
             answer(result)
@@ -353,7 +421,9 @@ def main() -> int:
                 cmd = json.loads(line)
                 if cmd["op"] == "quit":
                     break
-                if isinstance(runner, ScaleRunner):
+                if cmd["op"] == "count" and isinstance(runner, AsyncRunner):
+                    result = await runner.count(int(cmd["n"]), marks)
+                elif isinstance(runner, ScaleRunner):
                     result = await runner.scale(int(cmd["sessions"]), int(cmd["steps"]))
                 else:
                     result = await runner.steps(int(cmd["n"]))

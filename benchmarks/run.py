@@ -64,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DRIVER = HERE / "_driver.py"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
 from tests.interop._interop_support import ServerProcess, openenv_server  # noqa: E402
 
@@ -116,20 +117,24 @@ def openenv_venv(path: Path, base_python: str) -> str:
 class Driver:
     """A ``_driver.py`` process: one client, commands in, JSON lines out."""
 
-    def __init__(self, name: str, python: str, argv: Sequence[str]) -> None:
+    def __init__(self, name: str, python: str, argv: Sequence[str], *,
+                 prefix: Sequence[str] = (), env: dict[str, str] | None = None,
+                 deadline: float = REPLY_DEADLINE) -> None:
         self.name = name
+        self.deadline = deadline
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.stderr_path = LOG_DIR / ("driver-" + re.sub(r"[^A-Za-z0-9.+-]+", "_", name)
                                       + ".stderr")
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([python, str(DRIVER), *argv], cwd=ROOT,
+        self.proc = subprocess.Popen([*prefix, python, str(DRIVER), *argv], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr)
+                                     stderr=self._stderr,
+                                     env=None if env is None else {**os.environ, **env})
         self.ready = self._reply()
 
     def _reply(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], REPLY_DEADLINE)
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.deadline)
         line = self.proc.stdout.readline() if ready else b""
         if not line:
             self.stop()
@@ -150,7 +155,7 @@ class Driver:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write(b'{"op": "quit"}\n')
                 self.proc.stdin.close()
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=self.deadline)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait(timeout=10)
@@ -371,6 +376,257 @@ def section_imports(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
     return res
 
 
+# ------------------------------------------------------------------ instructions
+
+#: How long a client under valgrind may take to answer (its imports run under valgrind).
+INSTR_DEADLINE = 3600.0
+#: name: (client, mode, telemetry); the server-independent ones run once per Python.
+INSTR_STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
+    "floor sync (websockets.sync)": ("floor", "sync", "off"),
+    "floor async (websockets.asyncio)": ("floor", "async", "off"),
+    "openenv sync": ("openenv", "sync", "off"),
+    "openenv async": ("openenv", "async", "off"),
+    "envlink sync": ("envlink", "sync", "off"),
+    "envlink async": ("envlink", "async", "off"),
+    "envlink sync +SDK": ("envlink", "sync", "sdk"),
+}
+INSTR_BRIDGE_VARIANTS: dict[str, tuple[str, str, str]] = {
+    "run_coroutine_threadsafe": ("rcts", "sync", "off"),
+    "envlink Bridge.call": ("bridge", "sync", "off"),
+}
+#: ratio name: (numerator, denominator), within one server (or the bridge pair).
+INSTR_RATIOS: dict[str, tuple[str, str]] = {
+    "envlink async / openenv async": ("envlink async", "openenv async"),
+    "envlink sync / openenv sync": ("envlink sync", "openenv sync"),
+    "envlink sync +SDK / envlink sync": ("envlink sync +SDK", "envlink sync"),
+    "floor sync / openenv sync": ("floor sync (websockets.sync)", "openenv sync"),
+    "floor async / openenv async": ("floor async (websockets.asyncio)", "openenv async"),
+}
+INSTR_TARGETS: dict[str, float] = {
+    "envlink async / openenv async": 0.95,
+    "envlink sync / openenv sync": 0.80,
+    "envlink sync +SDK / envlink sync": 1.50,
+}
+
+
+def _python_version(python: str) -> str:
+    return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+
+
+def find_pythons(wanted: str) -> dict[str, str]:
+    """Base interpreters by minor version: this one, then python3.X on PATH or in pyenv."""
+    import shutil
+
+    found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
+    for minor in ("3.11", "3.12", "3.13"):
+        if minor in found:
+            continue
+        cands = [shutil.which(f"python{minor}")]
+        cands += sorted(str(p) for p in (Path.home() / ".pyenv" / "versions").glob(
+            f"{minor}.*/bin/python{minor}"))
+        for cand in cands:
+            if cand and Path(cand).exists():
+                found[minor] = cand
+                break
+    if wanted != "all":
+        keep = set(wanted.split(","))
+        found = {k: v for k, v in found.items() if k in keep}
+    return dict(sorted(found.items()))
+
+
+def instruction_pythons(args: argparse.Namespace, base: dict[str, str],
+                        ) -> dict[str, dict[str, str | None]]:
+    """Per Python version: the envlink and (if there is one) the OpenEnv client's python."""
+    out: dict[str, dict[str, str | None]] = {}
+    this = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for minor, base_python in base.items():
+        if args.envlink_python and minor == this:
+            envlink: str | None = args.envlink_python
+        else:
+            path = Path(args.envlink_venv) if minor == this else Path(
+                f"{args.envlink_venv}-{minor}")
+            if args.no_install:
+                envlink = str(path / "bin" / "python")
+            elif minor == this:
+                envlink = envlink_venv(path, base_python)
+            else:  # the core is enough here: the SDK is a dependency of envlink
+                py = path / "bin" / "python"
+                if not py.exists():
+                    subprocess.run([base_python, "-m", "venv", str(path)], check=True)
+                log(f"installing envlink into {path}")
+                _pip_quiet(str(py), "-e", ".")
+                envlink = str(py)
+        openenv: str | None = None
+        for cand in (Path(f"{args.openenv_venv}-{minor}"), Path(args.openenv_venv)):
+            py = cand / "bin" / "python"
+            if py.exists() and _python_version(str(py)) == minor:
+                openenv = str(py)
+                break
+        if openenv is None and not args.no_install and "openenv" in args.clients:
+            openenv = openenv_venv(Path(f"{args.openenv_venv}-{minor}")
+                                   if minor != this else Path(args.openenv_venv), base_python)
+        out[minor] = {"envlink": envlink, "openenv": openenv}
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
+
+
+def count_window(name: str, client: str, mode: str, tel: str, python: str, url: str,
+                 dump: Path, marks: Path, steps: int) -> int:
+    """One client process under callgrind, counting one window of ``steps`` steps."""
+    from _callgrind import MARKS_VAR, read_total, valgrind_argv
+
+    dump.parent.mkdir(parents=True, exist_ok=True)
+    dump.unlink(missing_ok=True)
+    driver = Driver(f"instr-{dump.parent.name}-{dump.name}", python,
+                    ["--client", client, "--mode", mode, "--telemetry", tel, "--url", url],
+                    prefix=valgrind_argv(dump),
+                    env={MARKS_VAR: str(marks), "PYTHONHASHSEED": "0",
+                         "PYTHONWARNINGS": "ignore"},
+                    deadline=INSTR_DEADLINE)  # imports under valgrind are slow on a busy machine
+    try:
+        reply = driver.ask(op="count", n=steps)
+    finally:
+        driver.stop()
+    if not reply.get("on_valgrind"):
+        raise RuntimeError(f"{name}: the client did not run under valgrind")
+    return read_total(dump)
+
+
+def count_variant(name: str, client: str, mode: str, tel: str, python: str, url: str,
+                  out_dir: Path, marks: Path, steps: tuple[int, int]) -> dict[str, Any]:
+    """A short and a long window, each a process: instructions per step by difference."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    short, long_ = steps
+    long_dump = out_dir / f"callgrind.out.{long_}"
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the two windows at once
+        f_short = pool.submit(count_window, name, client, mode, tel, python, url,
+                              out_dir / f"callgrind.out.{short}", marks, short)
+        f_long = pool.submit(count_window, name, client, mode, tel, python, url, long_dump,
+                             marks, long_)
+        n_short, n_long = f_short.result(), f_long.result()
+    per_step = (n_long - n_short) / (long_ - short)
+    return {"per_step": per_step, "short": n_short, "long": n_long,
+            "steps": [short, long_], "profile": str(long_dump)}
+
+
+def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
+    """Instructions per step of every client, under callgrind, on each Python."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from _callgrind import build_marks
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    marks = build_marks(ROOT / "benchmarks" / "results" / ".callgrind")
+    steps = (10, 30) if args.quick else (100, 600)
+    clients = set(args.clients.split(","))
+    servers = args.servers.split(",")
+    pythons = instruction_pythons(args, find_pythons(args.pythons))
+    base_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    server_py = pythons.get(base_minor, next(iter(pythons.values())))
+    out_root = Path(args.callgrind_dir)
+    result: dict[str, Any] = {"steps": list(steps), "repeats": args.repeats,
+                              "pythons": {}, "servers": servers}
+    running: dict[str, ServerProcess] = {}
+    try:
+        urls: dict[str, str] = {}
+        for kind in servers:
+            if kind == "envlink":
+                assert server_py["envlink"] is not None
+                srv = envlink_server(server_py["envlink"], max_sessions=64,
+                                     name="instr-envlink-echo")
+            else:
+                oe = next((p["openenv"] for p in pythons.values() if p["openenv"]), None)
+                if oe is None:
+                    log("no OpenEnv virtualenv: OpenEnv's server is left out")
+                    continue
+                srv = openenv_server("echo", oe, LOG_DIR, max_sessions=32,
+                                     name="instr-openenv-echo")
+            srv.start(deadline=600.0)  # OpenEnv's imports take minutes on a busy machine
+            running[kind] = srv
+            urls[kind] = srv.base_url
+        for minor, pys in pythons.items():
+            log(f"instructions: Python {minor}")
+            jobs: list[tuple[str, str, tuple[str, str, str], str, str]] = []
+            for kind, url in urls.items():
+                for name, spec in INSTR_STEP_VARIANTS.items():
+                    wanted = "sdk" if spec[2] == "sdk" else spec[0]
+                    if wanted not in clients:
+                        continue
+                    python = pys["openenv"] if spec[0] == "openenv" else pys["envlink"]
+                    if python is None:
+                        continue
+                    jobs.append((kind, name, spec, python, url))
+            if "bridge" in clients:
+                for name, spec in INSTR_BRIDGE_VARIANTS.items():
+                    assert pys["envlink"] is not None
+                    jobs.append(("bridge", name, spec, pys["envlink"], ""))
+            todo = [(rep, job) for rep in range(args.repeats) for job in jobs]
+
+            def run(item: tuple[int, tuple[str, str, tuple[str, str, str], str, str]],
+                    minor: str = minor) -> tuple[int, str, str, dict[str, Any]]:
+                rep, (kind, name, (client, mode, tel), python, url) = item
+                out_dir = out_root / minor / f"{kind}-{_slug(name)}-r{rep + 1}"
+                got = count_variant(name, client, mode, tel, python, url, out_dir, marks, steps)
+                log(f"  {minor} {kind:<8} {name:<34} run {rep + 1}: "
+                    f"{got['per_step'] / 1000:8.1f} k instructions/step")
+                return rep, kind, name, got
+
+            with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+                done = list(pool.map(run, todo))
+            per: dict[str, dict[str, Any]] = {}
+            for _rep, kind, name, got in done:
+                entry = per.setdefault(kind, {}).setdefault(name, {"runs": []})
+                entry["runs"].append(got)
+            for variants in per.values():
+                for entry in variants.values():
+                    values = [r["per_step"] for r in entry["runs"]]
+                    entry["per_step"] = statistics.median(values)
+                    entry["spread"] = (max(values) - min(values)) / min(values)
+            ratios: dict[str, dict[str, float]] = {}
+            for kind, variants in per.items():
+                pairs = dict(INSTR_RATIOS)
+                if kind == "bridge":
+                    pairs = {"envlink Bridge.call / run_coroutine_threadsafe":
+                             ("envlink Bridge.call", "run_coroutine_threadsafe")}
+                for label, (num, den) in pairs.items():
+                    if num in variants and den in variants:
+                        ratios.setdefault(kind, {})[label] = (
+                            variants[num]["per_step"] / variants[den]["per_step"])
+            result["pythons"][minor] = {"python": pys, "variants": per, "ratios": ratios}
+    finally:
+        for srv in running.values():
+            srv.stop()
+    return result
+
+
+def print_instructions(res: dict[str, Any]) -> None:
+    short, long_ = res["steps"]
+    print(f"\ninstructions per step (callgrind, client process, all threads; "
+          f"(N{long_} - N{short}) / {long_ - short}; {res['repeats']} run(s) each)")
+    for minor, per_py in res["pythons"].items():
+        print(f"\n  Python {minor}")
+        kinds = list(per_py["variants"])
+        for kind in kinds:
+            title = ("bridge, no-op call" if kind == "bridge" else f"on {kind}'s server")
+            print(f"  {title}")
+            print(f"    {'client':<36}{'k instr/step':>14}{'spread':>9}")
+            for name, entry in per_py["variants"][kind].items():
+                print(f"    {name:<36}{entry['per_step'] / 1000:>14.1f}"
+                      f"{entry['spread'] * 100:>8.2f}%")
+            for label, value in per_py["ratios"].get(kind, {}).items():
+                target = INSTR_TARGETS.get(label)
+                mark = "" if target is None else (
+                    f"   (target <= {target:.2f}: {verdict(value <= target)})")
+                print(f"    {label:<36}{value:>14.3f}{mark}")
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -534,6 +790,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openenv-venv", default=str(ROOT / ".venv-openenv"))
     parser.add_argument("--no-install", action="store_true",
                         help="use the virtualenvs as they are (they must exist)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per step under callgrind instead of timing")
+    parser.add_argument("--pythons", default="all",
+                        help="--instructions: Python versions, e.g. 3.11,3.13 (default: all found)")
+    parser.add_argument("--servers", default="envlink,openenv",
+                        help="--instructions: servers to count against")
+    parser.add_argument("--clients", default="floor,openenv,envlink,sdk,bridge",
+                        help="--instructions: floor, openenv, envlink, sdk, bridge")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="--instructions: client processes per variant")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="--instructions: client processes counted at once")
+    parser.add_argument("--callgrind-dir", default=str(HERE / "results" / "callgrind"),
+                        help="--instructions: where the profiles go (default: %(default)s)")
+    parser.add_argument("--envlink-python", default=None,
+                        help="--instructions: this Python's envlink interpreter, as it is")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     LOG_DIR.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no results/ yet
@@ -542,6 +814,19 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4096:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+
+    if args.instructions:
+        res_i = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 "quick": args.quick}
+        res_i["instructions"] = section_instructions(args)
+        res_i["machine"]["loadavg_end"] = os.getloadavg()
+        path = Path(args.json if args.json != parser.get_default("json")
+                    else HERE / "results" / "instructions.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res_i, indent=1))
+        print_instructions(res_i["instructions"])
+        print(f"\nfigures written to {path}")
+        return 0
 
     base_python = sys.executable
     if args.no_install:

@@ -150,3 +150,13 @@ def test_telemetry_names_come_from_envlink_names_only() -> None:
                 if found:
                     routes.setdefault(name, set()).update(found)
     assert routes == {}, routes
+
+
+def test_no_module_basename_is_used_twice() -> None:
+    """Each module of the library has a name of its own (underscore aside), so a name in a
+    traceback or a log says which module it is."""
+    seen: dict[str, list[str]] = {}
+    for name, path in modules():
+        if path.name not in {"__init__.py", "__main__.py"}:
+            seen.setdefault(path.stem.lstrip("_"), []).append(name)
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}

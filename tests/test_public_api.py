@@ -30,6 +30,9 @@ EXPECTED = {
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
     "configure",
+    # where the server comes from: providers, Spaces, readiness and discovery
+    "LocalServerProvider", "DockerProvider", "Bootstrap", "hf_space_subdomain",
+    "Health", "EnvironmentMetadata", "EnvironmentSchema",
     # errors
     "EnvlinkError", "ConnectError", "HandshakeRejectedError", "ConnectionLostError",
     "OutcomeUnknownError", "CallTimeoutError", "ServerError", "CapacityReachedError",
@@ -37,6 +40,10 @@ EXPECTED = {
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
     "ExecutionModeError",
+    "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
+    # the harness stream
+    "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
+    "HarnessTurnError",
     "__version__",
 }
 

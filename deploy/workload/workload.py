@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -131,6 +132,7 @@ class Workload:
         self._handle = handle
         self._chaos = chaos
         self._target = target or chaos.url
+        self._chaos_url = chaos.url
         self._steps = steps
         # The pool's servers: a steady one with room for all but one of its sessions,
         # and one that is up every other cycle, on a port kept for it.
@@ -212,7 +214,12 @@ class Workload:
         self._steady.stop()
 
     def clean(self) -> None:
-        with self._client(self._target).sync() as env:
+        # The deployed server requires a bearer token (ENVLINK_AUTH_TOKEN, from a
+        # Kubernetes Secret or the compose env file); the in-process one does not.
+        token = os.environ.get("ENVLINK_AUTH_TOKEN")
+        auth = {"headers": {"Authorization": f"Bearer {token}"}} \
+            if token and self._target != self._chaos_url else {}
+        with self._client(self._target, **auth).sync() as env:
             env.reset()
             for i in range(self._steps):
                 _step(env, i)

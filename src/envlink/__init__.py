@@ -22,6 +22,7 @@ from envlink._bridge import (
     set_default_hooks,
 )
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._client.events import (
     CallFinished,
     CallStarted,
@@ -30,6 +31,9 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._client.lifecycle import Bootstrap
+from envlink._client.providers import DockerProvider, LocalServerProvider
+from envlink._client.spaces import hf_space_subdomain
 from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
@@ -43,9 +47,12 @@ from envlink._errors import (
     ExecutionModeError,
     FactoryError,
     HandshakeRejectedError,
+    HttpStatusError,
     McpError,
+    NotReadyError,
     OutcomeUnknownError,
     ProtocolError,
+    ProviderError,
     ReentrantCallError,
     ReplayDivergedError,
     RetryBudgetExhaustedError,
@@ -54,6 +61,7 @@ from envlink._errors import (
     SessionError,
     SessionGoneError,
     SessionLostError,
+    SpaceNotAwakeError,
     ToolCallError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
@@ -66,6 +74,13 @@ if TYPE_CHECKING:
     from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._client.handles import SessionHandle
+    from envlink._client.harness import (
+        HarnessClient,
+        HarnessEvent,
+        HarnessEventType,
+        HarnessProtocolError,
+        HarnessTurnError,
+    )
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -102,6 +117,11 @@ _LAZY = {
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
     "SyncEnvClient": "envlink._client.sync_client",
+    "HarnessClient": "envlink._client.harness",
+    "HarnessEvent": "envlink._client.harness",
+    "HarnessEventType": "envlink._client.harness",
+    "HarnessProtocolError": "envlink._client.harness",
+    "HarnessTurnError": "envlink._client.harness",
     "default_bridge": "envlink._client.default_bridge",
     "SessionHandle": "envlink._client.handles",
     "configure": "envlink.telemetry",
@@ -131,6 +151,7 @@ __all__ = [
     "UNSET",
     "AutoresetMode",
     "Batch",
+    "Bootstrap",
     "Bridge",
     "BridgeCallFinished",
     "BridgeCallStarted",
@@ -146,11 +167,14 @@ __all__ = [
     "ConnectError",
     "ConnectionLostError",
     "ConnectionOptions",
+    "DockerProvider",
     "EchoEnv",
     "EchoObservation",
     "EndpointView",
     "EnvClient",
     "EnvPool",
+    "EnvironmentMetadata",
+    "EnvironmentSchema",
     "EnvlinkError",
     "EpisodeJournal",
     "ErrorCode",
@@ -158,7 +182,16 @@ __all__ = [
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
+    "Health",
+    "HttpStatusError",
+    "LocalServerProvider",
+    "HarnessClient",
+    "HarnessEvent",
+    "HarnessEventType",
+    "HarnessProtocolError",
+    "HarnessTurnError",
     "McpError",
+    "NotReadyError",
     "JournalEntry",
     "Limits",
     "ListToolsAction",
@@ -168,6 +201,7 @@ __all__ = [
     "PhaseStarted",
     "PoolView",
     "ProtocolError",
+    "ProviderError",
     "ReconnectPolicy",
     "ReentrantCallError",
     "ReplayDivergedError",
@@ -181,6 +215,7 @@ __all__ = [
     "SessionLostError",
     "SessionLostPolicy",
     "State",
+    "SpaceNotAwakeError",
     "StepResult",
     "SyncEnvClient",
     "SyncEnvPool",
@@ -192,5 +227,6 @@ __all__ = [
     "default_bridge",
     "get_limits",
     "set_limits",
+    "hf_space_subdomain",
     "set_testing",
 ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -219,3 +220,55 @@ class ConnectionOptions:
             raise ValueError("max_message_size must be positive")
         if self.max_message_values is not None and self.max_message_values <= 0:
             raise ValueError("max_message_values must be positive or None")
+        _check_headers(self.headers)
+        if self.ssl is not None and (isinstance(self.ssl, bool) or not all(
+                hasattr(self.ssl, a) for a in ("wrap_socket", "wrap_bio", "check_hostname"))):
+            # Checked by its shape: this module does no I/O and imports no ssl.
+            raise TypeError(f"ssl must be an ssl.SSLContext or None, got "
+                            f"{type(self.ssl).__name__} {self.ssl!r}")
+        # An unsupported proxy scheme is a ConnectError at the first connection (as a
+        # proxy read from the environment would be), not refused here.
+        if self.proxy is not None and not isinstance(self.proxy, (bool, str)):
+            raise TypeError(f"proxy must be a URL, True or None, got {type(self.proxy).__name__}")
+
+    def __repr__(self) -> str:
+        # Header values (Authorization...) and proxy credentials never appear.
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "headers":
+                value = tuple((k, "REDACTED") for k, _ in value)
+            elif f.name == "proxy" and isinstance(value, str):
+                value = _without_userinfo(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"ConnectionOptions({', '.join(shown)})"
+
+
+def _without_userinfo(url: str) -> str:
+    # The proxy's own credentials (http://user:password@proxy:3128) are never shown.
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+# RFC 9110 token characters: what a header name may be made of.
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                   "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _check_headers(headers: object) -> None:
+    if not isinstance(headers, tuple):
+        raise TypeError(f"headers must be a tuple of (name, value) pairs, "
+                        f"got {type(headers).__name__}")
+    for pair in headers:
+        if not (isinstance(pair, tuple) and len(pair) == 2
+                and isinstance(pair[0], str) and isinstance(pair[1], str)):
+            raise TypeError("headers must be (str, str) pairs")
+        name, value = pair
+        if not name or not set(name) <= _TOKEN:
+            raise ValueError(f"header name {name[:40]!r} is not a valid HTTP token")
+        if any(c in value for c in "\r\n\0"):
+            # A CR/LF would start a header of its own: refused on every path.
+            raise ValueError(f"the value of header {name!r} contains CR, LF or NUL")

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import math
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -90,23 +94,87 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 if sys.version_info >= (3, 11):
 
     _current_task = asyncio.current_task
+    # asyncio runs a timer this early (``BaseEventLoop._clock_resolution``).
+    _RESOLUTION = time.get_clock_info("monotonic").resolution
+    # A timer's callback needs no caller's context; an empty one holds no reference
+    # to the caller's context variables while it waits.
+    _NO_CONTEXT = contextvars.Context()
 
-    class _Deadline:
-        """:func:`deadline` on 3.11+: what ``asyncio.timeout`` does, inlined.
+    class _Timers:
+        """One loop's call deadlines behind one armed timer, re-armed lazily.
 
-        One timer handle on the loop and the task's cancel/uncancel count, as
-        ``asyncio.Timeout`` keeps them (so a cancellation from outside is told from
-        the deadline's own exactly as it tells them), without its object, its state
-        machine and its two extra running-loop look-ups per call (each one a
-        ``getpid()`` system call on 3.11).
+        Calls come and go far faster than their deadlines expire, and most have the
+        same length: a timer per call (``loop.call_at`` then ``cancel()``, what
+        ``asyncio.timeout`` does) costs more than the rest of the deadline. Here a
+        call's deadline is an entry in a set; the one timer is armed for the earliest
+        deadline when it is earlier than the timer, and when it fires it expires the
+        calls that are due and re-arms itself for the earliest of the others. Used
+        only on its loop's thread.
         """
 
-        __slots__ = ("_cancelling", "_expired", "_handle", "_method", "_seconds", "_task")
+        __slots__ = ("active", "handle", "loop", "when")
+
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            self.loop = loop
+            self.active: set[_Deadline] = set()
+            self.handle: asyncio.TimerHandle | None = None
+            self.when = math.inf
+
+        def add(self, entry: _Deadline, when: float) -> None:
+            self.active.add(entry)
+            if when < self.when:
+                if self.handle is not None:
+                    self.handle.cancel()
+                self.when = when
+                self.handle = self.loop.call_at(when, self._fire, context=_NO_CONTEXT)
+
+        def _fire(self) -> None:
+            self.handle = None
+            self.when = math.inf
+            active = self.active
+            if not active:
+                return
+            now = self.loop.time() + _RESOLUTION
+            due = [entry for entry in active if entry.when <= now]
+            for entry in due:
+                active.discard(entry)
+                entry.expire()
+            if active:
+                when = min(entry.when for entry in active)
+                self.when = when
+                self.handle = self.loop.call_at(when, self._fire, context=_NO_CONTEXT)
+
+    class _Cache(threading.local):
+        timers: _Timers | None = None
+
+    # The timers of the loop this thread ran last (a loop runs in one thread).
+    _cache = _Cache()
+
+    def _timers_of(loop: asyncio.AbstractEventLoop) -> _Timers:
+        timers = _cache.timers
+        if timers is None or timers.loop is not loop:
+            # A new loop in this thread (or back to an earlier one): new timers. Each
+            # deadline keeps the timers it joined, so older ones still expire theirs.
+            timers = _cache.timers = _Timers(loop)
+        return timers
+
+    class _Deadline:
+        """:func:`deadline` on 3.11+: what ``asyncio.timeout`` does, for a call.
+
+        The task's cancel/uncancel count is kept as ``asyncio.Timeout`` keeps it (so a
+        cancellation from outside is told from the deadline's own exactly as it tells
+        them), without its object, its state machine, its two extra running-loop
+        look-ups per call (each one a ``getpid()`` system call on 3.11), and without
+        a timer handle per call (:class:`_Timers`).
+        """
+
+        __slots__ = ("_cancelling", "_expired", "_method", "_seconds", "_task", "_timers",
+                     "when")
 
         def __init__(self, seconds: float | None, method: str) -> None:
             self._seconds = seconds
             self._method = method
-            self._handle: asyncio.TimerHandle | None = None
+            self._timers: _Timers | None = None
             self._expired = False
 
         async def __aenter__(self) -> None:
@@ -119,19 +187,22 @@ if sys.version_info >= (3, 11):
             self._task = task
             self._cancelling = task.cancelling()
             loop = task.get_loop()
-            self._handle = loop.call_at(loop.time() + seconds, self._expire)
+            timers = self._timers = _timers_of(loop)
+            self.when = when = loop.time() + seconds
+            timers.add(self, when)
 
-        def _expire(self) -> None:
+        def expire(self) -> None:
+            """Called by the timers when this deadline is due."""
             self._expired = True
             self._task.cancel()
 
         async def __aexit__(self, exc_type: type[BaseException] | None,
                             exc: BaseException | None, tb: TracebackType | None) -> None:
-            handle = self._handle
-            if handle is None:
+            timers = self._timers
+            if timers is None:
                 return
-            self._handle = None
-            handle.cancel()
+            self._timers = None
+            timers.active.discard(self)
             if not self._expired:
                 return
             # Ours only if no other cancellation was requested since the block began.

@@ -6,7 +6,10 @@ as ``__cause__``)::
 
     EnvlinkError
     ├── ConnectError                  the connection could not be opened
-    │   └── HandshakeRejectedError    the server answered the upgrade with an HTTP error
+    │   ├── HandshakeRejectedError    the server answered the upgrade with an HTTP error
+    │   ├── NotReadyError             the server did not become ready (``/health``) in time
+    │   │   └── SpaceNotAwakeError    ... a Hugging Face Space that did not wake up
+    │   └── ProviderError             a provider could not start (or stop) the server
     ├── ConnectionLostError           an open connection died
     │   └── OutcomeUnknownError       ... while a non-idempotent call was in flight
     ├── CallTimeoutError              a deadline expired (also a builtin TimeoutError)
@@ -18,6 +21,7 @@ as ``__cause__``)::
     │   ├── ToolCallError             an MCP tool call reported an error
     │   └── McpError                  a JSON-RPC ``mcp`` request got an error object
     ├── ProtocolError                 the server sent something the protocol forbids
+    ├── HttpStatusError               an HTTP endpoint (``/schema``...) answered an error
     ├── SessionLostError              the server-side session is gone mid-episode
     │   ├── SessionGoneError          ... and resuming it is impossible (says why)
     │   └── ReplayDivergedError       replay gave a different observation
@@ -51,9 +55,12 @@ __all__ = [
     "ExecutionModeError",
     "FactoryError",
     "HandshakeRejectedError",
+    "HttpStatusError",
     "McpError",
+    "NotReadyError",
     "OutcomeUnknownError",
     "ProtocolError",
+    "ProviderError",
     "ReentrantCallError",
     "ReplayDivergedError",
     "RetryBudgetExhaustedError",
@@ -62,6 +69,7 @@ __all__ = [
     "SessionError",
     "SessionGoneError",
     "SessionLostError",
+    "SpaceNotAwakeError",
     "ToolCallError",
 ]
 
@@ -133,6 +141,61 @@ class HandshakeRejectedError(ConnectError):
                          retryable=retryable)
         self.status = status
         self.retry_after = retry_after
+
+
+class NotReadyError(ConnectError):
+    """The server did not answer ``GET /health`` with a healthy JSON status in time.
+
+    Attributes:
+        url: the health URL polled (no credentials).
+        attempts: how many times it was polled.
+        last_status: the last HTTP status seen, ``None`` if none was answered.
+    """
+
+    error_type = "not_ready"
+
+    def __init__(self, message: str, *, url: str = "", attempts: int = 0,
+                 last_status: int | None = None) -> None:
+        super().__init__(message, retryable=False)
+        self.url = url
+        self.attempts = attempts
+        self.last_status = last_status
+
+
+class SpaceNotAwakeError(NotReadyError):
+    """A Hugging Face Space was still asleep (503 or its HTML page) when the deadline ended."""
+
+    error_type = "space_not_awake"
+
+
+class ProviderError(ConnectError):
+    """A provider (``provider=``) could not start the server, or is not a provider.
+
+    The original failure is chained as ``__cause__``. Whatever the provider started
+    has been stopped when this is raised.
+    """
+
+    error_type = "provider_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class HttpStatusError(EnvlinkError):
+    """An HTTP endpoint of the server (``/health``, ``/schema``, ``/metadata``) answered
+    with an error status, or with something that is not the expected JSON.
+
+    Attributes:
+        url: the URL (no credentials).
+        status: the HTTP status.
+    """
+
+    error_type = "http_status"
+
+    def __init__(self, message: str, *, url: str, status: int) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
 
 
 class ConnectionLostError(EnvlinkError):

@@ -18,6 +18,7 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, S
 from envlink import _errors
 
 __all__ = [
+    "SPAN_HARNESS_TURN",
     "ATTR_POOL_SIZE",
     "ATTR_POOL_SLOTS",
     "ATTR_POOL_ERRORS",
@@ -202,6 +203,8 @@ METRIC_NAMES: tuple[str, ...] = (
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
 # a retried call's attempts ``<method> attempt``, a bridged call ``envlink.bridge <method>``.
 SPAN_CONNECT = "connect"
+#: One turn of a harness session (``/harness``), from the message to ``turn_complete``.
+SPAN_HARNESS_TURN = "harness_turn"
 SPAN_BRIDGE_PREFIX = "envlink.bridge "
 #: A pool's batch call: ``envlink.pool reset``, ``envlink.pool step``.
 SPAN_POOL_PREFIX = "envlink.pool "

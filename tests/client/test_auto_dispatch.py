@@ -13,7 +13,6 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from _otel_support import Otel
 from envlink import (
     CallFinished,
     CallStarted,
@@ -26,7 +25,10 @@ from envlink import (
     StepResult,
     SyncEnvClient,
 )
+from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME, default_bridge
 from envlink.server import ServerThread
+
+from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,8 +51,9 @@ class _Threads(ClientHook):
 
 
 def test_plain_calls_block_and_return_results(server_thread: ServerThread) -> None:
-    """In plain code reset/step/state return results (not coroutines), and close() closes
-    the client and ends the bridge thread it started."""
+    """In plain code reset/step/state return results (not coroutines), on the process's
+    default bridge (as .sync()), and close() closes the client, leaving no thread of its
+    own."""
     before = _envlink_threads()
     env = GenericEnvClient(base_url=server_thread.url)
     result = env.reset()
@@ -59,9 +62,12 @@ def test_plain_calls_block_and_return_results(server_thread: ServerThread) -> No
     assert env.step({"message": "hi"}).observation["echoed_message"] == "hi"
     assert env.state()["step_count"] == 1
     assert env.connect() is env
+    assert env._envlink_auto is not None
+    assert env._envlink_auto.bridge is default_bridge()
     env.close()
     assert env.closed
-    assert _envlink_threads() - before == set()
+    assert {t.name for t in _envlink_threads() - before} <= {
+        t.name for t in _envlink_threads() if t.name.startswith(DEFAULT_BRIDGE_NAME)}
 
 
 def test_with_block_is_sync_mode(server_thread: ServerThread) -> None:
@@ -119,13 +125,17 @@ def test_plain_call_inside_a_running_loop_resolves_on_use(server_thread: ServerT
     assert all(name.startswith("envlink-bridge") for name in threads.names), threads.names
 
 
-def test_blocking_inside_a_loop_warns_once_per_client(server_thread: ServerThread) -> None:
-    """Several blocking calls inside one running loop give one RuntimeWarning, not one each."""
+def test_blocking_inside_a_loop_warns_once_per_client(server_thread: ServerThread,
+                                                      otel: Otel) -> None:
+    """Several blocking calls inside one running loop give one RuntimeWarning, not one each
+    (a client with providers of its own runs on a bridge of its own, so the warning is
+    this client's)."""
 
     async def main() -> list[warnings.WarningMessage]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            env = GenericEnvClient(base_url=server_thread.url)
+            env = GenericEnvClient(base_url=server_thread.url, tracer_provider=otel.tracer_provider,
+                                   meter_provider=otel.meter_provider)
             env.reset().observation  # noqa: B018 - resolving is the point
             for n in range(3):
                 env.step({"message": str(n)}).observation  # noqa: B018

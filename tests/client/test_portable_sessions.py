@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from _processes import ServerProcess
 from envlink import (
+    CallTimeoutError,
     EnvlinkError,
     GenericEnvClient,
     ReconnectPolicy,
@@ -19,6 +19,8 @@ from envlink import (
     SessionHandle,
 )
 from envlink.server import EnvServer, ServerThread
+
+from .._processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,3 +150,27 @@ async def test_attach_after_a_restart_without_the_store_raises_session_gone() ->
         first.stop()
         if second is not None:
             second.stop()
+
+
+async def test_a_step_of_unknown_outcome_is_settled_on_attach(server: ServerThread) -> None:
+    """A step cut by its deadline before detach (outcome unknown) is settled from the
+    server's step_count when the handle is attached: the journal matches the server, and the
+    next step is the server's next one (never applied twice)."""
+    env = GenericEnvClient(server.url)
+    await env.reset(seed=4, max_steps=50)
+    await env.step({"move": 1})
+    server.call(lambda srv: srv.stall_all())
+    with pytest.raises(CallTimeoutError):
+        await env.step({"move": 2}, timeout=0.3)
+    server.call(lambda srv: srv.unstall_all())
+    server.call(lambda srv: srv.wait_for_request("step", 2), timeout=10)
+    handle = await env.detach()
+    attached = await GenericEnvClient.attach(handle)
+    try:
+        applied = server.call(lambda srv: srv.session_step_counts())[handle.session_id]
+        journal = attached.journal
+        assert journal.unknown_steps == []
+        assert journal.step_count == applied == 2
+        assert (await attached.step({"move": 3})).observation["step"] == 3
+    finally:
+        await attached.close()

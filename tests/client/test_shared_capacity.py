@@ -169,7 +169,7 @@ def test_a_queued_wait_ends_at_the_deadline_with_the_typed_error(server: ServerT
         for holder in holders:
             holder.reset()
         with pytest.raises(CapacityReachedError, match="deadline"):
-            late.reset(timeout=0.3)
+            late.reset(timeout=1.0)
         holders[0].close()
         assert late.reset().done is False
     finally:

@@ -15,7 +15,8 @@ import textwrap
 from typing import Any
 
 import pytest
-from _interop_support import RecordingServer, read_connections, read_rpc
+
+from ._interop_support import RecordingServer, read_connections, read_rpc
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,8 +7,11 @@ import pickle
 from collections.abc import Callable
 
 import pytest
-from _interop_support import RecordingServer, read_rpc
-from test_stock_resume import (
+
+import envlink
+
+from ._interop_support import RecordingServer, read_rpc
+from .test_stock_resume import (
     DELTAS,
     RESET,
     _assert_one_detached_session,
@@ -17,8 +20,6 @@ from test_stock_resume import (
     _steps_seen,
     _ws_conns,
 )
-
-import envlink
 
 pytestmark = pytest.mark.timeout(90)
 

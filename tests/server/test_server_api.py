@@ -12,7 +12,15 @@ def test_exports() -> None:
         "ConnectionHandle", "CorruptKind", "DeterministicEnvironment", "DropMode",
         "EchoEnvironment", "EnvServer", "Environment", "EnvironmentFactory", "Faults",
         "InvalidActionError", "ServerThread", "SessionInfo", "SnapshotEnvironment",
-        "StepResult", "main",
+        "StepResult", "Transition", "main",
     ])
     for name in envlink.server.__all__:
         assert getattr(envlink.server, name) is not None
+
+
+def test_step_result_is_the_earlier_name_of_transition() -> None:
+    """envlink.server.StepResult still works: it is Transition, not the client's class."""
+    import envlink
+
+    assert envlink.server.StepResult is envlink.server.Transition
+    assert envlink.server.Transition is not envlink.StepResult

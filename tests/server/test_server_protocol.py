@@ -219,26 +219,36 @@ async def test_other_paths_404(server: EnvServer) -> None:
     assert info.value.response.status_code == 404
 
 
-def _http_post(url: str, body: bytes) -> int:
+def _http_post(url: str, body: bytes) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
-            return int(resp.status)
+            return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code
+        return exc.code, exc.read()
 
 
-async def test_post_without_detached_sessions_is_a_quiet_404(
+async def test_post_mcp_without_detached_sessions_is_a_quiet_method_not_found(
         server: EnvServer, caplog: pytest.LogCaptureFixture) -> None:
     """A POST /mcp (a client probing for detached sessions) on a server that does not
-    offer them gets HTTP 404, with no failed handshake logged (websockets 16 logged one
-    with its traceback, which broke the demo's JSON log lines)."""
+    offer them gets JSON-RPC "method not found", with no failed handshake logged
+    (websockets 16 logged one with its traceback, which broke the demo's JSON logs)."""
     assert not server.detached_sessions
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create",
                        "params": {}}).encode()
     with caplog.at_level(logging.INFO, logger="websockets.server"):
-        status = await asyncio.to_thread(_http_post, server.http_url + "/mcp", body)
+        status, answer = await asyncio.to_thread(_http_post, server.http_url + "/mcp", body)
+    assert status == 200
+    assert json.loads(answer)["error"]["code"] == -32601
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_post_elsewhere_is_a_quiet_404(
+        server: EnvServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A POST to a path the server does not serve gets 404, logged quietly."""
+    with caplog.at_level(logging.INFO, logger="websockets.server"):
+        status, _ = await asyncio.to_thread(_http_post, server.http_url + "/nowhere", b"{}")
     assert status == 404
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 

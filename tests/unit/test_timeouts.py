@@ -85,6 +85,43 @@ async def test_deadline_raises_call_timeout_only_for_its_own_expiry() -> None:
     assert not isinstance(inner.value, CallTimeoutError)
 
 
+async def test_deadlines_sharing_one_timer_each_expire_on_their_own() -> None:
+    """Deadlines of one loop share a lazily re-armed timer: a short one entered while a
+    long one holds the timer still expires, after many finished calls too, and the long
+    one is untouched by the short one's expiry."""
+    long_entered = asyncio.Event()
+
+    async def long_call() -> str:
+        async with deadline(30.0, "long"):
+            long_entered.set()
+            await asyncio.sleep(0)
+            await asyncio.Event().wait()
+        return "unreachable"
+
+    long_task = asyncio.create_task(long_call())
+    await long_entered.wait()
+    for _ in range(100):  # finished calls leave the timer armed for their 30 s
+        async with deadline(30.0, "step"):
+            await asyncio.sleep(0)
+    for method in ("first", "second"):  # shorter than the armed timer: it is re-armed
+        with pytest.raises(CallTimeoutError) as info:
+            async with deadline(0.02, method):
+                await asyncio.Event().wait()
+        assert info.value.method == method
+    both = [deadline(0.02, "a"), deadline(0.03, "b")]
+
+    async def stalled(scope: object) -> None:
+        async with scope:  # type: ignore[attr-defined]
+            await asyncio.Event().wait()
+
+    results = await asyncio.gather(*(stalled(d) for d in both), return_exceptions=True)
+    assert [type(r) for r in results] == [CallTimeoutError, CallTimeoutError]
+    assert not long_task.done()  # the long deadline is still pending, not expired
+    long_task.cancel()
+    with pytest.raises(asyncio.CancelledError):  # the caller's cancellation, passed on
+        await long_task
+
+
 def test_no_wait_for_in_the_client_library() -> None:
     """No module of the client library uses asyncio.wait_for (it can lose cancellations)."""
     users = []

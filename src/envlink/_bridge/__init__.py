@@ -47,7 +47,7 @@ from envlink._bridge.hooks import (
 )
 from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
 from envlink._bridge.loop import is_bridge_loop
-from envlink._bridge.proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
+from envlink._bridge.sync_proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
 from envlink._errors import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,

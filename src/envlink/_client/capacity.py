@@ -45,9 +45,10 @@ CAPACITY_POLICY = ReconnectPolicy(max_attempts=1000, initial_delay=0.05, max_del
 
 #: The process's one ledger: every client, pool and integration counts against it.
 LEDGER = SessionLedger()
-# A safety margin before the call's own deadline, so that a capacity wait ends with
-# CapacityReachedError rather than racing the deadline's CallTimeoutError.
-_MARGIN = 0.02
+# Capacity waits end this share of the call's deadline before it (within bounds), so
+# that they end with CapacityReachedError rather than racing the deadline's
+# CallTimeoutError on a busy loop.
+_MARGIN_SHARE, _MARGIN_MIN, _MARGIN_MAX = 0.1, 0.02, 0.5
 _ids = itertools.count(1)
 _pid = os.getpid()
 
@@ -170,7 +171,8 @@ class CapacityGate:
                 if method == "disconnect":
                     self.release()
         start = time.monotonic()
-        expires = None if seconds is None else start + seconds
+        expires = None if seconds is None else start + seconds - min(
+            max(seconds * _MARGIN_SHARE, _MARGIN_MIN), _MARGIN_MAX)
         acquired = False
         if not self.held:
             pending = self._acquiring
@@ -265,7 +267,7 @@ class CapacityGate:
 def _left(expires: float | None) -> float | None:
     if expires is None:
         return None
-    return max(0.0, expires - time.monotonic() - _MARGIN)
+    return max(0.0, expires - time.monotonic())
 
 
 def _local_refusal(key: str, limit: int | None, *, waited: bool = False) -> CapacityReachedError:

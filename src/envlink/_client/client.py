@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
+from envlink._client import lifecycle
 from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
+from envlink._client.discovery import DiscoveryMethods
 from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
@@ -42,7 +44,7 @@ from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, Ses
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
-from envlink._transports.base import Transport, parse_endpoint
+from envlink._transports.base import Endpoint, Transport, parse_endpoint
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -94,7 +96,15 @@ def _telemetry_hook(tracer_provider: TracerProvider | None,
     return ClientTelemetryHook(tracer_provider, meter_provider, url=url)
 
 
-class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, StateT]):
+def _check_tls(endpoint: Endpoint, options: ConnectionOptions) -> None:
+    if options.ssl is not None and not endpoint.secure:
+        # Authorization would go out in clear while the caller believes it is on TLS.
+        raise ValueError(f"ssl= was given but {endpoint.display} is not TLS: use "
+                         "https:// or wss://")
+
+
+class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, PortableSession,
+                AutoDispatch, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -107,7 +117,8 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
     (on a bridge, as ``sync()``); the client claims "sync" or "async" on first use.
 
     Args:
-        base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added).
+        base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added),
+            or a Hugging Face Space's name (``"owner/space"``); optional with a provider.
         timeout: a :class:`Timeout`, a number for every phase, or ``None`` for none.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
         reconnect: the :class:`ReconnectPolicy` for opening connections.
@@ -140,14 +151,19 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
         mode: OpenEnv's ``"simulation"`` (default) or ``"production"`` (MCP tool
             calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``.
         limits, on_capacity: sessions per endpoint, and ``"raise"`` or ``"wait"`` when full.
+        provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider``, started on
+            connect (without ``base_url``), stopped on close, shared with children.
+        token: a Space's Hugging Face token (default: ``HF_TOKEN``, the token file).
 
     Raises:
         ValueError: for a malformed URL or option.
+        TypeError: ``base_url`` is not a string (or missing without a ``provider``).
+        ProviderError: ``provider`` is not a provider.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         timeout: TimeoutTypes | UnsetType = UNSET,
         headers: Mapping[str, str] | None = None,
@@ -174,11 +190,15 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
         hooks: Sequence[ClientHook] | None = None,
         mode: str | None = None,
         limits: Limits | None = None, on_capacity: CapacityMode = "raise",
+        provider: Any = None,
+        token: str | None = None,
     ) -> None:
         # Everything new_session() needs to open a sibling session with the same options.
         self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         _check_policy(on_session_lost)
         self._mode = client_mode(mode)
+        self._target = lifecycle.Target.resolve(base_url, provider, headers, token)
+        base_url, headers = self._target.base_url, self._target.headers
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(base_url)
@@ -214,6 +234,7 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
                 raise ValueError("pass connection options either as options= or as keyword "
                                  "arguments (headers, ping_interval, ...), not both")
             built = options
+        _check_tls(self._endpoint, built)
         self._options: ConnectionOptions = built
         self._transport: Transport = transport if transport is not None else _websocket()
         policy = reconnect or ReconnectPolicy()
@@ -230,7 +251,10 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
                               policy, extensions, self._core, hook)
         self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
                                      replay_verify or _same_answer)
-        self._driver.capacity = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
+        # A provider's server is the client's own (started on connect): no shared limit.
+        gate = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
+        self._driver.capacity = gate if self._target.started else None
+        connector.prepare = self._prepare_server
 
     # ------------------------------------------------------------------ properties
 
@@ -263,12 +287,12 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
         return self._core.mechanism
 
     @property
-    def base_url(self) -> str:
-        """The base URL as given, no trailing slash or credentials (as OpenEnv's client)."""
-        return self._endpoint.base_url
+    def base_url(self) -> str | None:
+        """The base URL as given, no trailing slash or credentials (``None`` until started)."""
+        return self._endpoint.base_url if self._target.started else None
 
-    ws_url = property(lambda self: self._endpoint.ws_url,
-                      doc="The server's ``/ws`` URL the client connects to (no credentials).")
+    ws_url = property(lambda self: self._endpoint.display,
+                      doc="The server's ``/ws`` URL (no credentials or secret query values).")
 
     @property
     def closed(self) -> bool:
@@ -454,7 +478,10 @@ class EnvClient(McpMethods, AutoDispatch, PortableSession, Generic[ActT, ObsT, S
         if children:
             await asyncio.gather(*(child.close(timeout=timeout) for child in children),
                                  return_exceptions=True)
-        await self._driver.close(seconds)
+        try:
+            await self._driver.close(seconds)
+        finally:
+            await self._target.release()
 
     def sync(self, bridge: Bridge | None = None, *,
              nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opentelemetry import propagate
@@ -109,6 +110,8 @@ class Connector:
         #: Whether an attempt of the last :meth:`open` could not reach the server.
         self.saw_unreachable = False
         self._rpc_ids = 0
+        #: Awaited before every open: starts a provider's server, waits for a Space.
+        self.prepare: Callable[[], Awaitable[None]] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -126,6 +129,8 @@ class Connector:
             ConnectionLostError: the connection keeps dropping (flapping).
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
+        if self.prepare is not None:
+            await self.prepare()
         core, hook = self.core, self.hook
         if reason != "connect":
             hook.event(ClientEvent(HOOK_RECONNECT, core.session_id, {"reason": reason}))

@@ -20,7 +20,6 @@ costs one function call more than a plain coroutine method.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import inspect
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from envlink._bridge import is_bridge_loop
 from envlink._config import UNSET
 from envlink._errors import ExecutionModeError
+from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
     from envlink._client.client import EnvClient
@@ -47,7 +47,7 @@ _D = TypeVar("_D", bound="AutoDispatch")
 SYNC: Final = "sync"
 ASYNC: Final = "async"
 
-_get_running_loop = asyncio._get_running_loop
+_get_running_loop = running_loop_getter()
 _facade_lock = threading.Lock()
 # Attributes asyncio and inspect probe on a coroutine (task reprs, debugging): answered
 # from the coroutine once started, never by running the call.
@@ -58,7 +58,8 @@ _COROUTINE_ATTRS = frozenset({
 
 
 #: The client's own dispatched methods (see AutoDispatch.__init_subclass__).
-_CLIENT_METHODS = frozenset({"connect", "reset", "step", "state", "disconnect", "close"})
+_CLIENT_METHODS = frozenset({"connect", "reset", "step", "state", "disconnect", "close",
+                             "new_session", "mcp_request", "mcp_list_tools", "mcp_call_tool"})
 
 
 def dispatched(fn: F) -> F:
@@ -211,12 +212,14 @@ class AutoDispatch:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The client's own methods, and a typed client's overrides of any dispatched
-        # method, dispatch (the mixins' methods are decorated where they are defined).
-        for name, value in list(vars(cls).items()):
+        # The client's own methods (its mixins' too), and a typed client's overrides of
+        # any dispatched method, dispatch.
+        for name in set(vars(cls)) | _CLIENT_METHODS:
+            value = getattr(cls, name, None)
+            if not inspect.iscoroutinefunction(value):
+                continue  # not a coroutine method, or already dispatching
             inherited = getattr(super(cls, cls), name, None)
-            if inspect.iscoroutinefunction(value) and (
-                    name in _CLIENT_METHODS or hasattr(inherited, "_envlink_raw")):
+            if name in _CLIENT_METHODS or hasattr(inherited, "_envlink_raw"):
                 setattr(cls, name, dispatched(value))
 
 

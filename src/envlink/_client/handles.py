@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -180,7 +181,16 @@ async def _resume(client: EnvClient[Any, Any, Any], handle: SessionHandle,
     core.resume_token = handle.resume_token
     core.detached_id = handle.detached_id
     try:
-        await client.state(timeout=timeout)
+        state = await client.state(timeout=timeout)
+        journal = core.journal
+        if journal.unknown_steps:
+            # Steps cut by a deadline before the detach, still unknown after the resume
+            # (applied, their answers lost): the server's count says how many it applied,
+            # in order.
+            count = (state.get("step_count") if isinstance(state, Mapping)
+                     else getattr(state, "step_count", None))
+            if isinstance(count, int) and not isinstance(count, bool):
+                journal.settle_applied(count)
     except SessionLostError as exc:
         await client.close()
         raise _gone(handle, exc) from exc
@@ -234,8 +244,13 @@ class PortableSession:
                         "this session cannot be detached: the server offers no way to resume "
                         "it (envlink's extension, or OpenEnv detached sessions with "
                         "on_session_lost='resume')")
+                base_url = client.base_url
+                if base_url is None or client._target.provider is not None:
+                    # The provider stops its server when this client closes.
+                    raise EnvlinkError("a session on a server started by this client's "
+                                       "provider cannot be detached")
                 handle = SessionHandle(
-                    base_url=client.base_url, session_id=core.session_id,
+                    base_url=base_url, session_id=core.session_id,
                     mechanism="envlink-resume" if token is not None else "openenv-resume",
                     journal=core.journal.snapshot(), detached_id=detached,
                     resume_token=token)

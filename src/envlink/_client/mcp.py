@@ -14,7 +14,6 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from envlink._client.dispatch import dispatched
 from envlink._config import UNSET, UnsetType
 from envlink._errors import (
     ClientClosedError,
@@ -83,7 +82,6 @@ class McpMethods:
         """``"simulation"`` or ``"production"`` (OpenEnv's ``mode=``); fixed at creation."""
         return self._mode
 
-    @dispatched
     async def new_session(self: _C) -> _C:
         """Open another session on the same server, as OpenEnv's ``new_session()`` does.
 
@@ -110,7 +108,6 @@ class McpMethods:
         return child
 
 
-    @dispatched
     async def mcp_request(self, method: str, params: Mapping[str, Any] | None = None, *,
                           timeout: float | UnsetType | None = UNSET) -> Any:
         """Send one JSON-RPC request as an ``mcp`` message on the session's socket.
@@ -185,7 +182,6 @@ class McpMethods:
 
         return await driver.call("mcp", self._seconds(timeout), run)
 
-    @dispatched
     async def mcp_list_tools(self, *, timeout: float | UnsetType | None = UNSET
                              ) -> list[dict[str, Any]]:
         """The environment's tools (``tools/list`` as an ``mcp`` message): name,
@@ -200,7 +196,6 @@ class McpMethods:
             raise ProtocolError("tools/list answered without a list of tools")
         return tools
 
-    @dispatched
     async def mcp_call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
                             timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
         """Call a tool (``tools/call`` as an ``mcp`` message) and return its value.

@@ -1,6 +1,6 @@
 """Where a pool's sessions go: least-loaded endpoint first, capacity- and breaker-aware. No I/O.
 
-Each :class:`Endpoint` counts the pool's sessions placed on it (or being placed),
+Each :class:`PoolServer` counts the pool's sessions placed on it (or being placed),
 remembers the server's session limit once a ``CAPACITY_REACHED`` frame told it,
 and has a :class:`~envlink._pool.breaker.CircuitBreaker`. :class:`Placement` picks the
 endpoint for the next session: among those whose breaker lets traffic through,
@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 from envlink._pool.breaker import BreakerState, CircuitBreaker
 from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.redact import redact_url
 
-__all__ = ["Endpoint", "Placement", "parse_endpoints"]
+__all__ = ["PoolServer", "Placement", "parse_endpoints"]
 
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 
@@ -40,23 +41,23 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, str, int]
             raise TypeError(f"an endpoint must be a URL string, got {type(url).__name__}")
         parts = urlsplit(url)
         if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise ValueError(f"endpoint {url!r} must be an http(s):// or ws(s):// URL "
+            raise ValueError(f"endpoint {redact_url(url)!r} must be an http(s):// or ws(s):// URL "
                              "with a host")
         try:
             port = parts.port or _DEFAULT_PORTS[parts.scheme]
         except ValueError as exc:
-            raise ValueError(f"endpoint {url!r} has an invalid port") from exc
+            raise ValueError(f"endpoint {redact_url(url)!r} has an invalid port") from exc
         key = url.rstrip("/")
         if key in seen:
-            raise ValueError(f"endpoint {url!r} is listed twice")
+            raise ValueError(f"endpoint {redact_url(url)!r} is listed twice")
         seen.add(key)
         out.append((url, parts.hostname, port))
     return out
 
 
 @dataclass(eq=False)
-class Endpoint:
-    """One server of the pool, as the pool sees it.
+class PoolServer:
+    """One server of the pool, as the pool sees it (its load and its breaker).
 
     Attributes:
         url: the base URL sessions are opened on.
@@ -80,6 +81,11 @@ class Endpoint:
     index: int = field(default=0, repr=False)
 
     @property
+    def display(self) -> str:
+        """The URL safe to show (no userinfo, secret query values redacted)."""
+        return redact_url(self.url)
+
+    @property
     def address(self) -> str:
         """``host:port``."""
         return f"{self.host}:{self.port}"
@@ -100,20 +106,20 @@ class Placement:
                  make_breaker: Callable[[int], CircuitBreaker], *,
                  capacity_backoff: ReconnectPolicy,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.endpoints: list[Endpoint] = [
-            Endpoint(url, host, port, make_breaker(i), index=i)
+        self.endpoints: list[PoolServer] = [
+            PoolServer(url, host, port, make_breaker(i), index=i)
             for i, (url, host, port) in enumerate(endpoints)
         ]
         self._backoff = capacity_backoff
         self._clock = clock
 
-    def _has_room(self, ep: Endpoint, now: float) -> bool:
+    def _has_room(self, ep: PoolServer, now: float) -> bool:
         if now < ep.full_until:
             return False
         return ep.server_max is None or ep.sessions < ep.server_max
 
-    def choose(self, exclude: frozenset[Endpoint] | set[Endpoint] = frozenset()
-               ) -> Endpoint | None:
+    def choose(self, exclude: frozenset[PoolServer] | set[PoolServer] = frozenset()
+               ) -> PoolServer | None:
         """The endpoint for the next session, or ``None`` if none can take one now.
 
         The choice is reserved at once (its ``sessions`` count grows), so that a
@@ -121,7 +127,7 @@ class Placement:
         A half-open breaker's single probe is claimed by the choice.
         """
         now = self._clock()
-        best: Endpoint | None = None
+        best: PoolServer | None = None
         for ep in self.endpoints:
             if ep in exclude or not self._has_room(ep, now) or not ep.breaker.available():
                 continue
@@ -133,24 +139,24 @@ class Placement:
         return best
 
     @staticmethod
-    def _load(ep: Endpoint) -> tuple[float, int]:
+    def _load(ep: PoolServer) -> tuple[float, int]:
         # Fewest of our sessions first; where the server's limit is known, the share
         # of it that we use breaks ties (a bigger server takes more); then list order.
         share = ep.sessions / ep.server_max if ep.server_max else 0.0
         return (ep.sessions + share, ep.index)
 
-    def release(self, ep: Endpoint) -> None:
+    def release(self, ep: PoolServer) -> None:
         """One of the pool's sessions left ``ep`` (or a reservation was not used)."""
         ep.sessions = max(0, ep.sessions - 1)
         # A slot we held there is free now: it may take a waiting session at once.
         ep.full_until = 0.0
 
-    def placed(self, ep: Endpoint) -> None:
+    def placed(self, ep: PoolServer) -> None:
         """A session was opened on ``ep``: the server is up and had room."""
         ep.refusals = 0
         ep.breaker.record_success()
 
-    def refused(self, ep: Endpoint, *, active_sessions: int | None,
+    def refused(self, ep: PoolServer, *, active_sessions: int | None,
                 max_sessions: int | None) -> None:
         """``ep`` answered ``CAPACITY_REACHED`` (the reservation is released too).
 
@@ -166,7 +172,7 @@ class Placement:
         ep.refusals += 1
         ep.full_until = self._clock() + max(self._backoff.delay(ep.refusals), 0.001)
 
-    def unreachable(self, ep: Endpoint) -> None:
+    def unreachable(self, ep: PoolServer) -> None:
         """A connection to ``ep`` failed (the reservation is released too)."""
         ep.sessions = max(0, ep.sessions - 1)
         ep.breaker.record_failure()

@@ -29,6 +29,7 @@ from envlink._sansio.policies import (
     ReconnectPolicy,
     SessionLostPolicy,
 )
+from envlink._sansio.redact import redact_url
 from envlink._telemetry.instruments import get_telemetry
 
 if TYPE_CHECKING:
@@ -207,13 +208,13 @@ class EnvPool(Generic[ActT, ObsT]):
         for i, (url, _h, _p) in enumerate(self._parsed):
             ep = eps[i] if eps else None
             views.append(EndpointView(
-                url=url, breaker=ep.breaker.state.value if ep else "closed",
+                url=redact_url(url), breaker=ep.breaker.state.value if ep else "closed",
                 consecutive_failures=ep.breaker.consecutive_failures if ep else 0,
                 sessions=ep.sessions if ep else 0,
                 server_max=ep.server_max if ep else None, states=counts[i]))
         return PoolView(endpoints=tuple(views),
                         slots=tuple(s.state.value for s in self._slots),
-                        slot_endpoints=tuple(s.endpoint.url if s.endpoint and s.client
+                        slot_endpoints=tuple(s.endpoint.display if s.endpoint and s.client
                                              else None for s in self._slots))
 
     # ------------------------------------------------------------------ batch calls

@@ -31,7 +31,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._pool.breaker import BreakerState
-from envlink._pool.placement import Endpoint, Placement
+from envlink._pool.placement import Placement, PoolServer
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled
 from envlink._telemetry import logs as _logging
@@ -77,7 +77,7 @@ class Slot:
     def __init__(self, index: int) -> None:
         self.index = index
         self.client: EnvClient[Any, Any, Any] | None = None
-        self.endpoint: Endpoint | None = None
+        self.endpoint: PoolServer | None = None
         self.state = SlotState.EMPTY
         self.reset_kwargs: dict[str, Any] = {}
         self.episodes = 0
@@ -126,7 +126,7 @@ class SlotEngine:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def set_state(self, slot: Slot, state: SlotState, endpoint: Endpoint | None) -> None:
+    def set_state(self, slot: Slot, state: SlotState, endpoint: PoolServer | None) -> None:
         """Move a slot, keeping the sessions-by-endpoint-and-state gauge exact."""
         old_ep, old_state = slot.endpoint, slot.state
         if old_ep is endpoint and old_state is state:
@@ -139,16 +139,16 @@ class SlotEngine:
         slot.endpoint, slot.state = endpoint, state
 
     @staticmethod
-    def _attrs(ep: Endpoint, state: SlotState) -> dict[str, Any]:
+    def _attrs(ep: PoolServer, state: SlotState) -> dict[str, Any]:
         return {ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
                 ATTR_SESSION_STATE: state.value}
 
-    def breaker_changed(self, ep: Endpoint, old: BreakerState, new: BreakerState) -> None:
+    def breaker_changed(self, ep: PoolServer, old: BreakerState, new: BreakerState) -> None:
         """Hook of every endpoint's breaker: metrics, a log line, wake waiting placements."""
         self.tel.add(self.tel.pool_breaker_transitions, 1, {
             ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
             ATTR_BREAKER_STATE: new.value})
-        _log.warning(LOG_POOL_BREAKER_CHANGED, url=ep.url, old=old.value, new=new.value,
+        _log.warning(LOG_POOL_BREAKER_CHANGED, url=ep.display, old=old.value, new=new.value,
                      failures=ep.breaker.consecutive_failures)
         self.notify()
 
@@ -168,7 +168,7 @@ class SlotEngine:
             self._changed = asyncio.Event()
         return self._changed
 
-    def _placement_metric(self, ep: Endpoint, result: str) -> None:
+    def _placement_metric(self, ep: PoolServer, result: str) -> None:
         self.tel.add(self.tel.pool_placements, 1, {
             ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
             ATTR_PLACEMENT_RESULT: result})
@@ -283,7 +283,7 @@ class SlotEngine:
         policy = self.capacity
         placement = self.placement
         started = time.monotonic()
-        tried: set[Endpoint] = set()
+        tried: set[PoolServer] = set()
         last: EnvlinkError | None = None
         waits = 0
         self.set_state(slot, SlotState.PLACING, slot.endpoint)
@@ -338,7 +338,7 @@ class SlotEngine:
             async with bounded(delay):
                 await event.wait()
 
-    async def _try_endpoint(self, slot: Slot, ep: Endpoint, kwargs: dict[str, Any]
+    async def _try_endpoint(self, slot: Slot, ep: PoolServer, kwargs: dict[str, Any]
                             ) -> StepResult[Any] | EnvlinkError:
         """One placement attempt on ``ep``: a result, or the error that rules ``ep`` out."""
         placement = self.placement
@@ -403,8 +403,8 @@ class SlotEngine:
                     f"another endpoint: {exc}", journal=journal) from exc
             raise
         _log.info(LOG_POOL_SESSION_MOVED, slot=slot.index,
-                  from_url=old.url if old else None,
-                  to_url=slot.endpoint.url if slot.endpoint else None,
+                  from_url=old.display if old else None,
+                  to_url=slot.endpoint.display if slot.endpoint else None,
                   steps=journal.step_count, error_type=cause.error_type)
         return result
 

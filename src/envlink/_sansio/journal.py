@@ -7,9 +7,10 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, overload
 
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from envlink._config import check_count
+from envlink._errors import ProtocolError
 
 __all__ = ["EpisodeJournal", "JournalEntry"]
 
@@ -19,8 +20,16 @@ def _encode(value: dict[str, Any] | str) -> str:
     # deep copy. Nothing the caller does to an action or an observation can change the
     # record, nor what replay resends. pydantic's encoder is used because it is one C
     # call. NaN and infinities are kept as the JSON constants json.loads reads back.
-    return value if isinstance(value, str) else \
-        to_json(value, inf_nan_mode="constants").decode()
+    if isinstance(value, str):
+        return value
+    try:
+        return to_json(value, inf_nan_mode="constants").decode()
+    except PydanticSerializationError:
+        pass  # deeper than pydantic's serialiser goes (255 levels): the stdlib's goes further
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (RecursionError, ValueError, TypeError) as exc:
+        raise ProtocolError(f"a payload could not be recorded in the journal: {exc}") from exc
 
 
 class _Text:

@@ -342,7 +342,9 @@ class ObservationData(_Lenient):
     """The ``data`` of an observation frame."""
 
     observation: dict[str, Any]
-    reward: float | None = None
+    # Finite only: NaN compares unequal to everything and poisons every sum it enters
+    # (the client refuses to send one, too).
+    reward: Annotated[float, Field(allow_inf_nan=False)] | None = None
     done: StrictBool = False
     metadata: dict[str, Any] | None = None
 

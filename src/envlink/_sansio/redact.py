@@ -18,7 +18,7 @@ REDACTED = "REDACTED"
 #: Header names whose values are never shown (compared in lower case).
 SENSITIVE_HEADERS = frozenset({
     "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key",
-    "api-key", "x-auth-token", "x-access-token", "envlink-resume",
+    "api-key", "x-auth-token", "x-access-token", "envlink-resume", "envlink-session",
 })
 
 _SENSITIVE = re.compile(

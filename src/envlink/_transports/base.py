@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
 from envlink._errors import ConnectionLostError
+from envlink._sansio.redact import redact_url
 
 if TYPE_CHECKING:
     from envlink._config import ConnectionOptions
@@ -176,8 +177,8 @@ class Endpoint:
 
     @property
     def display(self) -> str:
-        """The URL safe to show in logs and errors."""
-        return self.ws_url
+        """The URL safe to show in logs and errors (secret query values redacted)."""
+        return redact_url(self.ws_url)
 
     @property
     def connect_url(self) -> str:
@@ -190,10 +191,14 @@ class Endpoint:
     @property
     def mcp_url(self) -> str:
         """The server's ``/mcp`` JSON-RPC URL (``http(s)://``, no query), as OpenEnv derives it."""
+        return self.http_url("/mcp")
+
+    def http_url(self, path: str) -> str:
+        """The server's plain-HTTP URL of ``path`` (``/health``, ``/schema``...), no query."""
         parts = urlsplit(self.ws_url)
         scheme = "https" if parts.scheme == "wss" else "http"
-        path = parts.path[:-len("/ws")] if parts.path.endswith("/ws") else parts.path
-        return urlunsplit((scheme, parts.netloc, path.rstrip("/") + "/mcp", "", ""))
+        base = parts.path[:-len("/ws")] if parts.path.endswith("/ws") else parts.path
+        return urlunsplit((scheme, parts.netloc, base.rstrip("/") + path, "", ""))
 
     def attached(self, session_id: str | None) -> Endpoint:
         """The same endpoint, attaching to ``session_id`` (``None``: a plain connection)."""
@@ -209,7 +214,7 @@ def parse_endpoint(base_url: str) -> Endpoint:
     """
     if not isinstance(base_url, str):
         raise TypeError(f"base_url must be a str such as 'http://127.0.0.1:8000', "
-                        f"got {type(base_url).__name__} {base_url!r}")
+                        f"got {type(base_url).__name__}")
     parts = urlsplit(base_url.strip())
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if scheme is None:
@@ -237,7 +242,8 @@ def parse_endpoint(base_url: str) -> Endpoint:
     ws_url = urlunsplit((scheme, netloc, path, parts.query, ""))
     # As OpenEnv's client reports it: the URL as given, without a trailing slash (and
     # here without credentials, which are never shown).
-    given = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+    given = redact_url(urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query,
+                                   "")))
     return Endpoint(ws_url=ws_url, host=host, port=port, secure=secure, auth_header=auth,
                     base_url=given)
 

@@ -25,7 +25,7 @@ from urllib.parse import urljoin, urlsplit
 
 from envlink._deadlines import bounded
 from envlink._errors import ConnectError, ConnectionLostError, EnvlinkError, ProtocolError
-from envlink._sansio.redact import is_sensitive_name, redact_url
+from envlink._sansio.redact import is_sensitive_name, redact_text, redact_url
 from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]
@@ -85,7 +85,7 @@ def _translate(exc: BaseException, where: str, *, answered: bool) -> EnvlinkErro
     """httpx's failure as envlink's: the one table of this seam."""
     import httpx
 
-    text = str(exc)
+    text = redact_text(str(exc))
     if isinstance(exc, httpx.ProxyError):
         return ConnectError(f"the proxy refused the request to {where}: {text}", retryable=True)
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import logging
 import ssl as ssl_module
 import time
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from websockets.exceptions import (
     ProtocolError as WsProtocolError,
 )
 from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from envlink._config import ConnectionOptions
 from envlink._deadlines import bounded
@@ -42,11 +44,72 @@ from envlink._errors import (
 )
 from envlink._heap import warm_read_buffers
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
+from envlink._sansio.redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
 from envlink._transports.http import post_json
 from envlink._transports.proxy import resolve_proxy
 
-__all__ = ["WebSocketConnection", "WebSocketTransport", "open_connection"]
+__all__ = ["CLIENT_LOGGER", "WebSocketConnection", "WebSocketTransport", "open_connection"]
+
+
+class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The ``websockets.client`` logger, with every credential removed.
+
+    At DEBUG websockets logs the request line (``> GET %s``, whose query may carry a
+    token or a detached session's id) and each header as ``("> %s: %s", name,
+    value)``, the server's resume token (``envlink-session``) included.
+    """
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if len(args) == 2 and isinstance(args[0], str) and is_sensitive_name(args[0]):
+            args = (args[0], REDACTED)
+        else:
+            args = tuple(redact_url(a) if isinstance(a, str) and a.startswith("/")
+                         else redact_text(a) if isinstance(a, str) else a for a in args)
+        super().log(level, msg, *args, **kwargs)
+
+
+class _Connect(connect):
+    """websockets' ``connect``, dropping every credential on a cross-origin redirect.
+
+    websockets drops ``Authorization`` and ``Cookie`` only; ``X-Api-Key``, the resume
+    token and the other sensitive headers must not reach another origin either.
+    (A redirect from ``wss`` to ``ws`` is refused by websockets itself.)
+    """
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        old = self.ws_uri
+        target = super().process_redirect(exc)
+        if isinstance(target, str) and self.additional_headers is not None:
+            new = parse_uri(target)
+            if (old.secure, old.host, old.port) != (new.secure, new.host, new.port):
+                self.additional_headers = Headers(
+                    (k, v) for k, v in Headers(self.additional_headers).raw_items()
+                    if not is_sensitive_name(k))
+        return target
+
+
+#: Given to every client connection (the server has its own, to the same rule).
+CLIENT_LOGGER = _RedactingLogger(logging.getLogger("websockets.client"), {})
+
+
+class _BoundedCloseConnection(ClientConnection):
+    """websockets' client connection, dropped ``close_timeout`` after it failed.
+
+    When websockets fails a connection (an oversize frame, a broken frame, a bad
+    upgrade answer) it sends its close frame or EOF and waits for the peer to close
+    TCP; a hostile peer that never does would hold ``recv()`` (or the handshake)
+    for as long as it likes. Here the transport is aborted once ``close_timeout``
+    has passed, which ends the wait with the error that caused it.
+    """
+
+    _abort_scheduled = False
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._abort_scheduled and self.protocol.close_expected():
+            self._abort_scheduled = True
+            self.loop.call_later(self.close_timeout or 0.0, self.transport.abort)
 
 
 def _retry_after(headers: Headers) -> float | None:
@@ -238,6 +301,8 @@ async def open_connection(
         "close_timeout": min(options.close_timeout, options.ping_timeout or options.close_timeout),
         "max_size": options.max_message_size,
         "compression": options.compression,
+        "logger": CLIENT_LOGGER,
+        "create_connection": _BoundedCloseConnection,
     }
     if options.user_agent is not None:
         kwargs["user_agent_header"] = options.user_agent
@@ -248,7 +313,7 @@ async def open_connection(
     # explicitly so that its own resolver never applies.
     kwargs["proxy"] = resolve_proxy(endpoint.ws_url, options.proxy)
     try:
-        ws = await connect(endpoint.connect_url, **kwargs)
+        ws = await _Connect(endpoint.connect_url, **kwargs)
     except InvalidStatus as exc:
         response = exc.response
         raise HandshakeRejectedError(
@@ -257,7 +322,8 @@ async def open_connection(
     except InvalidURI as exc:
         raise ConnectError(f"invalid server URL {where}", retryable=False) from exc
     except InvalidProxy as exc:
-        raise ConnectError(f"invalid proxy for {where}: {exc}", retryable=False) from exc
+        raise ConnectError(f"invalid proxy for {where}: {redact_text(str(exc))}",
+                           retryable=False) from exc
     except ImportError as exc:  # e.g. a socks:// proxy without python-socks installed
         raise ConnectError(f"cannot connect to {where}: {exc}", retryable=False) from exc
     except ssl_module.SSLCertVerificationError as exc:
@@ -269,7 +335,9 @@ async def open_connection(
         # A handshake cut short (EOF, reset) is transient; a server that answers the
         # upgrade with something that is not WebSocket is a protocol violation: fatal.
         transient = isinstance(exc.__cause__, (EOFError, OSError))
-        raise ConnectError(f"WebSocket handshake with {where} failed: {exc}",
+        cause = f" ({exc.__cause__})" if exc.__cause__ is not None and not transient else ""
+        raise ConnectError(f"WebSocket handshake with {where} failed: "
+                           f"{redact_text(str(exc))}{redact_text(cause)}",
                            retryable=transient) from exc
     except ConnectionClosed as exc:
         raise ConnectError(f"{where} closed the connection during the handshake",

@@ -28,6 +28,7 @@ from envlink.server._environments.environment import (
     InvalidActionError,
     SnapshotEnvironment,
     StepResult,
+    Transition,
 )
 from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
@@ -53,5 +54,6 @@ __all__ = [
     "SessionInfo",
     "SnapshotEnvironment",
     "StepResult",
+    "Transition",
     "main",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compression", choices=["deflate"], default=None,
                    help="offer permessage-deflate (default: off; the inflated size is "
                         "what --max-message-size counts)")
+    access = p.add_argument_group("access and limits")
+    access.add_argument("--auth-token", metavar="TOKEN", default=None,
+                        help="require 'Authorization: Bearer TOKEN' on every route "
+                             "but /health; prefer --auth-token-file or "
+                             "$ENVLINK_AUTH_TOKEN, which keep it out of the process list")
+    access.add_argument("--auth-token-file", metavar="PATH", default=None,
+                        help="read the bearer token from PATH (first line)")
+    access.add_argument("--allowed-origins", metavar="ORIGINS", default=None,
+                        help="comma-separated browser origins allowed to connect, or '*' "
+                             "(default: none; requests without Origin are not affected)")
+    access.add_argument("--max-connections", type=_positive_int, default=None, metavar="N",
+                        help="TCP connections open at once; more are dropped on accept")
+    access.add_argument("--idle-timeout", type=_positive_float, default=None, metavar="S",
+                        help="close a connection that sends no request for S seconds")
+    access.add_argument("--detached-idle-timeout", type=_positive_float, default=600.0,
+                        metavar="S", help="end a detached session left without a socket "
+                                          "for S seconds (default: %(default)s)")
+    access.add_argument("--certfile", metavar="PEM", default=None,
+                        help="serve wss:// and https:// with this certificate chain")
+    access.add_argument("--keyfile", metavar="PEM", default=None,
+                        help="the private key of --certfile (if not in the same file)")
     p.add_argument("--no-extensions", dest="extensions", action="store_false",
                    help="serve the plain OpenEnv protocol only")
     p.add_argument("--resume-grace", type=_non_negative_float, default=30.0, metavar="S",
@@ -125,6 +147,26 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         options["max_message_values"] = args.max_message_values
     if args.compression is not None:
         options["compression"] = args.compression
+    token = _auth_token(args)
+    if token is not None:
+        options["auth_token"] = token
+    if args.allowed_origins is not None:
+        options["allowed_origins"] = [o.strip() for o in args.allowed_origins.split(",")
+                                      if o.strip()]
+    if args.max_connections is not None:
+        options["max_connections"] = args.max_connections
+    if args.idle_timeout is not None:
+        options["idle_timeout"] = args.idle_timeout
+    if args.detached_idle_timeout != 600.0:
+        options["detached_idle_timeout"] = args.detached_idle_timeout
+    if args.certfile is not None:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.certfile, args.keyfile)
+        options["ssl"] = context
+    elif args.keyfile is not None:
+        raise SystemExit("envlink serve: --keyfile needs --certfile")
     return options
 
 
@@ -176,6 +218,27 @@ async def _serve(options: dict[str, Any], *, events: bool = False) -> int:
     finally:
         await server.stop()
     return 0
+
+
+def _auth_token(args: argparse.Namespace) -> str | None:
+    if args.auth_token is not None and args.auth_token_file is not None:
+        raise SystemExit("envlink serve: give --auth-token or --auth-token-file, not both")
+    if args.auth_token_file is not None:
+        with open(args.auth_token_file, encoding="utf-8") as f:
+            token = f.readline().strip()
+        if not token:
+            raise SystemExit(f"envlink serve: {args.auth_token_file} holds no token")
+        return token
+    if args.auth_token is not None:
+        return str(args.auth_token)
+    return os.environ.get("ENVLINK_AUTH_TOKEN") or None
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -1,8 +1,9 @@
 """The WebSocket upgrade: ``/health``, refusals, extension negotiation, session resumption.
 
-``process_request`` answers plain HTTP (``/health``, ``POST /mcp`` for detached
-sessions, 404) and refuses upgrades by
-fault injection; ``process_response`` negotiates the envlink extensions on a
+``process_request`` answers plain HTTP (``/health``, ``POST /mcp``, and the
+routes of :mod:`envlink.server._http_api`: ``/openapi.json``, ``/metadata``,
+``/schema``, ``/reset``, ``/step``, ``/state``; 404 or 405 otherwise) and refuses
+upgrades by fault injection; ``process_response`` negotiates the envlink extensions on a
 successful upgrade and decides the connection's :class:`Plan` (a new session or
 a resumed one, and the caller's trace context), which the connection handler
 takes over.
@@ -23,6 +24,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from envlink import __version__
 from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     EXTENSION_VERSION,
@@ -32,7 +34,18 @@ from envlink._sansio.protocol import (
     SESSION_ID_HEADER,
     SESSION_TOKEN_HEADER,
 )
-from envlink.server._mcp_http import rpc_response
+from envlink._sansio.redact import is_sensitive_name, redact_url
+from envlink.server._http_api import (
+    ROUTES,
+    HttpReply,
+    describe_metadata,
+    describe_schema,
+    http_reset,
+    http_state,
+    http_step,
+    openapi_document,
+)
+from envlink.server._mcp_http import json_response, rpc_response
 from envlink.server._store import Session, new_session_id, new_token
 
 if TYPE_CHECKING:
@@ -54,6 +67,8 @@ class Plan:
     session_id: str | None = None
     #: ``/ws?session_id=``: the OpenEnv detached session to attach to.
     attach: str | None = None
+    #: ``/harness``: a harness stream (RFC 005) instead of the Gym-style protocol.
+    harness: bool = False
 
 
 class Handshake:
@@ -84,11 +99,18 @@ class Handshake:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = "application/json"
             return response
-        if path == "/mcp" and server.detached_sessions:
+        refused = server.access.refuse(connection, request)
+        if refused is not None:
+            server._counters.incr("refused.access")
+            return refused
+        if path == "/mcp":
             return rpc_response(connection, server._registry, server.max_sessions,
-                                server._counters)
+                                server._counters, detached=server.detached_sessions)
+        if path == "/harness":
+            self._plans[connection] = Plan(harness=True)
+            return None
         if path != "/ws":
-            return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
+            return _plain_http(connection, server, path)
         faults = server.faults
         if faults.take_refusal():
             server._counters.incr("refused")
@@ -101,6 +123,9 @@ class Handshake:
     def process_response(self, connection: ServerConnection, request: Request,
                          response: Response) -> None:
         if response.status_code != http.HTTPStatus.SWITCHING_PROTOCOLS:
+            self._plans.pop(connection, None)
+            return
+        if connection in self._plans:  # decided by the path (/harness)
             return
         server = self._server
         registry = server._registry
@@ -151,6 +176,35 @@ class Handshake:
             self._server._registry.release(connection, plan.session, destroy=False)
 
 
+def _plain_http(connection: ServerConnection, server: EnvServer, path: str) -> Response:
+    """The HTTP routes of :mod:`envlink.server._http_api` (404 or 405 for the rest)."""
+    body = getattr(connection, "rpc_body", None)
+    method = "GET" if body is None else "POST"
+    if (method, path) not in ROUTES:
+        if any(route_path == path for _m, route_path in ROUTES):
+            response = connection.respond(http.HTTPStatus.METHOD_NOT_ALLOWED,
+                                          "Method Not Allowed\n")
+            return response
+        return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
+    factory = server._registry.factory
+    if path == "/openapi.json":
+        reply = HttpReply(200, openapi_document("envlink reference server"))
+    elif path == "/metadata":
+        reply = HttpReply(200, describe_metadata(factory, __version__))
+    elif path == "/schema":
+        reply = HttpReply(200, describe_schema(factory))
+    elif path == "/state":
+        reply = http_state(factory)
+    else:
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            reply = HttpReply(422, {"detail": "the body is not valid JSON"})
+        else:
+            reply = (http_reset if path == "/reset" else http_step)(factory, payload)
+    return json_response(connection, reply.status, reply.encode())
+
+
 class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """The ``websockets.server`` logger, with credentials removed from header debug lines.
 
@@ -162,8 +216,11 @@ class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if (len(args) == 2 and isinstance(args[0], str)
-                and args[0].lower() in self._SECRET):
+                and (args[0].lower() in self._SECRET or is_sensitive_name(args[0]))):
             args = (args[0], "<redacted>")
+        else:  # the request line: its query may carry a token or a session id
+            args = tuple(redact_url(a) if isinstance(a, str) and a.startswith("/") else a
+                         for a in args)
         super().log(level, msg, *args, **kwargs)
 
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from envlink.server._counters import AwaitableCounters
     from envlink.server._registry import SessionRegistry
 
-__all__ = ["MAX_RPC_BODY", "HttpAwareConnection", "rpc_error", "rpc_response", "rpc_result"]
+__all__ = ["MAX_RPC_BODY", "HttpAwareConnection", "json_response", "rpc_error", "rpc_response",
+           "rpc_result"]
 
 #: Largest JSON-RPC body accepted on ``POST /mcp``.
 MAX_RPC_BODY = 1024 * 1024
@@ -32,7 +33,7 @@ class HttpAwareConnection(ServerConnection):
     """A websockets server connection that also takes ``POST /mcp`` with a JSON body.
 
     Attributes:
-        rpc_body: the body of a ``POST /mcp`` request, ``None`` for anything else.
+        rpc_body: the body of a ``POST`` request (``b""`` if empty), ``None`` for a ``GET``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -99,8 +100,12 @@ def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> byt
 
 
 def rpc_response(connection: ServerConnection, registry: SessionRegistry, max_sessions: int,
-                 counters: AwaitableCounters) -> Response:
-    """Answer one ``POST /mcp`` JSON-RPC request (HTTP 200 with a JSON-RPC body, as OpenEnv)."""
+                 counters: AwaitableCounters, *, detached: bool = True) -> Response:
+    """Answer one ``POST /mcp`` JSON-RPC request (HTTP 200 with a JSON-RPC body, as OpenEnv).
+
+    Without ``detached`` the session methods are unknown (``-32601``, as a server
+    without detached sessions answers), so clients fall back to plain sessions.
+    """
     body = getattr(connection, "rpc_body", None)
     if body is None:
         answer = rpc_error(None, -32600, "POST a JSON-RPC 2.0 request to /mcp")
@@ -115,15 +120,24 @@ def rpc_response(connection: ServerConnection, registry: SessionRegistry, max_se
                 answer = rpc_error(None, -32600, "Invalid Request")
             else:
                 params = request.get("params")
-                answer = _method(registry, max_sessions, request.get("id"), request["method"],
-                                 params if isinstance(params, dict) else {})
+                method = request["method"]
+                if not detached and method.startswith("openenv/session/"):
+                    answer = rpc_error(request.get("id"), -32601, f"Method not found: {method}")
+                else:
+                    answer = _method(registry, max_sessions, request.get("id"), method,
+                                     params if isinstance(params, dict) else {})
     counters.incr("rpc")
-    response = connection.respond(http.HTTPStatus.OK, "")
-    response.body = answer
+    return json_response(connection, http.HTTPStatus.OK, answer)
+
+
+def json_response(connection: ServerConnection, status: int, body: bytes) -> Response:
+    """An HTTP response with a JSON body (for ``process_request`` to return)."""
+    response = connection.respond(http.HTTPStatus(status), "")
+    response.body = body
     del response.headers["Content-Type"]
     del response.headers["Content-Length"]
     response.headers["Content-Type"] = "application/json"
-    response.headers["Content-Length"] = str(len(answer))
+    response.headers["Content-Length"] = str(len(body))
     return response
 
 

@@ -28,7 +28,7 @@ from envlink.names import (
 )
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._dispatch import Frame
+from envlink.server._frames import Frame
 from envlink.server._registry import SessionRegistry
 from envlink.server._store import SessionInfo
 

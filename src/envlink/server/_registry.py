@@ -33,12 +33,16 @@ class SessionRegistry:
         resume_grace: seconds a detached extension session is kept.
         store: where extension sessions are persisted, or ``None``.
         counters: the server's counters (``session.*``).
+        detached_idle: seconds an OpenEnv detached session is kept while no socket is
+            attached to it (``None``: until closed).
     """
 
     def __init__(self, factory: EnvironmentFactory, *, resume_grace: float,
-                 store: SessionStore | None, counters: AwaitableCounters) -> None:
+                 store: SessionStore | None, counters: AwaitableCounters,
+                 detached_idle: float | None = None) -> None:
         self.factory = factory
         self.resume_grace = resume_grace
+        self.detached_idle = detached_idle
         self._store = store
         self._counters = counters
         self._sessions: dict[str, Session] = {}
@@ -83,7 +87,17 @@ class SessionRegistry:
                           detached=True)
         self._sessions[session.id] = session
         self._counters.incr("session.created")
+        self._arm_idle(session)
         return session
+
+    def _arm_idle(self, session: Session) -> None:
+        # Anyone can create a detached session with one unauthenticated POST: one that
+        # nobody attaches to must not hold a place under max_sessions for good.
+        if self.detached_idle is None:
+            return
+        session.expires_at = time.time() + self.detached_idle
+        session.timer = asyncio.get_running_loop().call_later(
+            self.detached_idle, self._expire, session)
 
     def attach(self, session_id: str, connection: object) -> tuple[Session | None, str | None]:
         """Attach a socket to a detached session, or the message OpenEnv refuses it with."""
@@ -92,6 +106,10 @@ class SessionRegistry:
             return None, f"Unknown session_id: {session_id}"
         if session.connection is not None:
             return None, f"Session {session_id} already has an attached WebSocket"
+        if session.timer is not None:
+            session.timer.cancel()
+            session.timer = None
+        session.expires_at = None
         session.connection = connection
         self._counters.incr("session.attached")
         return session, None
@@ -133,6 +151,7 @@ class SessionRegistry:
                 self.destroy(session)
             else:
                 self._counters.incr("session.detached")
+                self._arm_idle(session)
             return
         if destroy or not session.extensions:
             self.destroy(session)

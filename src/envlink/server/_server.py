@@ -13,7 +13,7 @@ persisted to disk). Fault injection hooks make it a test double for the client.
 
 This module is the I/O layer: listening, one handler per connection, stalls, drops
 and latency. The rest lives on its seams: the upgrade in ``_handshake``, sessions in
-``_registry``, what a frame means and what to answer in ``_dispatch`` (pure), the
+``_registry``, what a frame means and what to answer in ``_frames`` (pure), the
 fault decisions in ``_faults``, spans and test-facing observation in ``_observe``.
 """
 
@@ -23,25 +23,28 @@ import asyncio
 import contextlib
 import os
 import ssl as ssl_module
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span, TracerProvider
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from envlink._deadlines import bounded
 from envlink._errors import ErrorCode
 from envlink._heap import warm_read_buffers
 from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink._sansio.protocol import encode_response
+from envlink.server._access import Access, capped_connection
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._dispatch import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
 from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
+from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
 from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
+from envlink.server._harness import serve_harness
 from envlink.server._mcp_http import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
@@ -79,6 +82,16 @@ class EnvServer(Observable):
             before parsing (bigger: an ``INVALID_JSON`` error frame); this, not the
             length, bounds a parsed message's memory.
         compression: ``None`` (default) or ``"deflate"`` (permessage-deflate).
+        detached_idle_timeout: seconds an OpenEnv detached session is kept with no
+            socket attached (``None``: until ``openenv/session/close``).
+        idle_timeout: seconds a connection may stay without sending a request before
+            the server closes it (``None``: no limit; keepalive pings do not count).
+        auth_token: require ``Authorization: Bearer <auth_token>`` on every route but
+            ``/health`` (compared in constant time; ``401`` otherwise); ``/health`` stays
+            open. ``None``: no authentication.
+        allowed_origins: browser origins allowed to connect (``"*"``: any); a request
+            with another ``Origin`` header gets ``403``. Programs send none.
+        max_connections: TCP connections open at once; more are dropped on accept.
         extensions: offer the envlink extensions to clients that ask for them.
         resume_grace: seconds a detached extension session is kept for resumption.
         session_store: directory where extension sessions are persisted, so that a
@@ -105,6 +118,11 @@ class EnvServer(Observable):
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
         max_message_values: int | None = SERVER_MAX_MESSAGE_VALUES,
         compression: str | None = None,
+        detached_idle_timeout: float | None = 600.0,
+        idle_timeout: float | None = None,
+        auth_token: str | None = None,
+        allowed_origins: Sequence[str] | None = None,
+        max_connections: int | None = None,
         extensions: bool = True,
         resume_grace: float = 30.0,
         session_store: str | os.PathLike[str] | None = None,
@@ -137,11 +155,17 @@ class EnvServer(Observable):
             raise ValueError(f"compression must be None or 'deflate', got {compression!r}")
         self.max_message_values = max_message_values
         self.compression = compression
+        self.idle_timeout = idle_timeout
+        self.access = Access.build(auth_token, allowed_origins)
+        if max_connections is not None and max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._connection_class = capped_connection(HttpAwareConnection, max_connections)
         self.extensions = extensions
         self.faults = faults if faults is not None else Faults()
         self._counters = AwaitableCounters()
         self._registry = SessionRegistry(
             factory, resume_grace=resume_grace, counters=self._counters,
+            detached_idle=detached_idle_timeout,
             store=SessionStore(session_store) if session_store is not None else None)
         self._handshake = Handshake(self)
         self._telemetry = ServerTelemetry(tracer_provider)
@@ -231,7 +255,7 @@ class EnvServer(Observable):
             ssl=self._ssl,
             # Always: a POST (a client probing for detached sessions) then gets a plain
             # 404 instead of a failed handshake logged with its traceback.
-            create_connection=HttpAwareConnection,
+            create_connection=self._connection_class,
         )
         if self.port == 0:
             self.port = int(self._ws.sockets[0].getsockname()[1])
@@ -295,7 +319,15 @@ class EnvServer(Observable):
         destroy = False
         try:
             refusal: dict[str, Any] | None = None
-            if plan.attach is not None:
+            if plan.harness:
+                session, refusal = self._open_session(plan, connection)
+                if session is not None:
+                    handle.session_id = session.id
+                    self._counters.incr("connection.opened")
+                    await serve_harness(connection, session.id)
+                    destroy = True
+                    return
+            elif plan.attach is not None:
                 session, message = self._registry.attach(plan.attach, connection)
                 if message is not None:
                     refusal = {"message": message, "code": ErrorCode.SESSION_ERROR.value}
@@ -360,8 +392,17 @@ class EnvServer(Observable):
                      session: Session, plan: Plan) -> Outcome:
         while True:
             try:
-                raw = await connection.recv()
+                if self.idle_timeout is None:
+                    raw = await connection.recv()
+                else:
+                    async with bounded(self.idle_timeout):
+                        raw = await connection.recv()
             except ConnectionClosed:
+                return Outcome.LOST
+            except TimeoutError:
+                # Idle: closed like a going-away server; a resumable session stays
+                # resumable for its grace window.
+                await connection.close(1001, "idle timeout")
                 return Outcome.LOST
             handle.requests += 1
             frame = classify(raw, extensions=session.extensions,

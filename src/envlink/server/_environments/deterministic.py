@@ -10,7 +10,7 @@ import random
 import uuid
 from typing import Any
 
-from envlink.server._environments.environment import InvalidActionError, StepResult
+from envlink.server._environments.environment import InvalidActionError, Transition
 
 __all__ = ["DeterministicEnvironment"]
 
@@ -36,7 +36,7 @@ class DeterministicEnvironment:
         self._episode_id: str | None = None
 
     def reset(self, seed: int = 0, max_steps: int | None = None,
-              episode_id: str | None = None) -> StepResult:
+              episode_id: str | None = None) -> Transition:
         """Start an episode.
 
         Raises:
@@ -54,11 +54,11 @@ class DeterministicEnvironment:
         self._step = 0
         self._episode_id = episode_id or str(uuid.uuid4())
         draw = self._rng.randrange(_DRAW_RANGE)
-        return StepResult(
+        return Transition(
             observation={"position": 0, "draw": draw, "step": 0}, reward=0.0, done=False
         )
 
-    def step(self, action: dict[str, Any]) -> StepResult:
+    def step(self, action: dict[str, Any]) -> Transition:
         """Move by ``action["move"]``.
 
         Raises:
@@ -75,7 +75,7 @@ class DeterministicEnvironment:
         self._position += move
         self._step += 1
         draw = self._rng.randrange(_DRAW_RANGE)
-        return StepResult(
+        return Transition(
             observation={"position": self._position, "draw": draw, "step": self._step},
             reward=draw / _DRAW_RANGE,
             done=self._step >= self._max_steps,

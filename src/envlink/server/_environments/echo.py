@@ -17,9 +17,9 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from envlink.server._environments.environment import StepResult
+from envlink.server._environments.environment import Transition
 
 __all__ = ["READY_MESSAGE", "TOOLS", "EchoEnvironment"]
 
@@ -80,17 +80,17 @@ class EchoEnvironment:
         self._step_count = 0
 
     def reset(self, seed: int | None = None, episode_id: str | None = None,
-              **kwargs: Any) -> StepResult:
+              **kwargs: Any) -> Transition:
         """Start an episode; ``seed`` is ignored, ``episode_id`` is used if given."""
         self._episode_id = episode_id or str(uuid.uuid4())
         self._step_count = 0
-        return StepResult(
+        return Transition(
             observation={"echoed_message": READY_MESSAGE, "message_length": 0},
             reward=0.0,
             done=False,
         )
 
-    def step(self, action: dict[str, Any]) -> StepResult:
+    def step(self, action: dict[str, Any]) -> Transition:
         """Echo a message, list the tools or call one.
 
         Raises:
@@ -100,7 +100,7 @@ class EchoEnvironment:
         if kind == "list_tools":
             _ListToolsAction.model_validate(action)
             self._step_count += 1
-            return StepResult(observation={"tools": [dict(t) for t in TOOLS]})
+            return Transition(observation={"tools": [dict(t) for t in TOOLS]})
         if kind == "call_tool":
             call = _CallToolAction.model_validate(action)
             self._step_count += 1
@@ -108,14 +108,14 @@ class EchoEnvironment:
         echo = _EchoAction.model_validate(action)
         self._step_count += 1
         message = echo.message
-        return StepResult(
+        return Transition(
             observation={"echoed_message": message, "message_length": len(message)},
             reward=len(message) * 0.1,
             done=False,
             metadata={"original_message": message, "step_count": self._step_count},
         )
 
-    def _call_tool(self, call: _CallToolAction) -> StepResult:
+    def _call_tool(self, call: _CallToolAction) -> Transition:
         result: Any = None
         error: dict[str, str] | None = None
         if call.tool_name not in {t["name"] for t in TOOLS}:
@@ -135,9 +135,20 @@ class EchoEnvironment:
                     result = message
                 else:
                     result = {"message": message, "length": len(message)}
-        return StepResult(
+        return Transition(
             observation={"tool_name": call.tool_name, "result": result, "error": error},
         )
+
+    def metadata(self) -> dict[str, Any]:
+        """What ``GET /metadata`` describes."""
+        return {"name": "echo_env",
+                "description": "Echoes messages back, with the MCP tools echo_message "
+                               "and echo_with_length (like OpenEnv's echo example)."}
+
+    def schema(self) -> dict[str, Any]:
+        """The action's JSON schema, for ``GET /schema``."""
+        return {"action": TypeAdapter(_EchoAction | _ListToolsAction | _CallToolAction)
+                .json_schema()}
 
     def state(self) -> dict[str, Any]:
         """``episode_id`` and ``step_count``, like OpenEnv's ``State``."""

@@ -18,13 +18,14 @@ __all__ = [
     "InvalidActionError",
     "SnapshotEnvironment",
     "StepResult",
+    "Transition",
     "accepted_kwargs",
     "supports_snapshot",
 ]
 
 
 @dataclass(frozen=True)
-class StepResult:
+class Transition:
     """What :meth:`Environment.reset` and :meth:`Environment.step` return.
 
     Attributes:
@@ -52,6 +53,12 @@ class StepResult:
         return data
 
 
+#: The earlier name of :class:`Transition`, kept for existing environments. The
+#: client's :class:`envlink.StepResult` is a different class (what a client's step
+#: returns), hence the new name.
+StepResult = Transition
+
+
 class InvalidActionError(ValueError):
     """Raised by an environment for an action or reset argument it does not accept.
 
@@ -64,17 +71,17 @@ class InvalidActionError(ValueError):
 class Environment(Protocol):
     """One episode-running environment instance; the server creates one per session.
 
-    ``reset(**kwargs) -> StepResult`` starts a new episode. The server passes only
+    ``reset(**kwargs) -> Transition`` starts a new episode. The server passes only
     the reset arguments that its signature accepts (all of them if it takes
     ``**kwargs``), as OpenEnv does, so any keyword signature fits.
     """
 
     @property
-    def reset(self) -> Callable[..., StepResult]:
-        """``reset(**kwargs) -> StepResult``; see the class docstring."""
+    def reset(self) -> Callable[..., Transition]:
+        """``reset(**kwargs) -> Transition``; see the class docstring."""
         ...
 
-    def step(self, action: dict[str, Any]) -> StepResult:
+    def step(self, action: dict[str, Any]) -> Transition:
         """Apply one action (the ``data`` of a step frame)."""
         ...
 

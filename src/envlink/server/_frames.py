@@ -30,7 +30,7 @@ from envlink._sansio.protocol import (
     encode_response,
     validate_request,
 )
-from envlink.server._environments.environment import InvalidActionError, StepResult, accepted_kwargs
+from envlink.server._environments.environment import InvalidActionError, Transition, accepted_kwargs
 from envlink.server._faults import FaultChain, corrupt_frame
 from envlink.server._store import Session
 
@@ -234,9 +234,9 @@ def validation_error(exc: ValidationError, *, tag: str | None = None) -> dict[st
             "errors": errors}
 
 
-def _result_data(result: StepResult) -> dict[str, Any]:
-    if not isinstance(result, StepResult):
-        raise TypeError(f"environment returned {type(result).__name__}, expected StepResult")
+def _result_data(result: Transition) -> dict[str, Any]:
+    if not isinstance(result, Transition):
+        raise TypeError(f"environment returned {type(result).__name__}, expected Transition")
     data = result.to_wire()
     json.dumps(data)  # fail here (EXECUTION_ERROR) rather than while sending
     return data

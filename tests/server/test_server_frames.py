@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from envlink.server import DeterministicEnvironment, EchoEnvironment, Faults
-from envlink.server._dispatch import Outcome, Reply, classify, dispatch
 from envlink.server._faults import FaultChain
+from envlink.server._frames import Outcome, Reply, classify, dispatch
 from envlink.server._store import Session
 
 pytestmark = pytest.mark.timeout(10)

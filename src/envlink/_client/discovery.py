@@ -1,0 +1,320 @@
+"""Readiness and discovery over plain HTTP: ``/health``, ``/schema``, ``/metadata``.
+
+What consumers otherwise hand-roll around an OpenEnv server: a ``/health`` poll with
+a deadline (before a container, a local process or a Hugging Face Space takes
+connections), and the JSON schemas and metadata of the environment. Requests go
+through :mod:`envlink._transports.http` with the client's connection options (TLS
+context, proxy, headers such as ``Authorization``, size bound) to the client's own
+server only; a redirect to another origin is followed without the credentials.
+
+:func:`wait_until_ready` polls under the one retry primitive
+(:class:`~envlink._sansio.retry.Retry`): the client's backoff and retry budget,
+capped by the caller's deadline. A sleeping Space answers 503, or its HTML waking
+page with status 200, until it is up: both are "not ready yet".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from envlink._client.dispatch import dispatched
+from envlink._config import UNSET, ConnectionOptions, Timeout, UnsetType
+from envlink._deadlines import bounded
+from envlink._errors import (
+    CallTimeoutError,
+    ClientClosedError,
+    ConnectError,
+    ConnectionLostError,
+    HttpStatusError,
+    NotReadyError,
+    ProtocolError,
+    SpaceNotAwakeError,
+)
+from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.retry import Again, Retry
+from envlink._transports.base import Endpoint
+from envlink._transports.http import HttpAnswer, get_json
+
+__all__ = ["DiscoveryMethods", "EnvironmentMetadata", "EnvironmentSchema", "Health", "fetch",
+           "fetch_model", "wait_until_ready"]
+
+_M = TypeVar("_M", bound=BaseModel)
+#: Statuses of a server that is starting (or a Space waking up): poll again.
+_NOT_YET = frozenset({408, 425, 429, 500, 502, 503, 504})
+#: Poll attempts are limited by the deadline, not by a count.
+_UNBOUNDED_ATTEMPTS = 1 << 30
+
+
+class Health(BaseModel):
+    """``GET /health``: OpenEnv's ``HealthResponse`` (``status`` is ``"healthy"``).
+
+    Extra fields a server adds (envlink's reference server reports its sessions)
+    are kept as attributes.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    status: str
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the server says it is healthy."""
+        return self.status == "healthy"
+
+
+class EnvironmentMetadata(BaseModel):
+    """``GET /metadata``: OpenEnv's ``EnvironmentMetadata``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    description: str
+    readme_content: str | None = None
+    version: str | None = None
+    author: str | None = None
+    documentation_url: str | None = None
+
+
+class EnvironmentSchema(BaseModel):
+    """``GET /schema``: JSON schemas of the action, the observations and the state."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    action: dict[str, Any]
+    observation: dict[str, Any]
+    state: dict[str, Any]
+    reset_observation: dict[str, Any] | None = None
+
+
+class _NotYet(ConnectError):
+    """The server is not ready yet (refused, 503, a waking page): poll again."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message, retryable=True)
+        self.status = status
+
+
+def _headers(endpoint: Endpoint, options: ConnectionOptions) -> list[tuple[str, str]]:
+    headers = list(options.headers)
+    if endpoint.auth_header is not None and not any(
+            k.lower() == "authorization" for k, _ in headers):
+        headers.append(("Authorization", endpoint.auth_header))
+    if options.user_agent is not None:
+        headers.append(("User-Agent", options.user_agent))
+    return headers
+
+
+async def _get(endpoint: Endpoint, options: ConnectionOptions, path: str) -> HttpAnswer:
+    # Redirects within the origin are followed; across origins the credentials are
+    # dropped, and https never becomes http (the HTTP module's rule).
+    return await get_json(endpoint.http_url(path), headers=_headers(endpoint, options),
+                          ssl=options.ssl if endpoint.secure else None, proxy=options.proxy,
+                          max_size=options.max_message_size)
+
+
+async def fetch(endpoint: Endpoint, options: ConnectionOptions, path: str,
+                timeout: float | None) -> Any:
+    """GET ``path`` on the server and return its JSON body.
+
+    Raises:
+        HttpStatusError: an answer other than 200.
+        ProtocolError: a 200 whose body is not JSON.
+        ConnectError, ConnectionLostError: the server could not be reached.
+        CallTimeoutError: ``timeout`` expired.
+    """
+    url = endpoint.http_url(path)
+    try:
+        async with bounded(timeout):
+            answer = await _get(endpoint, options, path)
+    except TimeoutError as exc:
+        raise CallTimeoutError(f"GET {url} timed out after {timeout}s", method=path) from exc
+    if answer.status != 200:
+        raise HttpStatusError(f"GET {url} answered HTTP {answer.status}", url=url,
+                              status=answer.status)
+    return answer.body
+
+
+async def fetch_model(model: type[_M], endpoint: Endpoint, options: ConnectionOptions,
+                      path: str, timeout: float | None) -> _M:
+    """:func:`fetch`, validated as ``model``.
+
+    Raises:
+        ProtocolError: the body does not have the model's shape; and as :func:`fetch`.
+    """
+    body = await fetch(endpoint, options, path, timeout)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise ProtocolError(
+            f"GET {endpoint.http_url(path)} is not a {model.__name__}: "
+            f"{exc.error_count()} field error(s)") from exc
+
+
+async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
+                           policy: ReconnectPolicy, timeout: float | None, *,
+                           attempt_timeout: float | None, space: str | None = None) -> Health:
+    """Poll ``GET /health`` until the server says it is healthy, or ``timeout`` ends.
+
+    Refused connections, 5xx/429 answers and a 200 that is not the health JSON (a
+    Space's waking page) are "not ready yet": polled again after the policy's
+    backoff, each retry charged to its budget, until ``timeout`` (or the policy's
+    ``max_elapsed`` when ``timeout`` is ``None``).
+
+    Args:
+        endpoint: the server.
+        options: the client's connection options.
+        policy: the client's reconnect policy (backoff and budget).
+        timeout: seconds to wait at most.
+        attempt_timeout: bound on each poll.
+        space: the Space's name when the server is a Hugging Face Space (the error
+            then says the Space did not wake).
+
+    Raises:
+        NotReadyError: not ready when the deadline ended (``SpaceNotAwakeError``
+            for a Space).
+        HttpStatusError: a status that waiting will not change (401, 403, 404...).
+        RetryBudgetExhaustedError: the shared budget refused a retry.
+    """
+    url = endpoint.http_url("/health")
+    limit = timeout if timeout is not None else policy.max_elapsed
+    polling = dataclasses.replace(policy, max_attempts=_UNBOUNDED_ATTEMPTS, max_elapsed=limit)
+    loop = asyncio.get_running_loop()
+    retry = Retry(polling, operation="ready", sleep=asyncio.sleep, clock=loop.time,
+                  retry_on=lambda exc: isinstance(exc, _NotYet))
+    last: list[_NotYet] = []
+
+    async def poll(_attempt: int) -> Health:
+        try:
+            async with bounded(attempt_timeout):
+                answer = await _get(endpoint, options, "/health")
+        except (TimeoutError, ConnectionLostError, ProtocolError) as exc:
+            raise _not_yet(last, f"{type(exc).__name__}: {exc}", None) from exc
+        except ConnectError as exc:
+            if not exc.retryable:
+                raise
+            raise _not_yet(last, str(exc), None) from exc
+        if answer.status in _NOT_YET:
+            raise _not_yet(last, f"HTTP {answer.status}", answer.status)
+        if answer.status != 200:
+            raise HttpStatusError(f"GET {url} answered HTTP {answer.status}", url=url,
+                                  status=answer.status)
+        try:
+            health = Health.model_validate(answer.body)
+        except ValidationError as exc:
+            raise _not_yet(last, "a 200 answer that is not the health JSON", 200) from exc
+        if not health.healthy:
+            raise _not_yet(last, f"status {health.status!r}", 200)
+        return health
+
+    try:
+        async with bounded(limit):
+            return await retry.run(poll)
+    except (_NotYet, TimeoutError) as exc:
+        seen = last[-1] if last else None
+        what = seen.args[0] if seen is not None else "no answer"
+        waited = f"within {limit:g}s" if limit is not None else "before the policy gave up"
+        status = seen.status if seen is not None else None
+        if space is not None:
+            raise SpaceNotAwakeError(
+                f"the Hugging Face Space {space} did not wake up {waited} "
+                f"(last answer: {what}); try again later, or wait longer", url=url,
+                attempts=retry.tries, last_status=status) from exc
+        raise NotReadyError(f"{url} was not ready {waited} (last answer: {what})",
+                            url=url, attempts=retry.tries, last_status=status) from exc
+
+
+def _not_yet(seen: list[_NotYet], what: str, status: int | None) -> Again:
+    error = _NotYet(what, status)
+    seen.append(error)
+    del seen[:-1]
+    return Again(error)
+
+
+class DiscoveryMethods:
+    """``wait_until_ready``, ``health``, ``schema`` and ``metadata``: a mixin of the client."""
+
+    if TYPE_CHECKING:  # provided by EnvClient
+        _endpoint: Endpoint
+        _options: ConnectionOptions
+        timeouts: Timeout
+
+        @property
+        def closed(self) -> bool: ...
+
+        @property
+        def reconnect_policy(self) -> ReconnectPolicy: ...
+
+        def _seconds(self, timeout: float | UnsetType | None) -> float | None: ...
+
+        async def _prepare_server(self) -> None: ...
+
+        @property
+        def _space_name(self) -> str | None: ...
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+
+    @dispatched
+    async def wait_until_ready(self, timeout: float | UnsetType | None = UNSET) -> Health:
+        """Wait until the server answers ``GET /health`` healthy (a Space wakes up).
+
+        Polls with the client's backoff under its reconnect policy (every retry
+        charged to its retry budget). A client with a provider starts it first.
+
+        Args:
+            timeout: seconds to wait at most (default: the client's call timeout).
+
+        Raises:
+            NotReadyError: still not ready at the deadline (``SpaceNotAwakeError``
+                for a Hugging Face Space).
+            HttpStatusError: an answer that waiting will not change (401, 404...).
+            RetryBudgetExhaustedError, ProviderError, ClientClosedError.
+        """
+        self._check_open()
+        seconds = self._seconds(timeout)
+        await self._prepare_server()
+        return await wait_until_ready(
+            self._endpoint, self._options, self.reconnect_policy, seconds,
+            attempt_timeout=self.timeouts.connect, space=self._space_name)
+
+    @dispatched
+    async def health(self, *, timeout: float | UnsetType | None = UNSET) -> Health:
+        """``GET /health`` once.
+
+        Raises:
+            HttpStatusError: the server answered another status than 200.
+            ProtocolError: the answer is not OpenEnv's health JSON.
+            ConnectError, ConnectionLostError, CallTimeoutError, ClientClosedError.
+        """
+        return await self._fetch(Health, "/health", timeout)
+
+    @dispatched
+    async def schema(self, *, timeout: float | UnsetType | None = UNSET) -> EnvironmentSchema:
+        """``GET /schema``: the JSON schemas of the action, observations and state.
+
+        Raises:
+            As :meth:`health`.
+        """
+        return await self._fetch(EnvironmentSchema, "/schema", timeout)
+
+    @dispatched
+    async def metadata(self, *,
+                       timeout: float | UnsetType | None = UNSET) -> EnvironmentMetadata:
+        """``GET /metadata``: the environment's name, description, version...
+
+        Raises:
+            As :meth:`health`.
+        """
+        return await self._fetch(EnvironmentMetadata, "/metadata", timeout)
+
+    async def _fetch(self, model: type[_M], path: str,
+                     timeout: float | UnsetType | None) -> _M:
+        self._check_open()
+        seconds = self._seconds(timeout)
+        await self._prepare_server()
+        return await fetch_model(model, self._endpoint, self._options, path, seconds)

@@ -1,0 +1,377 @@
+"""Where a client's server comes from: a URL, a Hugging Face Space, or a provider.
+
+:class:`Target` is what ``EnvClient(base_url=..., provider=..., token=...)``
+resolves to: the URL (a Space name becomes its ``hf.space`` URL, with the token
+in the client's headers), the provider's shared :class:`ProviderLease`, and
+what must happen before the first connection (start the provider, wait for a
+sleeping Space). :class:`Bootstrap` is the lazy handle of ``from_docker_image``
+and ``from_env``: awaited, a connected client; ``.sync()``, a connected facade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+
+from envlink._client.discovery import wait_until_ready
+from envlink._client.providers import (
+    DockerProvider,
+    LocalServerProvider,
+    ProviderLease,
+    bound_container,
+    lease_for,
+)
+from envlink._client.spaces import (
+    hf_space_subdomain,
+    hf_token,
+    is_space_name,
+    space_name_of,
+    space_url,
+)
+from envlink._errors import ProviderError
+from envlink._transports.base import parse_endpoint
+
+if TYPE_CHECKING:
+    from envlink._client.driver import SessionDriver
+    from envlink._client.sync_client import SyncEnvClient
+    from envlink._config import ConnectionOptions, Timeout
+    from envlink._sansio.policies import ReconnectPolicy
+    from envlink._transports.base import Endpoint
+
+__all__ = ["Bootstrap", "Target", "from_docker_image", "from_env", "override_space_urls"]
+
+class _Client(Protocol):
+    async def connect(self) -> Any: ...
+
+    async def close(self) -> None: ...
+
+    def sync(self) -> Any: ...
+
+
+_C = TypeVar("_C", bound=_Client)
+#: A base URL that cannot be reached, until the provider's server is started (one per
+#: provider, so that per-endpoint limits count a provider's sessions together).
+_NOT_STARTED = "http://provider-{:x}.invalid"
+#: Test-only: Space names resolved to another (loopback) base URL.
+_SPACE_OVERRIDES: dict[str, str] = {}
+
+
+class override_space_urls:
+    """For tests: resolve Space names to other base URLs (``{"owner/space": url}``)."""
+
+    def __init__(self, mapping: Mapping[str, str]) -> None:
+        self._mapping = dict(mapping)
+        self._saved: dict[str, str] = {}
+
+    def __enter__(self) -> None:
+        self._saved = dict(_SPACE_OVERRIDES)
+        _SPACE_OVERRIDES.update(self._mapping)
+
+    def __exit__(self, *exc: object) -> None:
+        _SPACE_OVERRIDES.clear()
+        _SPACE_OVERRIDES.update(self._saved)
+
+
+class Target:
+    """A client's server: its URL and headers, its provider, whether it is a Space."""
+
+    def __init__(self, base_url: str, headers: Mapping[str, str] | None,
+                 lease: ProviderLease | None, space: str | None, started: bool) -> None:
+        self.base_url = base_url
+        self.headers = headers
+        self.lease = lease
+        self.space = space
+        self.started = started
+        #: Set once a Space answered its health check.
+        self.awake = space is None
+        self._held = False
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def provider(self) -> Any:
+        """The provider, or ``None``."""
+        return self.lease.provider if self.lease is not None else None
+
+    @classmethod
+    def resolve(cls, base_url: str | None, provider: Any,
+                headers: Mapping[str, str] | None, token: str | None) -> Target:
+        """What ``EnvClient(base_url, provider=, headers=, token=)`` connects to.
+
+        Raises:
+            TypeError: neither ``base_url`` nor ``provider``.
+            ProviderError: ``provider`` is not a provider.
+        """
+        if base_url is None and provider is None:
+            raise TypeError("base_url must be a str such as 'http://127.0.0.1:8000' or a "
+                            "Space name ('owner/space'), or left out with provider=; got None")
+        lease = lease_for(provider, base_url) if provider is not None else None
+        if base_url is None:
+            assert lease is not None
+            return cls(_NOT_STARTED.format(id(lease)), headers, lease, None, started=False)
+        space: str | None = None
+        if isinstance(base_url, str) and is_space_name(base_url.strip()):
+            space = base_url.strip()
+            base_url = _SPACE_OVERRIDES.get(space) or space_url(space)
+        elif isinstance(base_url, str):
+            space = space_name_of(base_url)
+        if space is not None and not any(k.lower() == "authorization"
+                                         for k in (headers or {})):
+            secret = token if token is not None else hf_token()
+            if secret:
+                headers = {**(headers or {}), "Authorization": f"Bearer {secret}"}
+        return cls(base_url, headers, lease, space, started=True)
+
+    async def prepare(self, ready_timeout: float | None) -> str | None:
+        """Start the provider's server if this client has not yet; its URL if it just did."""
+        if self.lease is None or self._held:
+            return None
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._held:
+                return None
+            url = await self.lease.acquire(ready_timeout)
+            self._held = True
+            if self.started:
+                return None
+            self.started = True
+            return url
+
+    async def release(self) -> None:
+        """The client closed: give the provider back (stopped when no client is left)."""
+        if self.lease is not None and self._held:
+            self._held = False
+            await self.lease.release()
+
+    def __repr__(self) -> str:  # no headers: they may hold a token
+        return f"Target(space={self.space!r}, provider={self.provider!r})"
+
+
+class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
+    """The handle ``from_docker_image`` / ``from_env`` return, as OpenEnv 0.10's.
+
+    ``await handle`` (or ``asyncio.run(handle)``) gives the connected async client;
+    ``handle.sync()`` the connected :class:`SyncEnvClient`. Nothing starts before
+    that; a handle resolves once. If connecting fails, the provider is stopped.
+    """
+
+    def __init__(self, build: Callable[[], _C]) -> None:
+        self._build = build
+        self._coro: Coroutine[Any, Any, _C] | None = None
+        self._used = False
+
+    def _consume(self) -> _C:
+        if self._used:
+            raise RuntimeError("this bootstrap handle was already resolved; call the "
+                               "factory again for another environment")
+        self._used = True
+        return self._build()
+
+    async def _resolve(self) -> _C:
+        client = self._consume()
+        try:
+            await client.connect()
+        except BaseException:
+            with suppress(Exception, asyncio.CancelledError):
+                await client.close()
+            raise
+        return client
+
+    def _coroutine(self) -> Coroutine[Any, Any, _C]:
+        if self._coro is None:
+            self._coro = self._resolve()
+        return self._coro
+
+    def __await__(self) -> Generator[Any, None, _C]:
+        return self._coroutine().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coroutine().throw(*args)
+
+    def close(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
+
+    def sync(self) -> SyncEnvClient[Any, Any, Any]:
+        """Start and connect on a background loop; return the connected facade.
+
+        Raises:
+            ProviderError, ConnectError, CallTimeoutError: as ``connect()``; the
+                provider is stopped first.
+        """
+        facade: SyncEnvClient[Any, Any, Any] = self._consume().sync()
+        try:
+            facade.connect()
+        except BaseException:
+            with suppress(Exception):
+                facade.close()
+            raise
+        return facade
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} pending (await it, or call .sync())>"
+
+
+_F = TypeVar("_F", bound="FactoryMethods")
+
+
+class FactoryMethods:
+    """Where the client's server comes from: ``from_docker_image``, ``from_env``, the
+    provider, and what happens before each connect. A mixin of the client."""
+
+    if TYPE_CHECKING:  # provided by EnvClient
+        _target: Target
+        _endpoint: Endpoint
+        _options: ConnectionOptions
+        _driver: SessionDriver
+        timeouts: Timeout
+
+        @property
+        def reconnect_policy(self) -> ReconnectPolicy: ...
+
+        async def connect(self) -> Any: ...
+
+        async def close(self) -> None: ...
+
+        def sync(self) -> Any: ...
+
+    @property
+    def provider(self) -> Any:
+        """The provider given as ``provider=``, or ``None``."""
+        return self._target.provider
+
+    @property
+    def _space_name(self) -> str | None:
+        return self._target.space
+
+    async def _prepare_server(self) -> None:
+        """Start the provider's server, or wait for a sleeping Space: once, before the
+        first connection (the connector calls it before each open)."""
+        target = self._target
+        url = await target.prepare(self.timeouts.call)
+        if url is not None:
+            self._endpoint = parse_endpoint(url)
+            self._driver.connector.endpoint = self._endpoint
+        if not target.awake:
+            policy = self.reconnect_policy
+            await wait_until_ready(
+                self._endpoint, self._options, policy,
+                policy.max_elapsed if policy.max_elapsed is not None else self.timeouts.call,
+                attempt_timeout=self.timeouts.connect, space=target.space)
+            target.awake = True
+
+    @classmethod
+    def from_docker_image(cls: type[_F], image: str, provider: Any = None,
+                          **kwargs: Any) -> Bootstrap[_F]:
+        """A client of a server run from a container image, as OpenEnv's ``from_docker_image``.
+
+        Lazy: nothing starts until the handle is awaited (a connected client) or
+        ``.sync()`` is called (a connected :class:`SyncEnvClient`). The container
+        is started under the connect deadline and stopped when the client closes,
+        or at once if starting or connecting fails.
+
+        Args:
+            image: the image (``"echo-env:latest"``).
+            provider: a container provider (default: :class:`DockerProvider`).
+            **kwargs: passed to ``provider.start_container(image, ...)``.
+
+        Raises:
+            ProviderError: on resolution: docker is missing, or the start failed.
+        """
+        return from_docker_image(cls, image, provider, kwargs)
+
+    @classmethod
+    def from_env(cls: type[_F], repo_id: str, *, use_docker: bool = True, provider: Any = None,
+                 **provider_kwargs: Any) -> Bootstrap[_F]:
+        """A client of a Hugging Face Space run locally, as OpenEnv's ``from_env``.
+
+        With ``use_docker`` the Space's image ``registry.hf.space/<subdomain>:<tag>``
+        runs in a container provider (default :class:`DockerProvider`); otherwise a
+        runtime provider runs it (default: ``uv run`` of a local checkout given as
+        ``project_path``). To use the hosted Space instead, pass its name as
+        ``base_url``: ``EnvClient("owner/space")``.
+
+        Args:
+            repo_id: ``owner/space``.
+            use_docker: run the image (``True``) or the project (``False``).
+            provider: the provider to use.
+            **provider_kwargs: ``port``, ``env_vars``, ``tag`` (docker), ``project_path``
+                and ``app`` (uv), or more ``start_container`` arguments.
+
+        Raises:
+            ValueError: a malformed ``repo_id``, or ``provider_kwargs`` with a runtime
+                ``provider``.
+            ProviderError: on resolution, as :meth:`from_docker_image`.
+        """
+        return from_env(cls, repo_id, use_docker=use_docker, provider=provider,
+                                  provider_kwargs=provider_kwargs)
+
+
+def from_docker_image(cls: type[_C], image: str, provider: Any,
+                      kwargs: Mapping[str, Any]) -> Bootstrap[_C]:
+    """See :meth:`EnvClient.from_docker_image`."""
+    def build() -> _C:
+        chosen = provider if provider is not None else DockerProvider()
+        return cast(_C, cast(Any, cls)(provider=bound_container(chosen, image, kwargs)))
+
+    return Bootstrap(build)
+
+
+def from_env(cls: type[_C], repo_id: str, *, use_docker: bool, provider: Any,
+             provider_kwargs: Mapping[str, Any]) -> Bootstrap[_C]:
+    """See :meth:`EnvClient.from_env`."""
+    if not is_space_name(repo_id):
+        raise ValueError(f"repo_id must look like 'owner/space', got {repo_id!r}")
+    options = dict(provider_kwargs)
+    if use_docker:
+        tag = options.pop("tag", "latest")
+        image = f"registry.hf.space/{hf_space_subdomain(repo_id)}:{tag}"
+        return from_docker_image(cls, image, provider, options)
+    start: dict[str, Any] = {k: options.pop(k) for k in ("port", "env_vars") if k in options}
+    if provider is not None and options:
+        raise ValueError("provider_kwargs cannot be used when supplying a provider instance")
+
+    def build() -> _C:
+        runtime = provider if provider is not None else _uv_provider(repo_id, options)
+        chosen = _BoundRuntime(runtime, start) if start else runtime
+        return cast(_C, cast(Any, cls)(provider=chosen))
+
+    return Bootstrap(build)
+
+
+class _BoundRuntime:
+    """A runtime provider with its ``start`` arguments (``port``, ``env_vars``) bound."""
+
+    def __init__(self, provider: Any, start: Mapping[str, Any]) -> None:
+        self._provider = provider
+        self._start = dict(start)
+
+    def start(self) -> str:
+        return str(self._provider.start(**self._start))
+
+    def wait_for_ready(self, timeout_s: float | None = None) -> None:
+        if timeout_s is None:
+            self._provider.wait_for_ready()
+        else:
+            self._provider.wait_for_ready(timeout_s=timeout_s)
+
+    def stop(self) -> None:
+        self._provider.stop()
+
+
+def _uv_provider(repo_id: str, options: Mapping[str, Any]) -> LocalServerProvider:
+    project = options.get("project_path")
+    if project is None or str(project).startswith("git+"):
+        raise ProviderError(
+            f"running {repo_id} without docker needs a local checkout: clone "
+            f"https://huggingface.co/spaces/{repo_id} and pass project_path=, or pass "
+            "provider=UVProvider(...) from openenv")
+    app = str(options.get("app", "server.app:app"))
+    return LocalServerProvider(["uv", "run", "--isolated", "--project", str(project), "--",
+                                "uvicorn", app, "--host", "{host}", "--port", "{port}"],
+                               env_vars=options.get("env_vars"))

@@ -1,0 +1,556 @@
+"""``provider=``: servers the client starts itself, as OpenEnv 0.10's providers do.
+
+A provider is duck-typed, so OpenEnv's own work unchanged:
+
+- a *container* provider (``ContainerProvider``: ``start_container(...) -> base_url``,
+  ``wait_for_ready(base_url, timeout_s)``, ``stop_container()``), or
+- a *runtime* provider (``RuntimeProvider``: ``start(port, env_vars, **kw) -> base_url``,
+  ``wait_for_ready(timeout_s)``, ``stop()``).
+
+A :class:`ProviderLease` owns one provider's server for every client that uses it
+(a client and its ``new_session()`` children): started by the first connect (in
+a worker thread, since providers block), stopped when the last user releases it,
+and stopped at once when starting or the readiness wait fails, so nothing is left
+running. A start abandoned by a cancelled caller is stopped as soon as it ends.
+
+:class:`LocalServerProvider` is envlink's own runtime provider: a local server
+command (``envlink serve``, or any OpenEnv app under uvicorn) on a free loopback
+port, in its own process group, killed with its parent (``PR_SET_PDEATHSIG`` on
+Linux), stopped with SIGTERM then SIGKILL. :class:`DockerProvider` runs an image
+with ``docker run`` (the same command line as OpenEnv's ``LocalDockerProvider``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from envlink._errors import EnvlinkError, ProviderError
+
+__all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "bound_container",
+           "docker_run_command", "lease_for", "start_provider", "stop_provider"]
+
+_LEASES: weakref.WeakKeyDictionary[Any, ProviderLease] = weakref.WeakKeyDictionary()
+_LEASES_LOCK = threading.Lock()
+
+
+def _kind(provider: object) -> str:
+    if callable(getattr(provider, "start_container", None)):
+        return "container"
+    if callable(getattr(provider, "start", None)):
+        return "runtime"
+    raise ProviderError(
+        f"{type(provider).__name__} is not a provider: it needs start_container() "
+        "(a container provider) or start() (a runtime provider)")
+
+
+def _required_parameters(func: Callable[..., Any]) -> list[str]:
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                           inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
+def _wait_for_ready(wait: Callable[..., Any], timeout_s: float | None, *first: Any) -> None:
+    if timeout_s is None:
+        wait(*first)
+        return
+    try:
+        params = inspect.signature(wait).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    if "timeout_s" in params or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        wait(*first, timeout_s=timeout_s)
+    else:
+        wait(*first)
+
+
+def start_provider(provider: object, ready_timeout: float | None) -> str:
+    """Start ``provider`` and wait for its server (blocking); return its base URL.
+
+    On any failure, whatever was started is stopped before the error is raised.
+
+    Raises:
+        ProviderError: the provider is not one, cannot start without arguments, or
+            failed to start or to become ready (its error chained).
+    """
+    kind = _kind(provider)
+    name = type(provider).__name__
+    if kind == "container":
+        required = _required_parameters(provider.start_container)  # type: ignore[attr-defined]
+        if required:
+            raise ProviderError(
+                f"{name}.start_container() needs {', '.join(required)}: start it yourself "
+                "and pass base_url, use from_docker_image(image, provider=...), or give the "
+                "provider its image when you build it")
+    try:
+        if kind == "container":
+            url = provider.start_container()  # type: ignore[attr-defined]
+            _wait_for_ready(provider.wait_for_ready, ready_timeout, url)  # type: ignore[attr-defined]
+        else:
+            url = provider.start()  # type: ignore[attr-defined]
+            _wait_for_ready(provider.wait_for_ready, ready_timeout)  # type: ignore[attr-defined]
+        if not isinstance(url, str) or not url:
+            raise ProviderError(f"{name} returned {url!r} instead of a base URL")
+    except BaseException as exc:
+        stop_provider(provider)
+        if isinstance(exc, EnvlinkError) and not isinstance(exc, ProviderError):
+            raise ProviderError(f"{name} did not start: {exc}") from exc
+        if isinstance(exc, Exception) and not isinstance(exc, ProviderError):
+            raise ProviderError(f"{name} did not start: {type(exc).__name__}: {exc}") from exc
+        raise
+    return url
+
+
+def stop_provider(provider: object) -> BaseException | None:
+    """Stop ``provider``'s server (blocking); return the failure instead of raising it."""
+    try:
+        if callable(getattr(provider, "stop_container", None)):
+            provider.stop_container()  # type: ignore[attr-defined]
+        elif callable(getattr(provider, "stop", None)):
+            provider.stop()  # type: ignore[attr-defined]
+    except Exception as exc:
+        return exc
+    return None
+
+
+class ProviderLease:
+    """One provider's server, shared by the clients that use it.
+
+    Args:
+        provider: the provider.
+        base_url: the URL of a server the provider already started (by
+            ``from_docker_image``), or ``None`` to start it on first use.
+    """
+
+    def __init__(self, provider: object, base_url: str | None = None) -> None:
+        _kind(provider)
+        self.provider = provider
+        self.base_url = base_url
+        self.users = 0
+        self._starting: asyncio.Future[str] | None = None
+
+    async def acquire(self, ready_timeout: float | None) -> str:
+        """Count one more user; start the server if it is not running. Returns its URL.
+
+        Raises:
+            ProviderError: starting failed (the server was stopped again).
+        """
+        self.users += 1
+        try:
+            return await self._url(ready_timeout)
+        except BaseException:
+            self.users -= 1
+            raise
+
+    async def _url(self, ready_timeout: float | None) -> str:
+        if self.base_url is not None:
+            return self.base_url
+        if self._starting is None:
+            loop = asyncio.get_running_loop()
+            starting = loop.run_in_executor(None, start_provider, self.provider, ready_timeout)
+            self._starting = starting
+            starting.add_done_callback(self._started)
+        return await asyncio.shield(self._starting)
+
+    def _started(self, future: asyncio.Future[str]) -> None:
+        self._starting = None
+        if future.cancelled() or future.exception() is not None:
+            return
+        self.base_url = future.result()
+        if self.users == 0:
+            # Every caller gave up (cancelled) while it started: stop it now.
+            self.base_url = None
+            asyncio.get_running_loop().run_in_executor(None, stop_provider, self.provider)
+
+    async def release(self) -> None:
+        """Count one user less; stop the server when none is left."""
+        self.users = max(0, self.users - 1)
+        if self.users == 0 and self.base_url is not None:
+            self.base_url = None
+            await asyncio.get_running_loop().run_in_executor(None, stop_provider, self.provider)
+
+    def __repr__(self) -> str:
+        return (f"ProviderLease({type(self.provider).__name__}, users={self.users}, "
+                f"running={self.base_url is not None})")
+
+
+def lease_for(provider: object, base_url: str | None) -> ProviderLease:
+    """The lease of ``provider``, shared by every client given the same provider object."""
+    with _LEASES_LOCK:
+        try:
+            lease = _LEASES.get(provider)
+        except TypeError:  # not weak-referenceable: a lease of its own
+            return ProviderLease(provider, base_url)
+        if lease is None:
+            lease = ProviderLease(provider, base_url)
+            _LEASES[provider] = lease
+        elif base_url is not None and lease.base_url is None:
+            lease.base_url = base_url
+        return lease
+
+
+class _BoundContainer:
+    """A container provider with its ``start_container`` arguments bound."""
+
+    def __init__(self, provider: object, image: str, kwargs: Mapping[str, Any]) -> None:
+        self._provider = provider
+        self._image = image
+        self._kwargs = dict(kwargs)
+
+    def start_container(self) -> str:
+        return str(self._provider.start_container(self._image, **self._kwargs))  # type: ignore[attr-defined]
+
+    def wait_for_ready(self, base_url: str, timeout_s: float | None = None) -> None:
+        _wait_for_ready(self._provider.wait_for_ready, timeout_s, base_url)  # type: ignore[attr-defined]
+
+    def stop_container(self) -> None:
+        self._provider.stop_container()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"{type(self._provider).__name__}(image={self._image!r})"
+
+
+def bound_container(provider: object, image: str, kwargs: Mapping[str, Any]) -> object:
+    """``provider`` with ``start_container(image, **kwargs)`` bound (for ``from_docker_image``)."""
+    if not callable(getattr(provider, "start_container", None)):
+        raise ProviderError(f"{type(provider).__name__} is not a container provider "
+                            "(no start_container())")
+    return _BoundContainer(provider, image, kwargs)
+
+
+# ----------------------------------------------------------------- local processes
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (another process may take it before it is bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+_spawn_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    global _spawn_pool
+    with _LEASES_LOCK:
+        if _spawn_pool is None:
+            _spawn_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="envlink-spawn")
+        return _spawn_pool
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child die with this process (Linux only).
+
+    libc is resolved here, in the parent: the child, forked from a process with
+    threads, must only call async-signal-safe code before exec.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+class LocalServerProvider:
+    """Runs a local server command on a free loopback port (an OpenEnv ``RuntimeProvider``).
+
+    ``{host}`` and ``{port}`` in the command are replaced when it starts. By
+    default it runs envlink's reference server (``python -m envlink serve``).
+    The process has its own process group, which :meth:`stop` ends (SIGTERM, then
+    SIGKILL after ``stop_timeout``); on Linux it is also killed if this process
+    dies (``PR_SET_PDEATHSIG``), so an interrupted caller leaves no orphan.
+
+    Args:
+        command: the command line, e.g. ``["uvicorn", "app:app", "--host", "{host}",
+            "--port", "{port}"]``; default: ``envlink serve --env {env}``.
+        env: the reference server's environment (default command only).
+        host: the loopback address to bind.
+        cwd: the working directory.
+        env_vars: environment variables added to this process's for the server.
+        stop_timeout: seconds between SIGTERM and SIGKILL.
+        stderr: where the server's output goes (default: discarded).
+
+    Raises:
+        ValueError: an empty command.
+    """
+
+    def __init__(self, command: Sequence[str] | None = None, *, env: str = "echo",
+                 host: str = "127.0.0.1", cwd: str | os.PathLike[str] | None = None,
+                 env_vars: Mapping[str, str] | None = None, stop_timeout: float = 5.0,
+                 stderr: Any = subprocess.DEVNULL) -> None:
+        self.command = list(command) if command is not None else [
+            sys.executable, "-m", "envlink", "serve", "--host", "{host}", "--port", "{port}",
+            "--env", env]
+        if not self.command:
+            raise ValueError("command must not be empty")
+        self.host = host
+        self.cwd = cwd
+        self.env_vars = dict(env_vars or {})
+        self.stop_timeout = stop_timeout
+        self._stderr = stderr
+        self.process: subprocess.Popen[bytes] | None = None
+        self.base_url: str | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def uvicorn(cls, app: str, *, python: str | None = None, **kwargs: Any
+                ) -> LocalServerProvider:
+        """An OpenEnv app (``"server.app:app"``) under uvicorn, run by ``python``."""
+        return cls([python or sys.executable, "-m", "uvicorn", app, "--host", "{host}",
+                    "--port", "{port}"], **kwargs)
+
+    @property
+    def pid(self) -> int | None:
+        """The server process id while it runs."""
+        return self.process.pid if self.process is not None else None
+
+    def start(self, port: int | None = None, env_vars: Mapping[str, str] | None = None,
+              **kwargs: Any) -> str:
+        """Start the server; return its base URL (``http://127.0.0.1:PORT``).
+
+        Raises:
+            ProviderError: it is already running, or the command cannot be run.
+        """
+        with self._lock:
+            if self.process is not None and self.process.poll() is None:
+                raise ProviderError("the server is already running; stop() it first")
+            chosen = port if port is not None else free_port(self.host)
+            argv = [part.replace("{host}", self.host).replace("{port}", str(chosen))
+                    for part in self.command]
+            environment = {**os.environ, **self.env_vars, **dict(env_vars or {})}
+            try:
+                # Spawned from one long-lived thread: Linux sends the parent-death signal
+                # when the *thread* that forked exits, and a caller's thread (a worker of
+                # an executor, say) may end long before the process does.
+                self.process = _spawner().submit(
+                    subprocess.Popen, argv, cwd=self.cwd, env=environment,
+                    stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
+                    start_new_session=True, preexec_fn=_parent_death_signal()).result()
+            except OSError as exc:
+                raise ProviderError(f"cannot run {argv[0]!r}: {exc}") from exc
+            self.base_url = f"http://{self.host}:{chosen}"
+            return self.base_url
+
+    def wait_for_ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until the server answers ``/health`` (or exits, or the time is up).
+
+        Raises:
+            ProviderError: the server exited, or never started.
+            NotReadyError: not ready within ``timeout_s``.
+        """
+        process, url = self.process, self.base_url
+        if process is None or url is None:
+            raise ProviderError("the server was not started")
+        _run_async(lambda: _ready_or_exited(process, url, timeout_s))
+
+    def stop(self) -> None:
+        """Stop the server and its process group (SIGTERM, then SIGKILL). Idempotent."""
+        with self._lock:
+            process, self.process, self.base_url = self.process, None, None
+        if process is None:
+            return
+        _kill_group(process, signal.SIGTERM)
+        try:
+            process.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process, signal.SIGKILL)
+            process.wait()
+        else:
+            _kill_group(process, signal.SIGKILL)  # whatever else is left in its group
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.process is not None else "stopped"
+        return f"LocalServerProvider({self.command[0]!r}..., {state})"
+
+
+def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def _run_async(factory: Callable[[], Any]) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())
+    # Called from a thread that runs a loop: wait on a thread of its own.
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(factory()))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="envlink-provider-ready", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0] if result else None
+
+
+async def _ready_or_exited(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+    from envlink._client.discovery import wait_until_ready
+    from envlink._config import ConnectionOptions
+    from envlink._sansio.policies import ReconnectPolicy
+    from envlink._transports.base import parse_endpoint
+
+    ready = asyncio.ensure_future(wait_until_ready(
+        parse_endpoint(url), ConnectionOptions(proxy=None),
+        ReconnectPolicy(initial_delay=0.05, max_delay=0.5), timeout_s, attempt_timeout=2.0))
+    exited = _exit_of(process)
+    try:
+        waiting: set[asyncio.Future[Any]] = {ready, exited}
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if ready in done:
+            ready.result()
+            return
+        raise ProviderError(f"the server command exited with code {exited.result()} before "
+                            f"it was ready on {url}")
+    finally:
+        ready.cancel()
+        with contextlib.suppress(BaseException):
+            await ready
+        exited.cancel()
+
+
+def _exit_of(process: subprocess.Popen[bytes]) -> asyncio.Future[int]:
+    """A future of the process's exit code, set from a daemon thread (not the loop's
+    executor, whose shutdown would otherwise wait for a server that keeps running)."""
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[int] = loop.create_future()
+
+    def settle(code: int) -> None:
+        if not exited.done():
+            exited.set_result(code)
+
+    def watch() -> None:
+        code = process.wait()
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(settle, code)
+
+    threading.Thread(target=watch, name="envlink-provider-watch", daemon=True).start()
+    return exited
+
+
+# ---------------------------------------------------------------------- docker
+
+
+def docker_run_command(image: str, *, name: str, port: int,
+                       env_vars: Mapping[str, str] | None = None,
+                       container_port: int = 8000) -> list[str]:
+    """The ``docker run`` command line that :class:`DockerProvider` runs (as OpenEnv's)."""
+    command = ["docker", "run", "-d", "--name", name, "-p",
+               f"127.0.0.1:{port}:{container_port}"]
+    for key, value in (env_vars or {}).items():
+        command += ["-e", f"{key}={value}"]
+    command.append(image)
+    return command
+
+
+class DockerProvider:
+    """Runs an image with the local ``docker`` (an OpenEnv ``ContainerProvider``).
+
+    The port is published on 127.0.0.1 only; :meth:`stop_container` stops and
+    removes the container.
+
+    Args:
+        docker: the docker executable (name or path).
+    """
+
+    def __init__(self, docker: str = "docker") -> None:
+        self.docker = docker
+        self.container_id: str | None = None
+        self.base_url: str | None = None
+
+    def _executable(self) -> str:
+        found = shutil.which(self.docker)
+        if found is None:
+            raise ProviderError(
+                f"docker is not available ({self.docker!r} is not on PATH): install Docker, "
+                "or pass provider=LocalServerProvider(...) to run the server locally")
+        return found
+
+    def start_container(self, image: str, port: int | None = None,
+                        env_vars: Mapping[str, str] | None = None, **kwargs: Any) -> str:
+        """``docker run -d`` the image; return ``http://127.0.0.1:PORT``.
+
+        Raises:
+            ProviderError: docker is missing, or ``docker run`` failed.
+        """
+        docker = self._executable()
+        chosen = port if port is not None else free_port()
+        name = f"envlink-{image.rsplit('/', 1)[-1].split(':')[0]}-{int(time.time() * 1000)}"
+        command = docker_run_command(image, name=name, port=chosen, env_vars=env_vars)
+        command[0] = docker
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ProviderError(f"docker run {image} failed: {exc}") from exc
+        if done.returncode != 0:
+            # Values of -e may be secrets: the error names the image, not the command.
+            raise ProviderError(f"docker run {image} failed with exit code {done.returncode}: "
+                                f"{done.stderr.strip()[-500:]}")
+        self.container_id = done.stdout.strip()
+        self.base_url = f"http://127.0.0.1:{chosen}"
+        return self.base_url
+
+    def wait_for_ready(self, base_url: str, timeout_s: float = 30.0) -> None:
+        """Wait until the container answers ``/health``.
+
+        Raises:
+            NotReadyError: not ready within ``timeout_s``.
+        """
+        from envlink._client.discovery import wait_until_ready
+        from envlink._config import ConnectionOptions
+        from envlink._sansio.policies import ReconnectPolicy
+        from envlink._transports.base import parse_endpoint
+
+        _run_async(lambda: wait_until_ready(
+            parse_endpoint(base_url), ConnectionOptions(proxy=None),
+            ReconnectPolicy(initial_delay=0.1, max_delay=1.0), timeout_s, attempt_timeout=2.0))
+
+    def stop_container(self) -> None:
+        """Stop and remove the container. Idempotent."""
+        container, self.container_id, self.base_url = self.container_id, None, None
+        if container is None:
+            return
+        docker = self._executable()
+        for action in (["stop", container], ["rm", "-f", container]):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([docker, *action], capture_output=True, timeout=30, check=False)

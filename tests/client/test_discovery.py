@@ -1,0 +1,107 @@
+"""Readiness and discovery: wait_until_ready, health, schema, metadata (async and sync)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from envlink import (
+    ClientClosedError,
+    EnvironmentMetadata,
+    EnvironmentSchema,
+    GenericEnvClient,
+    Health,
+    HttpStatusError,
+    NotReadyError,
+    ProtocolError,
+    ReconnectPolicy,
+    RetryBudget,
+    RetryBudgetExhaustedError,
+)
+from envlink.server import EnvServer, ServerThread
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_discovery_calls_return_typed_models(server: EnvServer) -> None:
+    """health(), schema() and metadata() return pydantic models of the server's answers."""
+    async with GenericEnvClient(server.http_url) as client:
+        health = await client.health()
+        schema = await client.schema()
+        meta = await client.metadata()
+    assert isinstance(health, Health) and health.healthy
+    assert isinstance(schema, EnvironmentSchema) and "step_count" in schema.state["properties"]
+    assert isinstance(meta, EnvironmentMetadata) and meta.name == "echo_env"
+
+
+async def test_wait_until_ready_returns_health(server: EnvServer) -> None:
+    """wait_until_ready() on a running server answers at once with its health."""
+    client = GenericEnvClient(server.http_url)
+    health = await client.wait_until_ready(5)
+    assert health.status == "healthy"
+    await client.close()
+
+
+async def test_not_ready_at_the_deadline_is_typed() -> None:
+    """Nothing listening: NotReadyError after the deadline, with the attempts made."""
+    client = GenericEnvClient(f"http://127.0.0.1:{_closed_port()}")
+    with pytest.raises(NotReadyError, match=r"was not ready within 0\.3s") as info:
+        await client.wait_until_ready(0.3)
+    assert info.value.attempts >= 1 and info.value.last_status is None
+    await client.close()
+
+
+async def test_retries_are_charged_to_the_budget() -> None:
+    """Each poll after the first spends the shared retry budget; an empty one stops it."""
+    budget = RetryBudget(max_tokens=2)
+    client = GenericEnvClient(f"http://127.0.0.1:{_closed_port()}",
+                              reconnect=ReconnectPolicy(budget=budget))
+    with pytest.raises(RetryBudgetExhaustedError):
+        await client.wait_until_ready(10)
+    await client.close()
+
+
+async def test_an_error_status_is_not_waited_for(server: EnvServer) -> None:
+    """A 404 is not "not ready yet": HttpStatusError at once, with the status."""
+    client = GenericEnvClient(server.http_url + "/nowhere")
+    with pytest.raises(HttpStatusError) as info:
+        await client.wait_until_ready(5)
+    assert info.value.status == 404
+    with pytest.raises(HttpStatusError):
+        await client.schema()
+    await client.close()
+
+
+async def test_a_body_of_the_wrong_shape_is_a_protocol_error(server: EnvServer) -> None:
+    """/state is JSON but not a schema: ProtocolError names the model."""
+    client = GenericEnvClient(server.http_url)
+    from envlink._client.discovery import EnvironmentSchema as Model
+    from envlink._client.discovery import fetch_model
+
+    with pytest.raises(ProtocolError, match="not a EnvironmentSchema"):
+        await fetch_model(Model, client._endpoint, client._options, "/state", 5)
+    await client.close()
+
+
+async def test_closed_client_refuses_discovery(server: EnvServer) -> None:
+    """After close(), discovery calls raise ClientClosedError."""
+    client = GenericEnvClient(server.http_url)
+    await client.close()
+    with pytest.raises(ClientClosedError):
+        await client.health()
+
+
+def test_sync_facade_has_the_discovery_calls(server_thread: ServerThread) -> None:
+    """Through .sync(): wait_until_ready, health, schema and metadata block and return models."""
+    with GenericEnvClient(server_thread.http_url).sync() as env:
+        assert env.wait_until_ready(5).healthy
+        assert env.metadata().name == "echo_env"
+        assert "action" in env.schema().model_dump()
+        assert env.health().status == "healthy"
