@@ -1,11 +1,11 @@
-"""envlink.integrations.mcp: MCP tool lists as OpenAI tool schemas and back."""
+"""envlink.integrations.openai_tools: MCP tool lists as OpenAI tool schemas and back."""
 
 from __future__ import annotations
 
 import pytest
 
 from envlink import GenericEnvClient
-from envlink.integrations.mcp import from_openai_tools, to_openai_tools
+from envlink.integrations.openai_tools import from_openai_tools, to_openai_tools
 from envlink.integrations.openenv_harness import HarnessTool
 from envlink.server import ServerThread
 
