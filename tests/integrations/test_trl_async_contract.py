@@ -53,6 +53,9 @@ def test_factory_runs_in_a_spawned_child(echo_server: ServerThread, cls: type) -
     seen = echo_server.call(lambda s: s._counters.snapshot())
     assert seen["applied.step"] == 4
     assert seen["applied.reset"] == 4
+    # The child closed its sessions on its way out; the server ends each as its close
+    # frame is handled, which may trail the child's exit by a moment: wait for that.
+    echo_server.call(lambda s: s._counters.wait("session.destroyed", 4), timeout=30)
     assert echo_server.call(lambda s: len(s._registry)) == 0
 
 
