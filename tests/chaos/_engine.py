@@ -707,7 +707,10 @@ class _Runner:
                 seg.final_state = final.answer
                 seg.final_journal = client.journal.to_dict()
         if loop is not None:
-            loop.run_until_complete(client.close())
+            async def close() -> None:
+                # Called inside a coroutine: with no loop running, close() would block.
+                await client.close()
+            loop.run_until_complete(close())
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             if pending:
                 self.stats.leaks.append(f"kill episode {number}: {len(pending)} tasks left")
