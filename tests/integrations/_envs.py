@@ -103,3 +103,9 @@ def run_like_async_worker(factory: Any, rows: list[dict[str, Any]]) -> dict[str,
         return {"results": [list(r) for r in results], "envlink_threads": sorted(threads)}
 
     return asyncio.run(main())
+
+
+def child_main(factory: Any, rows: list[dict[str, Any]], results: Any) -> None:
+    """A spawned child's entry point, as TRL's: run the rollouts, report, return (the
+    interpreter then exits normally, running its exit hooks)."""
+    results.put(run_like_async_worker(factory, rows))

@@ -38,7 +38,8 @@ def test_create_retries_and_rollouts_share_one_session_slot(
     server and concurrently (the second waits for the first's slot); nothing leaks."""
     factory = EnvlinkSessionFactory(one_session_server.url, create_timeout=30)
     result, verify = rollout(factory, "first")
-    assert isinstance(result, HarnessToolResult)
+    # OpenEnv's own ToolResult when it is installed, envlink's look-alike otherwise.
+    assert isinstance(result, HarnessToolResult) or type(result).__name__ == "ToolResult"
     assert result.data == "first" and result.error is None
     assert verify.metrics["tool_calls"] == 1
 

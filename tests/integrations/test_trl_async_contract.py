@@ -13,7 +13,7 @@ import pytest
 
 from envlink.server import ServerThread
 
-from ._envs import AsyncEcho, Echo, run_like_async_worker
+from ._envs import AsyncEcho, Echo, child_main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,8 +28,16 @@ def echo_server() -> Iterator[ServerThread]:
 def spawn(factory: object, rows: list[dict[str, str]]) -> dict[str, object]:
     # TRL checks that the factory pickles before it spawns; so does this.
     pickle.dumps(factory)
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(run_like_async_worker, (factory, rows))  # type: ignore[no-any-return]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=child_main, args=(factory, rows, results))
+    child.start()
+    try:
+        out: dict[str, object] = results.get(timeout=90)
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+    return out
 
 
 @pytest.mark.parametrize("cls", [Echo, AsyncEcho])
@@ -45,6 +53,9 @@ def test_factory_runs_in_a_spawned_child(echo_server: ServerThread, cls: type) -
     seen = echo_server.call(lambda s: s._counters.snapshot())
     assert seen["applied.step"] == 4
     assert seen["applied.reset"] == 4
+    # The child closed its sessions on its way out; the server ends each as its close
+    # frame is handled, which may trail the child's exit by a moment: wait for that.
+    echo_server.call(lambda s: s._counters.wait("session.destroyed", 4), timeout=30)
     assert echo_server.call(lambda s: len(s._registry)) == 0
 
 

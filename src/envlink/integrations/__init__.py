@@ -7,7 +7,7 @@ all), so ``import envlink.integrations.trl`` works without TRL installed:
 - :mod:`envlink.integrations.openenv_harness`: a ``ResourceSessionFactory`` whose
   ``create`` retries;
 - :mod:`envlink.integrations.skyrl`: a SkyRL ``BaseTextEnv``-shaped text environment;
-- :mod:`envlink.integrations.mcp`: MCP tool lists as OpenAI tool schemas and back.
+- :mod:`envlink.integrations.openai_tools`: MCP tool lists as OpenAI tool schemas and back.
 
 See ``docs/training.md``.
 """

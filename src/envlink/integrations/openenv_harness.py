@@ -207,12 +207,16 @@ class EnvlinkResourceSession:
         """Score the finished rollout.
 
         Returns:
-            a ``VerifyResult``: the last step's reward (``None`` when no step was taken),
+            a ``VerifyResult``: the factory's ``reward`` of the session, else the last
+            step's reward (``None`` when the environment gave none),
             ``done``, and ``metrics`` with the episode's step count and reward sum.
         """
         verify_cls = _openenv_types()[2]
         last = self._last
-        reward = None if last is None or last.reward is None else float(last.reward)
+        if self._factory.reward is not None:
+            reward = self._factory.reward(self, transcript)
+        else:
+            reward = None if last is None or last.reward is None else float(last.reward)
         return verify_cls(
             env_reward=reward, done=bool(last.done) if last is not None else False,
             metrics={"tool_calls": self._steps, "reward_sum": self._reward},
@@ -265,7 +269,10 @@ class EnvlinkSessionFactory:
             (default: the task's ``messages``, or the task as one user message).
         reset_kwargs: builds the reset arguments from the task, seed and episode id
             (default: ``seed`` and ``episode_id`` when given).
-        bridge: the loop thread to run on (default: the adapters' shared one).
+        reward: ``reward(session, transcript)`` computes the episode's reward in
+            :meth:`EnvlinkResourceSession.verify` (e.g. from ``session.client.state()``);
+            default: the last step's reward.
+        bridge: the loop thread to run on (default: the process's default bridge).
         sampling: accepted and kept (TRL's loop-owning worker passes its sampling
             settings to the factory); unused by envlink.
 
@@ -285,6 +292,7 @@ class EnvlinkSessionFactory:
         tool_transport: str = "step",
         initial_messages: Callable[[StepResult[Any], Any], list[Message]] | None = None,
         reset_kwargs: Callable[[Any, int | None, str | None], dict[str, Any]] | None = None,
+        reward: Callable[[EnvlinkResourceSession, list[Message]], float | None] | None = None,
         bridge: Bridge | None = None,
         sampling: Any = None,
     ) -> None:
@@ -299,6 +307,7 @@ class EnvlinkSessionFactory:
         self.tool_transport = tool_transport
         self.initial_messages = initial_messages or _default_messages
         self._reset_kwargs = reset_kwargs
+        self.reward = reward
         self._bridge = bridge
         self.sampling = sampling
         self._lock = threading.Lock()
