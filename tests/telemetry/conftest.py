@@ -155,6 +155,9 @@ def run_scripted_episode() -> Episode:
                 _arm(st, drop_after=1)
                 env.step(CallToolAction(tool_name="echo_message", arguments={"message": "s"}))
                 session_ids.append(resuming.session_id or "")
+            from envlink import HarnessClient
+            with HarnessClient(st.url, tracer_provider=tp, meter_provider=mp).sync() as harness:
+                harness.turn("one harness turn")
             dead_port, while_open = _run_scripted_pool(st, otel)
         metrics = otel.metrics()
         # Gauges read from a live pool (breaker states) end with it: take them as
