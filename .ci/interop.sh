@@ -40,7 +40,7 @@ start=$SECONDS
 echo "== interop: running tests/interop"
 status=0
 ENVLINK_OPENENV_PYTHON="$OPENENV_PYTHON" \
-    timeout 1200 "$ENVLINK_PYTHON" -m pytest tests/interop -p no:cacheprovider "$@" || status=$?
+    timeout 2400 "$ENVLINK_PYTHON" -m pytest tests/interop -p no:cacheprovider "$@" || status=$?
 run_seconds=$((SECONDS - start))
 echo "== interop: install ${install_seconds}s, tests ${run_seconds}s"
 
