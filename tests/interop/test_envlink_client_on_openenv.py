@@ -505,3 +505,22 @@ async def test_replay_against_a_changed_server_diverges(
     steps = [f for c in read_connections(second.frame_log) for f in c.sent
              if f["type"] == "step"]
     assert steps == []
+
+
+def test_the_task_api_of_an_openenv_server(counter_server: RecordingServer) -> None:
+    """envlink's Task API calls against OpenEnv 0.10's own routes: environments, splits
+    (normalised by OpenEnv), counts, one task, a range, a split; a task resets an episode;
+    an index outside the split is OpenEnv's 400 as an HttpStatusError."""
+    with CounterEnv(counter_server.base_url).sync() as env:
+        assert env.list_environments() == ["counter_env"]
+        assert [s["name"] for s in env.splits()] == ["train", "eval"]
+        assert env.num_tasks("train") == 6
+        assert env.task("eval", 0) == {"start": 100, "target": 101}
+        assert env.task_range("train", 4, 10) == [{"start": 4, "target": 9},
+                                                  {"start": 5, "target": 10}]
+        assert len(env.tasks("train")) == 6
+        result = env.reset(**env.task("train", 3))
+        assert result.observation.total == 3
+        with pytest.raises(envlink.HttpStatusError) as exc:
+            env.task("eval", 5)
+        assert exc.value.status == 400

@@ -1,4 +1,4 @@
-"""Readiness and discovery over plain HTTP: ``/health``, ``/schema``, ``/metadata``.
+"""Readiness and discovery over plain HTTP: ``/health``, ``/schema``, ``/metadata``, tasks.
 
 What consumers otherwise hand-roll around an OpenEnv server: a ``/health`` poll with
 a deadline (before a container, a local process or a Hugging Face Space takes
@@ -11,6 +11,10 @@ server only; a redirect to another origin is followed without the credentials.
 (:class:`~envlink._sansio.retry.Retry`): the client's backoff and retry budget,
 capped by the caller's deadline. A sleeping Space answers 503, or its HTML waking
 page with status 200, until it is up: both are "not ready yet".
+
+OpenEnv 0.10's Task API (``/list_environments``, ``/{env}/splits``, ``/{env}/tasks``,
+``num_tasks``, ``task``, ``task_range``) is read the same way, where the server offers
+it (an environment without tasks answers 501: :class:`~envlink.HttpStatusError`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,7 +42,7 @@ from envlink._errors import (
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Again, Retry
 from envlink._transports.base import Endpoint
-from envlink._transports.http import HttpAnswer, get_json
+from envlink._transports.http import HttpAnswer, get_json, request_json
 
 __all__ = ["DiscoveryMethods", "EnvironmentMetadata", "EnvironmentSchema", "Health", "fetch",
            "fetch_model", "wait_until_ready"]
@@ -117,8 +122,8 @@ async def _get(endpoint: Endpoint, options: ConnectionOptions, path: str) -> Htt
 
 
 async def fetch(endpoint: Endpoint, options: ConnectionOptions, path: str,
-                timeout: float | None) -> Any:
-    """GET ``path`` on the server and return its JSON body.
+                timeout: float | None, *, body: Any = None) -> Any:
+    """GET ``path`` on the server (POST ``body`` if one is given) and return its JSON body.
 
     Raises:
         HttpStatusError: an answer other than 200.
@@ -127,13 +132,21 @@ async def fetch(endpoint: Endpoint, options: ConnectionOptions, path: str,
         CallTimeoutError: ``timeout`` expired.
     """
     url = endpoint.http_url(path)
+    verb = "GET" if body is None else "POST"
     try:
         async with bounded(timeout):
-            answer = await _get(endpoint, options, path)
+            if body is None:
+                answer = await _get(endpoint, options, path)
+            else:
+                answer = await request_json(
+                    "POST", url, body, headers=_headers(endpoint, options),
+                    ssl=options.ssl if endpoint.secure else None, proxy=options.proxy,
+                    max_size=options.max_message_size)
     except TimeoutError as exc:
-        raise CallTimeoutError(f"GET {url} timed out after {timeout}s", method=path) from exc
+        raise CallTimeoutError(f"{verb} {url} timed out after {timeout}s",
+                               method=path) from exc
     if answer.status != 200:
-        raise HttpStatusError(f"GET {url} answered HTTP {answer.status}", url=url,
+        raise HttpStatusError(f"{verb} {url} answered HTTP {answer.status}", url=url,
                               status=answer.status)
     return answer.body
 
@@ -312,9 +325,112 @@ class DiscoveryMethods:
         """
         return await self._fetch(EnvironmentMetadata, "/metadata", timeout)
 
+    @dispatched
+    async def list_environments(self, *,
+                                timeout: float | UnsetType | None = UNSET) -> list[str]:
+        """``GET /list_environments`` (Task API): the names of the served environments.
+
+        Raises:
+            As :meth:`health`.
+        """
+        names = await self._task_json("/list_environments", None, timeout)
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise ProtocolError("GET /list_environments did not answer a list of names")
+        return names
+
+    @dispatched
+    async def splits(self, *, env_name: str | None = None,
+                     timeout: float | UnsetType | None = UNSET) -> list[dict[str, Any]]:
+        """``GET /{env}/splits`` (Task API): the task splits, ``{"name", "type", ...}``.
+
+        Args:
+            env_name: the environment (default: the server's only one).
+            timeout: deadline in seconds (default: the client's call timeout).
+
+        Raises:
+            HttpStatusError: 501 when the environment has no tasks; as :meth:`health`.
+        """
+        splits = await self._task_json("splits", None, timeout, env_name)
+        if not (isinstance(splits, list) and all(isinstance(x, dict) for x in splits)):
+            raise ProtocolError("the splits answer is not a list of objects")
+        return splits
+
+    @dispatched
+    async def num_tasks(self, split: str = "", *, env_name: str | None = None,
+                        timeout: float | UnsetType | None = UNSET) -> int:
+        """``POST /{env}/num_tasks`` (Task API): how many tasks ``split`` has.
+
+        Raises:
+            As :meth:`splits`.
+        """
+        answer = await self._task_json("num_tasks", {"split": split}, timeout, env_name)
+        count = answer.get("num_tasks") if isinstance(answer, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProtocolError("the num_tasks answer has no integer num_tasks")
+        return count
+
+    @dispatched
+    async def tasks(self, split: str = "", *, env_name: str | None = None,
+                    timeout: float | UnsetType | None = UNSET) -> list[Any]:
+        """``POST /{env}/tasks`` (Task API): every task of ``split``.
+
+        Raises:
+            As :meth:`splits`.
+        """
+        return _task_list(await self._task_json("tasks", {"split": split}, timeout, env_name))
+
+    @dispatched
+    async def task(self, split: str, index: int, *, env_name: str | None = None,
+                   timeout: float | UnsetType | None = UNSET) -> Any:
+        """``POST /{env}/task`` (Task API): task ``index`` of ``split``.
+
+        Raises:
+            HttpStatusError: 400 for an index outside the split; as :meth:`splits`.
+        """
+        answer = await self._task_json("task", {"split": split, "index": index}, timeout,
+                                       env_name)
+        if not isinstance(answer, dict) or "task" not in answer:
+            raise ProtocolError("the task answer has no task")
+        return answer["task"]
+
+    @dispatched
+    async def task_range(self, split: str, start: int = 0, stop: int = 20, *,
+                         env_name: str | None = None,
+                         timeout: float | UnsetType | None = UNSET) -> list[Any]:
+        """``POST /{env}/task_range`` (Task API): tasks ``start`` to ``stop`` of ``split``.
+
+        Raises:
+            As :meth:`splits`.
+        """
+        body = {"split": split, "start": start, "stop": stop}
+        return _task_list(await self._task_json("task_range", body, timeout, env_name))
+
+    async def _task_json(self, route: str, body: Any, timeout: float | UnsetType | None,
+                         env_name: str | None = None) -> Any:
+        self._check_open()
+        seconds = self._seconds(timeout)
+        await self._prepare_server()
+        if route.startswith("/"):
+            return await fetch(self._endpoint, self._options, route, seconds, body=body)
+        if env_name is None:
+            names = await fetch(self._endpoint, self._options, "/list_environments", seconds)
+            if not (isinstance(names, list) and len(names) == 1 and isinstance(names[0], str)):
+                raise ProtocolError("the server does not name exactly one environment: "
+                                    "pass env_name=")
+            env_name = names[0]
+        path = f"/{quote(env_name, safe='')}/{route}"
+        return await fetch(self._endpoint, self._options, path, seconds, body=body)
+
     async def _fetch(self, model: type[_M], path: str,
                      timeout: float | UnsetType | None) -> _M:
         self._check_open()
         seconds = self._seconds(timeout)
         await self._prepare_server()
         return await fetch_model(model, self._endpoint, self._options, path, seconds)
+
+
+def _task_list(answer: Any) -> list[Any]:
+    tasks = answer.get("tasks") if isinstance(answer, dict) else None
+    if not isinstance(tasks, list):
+        raise ProtocolError("the tasks answer has no list of tasks")
+    return tasks

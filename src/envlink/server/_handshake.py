@@ -44,6 +44,7 @@ from envlink.server._http_api import (
     http_state,
     http_step,
     openapi_document,
+    task_api,
 )
 from envlink.server._mcp_http import json_response, rpc_response
 from envlink.server._store import Session, new_session_id, new_token
@@ -180,13 +181,20 @@ def _plain_http(connection: ServerConnection, server: EnvServer, path: str) -> R
     """The HTTP routes of :mod:`envlink.server._http_api` (404 or 405 for the rest)."""
     body = getattr(connection, "rpc_body", None)
     method = "GET" if body is None else "POST"
+    factory = server._registry.factory
     if (method, path) not in ROUTES:
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        tasks = task_api(factory, method, path, payload)
+        if tasks is not None:
+            return json_response(connection, tasks.status, tasks.encode())
         if any(route_path == path for _m, route_path in ROUTES):
             response = connection.respond(http.HTTPStatus.METHOD_NOT_ALLOWED,
                                           "Method Not Allowed\n")
             return response
         return connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
-    factory = server._registry.factory
     if path == "/openapi.json":
         reply = HttpReply(200, openapi_document("envlink reference server"))
     elif path == "/metadata":

@@ -29,8 +29,9 @@ from envlink.server._environments.environment import (
 )
 from envlink.server._frames import validation_error
 
-__all__ = ["API_VERSION", "ROUTES", "HttpReply", "describe_metadata", "describe_schema",
-           "http_reset", "http_state", "http_step", "openapi_document"]
+__all__ = ["API_VERSION", "ROUTES", "TASK_ROUTES", "HttpReply", "describe_metadata",
+           "describe_schema", "environment_name", "http_reset", "http_state", "http_step",
+           "openapi_document", "task_api"]
 
 #: The OpenEnv HTTP API version the server implements (``openenv-http/1.x``).
 API_VERSION = "1.0.0"
@@ -157,6 +158,88 @@ ROUTES: Mapping[tuple[str, str], tuple[str, str]] = {
     ("GET", "/state"): ("Get a fresh environment's state", "State Management"),
     ("POST", "/mcp"): ("MCP JSON-RPC endpoint", "MCP"),
 }
+
+
+#: OpenEnv 0.10's Task API below ``/{env_name}/``: route -> (HTTP method, environment
+#: method, the body fields it takes in order).
+TASK_ROUTES: Mapping[str, tuple[str, str, tuple[str, ...]]] = {
+    "splits": ("GET", "list_splits", ()),
+    "tasks": ("POST", "list_tasks", ("split",)),
+    "num_tasks": ("POST", "num_tasks", ("split",)),
+    "task": ("POST", "get_task", ("split", "index")),
+    "task_range": ("POST", "get_task_range", ("split", "start", "stop")),
+}
+_TASK_DEFAULTS: Mapping[str, Any] = {"split": "", "index": 0, "start": 0, "stop": 20}
+
+
+def environment_name(factory: EnvironmentFactory) -> str:
+    """The served environment's name in Task API paths (``/list_environments``)."""
+    return str(describe_metadata(factory, "")["name"]).lower()
+
+
+def task_api(factory: EnvironmentFactory, method: str, path: str,
+             body: Any) -> HttpReply | None:
+    """OpenEnv 0.10's Task API: ``GET /list_environments``, ``GET /{env}/splits`` and
+    ``POST /{env}/tasks | num_tasks | task | task_range``.
+
+    Answers as OpenEnv does: 501 when the environment has no such method, 400 for a
+    task index outside the split, 404 for another environment's name. Returns ``None``
+    for a path that is not the Task API's.
+    """
+    name = environment_name(factory)
+    if path == "/list_environments":
+        return HttpReply(200, [name]) if method == "GET" else _not_allowed()
+    parts = path.strip("/").split("/")
+    if len(parts) != 2 or parts[1] not in TASK_ROUTES:
+        return None
+    verb, attribute, fields = TASK_ROUTES[parts[1]]
+    if method != verb:
+        return _not_allowed()
+    if parts[0] != name:
+        return HttpReply(404, {"detail": f"unknown environment {parts[0]!r}"})
+    if verb == "POST" and not isinstance(body, dict):
+        return _unprocessable("the body must be a JSON object")
+    args = [(body or {}).get(field, _TASK_DEFAULTS[field]) for field in fields]
+    if not all(isinstance(a, str) if f == "split" else _is_index(a)
+               for f, a in zip(fields, args, strict=True)):
+        return _unprocessable(f"{parts[1]} takes {', '.join(fields)}: a string and integers")
+    env = factory()
+    call = getattr(env, attribute, None)
+    if not callable(call):
+        return HttpReply(501, {"detail": f"{attribute} is not supported for this environment"})
+    try:
+        result = call(*args)
+        json.dumps(result)
+    except IndexError:
+        return HttpReply(400, {"detail": "Invalid task index"})
+    except ValueError as exc:
+        return HttpReply(400, {"detail": str(exc)})
+    except Exception as exc:
+        return HttpReply(500, {"detail": str(exc) or type(exc).__name__})
+    if attribute == "list_splits":
+        return HttpReply(200, [_split_entry(split) for split in result])
+    key = {"list_tasks": "tasks", "num_tasks": "num_tasks", "get_task": "task",
+           "get_task_range": "tasks"}[attribute]
+    answer: dict[str, Any] = {key: result}
+    if attribute == "list_tasks":
+        answer["env_name"] = name
+    return HttpReply(200, answer)
+
+
+def _split_entry(split: Any) -> Any:
+    # OpenEnv's normalisation: a name becomes {"name", "type"}.
+    if isinstance(split, str):
+        kind = split if split in {"train", "validation", "test"} else "validation"
+        return {"name": split, "type": kind}
+    return split
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _not_allowed() -> HttpReply:
+    return HttpReply(405, {"detail": "Method Not Allowed"})
 
 
 def _optional(env: object, name: str) -> Any:

@@ -24,7 +24,7 @@ Usage (with the openenv virtualenv's python)::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from _harness import announce, concurrency, parse_args, serve
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
@@ -91,6 +91,26 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
     @property
     def state(self) -> CounterState:
         return self._state
+
+    # The Task API (OpenEnv's /{env}/splits, /tasks...): a task is a reset's arguments.
+    _TASKS: ClassVar[dict[str, list[dict[str, int]]]] = {
+        "train": [{"start": n, "target": n + 5} for n in range(6)],
+        "eval": [{"start": 100, "target": 101}]}
+
+    def list_splits(self) -> list[str]:
+        return list(self._TASKS)
+
+    def list_tasks(self, split: str) -> list[dict[str, int]]:
+        return list(self._TASKS[split or "train"])
+
+    def num_tasks(self, split: str) -> int:
+        return len(self._TASKS[split or "train"])
+
+    def get_task(self, split: str, index: int) -> dict[str, int]:
+        return self._TASKS[split or "train"][index]
+
+    def get_task_range(self, split: str, start: int, stop: int) -> list[dict[str, int]]:
+        return self._TASKS[split or "train"][start:stop]
 
     def close(self) -> None:
         if not self._closed:

@@ -91,6 +91,50 @@ class DeterministicEnvironment:
             "max_steps": self._max_steps,
         }
 
+    # The Task API (OpenEnv 0.10's ``/{env}/splits``, ``/{env}/tasks``...): each task is
+    # the reset arguments of one episode, so a training loop can enumerate its episodes.
+
+    def list_splits(self) -> list[str]:
+        """The task splits: ``train`` and ``test``."""
+        return list(_SPLITS)
+
+    def list_tasks(self, split: str) -> list[dict[str, Any]]:
+        """Every task of ``split`` (reset arguments: ``seed`` and ``max_steps``).
+
+        Raises:
+            ValueError: an unknown split.
+        """
+        return [self.get_task(split, i) for i in range(self.num_tasks(split))]
+
+    def num_tasks(self, split: str) -> int:
+        """How many tasks ``split`` has.
+
+        Raises:
+            ValueError: an unknown split.
+        """
+        return _SPLITS[_split(split)][1]
+
+    def get_task(self, split: str, index: int) -> dict[str, Any]:
+        """Task ``index`` of ``split``.
+
+        Raises:
+            IndexError: ``index`` is outside the split.
+            ValueError: an unknown split.
+        """
+        first, count = _SPLITS[_split(split)]
+        if not _is_int(index) or not 0 <= index < count:
+            raise IndexError(index)
+        return {"seed": first + index, "max_steps": self._default_max_steps}
+
+    def get_task_range(self, split: str, start: int, stop: int) -> list[dict[str, Any]]:
+        """Tasks ``start`` to ``stop`` (excluded) of ``split``, clipped to the split.
+
+        Raises:
+            ValueError: an unknown split.
+        """
+        count = self.num_tasks(split)
+        return [self.get_task(split, i) for i in range(max(start, 0), min(stop, count))]
+
     def snapshot(self) -> dict[str, Any]:
         """The whole state, including the random generator's, as JSON-able data."""
         return {
@@ -112,6 +156,17 @@ class DeterministicEnvironment:
         else:
             self._rng = random.Random()
             self._rng.setstate(_tuples(rng_state))
+
+
+#: Task splits: the first seed and the number of tasks of each.
+_SPLITS: dict[str, tuple[int, int]] = {"train": (0, 32), "test": (1000, 8)}
+
+
+def _split(split: str) -> str:
+    name = split or "train"
+    if name not in _SPLITS:
+        raise ValueError(f"unknown split {split!r} (splits: {', '.join(_SPLITS)})")
+    return name
 
 
 def _is_int(value: object) -> bool:
