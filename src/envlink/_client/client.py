@@ -291,8 +291,10 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
         """The base URL as given, no trailing slash or credentials (``None`` until started)."""
         return self._endpoint.base_url if self._target.started else None
 
-    ws_url = property(lambda self: self._endpoint.display,
-                      doc="The server's ``/ws`` URL (no credentials or secret query values).")
+    @property
+    def ws_url(self) -> str:
+        """The server's ``/ws`` URL (no credentials or secret query values)."""
+        return self._endpoint.display
 
     @property
     def closed(self) -> bool:
