@@ -238,3 +238,76 @@ async def test_a_redirect_loop_of_the_upgrade_ends_in_a_typed_error() -> None:
         with pytest.raises(envlink.ConnectError):
             await env.reset()
         await env.close()
+
+
+def _answer(observation: dict[str, object]) -> bytes:
+    return json.dumps({"type": "observation",
+                       "data": {"observation": observation, "reward": 0.0,
+                                "done": False}}).encode()
+
+
+async def test_a_trickled_answer_is_read_whole() -> None:
+    """An answer sent a few bytes at a time (each in its own TCP write) is decoded as sent."""
+    payload = _answer({"echoed_message": "trickled"})
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_upgrade(reader, writer)
+        await reader.read(65536)  # the reset request
+        data = frame(payload)
+        for i in range(0, len(data), 3):
+            writer.write(data[i:i + 3])
+            await writer.drain()
+            await asyncio.sleep(0.002)  # the peer's pace, not a synchronisation
+        await _silent_forever(reader)
+
+    async with hostile_server(script) as url:
+        env = _client(url, timeout=10.0)
+        result = await env.reset()
+        assert result.observation == {"echoed_message": "trickled"}
+        await env.close()
+
+
+async def test_an_endless_trickle_ends_at_the_call_deadline() -> None:
+    """A frame announced at 64 KiB and sent a byte at a time never completes: the call ends
+    with CallTimeoutError at its deadline, not when the server likes."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_upgrade(reader, writer)
+        await reader.read(65536)
+        writer.write(frame(b"", length=64 * 1024)[:4])
+        while True:
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.01)  # the peer's pace
+
+    async with hostile_server(script) as url:
+        env = _client(url, timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(envlink.CallTimeoutError):
+            await env.reset()
+        assert time.monotonic() - started < 1.0 + 2.0
+        await env.close()
+
+
+async def test_a_one_gigabyte_error_body_is_refused_in_bounded_memory() -> None:
+    """An upgrade refused with a 1 GiB body (streamed, never sent whole): a typed error
+    within the connect deadline, and the client's memory does not follow the body."""
+    chunk = b"x" * MIB
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: 1073741824\r\n\r\n")
+        for _ in range(1024):
+            writer.write(chunk)
+            await writer.drain()  # stops when the client goes away
+
+    before = self_peak_rss()
+    async with hostile_server(script) as url:
+        env = _client(url, connect_timeout_s=5.0)
+        started = time.monotonic()
+        with pytest.raises(envlink.ConnectError, match="too large"):
+            await env.reset()
+        assert time.monotonic() - started < 5.0 + 2.0
+        await env.close()
+    assert self_peak_rss() - before < 128 * MIB
