@@ -186,15 +186,17 @@ def task_api(factory: EnvironmentFactory, method: str, path: str,
     task index outside the split, 404 for another environment's name. Returns ``None``
     for a path that is not the Task API's.
     """
-    name = environment_name(factory)
     if path == "/list_environments":
-        return HttpReply(200, [name]) if method == "GET" else _not_allowed()
+        if method != "GET":
+            return _not_allowed()
+        return HttpReply(200, [environment_name(factory)])
     parts = path.strip("/").split("/")
     if len(parts) != 2 or parts[1] not in TASK_ROUTES:
-        return None
+        return None  # decided before any environment is built for the name
     verb, attribute, fields = TASK_ROUTES[parts[1]]
     if method != verb:
         return _not_allowed()
+    name = environment_name(factory)
     if parts[0] != name:
         return HttpReply(404, {"detail": f"unknown environment {parts[0]!r}"})
     if verb == "POST" and not isinstance(body, dict):
