@@ -10,10 +10,9 @@ escaping: a hostile client never crashes a session's handler. Run it with atheri
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
 import atheris
+from _fuzzing import fuzz  # the script's own folder is on sys.path
 
 with atheris.instrument_imports(include=["envlink"]):
     from envlink.server._environments.deterministic import DeterministicEnvironment
@@ -44,15 +43,7 @@ def test_one(data: bytes) -> None:
 
 def main() -> None:
     """Fuzz from the seeds, written into the corpus directory given (if it is empty)."""
-    for seed in SEEDS:
-        test_one(seed)
-    for arg in sys.argv[1:]:
-        corpus = pathlib.Path(arg)
-        if not arg.startswith("-") and corpus.is_dir() and not any(corpus.iterdir()):
-            for i, seed in enumerate(SEEDS):
-                (corpus / f"seed-{i}").write_bytes(seed)
-    atheris.Setup(sys.argv, test_one)
-    atheris.Fuzz()
+    fuzz(test_one, SEEDS)
 
 
 if __name__ == "__main__":

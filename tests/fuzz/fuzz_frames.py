@@ -10,10 +10,9 @@ anything else (a foreign exception, a crash) is a finding. Run it with atheris::
 from __future__ import annotations
 
 import contextlib
-import pathlib
-import sys
 
 import atheris
+from _fuzzing import fuzz  # the script's own folder is on sys.path
 
 with atheris.instrument_imports(include=["envlink"]):
     from envlink._errors import EnvlinkError
@@ -45,15 +44,7 @@ def test_one(data: bytes) -> None:
 
 def main() -> None:
     """Fuzz from the seeds, written into the corpus directory given (if it is empty)."""
-    for seed in SEEDS:
-        test_one(seed)
-    for arg in sys.argv[1:]:
-        corpus = pathlib.Path(arg)
-        if not arg.startswith("-") and corpus.is_dir() and not any(corpus.iterdir()):
-            for i, seed in enumerate(SEEDS):
-                (corpus / f"seed-{i}").write_bytes(seed)
-    atheris.Setup(sys.argv, test_one)
-    atheris.Fuzz()
+    fuzz(test_one, SEEDS)
 
 
 if __name__ == "__main__":
