@@ -402,6 +402,8 @@ INSTR_RATIOS: dict[str, tuple[str, str]] = {
     "floor sync / openenv sync": ("floor sync (websockets.sync)", "openenv sync"),
     "floor async / openenv async": ("floor async (websockets.asyncio)", "openenv async"),
 }
+#: Two counts of the same variant must agree this closely (relative spread).
+AGREEMENT = 0.01
 INSTR_TARGETS: dict[str, float] = {
     "envlink async / openenv async": 0.95,
     "envlink sync / openenv sync": 0.80,
@@ -600,6 +602,13 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
                         ratios.setdefault(kind, {})[label] = (
                             variants[num]["per_step"] / variants[den]["per_step"])
             result["pythons"][minor] = {"python": pys, "variants": per, "ratios": ratios}
+        spreads = [entry["spread"] for per_py in result["pythons"].values()
+                   for variants in per_py["variants"].values() for entry in variants.values()]
+        if args.repeats > 1 and spreads:
+            # The runs of one variant are independent processes: the largest spread says
+            # how far two counts of the same code can be apart.
+            result["agreement"] = {"max_spread": max(spreads),
+                                   "within_1_percent": max(spreads) <= AGREEMENT}
     finally:
         for srv in running.values():
             srv.stop()
@@ -625,6 +634,11 @@ def print_instructions(res: dict[str, Any]) -> None:
                 mark = "" if target is None else (
                     f"   (target <= {target:.2f}: {verdict(value <= target)})")
                 print(f"    {label:<36}{value:>14.3f}{mark}")
+    agreement = res.get("agreement")
+    if agreement is not None:
+        print(f"\n  agreement: the runs of each variant are at most "
+              f"{agreement['max_spread'] * 100:.2f}% apart (within {AGREEMENT * 100:.0f}%: "
+              f"{'yes' if agreement['within_1_percent'] else 'NO'})")
 
 
 # ------------------------------------------------------------------ report
