@@ -20,6 +20,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from envlink._speedups import baggage_key, composite_parts
 
@@ -34,6 +35,8 @@ _get_current = otel_context.get_current
 _get_current_span = trace.get_current_span
 _get_global_textmap = propagate.get_global_textmap
 _INVALID = trace.INVALID_SPAN_CONTEXT
+_NO_STATE = DEFAULT_TRACE_STATE
+_TRACEPARENT = "00-%032x-%016x-%02x"
 #: The context key of the baggage, when known; without it, the public ``baggage.get_all``.
 _BAGGAGE_KEY: Any = baggage_key()
 
@@ -74,10 +77,13 @@ def trace_carrier() -> dict[str, str]:
         return carrier
     if span_context == _INVALID:
         return {}
-    if span_context.trace_state:
+    state = span_context.trace_state
+    # A root span's state is the shared default one: no Mapping length call for it.
+    if state is not _NO_STATE and state:
         carrier = {}
         propagate.inject(carrier, ctx)
         return carrier
-    # TraceContextTextMapPropagator.inject's format, without its walk.
-    return {"traceparent": f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
-                           f"{span_context.trace_flags:02x}"}
+    # TraceContextTextMapPropagator.inject's format, without its walk; one %-format
+    # of the three fields costs half of three f-string fields.
+    return {"traceparent": _TRACEPARENT % (span_context.trace_id, span_context.span_id,
+                                           span_context.trace_flags)}
