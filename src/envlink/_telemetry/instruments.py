@@ -150,12 +150,68 @@ class BreakerSource(Protocol):
 #: The states of ``envlink.breaker.state`` on the breaker-state gauge (a state set).
 _BREAKER_STATES = ("closed", "open", "half_open")
 
+#: Every synchronous instrument, by the :class:`Telemetry` attribute that holds it:
+#: (kind, name, unit, description, histogram buckets). The client's, the bridge's,
+#: then the pool's.
+_SYNC_INSTRUMENTS: dict[str, tuple[type, str, str, str, tuple[float, ...]]] = {
+    "call_duration": (Histogram, METRIC_CALL_DURATION, "s",
+                      "Duration of envlink protocol calls, from the caller's view.",
+                      RPC_DURATION_BUCKETS),
+    "connect_duration": (Histogram, METRIC_CONNECT_DURATION, "s",
+                         "Duration of connection attempts (WebSocket opening handshakes).",
+                         DURATION_BUCKETS),
+    "attempts": (Counter, METRIC_ATTEMPTS, "{attempt}",
+                 "Attempts made for protocol calls; attempt > 1 is a retry.", ()),
+    "reconnects": (Counter, METRIC_RECONNECTS, "{reconnect}",
+                   "Reconnections after a lost or failed connection, by reason.", ()),
+    "errors": (Counter, METRIC_ERRORS, "{error}",
+               "Protocol calls that failed, by error.type.", ()),
+    "message_size": (Histogram, METRIC_MESSAGE_SIZE, "By",
+                     "Size of WebSocket messages, by direction.", SIZE_BUCKETS),
+    "recoveries": (Counter, METRIC_RECOVERIES, "{recovery}",
+                   "Session recoveries after a lost connection, by policy and result.", ()),
+    "bridge_wait_duration": (
+        Histogram, METRIC_BRIDGE_WAIT_DURATION, "s",
+        "Time a sync call waited for the bridge's event loop to start it.", DURATION_BUCKETS),
+    "bridge_call_duration": (Histogram, METRIC_BRIDGE_CALL_DURATION, "s",
+                             "Whole duration of a call made through the sync bridge.",
+                             DURATION_BUCKETS),
+    "pool_batch_duration": (
+        Histogram, METRIC_POOL_BATCH_DURATION, "s",
+        "Duration of an EnvPool batch call (reset, step, ready-first recv).", DURATION_BUCKETS),
+    "pool_stragglers": (Counter, METRIC_POOL_STRAGGLERS, "{session}",
+                        "Sessions still in flight when a ready-first receive returned.", ()),
+    "pool_sessions": (UpDownCounter, METRIC_POOL_SESSIONS, "{session}",
+                      "EnvPool sessions placed on each endpoint, by state.", ()),
+    "pool_breaker_transitions": (
+        Counter, METRIC_POOL_BREAKER_TRANSITIONS, "{transition}",
+        "Circuit-breaker transitions of EnvPool endpoints, by new state.", ()),
+    "pool_placements": (Counter, METRIC_POOL_PLACEMENTS, "{placement}",
+                        "Attempts to place an EnvPool session on an endpoint, by result.", ()),
+}
+
 
 class Telemetry:
     """Tracer, meter and instruments for one pair of providers.
 
-    Obtain one with :func:`get_telemetry`; never per call.
+    Obtain one with :func:`get_telemetry`; never per call. Its synchronous
+    instruments are those of :data:`_SYNC_INSTRUMENTS`, one attribute each.
     """
+
+    call_duration: Histogram
+    connect_duration: Histogram
+    attempts: Counter
+    reconnects: Counter
+    errors: Counter
+    message_size: Histogram
+    recoveries: Counter
+    bridge_wait_duration: Histogram
+    bridge_call_duration: Histogram
+    pool_batch_duration: Histogram
+    pool_stragglers: Counter
+    pool_sessions: UpDownCounter
+    pool_breaker_transitions: Counter
+    pool_placements: Counter
 
     def __init__(
         self,
@@ -180,38 +236,16 @@ class Telemetry:
             if meter_provider is not None else None
         )
         m = self.meter
-        self.call_duration: Histogram = m.create_histogram(
-            METRIC_CALL_DURATION, unit="s",
-            description="Duration of envlink protocol calls, from the caller's view.",
-            explicit_bucket_boundaries_advisory=list(RPC_DURATION_BUCKETS),
-        )
-        self.connect_duration: Histogram = m.create_histogram(
-            METRIC_CONNECT_DURATION, unit="s",
-            description="Duration of connection attempts (WebSocket opening handshakes).",
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
-        )
-        self.bridge_wait_duration: Histogram = m.create_histogram(
-            METRIC_BRIDGE_WAIT_DURATION, unit="s",
-            description="Time a sync call waited for the bridge's event loop to start it.",
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
-        )
-        self.bridge_call_duration: Histogram = m.create_histogram(
-            METRIC_BRIDGE_CALL_DURATION, unit="s",
-            description="Whole duration of a call made through the sync bridge.",
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
-        )
-        self.attempts: Counter = m.create_counter(
-            METRIC_ATTEMPTS, unit="{attempt}",
-            description="Attempts made for protocol calls; attempt > 1 is a retry.",
-        )
-        self.reconnects: Counter = m.create_counter(
-            METRIC_RECONNECTS, unit="{reconnect}",
-            description="Reconnections after a lost or failed connection, by reason.",
-        )
-        self.errors: Counter = m.create_counter(
-            METRIC_ERRORS, unit="{error}",
-            description="Protocol calls that failed, by error.type.",
-        )
+        for attr, (kind, name, unit, description, buckets) in _SYNC_INSTRUMENTS.items():
+            if kind is Histogram:
+                instrument: Any = m.create_histogram(
+                    name, unit=unit, description=description,
+                    explicit_bucket_boundaries_advisory=list(buckets))
+            elif kind is Counter:
+                instrument = m.create_counter(name, unit=unit, description=description)
+            else:
+                instrument = m.create_up_down_counter(name, unit=unit, description=description)
+            setattr(self, attr, instrument)
         # In flight: each client keeps plain counts per method (no metric operation
         # per call); they are read when the SDK collects.
         self._inflight_sources: weakref.WeakSet[InflightSource] = weakref.WeakSet()
@@ -222,42 +256,12 @@ class Telemetry:
             METRIC_INFLIGHT, callbacks=[self._observe_inflight], unit="{call}",
             description="Protocol calls currently in flight (queued or running).",
         )
-        self.message_size: Histogram = m.create_histogram(
-            METRIC_MESSAGE_SIZE, unit="By",
-            description="Size of WebSocket messages, by direction.",
-            explicit_bucket_boundaries_advisory=list(SIZE_BUCKETS),
-        )
-        self.recoveries: Counter = m.create_counter(
-            METRIC_RECOVERIES, unit="{recovery}",
-            description="Session recoveries after a lost connection, by policy and result.",
-        )
-        self.pool_batch_duration: Histogram = m.create_histogram(
-            METRIC_POOL_BATCH_DURATION, unit="s",
-            description="Duration of an EnvPool batch call (reset, step, ready-first recv).",
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
-        )
-        self.pool_stragglers: Counter = m.create_counter(
-            METRIC_POOL_STRAGGLERS, unit="{session}",
-            description="Sessions still in flight when a ready-first receive returned.",
-        )
-        self.pool_sessions: UpDownCounter = m.create_up_down_counter(
-            METRIC_POOL_SESSIONS, unit="{session}",
-            description="EnvPool sessions placed on each endpoint, by state.",
-        )
-        self.pool_breaker_transitions: Counter = m.create_counter(
-            METRIC_POOL_BREAKER_TRANSITIONS, unit="{transition}",
-            description="Circuit-breaker transitions of EnvPool endpoints, by new state.",
-        )
         # Breaker states: each pool's endpoints are read when the SDK collects.
         self._breaker_sources: weakref.WeakSet[BreakerSource] = weakref.WeakSet()
         self.pool_breaker_state: ObservableGauge = m.create_observable_gauge(
             METRIC_POOL_BREAKER_STATE, callbacks=[self._observe_breakers], unit="{breaker}",
             description="EnvPool endpoints' circuit breakers in each state (1: the current "
                         "state, 0: the others).",
-        )
-        self.pool_placements: Counter = m.create_counter(
-            METRIC_POOL_PLACEMENTS, unit="{placement}",
-            description="Attempts to place an EnvPool session on an endpoint, by result.",
         )
 
     # ------------------------------------------------------------------ helpers
