@@ -220,7 +220,7 @@ class Bridge(LoopThread):
                 # the pending jobs, so a racing close() is either seen here or wakes us.
                 if self._closed:
                     raise RuntimeError("closed")
-                loop.call_soon_threadsafe(self._start_job, job)
+                loop.call_soon_threadsafe(_start_job, self, job)
             except RuntimeError:  # closed, or the loop closed under us
                 error = ClientClosedError("the bridge is closed")
             else:
@@ -348,3 +348,8 @@ class Bridge(LoopThread):
             TypeError: ``acm`` is not an async context manager.
         """
         return BridgedContext(self, acm, timeout, method or type(acm).__name__)
+
+
+# The loop runs the function with the bridge as its argument, so that no bound method
+# is built for each call.
+_start_job = Bridge._start_job
