@@ -17,15 +17,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
-from envlink._client import discovery, handles, lifecycle, mcp
+from envlink._client import handles, mcp
 from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
-from envlink._client.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
-from envlink._client.lifecycle import Bootstrap
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -41,6 +39,9 @@ from envlink._errors import (
     EnvlinkError,
     ProtocolError,
 )
+from envlink._launch import discovery, lifecycle
+from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
+from envlink._launch.lifecycle import Bootstrap
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
@@ -263,8 +264,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         self._core.production = self._mode == "production"
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, extensions, self._core, hook)
-        self._driver: SessionDriver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
-                                     replay_verify or _same_answer)
+        self._driver: SessionDriver = SessionDriver(
+            self._core, connector, hook, self._options, self.timeouts,
+            replay_verify or _same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
         gate = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
         self._driver.capacity = gate if self._target.started else None

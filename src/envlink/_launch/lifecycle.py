@@ -15,22 +15,22 @@ from collections.abc import Callable, Coroutine, Generator, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from envlink._client.discovery import wait_until_ready
-from envlink._client.providers import (
+from envlink._errors import ProviderError
+from envlink._launch.discovery import wait_until_ready
+from envlink._launch.providers import (
     DockerProvider,
     LocalServerProvider,
     ProviderLease,
     bound_container,
     lease_for,
 )
-from envlink._client.spaces import (
+from envlink._launch.spaces import (
     hf_space_subdomain,
     hf_token,
     is_space_name,
     space_name_of,
     space_url,
 )
-from envlink._errors import ProviderError
 from envlink._transports.base import parse_endpoint
 
 if TYPE_CHECKING:
