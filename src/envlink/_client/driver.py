@@ -46,7 +46,6 @@ from envlink._sansio.protocol import (
     ObservationFrame,
     StateFrame,
     decode_response,
-    encode_call,
     server_error,
 )
 from envlink._sansio.retry import Again, succeeded
@@ -350,7 +349,7 @@ class SessionDriver:
         carrier: dict[str, str] | None = None
         if request_id is not None:
             carrier = trace_carrier()  # per-message trace context (negotiated extension)
-        text = encode_call(method, data, request_id, carrier)  # core.encode, one frame less
+        text = core.encode(method, data, request_id, carrier)
         hook.message("sent", len(text))
         max_size = self.options.max_message_size
         # From the moment send() is entered the frame may be on the wire (websockets

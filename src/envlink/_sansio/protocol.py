@@ -211,16 +211,9 @@ def encode_request(
         ValueError: the frame's data holds NaN or an infinity (refused as
             ``json.dumps(..., allow_nan=False)`` does, rather than sent as ``null``).
     """
-    try:
-        # Dumped to plain values first: a pydantic model nested in the data would
-        # otherwise serialise its NaN by its own config (as null), out of our reach.
-        text = to_json(frame.model_dump(exclude_none=True), inf_nan_mode="constants").decode()
-    except PydanticSerializationError as exc:
-        raise TypeError(f"{frame.type} data is not JSON-serialisable: {exc}") from exc
-    if "NaN" in text or "Infinity" in text:
-        # Usually inside a string; parsing tells a real constant from text.
-        json.loads(text, parse_constant=lambda name: _refuse_constant(frame.type, name))
-    return text
+    # Dumped to plain values first: a pydantic model nested in the data would
+    # otherwise serialise its NaN by its own config (as null), out of our reach.
+    return _dump(frame.type, frame)
 
 
 #: Plain values of a ``dict[str, Any]`` as pydantic's ``model_dump`` gives them (a
@@ -250,8 +243,14 @@ def encode_data_request(kind: str, data: dict[str, Any],
         model = _DATA_REQUESTS[kind]
         return encode_request(model(data=data, **{k: v for k, v in ext.items()
                                                  if v is not None}))
+    return _dump(kind, _envelope(kind, request_id, traceparent, tracestate), data)
+
+
+def _envelope(kind: str, request_id: str | None, traceparent: str | None,
+              tracestate: str | None) -> dict[str, Any]:
+    """A request frame's envelope as plain values, in the key order of the request
+    models' dump: extensions, then type (:func:`_dump` adds the data last)."""
     frame: dict[str, Any] = {}
-    # The key order of the request models' dump: envelope extensions, type, data.
     if request_id is not None:
         frame["id"] = request_id
     if traceparent is not None:
@@ -259,12 +258,27 @@ def encode_data_request(kind: str, data: dict[str, Any],
     if tracestate is not None:
         frame["tracestate"] = tracestate
     frame["type"] = kind
+    return frame
+
+
+def _dump(kind: str, frame: dict[str, Any] | _Request, data: Any = None) -> str:
+    """The JSON text of a request: a request model, or an envelope and its ``data``
+    (a plain dict). Every request frame is written here.
+
+    Raises:
+        TypeError: a value JSON cannot represent.
+        ValueError: NaN or an infinity in the data.
+    """
     try:
-        frame["data"] = _DATA_SERIALIZER.to_python(data)
+        if isinstance(frame, _Request):
+            frame = frame.model_dump(exclude_none=True)
+        elif data is not None:
+            frame["data"] = _DATA_SERIALIZER.to_python(data)
         text = to_json(frame, inf_nan_mode="constants").decode()
     except PydanticSerializationError as exc:
         raise TypeError(f"{kind} data is not JSON-serialisable: {exc}") from exc
     if "NaN" in text or "Infinity" in text:
+        # Usually inside a string; parsing tells a real constant from text.
         json.loads(text, parse_constant=lambda name: _refuse_constant(kind, name))
     return text
 
@@ -272,7 +286,8 @@ def encode_data_request(kind: str, data: dict[str, Any],
 def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None,
                 trace: Mapping[str, str] | None = None) -> str:
     """The text frame of a client's request (``reset``, ``step``, ``mcp``, ``state``,
-    ``close``); trace context is set only with a request id.
+    ``close``); trace context is set only with a request id. The client's one way
+    to write a request.
 
     Raises:
         TypeError: ``data`` is not a JSON object with string keys.
@@ -288,12 +303,9 @@ def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None
         except ValidationError as exc:
             raise TypeError(f"{method} data must be a JSON object with string keys: "
                             f"{exc.errors(include_url=False)[0]['msg']}") from exc
-    ext: dict[str, Any] = {}
-    if request_id is not None:
-        ext = {"id": request_id, "traceparent": traceparent, "tracestate": tracestate}
-    if method == "state":
-        return encode_request(StateRequest(**ext))
-    return encode_request(CloseRequest(**ext))
+    if method != "state" and method != "close":
+        raise ValueError(f"no request frame for {method!r}")
+    return _dump(method, _envelope(method, request_id, traceparent, tracestate))
 
 
 def _refuse_constant(frame_type: str, name: str) -> None:
