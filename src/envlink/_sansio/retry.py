@@ -209,31 +209,22 @@ class Retry:
             The last failure when it is not retryable or the tries are used up;
             RetryBudgetExhaustedError: the shared budget refused a retry.
         """
-        start = self._clock()
-        self.tries = 1
-        # Most operations succeed at once: the first try runs outside tenacity, whose
-        # loop (a few dozen function calls) is only entered once it has failed.
-        try:
-            result = await attempt(1 + self.attempts_used)
-        except BaseException as exc:
-            first = exc
-        else:
-            return self._succeeded(result)
-        return await self.continue_after(first, attempt, start)
+        return await self.continue_after(None, attempt, self._clock())
 
-    async def continue_after(self, first: BaseException,
+    async def continue_after(self, first: BaseException | None,
                              attempt: Callable[[int], Awaitable[_T]], start: float) -> _T:
         """:meth:`run` after a first try made by the caller failed with ``first``.
 
-        For a hot path that makes its first try itself (and builds this loop only
-        once that failed); the result is what :meth:`run` would have given.
+        For the per-call hot path (the driver's resend), which makes its first try
+        itself and builds this loop only once that failed: the one first-try fast
+        path. The result is what :meth:`run` would have given.
 
         Args:
-            first: the first try's failure.
+            first: the first try's failure (``None``: no try made yet, as :meth:`run`).
             attempt: as for :meth:`run`.
             start: when the first try began, on :attr:`clock`.
         """
-        self.tries = 1
+        self.tries = 0 if first is None else 1
         pending: BaseException | None = first
         try:
             async for state in self.retrying(start):
