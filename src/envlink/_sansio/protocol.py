@@ -213,7 +213,7 @@ def encode_request(
     """
     # Dumped to plain values first: a pydantic model nested in the data would
     # otherwise serialise its NaN by its own config (as null), out of our reach.
-    return _dump(frame.type, frame)
+    return _dump(frame.type, None, None, None, None, frame)
 
 
 #: Plain values of a ``dict[str, Any]`` as pydantic's ``model_dump`` gives them (a
@@ -243,37 +243,35 @@ def encode_data_request(kind: str, data: dict[str, Any],
         model = _DATA_REQUESTS[kind]
         return encode_request(model(data=data, **{k: v for k, v in ext.items()
                                                  if v is not None}))
-    return _dump(kind, _envelope(kind, request_id, traceparent, tracestate), data)
+    return _dump(kind, data, request_id, traceparent, tracestate)
 
 
-def _envelope(kind: str, request_id: str | None, traceparent: str | None,
-              tracestate: str | None) -> dict[str, Any]:
-    """A request frame's envelope as plain values, in the key order of the request
-    models' dump: extensions, then type (:func:`_dump` adds the data last)."""
-    frame: dict[str, Any] = {}
-    if request_id is not None:
-        frame["id"] = request_id
-    if traceparent is not None:
-        frame["traceparent"] = traceparent
-    if tracestate is not None:
-        frame["tracestate"] = tracestate
-    frame["type"] = kind
-    return frame
+def _dump(kind: str, data: Any, request_id: str | None, traceparent: str | None,
+          tracestate: str | None, model: _Request | None = None) -> str:
+    """The JSON text of a request; every request frame is written here.
 
-
-def _dump(kind: str, frame: dict[str, Any] | _Request, data: Any = None) -> str:
-    """The JSON text of a request: a request model, or an envelope and its ``data``
-    (a plain dict). Every request frame is written here.
+    Either ``model`` (a request model, dumped as it is) or the envelope built from
+    the other arguments, in the key order of the models' dump: extensions, type,
+    then ``data`` (a plain dict; ``None``: a frame without data).
 
     Raises:
         TypeError: a value JSON cannot represent.
         ValueError: NaN or an infinity in the data.
     """
     try:
-        if isinstance(frame, _Request):
-            frame = frame.model_dump(exclude_none=True)
-        elif data is not None:
-            frame["data"] = _DATA_SERIALIZER.to_python(data)
+        if model is not None:
+            frame = model.model_dump(exclude_none=True)
+        else:
+            frame = {}
+            if request_id is not None:
+                frame["id"] = request_id
+            if traceparent is not None:
+                frame["traceparent"] = traceparent
+            if tracestate is not None:
+                frame["tracestate"] = tracestate
+            frame["type"] = kind
+            if data is not None:
+                frame["data"] = _DATA_SERIALIZER.to_python(data)
         text = to_json(frame, inf_nan_mode="constants").decode()
     except PydanticSerializationError as exc:
         raise TypeError(f"{kind} data is not JSON-serialisable: {exc}") from exc
@@ -305,7 +303,7 @@ def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None
                             f"{exc.errors(include_url=False)[0]['msg']}") from exc
     if method != "state" and method != "close":
         raise ValueError(f"no request frame for {method!r}")
-    return _dump(method, _envelope(method, request_id, traceparent, tracestate))
+    return _dump(method, None, request_id, traceparent, tracestate)
 
 
 def _refuse_constant(frame_type: str, name: str) -> None:
