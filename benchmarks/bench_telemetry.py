@@ -83,6 +83,51 @@ def _make_call(bridge_hook: BridgeTelemetryHook | None,
     return call
 
 
+def _sdk_floor(tp: TracerProvider, mp: MeterProvider) -> Callable[[], None]:
+    """The SDK's own work for what a sync step's contract needs, with nothing of envlink:
+    the client span with its seven start and two end attributes, current while it
+    runs, and one ``rpc.client.call.duration`` record with its five attributes."""
+    from opentelemetry import context, trace
+    from opentelemetry.trace import SpanKind
+
+    tracer = tp.get_tracer("bench")
+    histogram = mp.get_meter("bench").create_histogram("bench.duration", unit="s")
+    start = {"server.address": "127.0.0.1", "server.port": 8000,
+             "rpc.system.name": "openenv", "rpc.method": "step", "envlink.session.id": "s-1",
+             "envlink.episode.id": "e-1", "envlink.bridge.queue_wait_s": 0.00001}
+    record = {"rpc.system.name": "openenv", "server.address": "127.0.0.1",
+              "server.port": 8000, "rpc.method": "step", "envlink.outcome": "ok"}
+
+    def call() -> None:
+        ctx = context.get_current()
+        span = tracer.start_span("step", context=ctx, kind=SpanKind.CLIENT, attributes=start)
+        token = context.attach(trace.set_span_in_context(span, ctx))
+        span.set_attribute("envlink.queue_wait_s", 0.00001)
+        span.set_attribute("envlink.step.index", 3)
+        context.detach(token)
+        span.end()
+        histogram.record(0.0004, record)
+
+    return call
+
+
+def _count(fn: Callable[[], None], iterations: int) -> None:
+    """Run ``iterations`` calls with callgrind counting around them (under valgrind)."""
+    import gc
+    import os
+
+    from _callgrind import MARKS_VAR, Marks
+
+    marks = Marks(os.environ[MARKS_VAR])
+    for _ in range(300):
+        fn()
+    gc.collect()
+    marks.start()
+    for _ in range(iterations):
+        fn()
+    marks.stop()
+
+
 def _per_call(fn: Callable[[], None], iterations: int) -> tuple[float, float]:
     """Wall-clock and this thread's CPU time per call (the CPU time leaves out the batch
     span processor's export thread and other processes sharing the machine)."""
@@ -98,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--count", default=None,
+                        help="under callgrind (ENVLINK_CALLGRIND_MARKS): count --iterations "
+                             "calls of one configuration (its name as printed, or 'SDK floor')")
     args = parser.parse_args(argv)
 
     tp = TracerProvider()
@@ -116,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         "SDK, nested spans": _make_call(BridgeTelemetryHook(tp, mp, nested=True),
                                         ClientTelemetryHook(tp, mp)),
     }
+    variants["SDK floor (the SDK's work alone)"] = _sdk_floor(tp, mp)
+    if args.count is not None:
+        name = next((n for n in variants if n.startswith(args.count)), None)
+        if name is None:
+            raise SystemExit(f"--count: no configuration {args.count!r}")
+        _count(variants[name], args.iterations)
+        return 0
     for fn in variants.values():
         _per_call(fn, 500)  # warm up
     names = list(variants)
