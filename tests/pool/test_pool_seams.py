@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import envlink._pool.pool
-from envlink import ClientClosedError, EnvPool, StepResult
+from envlink import ClientClosedError, EnvPool, ReconnectPolicy, StepResult
 from envlink._pool import AsyncPool, PoolHook, PoolOptions
-from envlink._pool.observer import BatchFinished, BatchStarted
+from envlink._pool.observer import EVENTS, BatchFinished, BatchStarted, BreakerChange, PoolEvent
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,6 +27,8 @@ class Recorder(PoolHook):
         self.batches: list[tuple[str, int, str, int]] = []
         self.sessions: dict[tuple[int, str], int] = {}
         self.placements: list[str] = []
+        self.events: list[PoolEvent] = []
+        self.breakers: list[BreakerChange] = []
 
     def batch_started(self, batch: BatchStarted) -> Any:
         return batch.method
@@ -43,6 +45,12 @@ class Recorder(PoolHook):
 
     def placement(self, host: str, port: int, result: str) -> None:
         self.placements.append(result)
+
+    def event(self, event: PoolEvent) -> None:
+        self.events.append(event)
+
+    def breaker_changed(self, change: BreakerChange) -> None:
+        self.breakers.append(change)
 
 
 def test_the_in_process_pool_is_an_async_pool() -> None:
@@ -104,6 +112,29 @@ async def test_the_pool_reports_through_its_hook(det_servers: Callable[..., Any]
     assert recorder.batches == [("reset", 2, "ok", 2), ("step", 2, "ok", 2),
                                 ("step_send", 1, "ok", -1), ("recv", 1, "ok", 1)]
     assert recorder.sessions[(server.port, "active")] == 0
+
+
+async def test_the_events_carry_the_fields_listed(det_servers: Callable[..., Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capacity wait and a session moved by replay reach the hook with exactly the
+    fields EVENTS lists; the dead endpoint's breaker change comes with them."""
+    recorder = Recorder()
+    monkeypatch.setattr(envlink._pool.pool, "pool_telemetry_hook", lambda *_: recorder)
+    full = await det_servers(max_sessions=1)
+    policy = ReconnectPolicy(max_attempts=2, initial_delay=0.001, max_delay=0.001)
+    async with EnvPool(full.url, 2, capacity=policy) as pool:
+        assert len((await pool.reset()).errors) == 1
+    a, b = await det_servers(), await det_servers()
+    async with EnvPool([a.url, b.url], 2, on_session_lost="replay", breaker_threshold=1,
+                       breaker_reset_timeout=60) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        await a.stop()
+        assert (await pool.step([{"move": 1}] * 2)).ok
+    names = {e.name for e in recorder.events}
+    assert names == set(EVENTS)
+    for event in recorder.events:
+        assert tuple(event.fields) == EVENTS[event.name], event
+    assert [(c.port, c.new) for c in recorder.breakers] == [(a.port, "open")]
 
 
 async def test_a_shard_style_recv_sees_a_closed_pool(det_servers: Callable[..., Any]) -> None:
