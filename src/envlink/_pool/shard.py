@@ -227,7 +227,6 @@ class Shard:
                                          else lambda i, episode: user(offset + i, episode))
         self.pool: EnvPool[Any, Any] = EnvPool(**arguments, tracer_provider=tracer_provider,
                                                meter_provider=meter_provider)
-        self.size = o.size
         self._span = RaySpan(pool_telemetry_hook(tracer_provider, meter_provider), spec.shard,
                              o.size)
         # Per slot: the episode id, journal entries and typed actions already mirrored.
