@@ -20,7 +20,6 @@ from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from envlink._speedups import baggage_key, composite_parts
 
@@ -35,7 +34,7 @@ _get_current = otel_context.get_current
 _get_current_span = trace.get_current_span
 _get_global_textmap = propagate.get_global_textmap
 _INVALID = trace.INVALID_SPAN_CONTEXT
-_NO_STATE = DEFAULT_TRACE_STATE
+_NO_STATE = trace.DEFAULT_TRACE_STATE
 _TRACEPARENT = "00-%032x-%016x-%02x"
 #: The context key of the baggage, when known; without it, the public ``baggage.get_all``.
 _BAGGAGE_KEY: Any = baggage_key()
