@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from opentelemetry import propagate
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, check_number, is_int
 from envlink._deadlines import bounded
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
 from envlink._pool.batch import record_batch, recv_want, seed_list, single_result, slot_mask
@@ -192,13 +192,11 @@ class RayEnvPool(Generic[ActT, ObsT]):
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"shards must be a positive integer, got {shards!r}")
-        if isinstance(size, int) and not isinstance(size, bool) and 0 < size < shards:
+        check_number(shards, "shards", integer=True, minimum=1, mistyped=ValueError,
+                     expected="a positive integer")
+        if is_int(size) and 0 < size < shards:
             raise ValueError(f"shards ({shards}) cannot exceed size ({size})")
-        if not shard_timeout_margin > 0:
-            raise ValueError(f"shard_timeout_margin must be positive, "
-                             f"got {shard_timeout_margin!r}")
+        check_number(shard_timeout_margin, "shard_timeout_margin", above=0)
         options: dict[str, Any] = {
             "client": client, "client_options": dict(client_options or {}),
             "on_session_lost": on_session_lost, "autoreset": autoreset,
@@ -754,8 +752,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         seconds = self.batch_timeout if timeout is UNSET else timeout
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
+        check_number(seconds, "timeout", above=0, optional=True)
         return seconds
 
     def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:

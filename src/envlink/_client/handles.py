@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, is_int
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -189,7 +189,7 @@ async def _resume(client: EnvClient[Any, Any, Any], handle: SessionHandle,
             # in order.
             count = (state.get("step_count") if isinstance(state, Mapping)
                      else getattr(state, "step_count", None))
-            if isinstance(count, int) and not isinstance(count, bool):
+            if is_int(count):
                 journal.settle_applied(count)
     except SessionLostError as exc:
         await client.close()

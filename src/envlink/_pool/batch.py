@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from opentelemetry.trace import Span
 
 from envlink._client.client import StepResult
+from envlink._config import check_number
 from envlink._deadlines import bounded
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
 from envlink._pool.results import Batch, SlotResult
@@ -222,11 +223,9 @@ def recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int
     Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
     """
     want = pending if min_ready is None else min_ready
-    if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= pending:
-        raise ValueError(f"min_ready must be in 1..{pending} (the slots in flight), "
-                         f"got {min_ready!r}")
-    if timeout is not None and not timeout >= 0:
-        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    check_number(want, "min_ready", integer=True, minimum=1, maximum=pending,
+                 mistyped=ValueError, expected=f"in 1..{pending} (the slots in flight)")
+    check_number(timeout, "timeout", minimum=0, optional=True)
     return want
 
 

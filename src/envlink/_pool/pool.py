@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, check_number
 from envlink._errors import ClientClosedError
 from envlink._pool.batch import BatchRunner, seed_list, single_result, slot_mask
 from envlink._pool.breaker import CircuitBreaker
@@ -135,20 +135,17 @@ class EnvPool(Generic[ActT, ObsT]):
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive integer, got {size!r}")
+        check_number(size, "size", integer=True, minimum=1, mistyped=ValueError,
+                     expected="a positive integer")
         if on_session_lost not in POOL_SESSION_LOST_POLICIES:
             why = f" ({POOL_NO_AUTO})" if str(on_session_lost) == "auto" else ""
             raise ValueError(f"on_session_lost must be one of {POOL_SESSION_LOST_POLICIES}, "
                              f"got {on_session_lost!r}{why}")
         if autoreset not in _AUTORESET:
             raise ValueError(f"autoreset must be one of {_AUTORESET}, got {autoreset!r}")
-        if batch_timeout is not None and not batch_timeout > 0:
-            raise ValueError(f"batch_timeout must be positive or None, got {batch_timeout!r}")
-        if max_inflight is not None and (isinstance(max_inflight, bool) or
-                                         not isinstance(max_inflight, int) or max_inflight < 1):
-            raise ValueError(f"max_inflight must be a positive integer or None, "
-                             f"got {max_inflight!r}")
+        check_number(batch_timeout, "batch_timeout", above=0, optional=True)
+        check_number(max_inflight, "max_inflight", integer=True, minimum=1, optional=True,
+                     mistyped=ValueError, expected="a positive integer or None")
         options = dict(client_options or {})
         if "on_session_lost" in options:
             raise ValueError("pass on_session_lost to EnvPool, not in client_options")
@@ -464,8 +461,7 @@ class EnvPool(Generic[ActT, ObsT]):
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         seconds = self.batch_timeout if timeout is UNSET else timeout
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
+        check_number(seconds, "timeout", above=0, optional=True)
         return seconds
 
     async def _run(self, method: str, calls: dict[int, Any],

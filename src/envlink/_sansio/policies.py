@@ -19,7 +19,7 @@ from typing import Any, Literal
 from tenacity import RetryCallState, wait_exponential, wait_random_exponential
 from tenacity.wait import wait_base
 
-from envlink._config import check_count, check_timeout
+from envlink._config import check_count, check_number, check_timeout
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -91,10 +91,7 @@ class RetryBudget:
 
     def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1) -> None:
         for name, value in (("max_tokens", max_tokens), ("token_ratio", token_ratio)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-            if not value > 0 or value == float("inf"):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+            check_number(value, name, above=0, finite=True, expected="a positive finite number")
         self.max_tokens = float(max_tokens)
         self.token_ratio = float(token_ratio)
         self._tokens = float(max_tokens)
@@ -169,10 +166,7 @@ class ReconnectPolicy:
         for name in ("initial_delay", "max_delay", "stable_after"):
             if check_timeout(getattr(self, name), name, allow_zero=True) is None:
                 raise TypeError(f"{name} must be a number of seconds, got None")
-        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, (int, float)):
-            raise TypeError(f"multiplier must be a number, got {type(self.multiplier).__name__}")
-        if not self.multiplier >= 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
+        check_number(self.multiplier, "multiplier", minimum=1)
         if self.jitter not in ("full", "none"):
             raise ValueError(f"jitter must be 'full' or 'none', got {self.jitter!r}")
         if self.budget is not None and not isinstance(self.budget, RetryBudget):

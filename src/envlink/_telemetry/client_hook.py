@@ -25,6 +25,7 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._config import check_number
 from envlink._errors import ServerError
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
@@ -167,9 +168,8 @@ class ClientTelemetryHook(ClientHook):
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, *, url: str = "",
                  message_sample: int = MESSAGE_SAMPLE) -> None:
-        if isinstance(message_sample, bool) or not isinstance(message_sample, int) \
-                or message_sample < 1:
-            raise ValueError(f"message_sample must be an int >= 1, not {message_sample!r}")
+        check_number(message_sample, "message_sample", integer=True, minimum=1,
+                     mistyped=ValueError, expected="an int >= 1")
         self.tel: Telemetry = get_telemetry(tracer_provider, meter_provider)
         self.url = url
         self.message_sample = message_sample
