@@ -1,7 +1,7 @@
 """Session recovery: ``raise``, ``replay`` and ``resume`` as strategies behind one interface.
 
-When the connection is lost mid-episode, the session core names the strategy
-that applies (:meth:`~envlink._sansio.session.SessionCore.recovery_strategy`) and
+When the connection is lost mid-episode, the session core names the mechanisms
+that apply (:meth:`~envlink._sansio.session.SessionCore.recovery_plan`) and
 :func:`recover` runs it: it reports the loss, ends an abandoned server session,
 runs the strategy, and on any failure leaves the episode marked lost with its
 journal in the error. A new strategy (the stock-OpenEnv resume) is a new class
@@ -27,7 +27,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._sansio.policies import idempotent_mcp
+from envlink._sansio.policies import RecoveryMechanism, RecoveryPolicy, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again, Retry
 from envlink._sansio.session import Call, DropReason, Frame, SessionCore
@@ -116,8 +116,8 @@ class RecoveryDriver(Protocol):
 class RecoveryStrategy(Protocol):
     """One way to carry an episode over a lost connection."""
 
-    #: The ``on_session_lost`` value it implements.
-    name: str
+    #: The mechanism it implements.
+    name: RecoveryMechanism
 
     async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -133,7 +133,7 @@ class RecoveryStrategy(Protocol):
 class RaiseStrategy:
     """``on_session_lost="raise"``: nothing to rebuild; the caller gets the journal."""
 
-    name = "raise"
+    name = RecoveryMechanism.RAISE
 
     async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -143,7 +143,7 @@ class RaiseStrategy:
 class ResumeStrategy:
     """``on_session_lost="resume"``: re-attach to the same server session by its token."""
 
-    name = "resume"
+    name = RecoveryMechanism.ENVLINK_RESUME
 
     async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -166,7 +166,7 @@ class ResumeStrategy:
             return frame
 
         return await _rounds(driver, "resume", round_, lambda number: PhaseStarted(
-            "resume", method, number, mechanism="envlink-resume"))
+            "resume", method, number, mechanism=self.name.value))
 
 
 class OpenEnvResumeStrategy:
@@ -181,7 +181,7 @@ class OpenEnvResumeStrategy:
     the same, it never was and is sent again. Never applied twice.
     """
 
-    name = "openenv-resume"
+    name = RecoveryMechanism.OPENENV_RESUME
 
     async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -228,7 +228,7 @@ class OpenEnvResumeStrategy:
                                              call=call)
 
         return await _rounds(driver, "resume", round_, lambda number: PhaseStarted(
-            "resume", method, number, mechanism=self.name))
+            "resume", method, number, mechanism=self.name.value))
 
 
 async def _rounds(driver: RecoveryDriver, operation: str,
@@ -265,7 +265,7 @@ class _LostMeansAgain:
 class ReplayStrategy:
     """``on_session_lost="replay"``: a new session, the journal replayed and verified."""
 
-    name = "replay"
+    name = RecoveryMechanism.REPLAY
 
     async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -282,7 +282,8 @@ class ReplayStrategy:
                                              call=call)
 
         return await _rounds(driver, "replay", round_, lambda number: PhaseStarted(
-            "replay", method, number, replay_steps=journal.step_count))
+            "replay", method, number, replay_steps=journal.step_count,
+            mechanism=self.name.value))
 
 
 async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJournal) -> None:
@@ -336,8 +337,8 @@ async def _settle_from_count(driver: RecoveryDriver, conn: Connection, call: Cal
     call.unanswered = False
 
 
-#: The strategies by name (what :meth:`SessionCore.recovery_plan` lists).
-STRATEGIES: Mapping[str, RecoveryStrategy] = {
+#: The strategies by mechanism (what :meth:`SessionCore.recovery_plan` lists).
+STRATEGIES: Mapping[RecoveryMechanism, RecoveryStrategy] = {
     s.name: s for s in (RaiseStrategy(), ReplayStrategy(), ResumeStrategy(),
                         OpenEnvResumeStrategy())
 }
@@ -345,7 +346,8 @@ STRATEGIES: Mapping[str, RecoveryStrategy] = {
 
 async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
                   request_id: str | None, *, cause: BaseException | None,
-                  strategies: Mapping[str, RecoveryStrategy] = STRATEGIES) -> Frame:
+                  strategies: Mapping[RecoveryMechanism, RecoveryStrategy] = STRATEGIES
+                  ) -> Frame:
     """The session was lost mid-episode: apply ``on_session_lost``, then finish the call.
 
     Raises:
@@ -357,18 +359,19 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
     journal = core.journal
     mechanism = core.mechanism
     driver.hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
-        "method": method, "policy": policy, "steps": journal.step_count,
-        "error": str(cause) if cause else None, "mechanism": mechanism}))
+        "method": method, "policy": policy.value, "steps": journal.step_count,
+        "error": str(cause) if cause else None, "mechanism": mechanism.value}))
     token = core.resume_token
     result = "failed"
-    if core.detached_id is not None and policy not in ("resume", "auto"):
+    resuming = policy in (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
+    if core.detached_id is not None and not resuming:
         # An OpenEnv detached session this policy will not resume: end it.
         driver.drop_detached()
-    if token is not None and policy not in ("resume", "auto"):
+    if token is not None and not resuming:
         # The server keeps the detached session for its grace window: end it, so it
         # does not hold a slot (replay needs one right away; "raise" does not wait).
         core.resume_token = None
-        if policy == "replay":
+        if policy is RecoveryPolicy.REPLAY:
             # Steps of unknown outcome are settled from the old session's own count
             # first, where it can tell (the session still exists and reports one).
             count = await driver.release_session(token,
@@ -392,7 +395,8 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
                         raise
                     # "auto": resuming is impossible, the next strategy rebuilds.
                     driver.hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
-                        "mechanism": name, "next": plan[index + 1], "reason": exc.reason}))
+                        "mechanism": name.value, "next": plan[index + 1].value,
+                        "reason": exc.reason}))
                     continue
                 if frame is not None:
                     break
@@ -432,5 +436,5 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         raise
     finally:
         driver.hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
-            "policy": policy, "result": result, "steps": journal.step_count,
-            "mechanism": mechanism}))
+            "policy": policy.value, "result": result, "steps": journal.step_count,
+            "mechanism": mechanism.value}))

@@ -10,6 +10,7 @@ server. :func:`set_testing` removes every wait, for tests.
 from __future__ import annotations
 
 import contextlib
+import enum
 import random
 import threading
 from collections.abc import Iterator, Mapping
@@ -28,11 +29,6 @@ from envlink._errors import (
 )
 
 __all__ = [
-    "MECHANISMS",
-    "MECHANISM_ENVLINK_RESUME",
-    "MECHANISM_OPENENV_RESUME",
-    "MECHANISM_RAISE",
-    "MECHANISM_REPLAY",
     "SESSION_LOST_POLICIES",
     "idempotent_mcp",
     "ReconnectPolicy",
@@ -40,12 +36,62 @@ __all__ = [
     "POOL_NO_AUTO",
     "POOL_SESSION_LOST_POLICIES",
     "PoolSessionLostPolicy",
+    "RecoveryMechanism",
+    "RecoveryPolicy",
     "SessionLostPolicy",
     "is_retryable",
     "set_testing",
     "testing_enabled",
 ]
 
+class RecoveryPolicy(str, enum.Enum):
+    """What the user asks for when a session is lost mid-episode: ``on_session_lost``.
+
+    Str-valued: ``"auto"`` and ``RecoveryPolicy.AUTO`` are the same value everywhere.
+    """
+
+    #: Nothing is rebuilt: the caller gets ``SessionLostError`` with the journal.
+    RAISE = "raise"
+    #: A new session, the journal replayed and verified.
+    REPLAY = "replay"
+    #: Re-attach to the same server session (envlink's or OpenEnv's mechanism).
+    RESUME = "resume"
+    #: Resume where the server can, else replay.
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
+class RecoveryMechanism(str, enum.Enum):
+    """What carries (or would carry) a lost session on: ``client.recovery`` and the
+    ``mechanism`` of events and telemetry. A policy comes to one of these per session,
+    by what the server offered (:meth:`SessionCore.recovery_plan`).
+
+    Str-valued: the values are the names telemetry has always emitted.
+    """
+
+    #: Nothing applies: the caller gets the journal.
+    RAISE = "raise"
+    #: A new session, the journal replayed and verified.
+    REPLAY = "replay"
+    #: envlink's extension: re-attach by resume token, the server de-duplicates requests.
+    ENVLINK_RESUME = "envlink-resume"
+    #: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
+    #: interrupted step from the session's ``step_count``.
+    OPENENV_RESUME = "openenv-resume"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
+#: The type of ``on_session_lost`` in signatures: :class:`RecoveryPolicy`'s values.
 SessionLostPolicy = Literal["raise", "replay", "resume", "auto"]
 #: The ``on_session_lost`` values of a client.
 SESSION_LOST_POLICIES: tuple[SessionLostPolicy, ...] = ("raise", "replay", "resume", "auto")
@@ -56,17 +102,6 @@ POOL_SESSION_LOST_POLICIES: tuple[PoolSessionLostPolicy, ...] = ("raise", "repla
 POOL_NO_AUTO = ("a pool takes no 'auto': a client's 'auto' resumes on its own server or "
                 "replays there, while a pool's 'replay' rebuilds on any endpoint and its "
                 "'resume' stays on one; choose which")
-#: The recovery mechanisms, as ``client.recovery`` and telemetry name them.
-MECHANISM_RAISE = "raise"
-MECHANISM_REPLAY = "replay"
-#: envlink's extension: re-attach by resume token, the server de-duplicates requests.
-MECHANISM_ENVLINK_RESUME = "envlink-resume"
-#: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
-#: interrupted step from the session's ``step_count``.
-MECHANISM_OPENENV_RESUME = "openenv-resume"
-#: Strategy names (keys of the recovery registry) to mechanism names.
-MECHANISMS = {"resume": MECHANISM_ENVLINK_RESUME, "openenv-resume": MECHANISM_OPENENV_RESUME,
-               "replay": MECHANISM_REPLAY, "raise": MECHANISM_RAISE}
 
 
 def idempotent_mcp(method: str, data: Mapping[str, Any] | None) -> bool:

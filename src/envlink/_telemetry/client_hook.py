@@ -27,6 +27,7 @@ from envlink._client.events import (
 )
 from envlink._config import check_number
 from envlink._errors import ServerError
+from envlink._sansio.policies import RecoveryMechanism
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
     BRIDGE_HOP,
@@ -303,11 +304,11 @@ class ClientTelemetryHook(ClientHook):
         elif name == "resume":
             scope = tel.span("resume", attributes={
                 ATTR_RPC_METHOD: phase.method, ATTR_ATTEMPT: phase.attempt,
-                ATTR_RECOVERY: phase.mechanism or "envlink-resume"})
+                ATTR_RECOVERY: phase.mechanism or RecoveryMechanism.ENVLINK_RESUME.value})
         elif name == "replay":
             scope = tel.span("replay", attributes={ATTR_ATTEMPT: phase.attempt,
                                                    ATTR_REPLAY_STEPS: phase.replay_steps,
-                                                   ATTR_RECOVERY: "replay"})
+                                                   ATTR_RECOVERY: RecoveryMechanism.REPLAY.value})
         elif name == "close":
             attrs = None
             if tel.tracing_enabled():
