@@ -28,12 +28,13 @@ The bridge knows nothing about environments nor about telemetry libraries;
 :mod:`envlink._client.sync_client` builds the environment client's sync facade on it, and
 :mod:`envlink._telemetry.bridge_hook` is its OpenTelemetry hook. Modules:
 
-* ``_loop``: the loop thread and its lifecycle (start, close, fork, exit);
-* ``_handoff``: a call crossing to the loop and back (job, wait, cancel);
-* ``_adapters``: async iterators and async context managers;
-* ``_core``: :class:`Bridge`, tying them together;
-* ``_hooks``: the hook protocol and its detail records;
-* ``_proxy``: :class:`SyncProxy` and its one wrapper factory.
+* ``loop``: the loop thread and its lifecycle (start, close, fork, exit);
+* ``handoff``: a call crossing to the loop and back (job, wait, cancel);
+* ``adapters``: async iterators and async context managers;
+* ``bridge``: :class:`Bridge`, tying them together;
+* ``hooks``: the hook protocol and its detail records;
+* ``hook_chain``: several hooks as one, with the rules the client's hooks follow too;
+* ``sync_proxy``: :class:`SyncProxy` and its one wrapper factory.
 """
 
 from __future__ import annotations
