@@ -551,7 +551,8 @@ def _check_policy(policy: object) -> RecoveryPolicy:
     try:
         return RecoveryPolicy(policy)
     except ValueError:
-        raise ValueError(f"on_session_lost must be 'raise', 'replay', 'resume' or 'auto', "
+        *others, last = (repr(p.value) for p in RecoveryPolicy)
+        raise ValueError(f"on_session_lost must be {', '.join(others)} or {last}, "
                          f"got {policy!r}") from None
 
 

@@ -15,7 +15,7 @@ import random
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tenacity import RetryCallState, wait_exponential, wait_random_exponential
 from tenacity.wait import wait_base
@@ -91,13 +91,15 @@ class RecoveryMechanism(str, enum.Enum):
         return self.value.__format__(spec)
 
 
-#: The type of ``on_session_lost`` in signatures: :class:`RecoveryPolicy`'s values.
+#: The type of ``on_session_lost`` in signatures: :class:`RecoveryPolicy`'s values (a
+#: type checker needs them spelled out; a test holds the two together).
 SessionLostPolicy = Literal["raise", "replay", "resume", "auto"]
 #: The ``on_session_lost`` values of a client.
-SESSION_LOST_POLICIES: tuple[SessionLostPolicy, ...] = ("raise", "replay", "resume", "auto")
+SESSION_LOST_POLICIES: tuple[SessionLostPolicy, ...] = tuple(p.value for p in RecoveryPolicy)
 PoolSessionLostPolicy = Literal["raise", "replay", "resume"]
 #: The ``on_session_lost`` values of a pool: a client's, but ``"auto"``.
-POOL_SESSION_LOST_POLICIES: tuple[PoolSessionLostPolicy, ...] = ("raise", "replay", "resume")
+POOL_SESSION_LOST_POLICIES: tuple[PoolSessionLostPolicy, ...] = tuple(
+    cast("PoolSessionLostPolicy", p.value) for p in RecoveryPolicy if p is not RecoveryPolicy.AUTO)
 #: Why a pool does not take ``"auto"``.
 POOL_NO_AUTO = ("a pool takes no 'auto': a client's 'auto' resumes on its own server or "
                 "replays there, while a pool's 'replay' rebuilds on any endpoint and its "
