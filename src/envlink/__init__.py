@@ -22,7 +22,6 @@ from envlink._bridge import (
     set_default_hooks,
 )
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
-from envlink._client.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._client.events import (
     CallFinished,
     CallStarted,
@@ -31,9 +30,6 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._client.lifecycle import Bootstrap
-from envlink._client.providers import DockerProvider, LocalServerProvider
-from envlink._client.spaces import hf_space_subdomain
 from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
@@ -64,6 +60,10 @@ from envlink._errors import (
     SpaceNotAwakeError,
     ToolCallError,
 )
+from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
+from envlink._launch.lifecycle import Bootstrap
+from envlink._launch.providers import DockerProvider, LocalServerProvider
+from envlink._launch.spaces import hf_space_subdomain
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sansio.session_limits import Limits, get_limits, set_limits

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from envlink import GenericEnvClient, ReconnectPolicy, set_testing
-from envlink._client.lifecycle import override_space_urls
+from envlink._launch.lifecycle import override_space_urls
 
 from .._space_standin import SpaceStandIn
 from ._interop_support import RecordingServer

@@ -13,7 +13,7 @@ import pytest
 from envlink.server import EnvServer
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
-from envlink.server._http_api import (
+from envlink.server._http.routes import (
     API_VERSION,
     describe_metadata,
     describe_schema,

@@ -9,6 +9,7 @@ and never a step applied twice.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,15 +17,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
-from envlink._client import lifecycle
+from envlink._client import handles, mcp
 from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
-from envlink._client.discovery import DiscoveryMethods
 from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver
 from envlink._client.events import ClientHook, combine_client_hooks
-from envlink._client.handles import PortableSession
-from envlink._client.mcp import McpMethods, client_mode
+from envlink._client.handles import SessionHandle
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -36,9 +35,13 @@ from envlink._config import (
     check_timeout,
 )
 from envlink._errors import (
+    ClientClosedError,
     EnvlinkError,
     ProtocolError,
 )
+from envlink._launch import discovery, lifecycle
+from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
+from envlink._launch.lifecycle import Bootstrap
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import (
     ReconnectPolicy,
@@ -54,6 +57,7 @@ from envlink._transports.base import Endpoint, Transport, parse_endpoint
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
+    from typing_extensions import Self
 
     from envlink._bridge import Bridge
     from envlink._client.sync_client import SyncEnvClient
@@ -108,8 +112,7 @@ def _check_tls(endpoint: Endpoint, options: ConnectionOptions) -> None:
                          "https:// or wss://")
 
 
-class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, PortableSession,
-                AutoDispatch, Generic[ActT, ObsT, StateT]):
+class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     """Async client for one session on an OpenEnv-compatible server.
 
     Same surface as OpenEnv's ``EnvClient`` (``connect``, ``reset``, ``step``,
@@ -198,10 +201,22 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
         provider: Any = None,
         token: str | None = None,
     ) -> None:
-        # Everything new_session() needs to open a sibling session with the same options.
-        self._init_kwargs: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
+        # The arguments as given: new_session() opens a sibling session with them.
+        self._arguments: dict[str, Any] = dict(
+            base_url=base_url, timeout=timeout, headers=headers, reconnect=reconnect,
+            on_session_lost=on_session_lost, replay_verify=replay_verify,
+            max_journal_steps=max_journal_steps, ping_interval=ping_interval,
+            ping_timeout=ping_timeout, max_message_size=max_message_size,
+            compression=compression, ssl=ssl, proxy=proxy, extensions=extensions,
+            tracer_provider=tracer_provider, meter_provider=meter_provider,
+            connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
+            max_message_size_mb=max_message_size_mb,
+            websocket_ping_interval_s=websocket_ping_interval_s,
+            websocket_ping_timeout_s=websocket_ping_timeout_s, transport=transport,
+            options=options, hooks=hooks, mode=mode, limits=limits, on_capacity=on_capacity,
+            provider=provider, token=token)
         _check_policy(on_session_lost)
-        self._mode = client_mode(mode)
+        self._mode = mcp.client_mode(mode)
         self._target = lifecycle.Target.resolve(base_url, provider, headers, token)
         base_url, headers = self._target.base_url, self._target.headers
         self._children: list[EnvClient[Any, Any, Any]] = []
@@ -254,8 +269,9 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
         self._core.production = self._mode == "production"
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, extensions, self._core, hook)
-        self._driver = SessionDriver(self._core, connector, hook, self._options, self.timeouts,
-                                     replay_verify or _same_answer)
+        self._driver: SessionDriver = SessionDriver(
+            self._core, connector, hook, self._options, self.timeouts,
+            replay_verify or _same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
         gate = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
         self._driver.capacity = gate if self._target.started else None
@@ -300,6 +316,16 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
     def ws_url(self) -> str:
         """The server's ``/ws`` URL (no credentials or secret query values)."""
         return self._endpoint.display
+
+    @property
+    def mode(self) -> str:
+        """``"simulation"`` or ``"production"`` (OpenEnv's ``mode=``); fixed at creation."""
+        return self._mode
+
+    @property
+    def provider(self) -> Any:
+        """The provider given as ``provider=``, or ``None``."""
+        return self._target.provider
 
     @property
     def closed(self) -> bool:
@@ -525,12 +551,329 @@ class EnvClient(McpMethods, DiscoveryMethods, lifecycle.FactoryMethods, Portable
         # attempt within it).
         return self.timeouts.call if timeout is UNSET else timeout
 
+    # ------------------------------------------------- sessions, MCP, moving sessions
+
+    async def new_session(self) -> Self:
+        """Open another session on the same server, as OpenEnv's ``new_session()`` does.
+
+        The child is a connected client of the same class with the same options (and
+        its own episode); :meth:`close` closes it with this client.
+
+        Raises:
+            ConnectError, CapacityReachedError, ClientClosedError: as :meth:`connect`.
+        """
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        signature = inspect.signature(type(self))
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                        for p in signature.parameters.values())
+        kwargs = {k: v for k, v in self._arguments.items()
+                  if takes_any or k in signature.parameters}
+        child = type(self)(**kwargs)
+        try:
+            await child.connect()
+        except BaseException:
+            await child.close()
+            raise
+        self._children.append(child)
+        return child
+
+    async def mcp_request(self, method: str, params: Mapping[str, Any] | None = None, *,
+                          timeout: float | UnsetType | None = UNSET) -> Any:
+        """Send one JSON-RPC request as an ``mcp`` message on the session's socket.
+
+        OpenEnv 0.10 answers ``tools/list`` and ``tools/call`` this way, on the
+        session's own environment, around ``step()`` (a tool call is not a step). In
+        production ``mode=`` the request goes over ``POST /mcp`` with the session's id.
+
+        Returns:
+            the JSON-RPC ``result``.
+
+        Raises:
+            McpError: the server answered with a JSON-RPC error object (``rpc_code``).
+            ServerError: the server does not know the ``mcp`` message type (an error
+                frame, e.g. ``UNKNOWN_TYPE``).
+            OutcomeUnknownError: the connection was lost after a ``tools/call`` was
+                sent (it is never resent); ``tools/list`` is resent.
+            CallTimeoutError, ProtocolError, SessionLostError, ClientClosedError.
+        """
+        rpc_id = next(self._mcp_ids)
+        data = mcp.rpc_request(rpc_id, method, params)
+        driver = self._driver
+        production = self._mode == "production"
+
+        async def run(call: Call) -> Any:
+            async with driver.turn(call):
+                if production:
+                    return await mcp.post_rpc(driver, method, data["params"])
+                frame = driver.expect(await driver.request(call, data), McpFrame, "mcp")
+            return mcp.rpc_result(frame.data, rpc_id)
+
+        return await driver.call("mcp", self._seconds(timeout), run)
+
+    async def mcp_list_tools(self, *, timeout: float | UnsetType | None = UNSET
+                             ) -> list[dict[str, Any]]:
+        """The environment's tools (``tools/list`` as an ``mcp`` message): name,
+        description and input schema of each.
+
+        Raises:
+            McpError, ProtocolError and the errors of :meth:`mcp_request`.
+        """
+        return mcp.tool_list(await self.mcp_request("tools/list", timeout=timeout))
+
+    async def mcp_call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
+                            timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
+        """Call a tool (``tools/call`` as an ``mcp`` message) and return its value.
+
+        Args:
+            name: the tool.
+            arguments: its arguments (or pass them as keyword arguments).
+            timeout: this call's deadline.
+
+        Returns:
+            the tool's value (the ``data`` of a FastMCP result, as OpenEnv's client
+            unwraps it), else the whole result.
+
+        Raises:
+            ToolCallError: the tool reported an error.
+            McpError: unknown tool, bad arguments, an environment without MCP...
+            OutcomeUnknownError: the connection was lost after the call was sent.
+        """
+        args = {**dict(arguments or {}), **kwargs}
+        result = await self.mcp_request("tools/call", {"name": name, "arguments": args},
+                                        timeout=timeout)
+        return mcp.tool_value(name, result)
+
+    async def detach(self, *, timeout: float | UnsetType | None = UNSET) -> SessionHandle:
+        """End this client, keeping its server session, and return a handle to it.
+
+        The episode must be in progress and the server must offer resumption
+        (envlink's extension, or an OpenEnv 0.10 detached session, which the client
+        holds under ``on_session_lost="resume"`` or ``"auto"``). The client is
+        closed afterwards; continue with :meth:`attach` here or in another process.
+
+        Args:
+            timeout: deadline in seconds (default: the client's close deadline).
+
+        Raises:
+            EnvlinkError: no episode in progress, or the session cannot be resumed.
+            ClientClosedError: the client is closed.
+        """
+        handle = await handles.detach(self, self.timeouts.close if timeout is UNSET else timeout)
+        await self.close(timeout=timeout)
+        return handle
+
+    @classmethod
+    async def attach(cls, handle: SessionHandle, **options: Any) -> Self:
+        """Continue a detached session (from :meth:`detach`, in any process).
+
+        The client re-attaches to the same server session at once and settles steps
+        of unknown outcome from the server's ``step_count``: a step is never applied
+        twice. The session's state call is that check.
+
+        Args:
+            handle: the :class:`SessionHandle`.
+            **options: keyword arguments of the client (``headers=``, ``timeout=``...);
+                ``on_session_lost`` defaults to ``"resume"``.
+
+        Raises:
+            SessionGoneError: the server no longer has the session (with the journal).
+            TypeError: ``handle`` is not a :class:`SessionHandle`.
+        """
+        return await handles.attach(cls, handle, dict(options))
+
+    # ------------------------------------------------------ the server, over plain HTTP
+
+    @classmethod
+    def from_docker_image(cls, image: str, provider: Any = None,
+                          **kwargs: Any) -> Bootstrap[Self]:
+        """A client of a server run from a container image, as OpenEnv's ``from_docker_image``.
+
+        Lazy: nothing starts until the handle is awaited (a connected client) or
+        ``.sync()`` is called (a connected :class:`SyncEnvClient`). The container
+        is started under the connect deadline and stopped when the client closes,
+        or at once if starting or connecting fails.
+
+        Args:
+            image: the image (``"echo-env:latest"``).
+            provider: a container provider (default: :class:`DockerProvider`).
+            **kwargs: passed to ``provider.start_container(image, ...)``.
+
+        Raises:
+            ProviderError: on resolution: docker is missing, or the start failed.
+        """
+        return lifecycle.from_docker_image(cls, image, provider, kwargs)
+
+    @classmethod
+    def from_env(cls, repo_id: str, *, use_docker: bool = True, provider: Any = None,
+                 **provider_kwargs: Any) -> Bootstrap[Self]:
+        """A client of a Hugging Face Space run locally, as OpenEnv's ``from_env``.
+
+        With ``use_docker`` the Space's image ``registry.hf.space/<subdomain>:<tag>``
+        runs in a container provider (default :class:`DockerProvider`); otherwise a
+        runtime provider runs it (default: ``uv run`` of a local checkout given as
+        ``project_path``). To use the hosted Space instead, pass its name as
+        ``base_url``: ``EnvClient("owner/space")``.
+
+        Args:
+            repo_id: ``owner/space``.
+            use_docker: run the image (``True``) or the project (``False``).
+            provider: the provider to use.
+            **provider_kwargs: ``port``, ``env_vars``, ``tag`` (docker), ``project_path``
+                and ``app`` (uv), or more ``start_container`` arguments.
+
+        Raises:
+            ValueError: a malformed ``repo_id``, or ``provider_kwargs`` with a runtime
+                ``provider``.
+            ProviderError: on resolution, as :meth:`from_docker_image`.
+        """
+        return lifecycle.from_env(cls, repo_id, use_docker=use_docker, provider=provider,
+                                  provider_kwargs=provider_kwargs)
+
+    async def wait_until_ready(self, timeout: float | UnsetType | None = UNSET) -> Health:
+        """Wait until the server answers ``GET /health`` healthy (a Space wakes up).
+
+        Polls with the client's backoff under its reconnect policy (every retry
+        charged to its retry budget). A client with a provider starts it first.
+
+        Args:
+            timeout: seconds to wait at most (default: the client's call timeout).
+
+        Raises:
+            NotReadyError: still not ready at the deadline (``SpaceNotAwakeError``
+                for a Hugging Face Space).
+            HttpStatusError: an answer that waiting will not change (401, 404...).
+            RetryBudgetExhaustedError, ProviderError, ClientClosedError.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.wait_until_ready(
+            self._endpoint, self._options, self.reconnect_policy, seconds,
+            attempt_timeout=self.timeouts.connect, space=self._target.space)
+
+    async def health(self, *, timeout: float | UnsetType | None = UNSET) -> Health:
+        """``GET /health`` once.
+
+        Raises:
+            HttpStatusError: the server answered another status than 200.
+            ProtocolError: the answer is not OpenEnv's health JSON.
+            ConnectError, ConnectionLostError, CallTimeoutError, ClientClosedError.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.fetch_model(Health, self._endpoint, self._options, "/health",
+                                           seconds)
+
+    async def schema(self, *, timeout: float | UnsetType | None = UNSET) -> EnvironmentSchema:
+        """``GET /schema``: the JSON schemas of the action, observations and state.
+
+        Raises:
+            As :meth:`health`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.fetch_model(EnvironmentSchema, self._endpoint, self._options,
+                                           "/schema", seconds)
+
+    async def metadata(self, *,
+                       timeout: float | UnsetType | None = UNSET) -> EnvironmentMetadata:
+        """``GET /metadata``: the environment's name, description, version...
+
+        Raises:
+            As :meth:`health`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.fetch_model(EnvironmentMetadata, self._endpoint, self._options,
+                                           "/metadata", seconds)
+
+    async def list_environments(self, *,
+                                timeout: float | UnsetType | None = UNSET) -> list[str]:
+        """``GET /list_environments`` (Task API): the names of the served environments.
+
+        Raises:
+            As :meth:`health`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.list_environments(self._endpoint, self._options, seconds)
+
+    async def splits(self, *, env_name: str | None = None,
+                     timeout: float | UnsetType | None = UNSET) -> list[dict[str, Any]]:
+        """``GET /{env}/splits`` (Task API): the task splits, ``{"name", "type", ...}``.
+
+        Args:
+            env_name: the environment (default: the server's only one).
+            timeout: deadline in seconds (default: the client's call timeout).
+
+        Raises:
+            HttpStatusError: 501 when the environment has no tasks; as :meth:`health`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.splits(self._endpoint, self._options, seconds, env_name)
+
+    async def num_tasks(self, split: str = "", *, env_name: str | None = None,
+                        timeout: float | UnsetType | None = UNSET) -> int:
+        """``POST /{env}/num_tasks`` (Task API): how many tasks ``split`` has.
+
+        Raises:
+            As :meth:`splits`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.num_tasks(self._endpoint, self._options, split, seconds,
+                                         env_name)
+
+    async def tasks(self, split: str = "", *, env_name: str | None = None,
+                    timeout: float | UnsetType | None = UNSET) -> list[Any]:
+        """``POST /{env}/tasks`` (Task API): every task of ``split``.
+
+        Raises:
+            As :meth:`splits`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.tasks(self._endpoint, self._options, split, seconds, env_name)
+
+    async def task(self, split: str, index: int, *, env_name: str | None = None,
+                   timeout: float | UnsetType | None = UNSET) -> Any:
+        """``POST /{env}/task`` (Task API): task ``index`` of ``split``.
+
+        Raises:
+            HttpStatusError: 400 for an index outside the split; as :meth:`splits`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.task(self._endpoint, self._options, split, index, seconds,
+                                    env_name)
+
+    async def task_range(self, split: str, start: int = 0, stop: int = 20, *,
+                         env_name: str | None = None,
+                         timeout: float | UnsetType | None = UNSET) -> list[Any]:
+        """``POST /{env}/task_range`` (Task API): tasks ``start`` to ``stop`` of ``split``.
+
+        Raises:
+            As :meth:`splits`.
+        """
+        seconds = await self._before_http(timeout)
+        return await discovery.task_range(self._endpoint, self._options, split, start, stop,
+                                          seconds, env_name)
+
     # --------------------------------------------------------------------- internals
 
     def _seconds(self, timeout: float | UnsetType | None) -> float | None:
         if timeout is UNSET:
             return self.timeouts.call
         return check_timeout(timeout)
+
+    async def _before_http(self, timeout: float | UnsetType | None) -> float | None:
+        """Before a plain-HTTP read: the client is open, the server started; the deadline."""
+        if self.closed:
+            raise ClientClosedError("the client is closed")
+        seconds = self._seconds(timeout)
+        await self._prepare_server()
+        return seconds
+
+    async def _prepare_server(self) -> None:
+        """Start the provider's server, or wait for a sleeping Space: once, before the
+        first connection (the connector calls it before each open)."""
+        started = await self._target.ready(
+            self._endpoint, self._options, self.reconnect_policy,
+            timeout=self.timeouts.call, attempt_timeout=self.timeouts.connect)
+        if started is not None:
+            self._endpoint = self._driver.connector.endpoint = started
 
 
 def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str) -> _R:

@@ -58,8 +58,10 @@ _COROUTINE_ATTRS = frozenset({
 
 
 #: The client's own dispatched methods (see AutoDispatch.__init_subclass__).
-_CLIENT_METHODS = frozenset({"connect", "reset", "step", "state", "disconnect", "close",
-                             "new_session", "mcp_request", "mcp_list_tools", "mcp_call_tool"})
+_CLIENT_METHODS = frozenset({
+    "connect", "reset", "step", "state", "disconnect", "close", "new_session",
+    "mcp_request", "mcp_list_tools", "mcp_call_tool", "wait_until_ready", "health", "schema",
+    "metadata", "list_environments", "splits", "num_tasks", "tasks", "task", "task_range"})
 
 
 def dispatched(fn: F) -> F:
@@ -212,7 +214,7 @@ class AutoDispatch:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The client's own methods (its mixins' too), and a typed client's overrides of
+        # The client's own methods, and a typed client's overrides of
         # any dispatched method, dispatch.
         for name in set(vars(cls)) | _CLIENT_METHODS:
             value = getattr(cls, name, None)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from envlink._client.client import EnvClient
     from envlink._client.sync_client import SyncEnvClient
 
-__all__ = ["PortableSession", "SessionHandle"]
+__all__ = ["SessionHandle", "attach", "detach"]
 
 _C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")
 _FORMAT = 1
@@ -215,81 +215,57 @@ def _gone(handle: SessionHandle, exc: SessionLostError) -> SessionLostError:
         journal=exc.journal or handle.journal.snapshot())
 
 
-class PortableSession:
-    """``detach()`` and ``attach()`` of :class:`~envlink.EnvClient` (a mixin)."""
+async def detach(client: EnvClient[Any, Any, Any], seconds: float | None) -> SessionHandle:
+    """End ``client``'s connection without ending its server session; the handle to it.
 
-    async def detach(self, *, timeout: float | UnsetType | None = UNSET) -> SessionHandle:
-        """End this client, keeping its server session, and return a handle to it.
+    Runs in the client's turn; the caller closes the client afterwards.
 
-        The episode must be in progress and the server must offer resumption
-        (envlink's extension, or an OpenEnv 0.10 detached session, which the client
-        holds under ``on_session_lost="resume"`` or ``"auto"``). The client is
-        closed afterwards; continue with :meth:`attach` here or in another process.
+    Raises:
+        EnvlinkError: no episode in progress, or the session cannot be resumed.
+    """
+    driver, core = client._driver, client._core
 
-        Args:
-            timeout: deadline in seconds (default: the client's close deadline).
+    async def run(call: Call) -> SessionHandle:
+        async with driver.turn(call):
+            if core.episode is not Episode.ACTIVE:
+                raise EnvlinkError("detach() needs an episode in progress: reset first")
+            token, detached = core.resume_token, core.detached_id
+            if token is None and detached is None:
+                raise EnvlinkError(
+                    "this session cannot be detached: the server offers no way to resume "
+                    "it (envlink's extension, or OpenEnv detached sessions with "
+                    "on_session_lost='resume')")
+            base_url = client.base_url
+            if base_url is None or client.provider is not None:
+                # The provider stops its server when this client closes.
+                raise EnvlinkError("a session on a server started by this client's "
+                                   "provider cannot be detached")
+            handle = SessionHandle(
+                base_url=base_url, session_id=core.session_id,
+                mechanism=(RecoveryMechanism.ENVLINK_RESUME if token is not None
+                           else RecoveryMechanism.OPENENV_RESUME).value,
+                journal=core.journal.snapshot(), detached_id=detached,
+                resume_token=token)
+            # The server keeps the session when its socket closes without the
+            # protocol's close request; the client forgets what would end it.
+            core.resume_token = core.detached_id = None
+            connector = driver.connector
+            conn, connector.conn = connector.conn, None
+            core.on_dropped(DropReason.DETACHED)
+            if conn is not None:
+                await conn.close(seconds)
+            return handle
 
-        Raises:
-            EnvlinkError: no episode in progress, or the session cannot be resumed.
-            ClientClosedError: the client is closed.
-        """
-        client: EnvClient[Any, Any, Any] = self  # type: ignore[assignment]
-        driver, core = client._driver, client._core
-        seconds = client.timeouts.close if timeout is UNSET else timeout
+    return await driver.call("detach", seconds, run)
 
-        async def run(call: Call) -> SessionHandle:
-            async with driver.turn(call):
-                if core.episode is not Episode.ACTIVE:
-                    raise EnvlinkError("detach() needs an episode in progress: reset first")
-                token, detached = core.resume_token, core.detached_id
-                if token is None and detached is None:
-                    raise EnvlinkError(
-                        "this session cannot be detached: the server offers no way to resume "
-                        "it (envlink's extension, or OpenEnv detached sessions with "
-                        "on_session_lost='resume')")
-                base_url = client.base_url
-                if base_url is None or client._target.provider is not None:
-                    # The provider stops its server when this client closes.
-                    raise EnvlinkError("a session on a server started by this client's "
-                                       "provider cannot be detached")
-                handle = SessionHandle(
-                    base_url=base_url, session_id=core.session_id,
-                    mechanism=(RecoveryMechanism.ENVLINK_RESUME if token is not None
-                               else RecoveryMechanism.OPENENV_RESUME).value,
-                    journal=core.journal.snapshot(), detached_id=detached,
-                    resume_token=token)
-                # The server keeps the session when its socket closes without the
-                # protocol's close request; the client forgets what would end it.
-                core.resume_token = core.detached_id = None
-                connector = driver.connector
-                conn, connector.conn = connector.conn, None
-                core.on_dropped(DropReason.DETACHED)
-                if conn is not None:
-                    await conn.close(seconds)
-                return handle
 
-        handle = await driver.call("detach", seconds, run)
-        await client.close(timeout=timeout)
-        return handle
+async def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> _C:
+    """A client of class ``cls`` on the handle's session, re-attached now.
 
-    @classmethod
-    async def attach(cls: type[_C], handle: SessionHandle,  # type: ignore[misc]
-                     **options: Any) -> _C:
-        """Continue a detached session (from :meth:`detach`, in any process).
-
-        The client re-attaches to the same server session at once and settles steps
-        of unknown outcome from the server's ``step_count``: a step is never applied
-        twice. The session's state call is that check.
-
-        Args:
-            handle: the :class:`SessionHandle`.
-            **options: keyword arguments of the client (``headers=``, ``timeout=``...);
-                ``on_session_lost`` defaults to ``"resume"``.
-
-        Raises:
-            SessionGoneError: the server no longer has the session (with the journal).
-            TypeError: ``handle`` is not a :class:`SessionHandle`.
-        """
-        client = _client_for(cls, handle, dict(options))
-        await _resume(client, handle)
-        return client
+    Raises:
+        SessionGoneError: the server no longer has the session (with the journal).
+        TypeError: ``handle`` is not a :class:`SessionHandle`.
+    """
+    client = _client_for(cls, handle, options)
+    await _resume(client, handle)
+    return client

@@ -12,7 +12,7 @@ de-duplication, per-message trace context, and session resumption (optionally
 persisted to disk). Fault injection hooks make it a test double for the client.
 
 This module is the I/O layer: listening, one handler per connection, stalls, drops
-and latency. The rest lives on its seams: the upgrade in ``_handshake``, sessions in
+and latency. The rest lives on its seams: the upgrade in ``_http.handshake``, sessions in
 ``_registry``, what a frame means and what to answer in ``_frames`` (pure), the
 fault decisions in ``_faults``, spans and test-facing observation in ``_observe``.
 """
@@ -36,17 +36,17 @@ from envlink._errors import ErrorCode
 from envlink._heap import warm_read_buffers
 from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink._sansio.protocol import encode_response
-from envlink.server._access import Access, capped_connection
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
-from envlink.server._echo_harness import serve_harness
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
+from envlink.server._environments.echo_harness import serve_harness
 from envlink.server._environments.environment import EnvironmentFactory
 from envlink.server._faults import FaultChain, Faults
 from envlink.server._frames import METHODS, Frame, Outcome, Reply, classify, respond
-from envlink.server._handshake import REDACTING_LOGGER, Handshake, Plan
-from envlink.server._mcp_http import HttpAwareConnection
+from envlink.server._http.access import Access, capped_connection
+from envlink.server._http.handshake import REDACTING_LOGGER, Handshake, Plan
+from envlink.server._http.mcp_sessions import HttpAwareConnection
 from envlink.server._observe import ATTR_SERVER_DEDUP, Observable, ServerTelemetry, fail
 from envlink.server._registry import SessionRegistry
 from envlink.server._store import Session, SessionStore

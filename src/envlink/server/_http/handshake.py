@@ -1,7 +1,7 @@
 """The WebSocket upgrade: ``/health``, refusals, extension negotiation, session resumption.
 
 ``process_request`` answers plain HTTP (``/health``, ``POST /mcp``, and the
-routes of :mod:`envlink.server._http_api`: ``/openapi.json``, ``/metadata``,
+routes of :mod:`envlink.server._http.routes`: ``/openapi.json``, ``/metadata``,
 ``/schema``, ``/reset``, ``/step``, ``/state``; 404 or 405 otherwise) and refuses
 upgrades by fault injection; ``process_response`` negotiates the envlink extensions on a
 successful upgrade and decides the connection's :class:`Plan` (a new session or
@@ -35,7 +35,8 @@ from envlink._sansio.protocol import (
     SESSION_TOKEN_HEADER,
 )
 from envlink._sansio.redact import is_sensitive_name, redact_url
-from envlink.server._http_api import (
+from envlink.server._http.mcp_sessions import json_response, rpc_response
+from envlink.server._http.routes import (
     ROUTES,
     HttpReply,
     describe_metadata,
@@ -46,7 +47,6 @@ from envlink.server._http_api import (
     openapi_document,
     task_api,
 )
-from envlink.server._mcp_http import json_response, rpc_response
 from envlink.server._store import Session, new_session_id, new_token
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class Handshake:
 
 
 def _plain_http(connection: ServerConnection, server: EnvServer, path: str) -> Response:
-    """The HTTP routes of :mod:`envlink.server._http_api` (404 or 405 for the rest)."""
+    """The HTTP routes of :mod:`envlink.server._http.routes` (404 or 405 for the rest)."""
     body = getattr(connection, "rpc_body", None)
     method = "GET" if body is None else "POST"
     factory = server._registry.factory

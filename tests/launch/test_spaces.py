@@ -13,8 +13,8 @@ from envlink import (
     SpaceNotAwakeError,
     hf_space_subdomain,
 )
-from envlink._client.lifecycle import override_space_urls
-from envlink._client.spaces import hf_token, space_url
+from envlink._launch.lifecycle import override_space_urls
+from envlink._launch.spaces import hf_token, space_url
 from envlink.server import EnvServer
 
 from .._space_standin import SpaceStandIn

@@ -21,8 +21,8 @@ from envlink import (
     ProviderError,
     Timeout,
 )
-from envlink._client.lifecycle import _uv_provider
-from envlink._client.providers import docker_run_command
+from envlink._launch.lifecycle import _uv_provider
+from envlink._launch.providers import docker_run_command
 
 pytestmark = pytest.mark.timeout(60)
 

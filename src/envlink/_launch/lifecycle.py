@@ -15,28 +15,27 @@ from collections.abc import Callable, Coroutine, Generator, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from envlink._client.discovery import wait_until_ready
-from envlink._client.providers import (
+from envlink._errors import ProviderError
+from envlink._launch.discovery import wait_until_ready
+from envlink._launch.providers import (
     DockerProvider,
     LocalServerProvider,
     ProviderLease,
     bound_container,
     lease_for,
 )
-from envlink._client.spaces import (
+from envlink._launch.spaces import (
     hf_space_subdomain,
     hf_token,
     is_space_name,
     space_name_of,
     space_url,
 )
-from envlink._errors import ProviderError
 from envlink._transports.base import parse_endpoint
 
 if TYPE_CHECKING:
-    from envlink._client.driver import SessionDriver
     from envlink._client.sync_client import SyncEnvClient
-    from envlink._config import ConnectionOptions, Timeout
+    from envlink._config import ConnectionOptions
     from envlink._sansio.policies import ReconnectPolicy
     from envlink._transports.base import Endpoint
 
@@ -139,6 +138,28 @@ class Target:
             self.started = True
             return url
 
+    async def ready(self, endpoint: Endpoint, options: ConnectionOptions,
+                    policy: ReconnectPolicy, *, timeout: float | None,
+                    attempt_timeout: float | None) -> Endpoint | None:
+        """Before a connection: start the provider's server, or wait for a sleeping Space.
+
+        Returns:
+            the server's endpoint when the provider's server just started, else ``None``.
+
+        Raises:
+            ProviderError: the provider failed to start.
+            NotReadyError, SpaceNotAwakeError: the server was not ready in time.
+        """
+        url = await self.prepare(timeout)
+        started = parse_endpoint(url) if url is not None else None
+        if not self.awake:
+            await wait_until_ready(
+                started or endpoint, options, policy,
+                policy.max_elapsed if policy.max_elapsed is not None else timeout,
+                attempt_timeout=attempt_timeout, space=self.space)
+            self.awake = True
+        return started
+
     async def release(self) -> None:
         """The client closed: give the provider back (stopped when no client is left)."""
         if self.lease is not None and self._held:
@@ -215,101 +236,6 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pending (await it, or call .sync())>"
-
-
-_F = TypeVar("_F", bound="FactoryMethods")
-
-
-class FactoryMethods:
-    """Where the client's server comes from: ``from_docker_image``, ``from_env``, the
-    provider, and what happens before each connect. A mixin of the client."""
-
-    if TYPE_CHECKING:  # provided by EnvClient
-        _target: Target
-        _endpoint: Endpoint
-        _options: ConnectionOptions
-        _driver: SessionDriver
-        timeouts: Timeout
-
-        @property
-        def reconnect_policy(self) -> ReconnectPolicy: ...
-
-        async def connect(self) -> Any: ...
-
-        async def close(self) -> None: ...
-
-        def sync(self) -> Any: ...
-
-    @property
-    def provider(self) -> Any:
-        """The provider given as ``provider=``, or ``None``."""
-        return self._target.provider
-
-    @property
-    def _space_name(self) -> str | None:
-        return self._target.space
-
-    async def _prepare_server(self) -> None:
-        """Start the provider's server, or wait for a sleeping Space: once, before the
-        first connection (the connector calls it before each open)."""
-        target = self._target
-        url = await target.prepare(self.timeouts.call)
-        if url is not None:
-            self._endpoint = parse_endpoint(url)
-            self._driver.connector.endpoint = self._endpoint
-        if not target.awake:
-            policy = self.reconnect_policy
-            await wait_until_ready(
-                self._endpoint, self._options, policy,
-                policy.max_elapsed if policy.max_elapsed is not None else self.timeouts.call,
-                attempt_timeout=self.timeouts.connect, space=target.space)
-            target.awake = True
-
-    @classmethod
-    def from_docker_image(cls: type[_F], image: str, provider: Any = None,
-                          **kwargs: Any) -> Bootstrap[_F]:
-        """A client of a server run from a container image, as OpenEnv's ``from_docker_image``.
-
-        Lazy: nothing starts until the handle is awaited (a connected client) or
-        ``.sync()`` is called (a connected :class:`SyncEnvClient`). The container
-        is started under the connect deadline and stopped when the client closes,
-        or at once if starting or connecting fails.
-
-        Args:
-            image: the image (``"echo-env:latest"``).
-            provider: a container provider (default: :class:`DockerProvider`).
-            **kwargs: passed to ``provider.start_container(image, ...)``.
-
-        Raises:
-            ProviderError: on resolution: docker is missing, or the start failed.
-        """
-        return from_docker_image(cls, image, provider, kwargs)
-
-    @classmethod
-    def from_env(cls: type[_F], repo_id: str, *, use_docker: bool = True, provider: Any = None,
-                 **provider_kwargs: Any) -> Bootstrap[_F]:
-        """A client of a Hugging Face Space run locally, as OpenEnv's ``from_env``.
-
-        With ``use_docker`` the Space's image ``registry.hf.space/<subdomain>:<tag>``
-        runs in a container provider (default :class:`DockerProvider`); otherwise a
-        runtime provider runs it (default: ``uv run`` of a local checkout given as
-        ``project_path``). To use the hosted Space instead, pass its name as
-        ``base_url``: ``EnvClient("owner/space")``.
-
-        Args:
-            repo_id: ``owner/space``.
-            use_docker: run the image (``True``) or the project (``False``).
-            provider: the provider to use.
-            **provider_kwargs: ``port``, ``env_vars``, ``tag`` (docker), ``project_path``
-                and ``app`` (uv), or more ``start_container`` arguments.
-
-        Raises:
-            ValueError: a malformed ``repo_id``, or ``provider_kwargs`` with a runtime
-                ``provider``.
-            ProviderError: on resolution, as :meth:`from_docker_image`.
-        """
-        return from_env(cls, repo_id, use_docker=use_docker, provider=provider,
-                                  provider_kwargs=provider_kwargs)
 
 
 def from_docker_image(cls: type[_C], image: str, provider: Any,

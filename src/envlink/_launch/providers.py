@@ -424,8 +424,8 @@ def _run_async(factory: Callable[[], Any]) -> Any:
 
 
 async def _ready_or_exited(process: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
-    from envlink._client.discovery import wait_until_ready
     from envlink._config import ConnectionOptions
+    from envlink._launch.discovery import wait_until_ready
     from envlink._sansio.policies import ReconnectPolicy
     from envlink._transports.base import parse_endpoint
 
@@ -536,8 +536,8 @@ class DockerProvider:
         Raises:
             NotReadyError: not ready within ``timeout_s``.
         """
-        from envlink._client.discovery import wait_until_ready
         from envlink._config import ConnectionOptions
+        from envlink._launch.discovery import wait_until_ready
         from envlink._sansio.policies import ReconnectPolicy
         from envlink._transports.base import parse_endpoint
 

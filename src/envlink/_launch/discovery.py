@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from envlink._client.dispatch import dispatched
-from envlink._config import UNSET, ConnectionOptions, Timeout, UnsetType
+from envlink._config import ConnectionOptions, is_int
 from envlink._deadlines import bounded
 from envlink._errors import (
     CallTimeoutError,
-    ClientClosedError,
     ConnectError,
     ConnectionLostError,
     HttpStatusError,
@@ -44,8 +42,9 @@ from envlink._sansio.retry import Again, Retry
 from envlink._transports.base import Endpoint
 from envlink._transports.http import HttpAnswer, get_json, request_json
 
-__all__ = ["DiscoveryMethods", "EnvironmentMetadata", "EnvironmentSchema", "Health", "fetch",
-           "fetch_model", "wait_until_ready"]
+__all__ = ["EnvironmentMetadata", "EnvironmentSchema", "Health", "fetch", "fetch_model",
+           "list_environments", "num_tasks", "splits", "task", "task_range", "tasks",
+           "wait_until_ready"]
 
 _M = TypeVar("_M", bound=BaseModel)
 #: Statuses of a server that is starting (or a Space waking up): poll again.
@@ -247,190 +246,98 @@ def _not_yet(seen: list[_NotYet], what: str, status: int | None) -> Again:
     return Again(error)
 
 
-class DiscoveryMethods:
-    """``wait_until_ready``, ``health``, ``schema`` and ``metadata``: a mixin of the client."""
+async def list_environments(endpoint: Endpoint, options: ConnectionOptions,
+                            timeout: float | None) -> list[str]:
+    """``GET /list_environments`` (Task API): the names of the served environments.
 
-    if TYPE_CHECKING:  # provided by EnvClient
-        _endpoint: Endpoint
-        _options: ConnectionOptions
-        timeouts: Timeout
+    Raises:
+        ProtocolError: the answer is not a list of names; and as :func:`fetch`.
+    """
+    names = await fetch(endpoint, options, "/list_environments", timeout)
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ProtocolError("GET /list_environments did not answer a list of names")
+    return names
 
-        @property
-        def closed(self) -> bool: ...
 
-        @property
-        def reconnect_policy(self) -> ReconnectPolicy: ...
+async def splits(endpoint: Endpoint, options: ConnectionOptions, timeout: float | None,
+                 env_name: str | None) -> list[dict[str, Any]]:
+    """``GET /{env}/splits`` (Task API): the task splits, ``{"name", "type", ...}``.
 
-        def _seconds(self, timeout: float | UnsetType | None) -> float | None: ...
+    Raises:
+        HttpStatusError: 501 when the environment has no tasks; as :func:`fetch`.
+    """
+    answer = await _task_json(endpoint, options, "splits", None, timeout, env_name)
+    if not (isinstance(answer, list) and all(isinstance(x, dict) for x in answer)):
+        raise ProtocolError("the splits answer is not a list of objects")
+    return answer
 
-        async def _prepare_server(self) -> None: ...
 
-        @property
-        def _space_name(self) -> str | None: ...
+async def num_tasks(endpoint: Endpoint, options: ConnectionOptions, split: str,
+                    timeout: float | None, env_name: str | None) -> int:
+    """``POST /{env}/num_tasks`` (Task API): how many tasks ``split`` has.
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClientClosedError("the client is closed")
+    Raises:
+        As :func:`splits`.
+    """
+    answer = await _task_json(endpoint, options, "num_tasks", {"split": split}, timeout,
+                              env_name)
+    count = answer.get("num_tasks") if isinstance(answer, dict) else None
+    if not is_int(count):
+        raise ProtocolError("the num_tasks answer has no integer num_tasks")
+    return count
 
-    @dispatched
-    async def wait_until_ready(self, timeout: float | UnsetType | None = UNSET) -> Health:
-        """Wait until the server answers ``GET /health`` healthy (a Space wakes up).
 
-        Polls with the client's backoff under its reconnect policy (every retry
-        charged to its retry budget). A client with a provider starts it first.
+async def tasks(endpoint: Endpoint, options: ConnectionOptions, split: str,
+                timeout: float | None, env_name: str | None) -> list[Any]:
+    """``POST /{env}/tasks`` (Task API): every task of ``split``.
 
-        Args:
-            timeout: seconds to wait at most (default: the client's call timeout).
+    Raises:
+        As :func:`splits`.
+    """
+    return _task_list(await _task_json(endpoint, options, "tasks", {"split": split}, timeout,
+                                       env_name))
 
-        Raises:
-            NotReadyError: still not ready at the deadline (``SpaceNotAwakeError``
-                for a Hugging Face Space).
-            HttpStatusError: an answer that waiting will not change (401, 404...).
-            RetryBudgetExhaustedError, ProviderError, ClientClosedError.
-        """
-        self._check_open()
-        seconds = self._seconds(timeout)
-        await self._prepare_server()
-        return await wait_until_ready(
-            self._endpoint, self._options, self.reconnect_policy, seconds,
-            attempt_timeout=self.timeouts.connect, space=self._space_name)
 
-    @dispatched
-    async def health(self, *, timeout: float | UnsetType | None = UNSET) -> Health:
-        """``GET /health`` once.
+async def task(endpoint: Endpoint, options: ConnectionOptions, split: str, index: int,
+               timeout: float | None, env_name: str | None) -> Any:
+    """``POST /{env}/task`` (Task API): task ``index`` of ``split``.
 
-        Raises:
-            HttpStatusError: the server answered another status than 200.
-            ProtocolError: the answer is not OpenEnv's health JSON.
-            ConnectError, ConnectionLostError, CallTimeoutError, ClientClosedError.
-        """
-        return await self._fetch(Health, "/health", timeout)
+    Raises:
+        HttpStatusError: 400 for an index outside the split; as :func:`splits`.
+    """
+    answer = await _task_json(endpoint, options, "task", {"split": split, "index": index},
+                              timeout, env_name)
+    if not isinstance(answer, dict) or "task" not in answer:
+        raise ProtocolError("the task answer has no task")
+    return answer["task"]
 
-    @dispatched
-    async def schema(self, *, timeout: float | UnsetType | None = UNSET) -> EnvironmentSchema:
-        """``GET /schema``: the JSON schemas of the action, observations and state.
 
-        Raises:
-            As :meth:`health`.
-        """
-        return await self._fetch(EnvironmentSchema, "/schema", timeout)
+async def task_range(endpoint: Endpoint, options: ConnectionOptions, split: str, start: int,
+                     stop: int, timeout: float | None, env_name: str | None) -> list[Any]:
+    """``POST /{env}/task_range`` (Task API): tasks ``start`` to ``stop`` of ``split``.
 
-    @dispatched
-    async def metadata(self, *,
-                       timeout: float | UnsetType | None = UNSET) -> EnvironmentMetadata:
-        """``GET /metadata``: the environment's name, description, version...
+    Raises:
+        As :func:`splits`.
+    """
+    body = {"split": split, "start": start, "stop": stop}
+    return _task_list(await _task_json(endpoint, options, "task_range", body, timeout,
+                                       env_name))
 
-        Raises:
-            As :meth:`health`.
-        """
-        return await self._fetch(EnvironmentMetadata, "/metadata", timeout)
 
-    @dispatched
-    async def list_environments(self, *,
-                                timeout: float | UnsetType | None = UNSET) -> list[str]:
-        """``GET /list_environments`` (Task API): the names of the served environments.
-
-        Raises:
-            As :meth:`health`.
-        """
-        names = await self._task_json("/list_environments", None, timeout)
-        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-            raise ProtocolError("GET /list_environments did not answer a list of names")
-        return names
-
-    @dispatched
-    async def splits(self, *, env_name: str | None = None,
-                     timeout: float | UnsetType | None = UNSET) -> list[dict[str, Any]]:
-        """``GET /{env}/splits`` (Task API): the task splits, ``{"name", "type", ...}``.
-
-        Args:
-            env_name: the environment (default: the server's only one).
-            timeout: deadline in seconds (default: the client's call timeout).
-
-        Raises:
-            HttpStatusError: 501 when the environment has no tasks; as :meth:`health`.
-        """
-        splits = await self._task_json("splits", None, timeout, env_name)
-        if not (isinstance(splits, list) and all(isinstance(x, dict) for x in splits)):
-            raise ProtocolError("the splits answer is not a list of objects")
-        return splits
-
-    @dispatched
-    async def num_tasks(self, split: str = "", *, env_name: str | None = None,
-                        timeout: float | UnsetType | None = UNSET) -> int:
-        """``POST /{env}/num_tasks`` (Task API): how many tasks ``split`` has.
-
-        Raises:
-            As :meth:`splits`.
-        """
-        answer = await self._task_json("num_tasks", {"split": split}, timeout, env_name)
-        count = answer.get("num_tasks") if isinstance(answer, dict) else None
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise ProtocolError("the num_tasks answer has no integer num_tasks")
-        return count
-
-    @dispatched
-    async def tasks(self, split: str = "", *, env_name: str | None = None,
-                    timeout: float | UnsetType | None = UNSET) -> list[Any]:
-        """``POST /{env}/tasks`` (Task API): every task of ``split``.
-
-        Raises:
-            As :meth:`splits`.
-        """
-        return _task_list(await self._task_json("tasks", {"split": split}, timeout, env_name))
-
-    @dispatched
-    async def task(self, split: str, index: int, *, env_name: str | None = None,
-                   timeout: float | UnsetType | None = UNSET) -> Any:
-        """``POST /{env}/task`` (Task API): task ``index`` of ``split``.
-
-        Raises:
-            HttpStatusError: 400 for an index outside the split; as :meth:`splits`.
-        """
-        answer = await self._task_json("task", {"split": split, "index": index}, timeout,
-                                       env_name)
-        if not isinstance(answer, dict) or "task" not in answer:
-            raise ProtocolError("the task answer has no task")
-        return answer["task"]
-
-    @dispatched
-    async def task_range(self, split: str, start: int = 0, stop: int = 20, *,
-                         env_name: str | None = None,
-                         timeout: float | UnsetType | None = UNSET) -> list[Any]:
-        """``POST /{env}/task_range`` (Task API): tasks ``start`` to ``stop`` of ``split``.
-
-        Raises:
-            As :meth:`splits`.
-        """
-        body = {"split": split, "start": start, "stop": stop}
-        return _task_list(await self._task_json("task_range", body, timeout, env_name))
-
-    async def _task_json(self, route: str, body: Any, timeout: float | UnsetType | None,
-                         env_name: str | None = None) -> Any:
-        self._check_open()
-        seconds = self._seconds(timeout)
-        await self._prepare_server()
-        if route.startswith("/"):
-            return await fetch(self._endpoint, self._options, route, seconds, body=body)
-        if env_name is None:
-            names = await fetch(self._endpoint, self._options, "/list_environments", seconds)
-            if not (isinstance(names, list) and len(names) == 1 and isinstance(names[0], str)):
-                raise ProtocolError("the server does not name exactly one environment: "
-                                    "pass env_name=")
-            env_name = names[0]
-        path = f"/{quote(env_name, safe='')}/{route}"
-        return await fetch(self._endpoint, self._options, path, seconds, body=body)
-
-    async def _fetch(self, model: type[_M], path: str,
-                     timeout: float | UnsetType | None) -> _M:
-        self._check_open()
-        seconds = self._seconds(timeout)
-        await self._prepare_server()
-        return await fetch_model(model, self._endpoint, self._options, path, seconds)
+async def _task_json(endpoint: Endpoint, options: ConnectionOptions, route: str, body: Any,
+                     timeout: float | None, env_name: str | None) -> Any:
+    if env_name is None:
+        names = await fetch(endpoint, options, "/list_environments", timeout)
+        if not (isinstance(names, list) and len(names) == 1 and isinstance(names[0], str)):
+            raise ProtocolError("the server does not name exactly one environment: "
+                                "pass env_name=")
+        env_name = names[0]
+    path = f"/{quote(env_name, safe='')}/{route}"
+    return await fetch(endpoint, options, path, timeout, body=body)
 
 
 def _task_list(answer: Any) -> list[Any]:
-    tasks = answer.get("tasks") if isinstance(answer, dict) else None
-    if not isinstance(tasks, list):
+    found = answer.get("tasks") if isinstance(answer, dict) else None
+    if not isinstance(found, list):
         raise ProtocolError("the tasks answer has no list of tasks")
-    return tasks
+    return found

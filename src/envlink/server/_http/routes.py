@@ -8,7 +8,7 @@ description), ``GET /schema`` (action, observation and state JSON schemas),
 HTTP ``reset``/``step``/``state`` are stateless: each builds a fresh environment,
 answers, and discards it (episodes live on ``/ws``).
 
-Pure: no sockets. :mod:`envlink.server._handshake` routes a request here and
+Pure: no sockets. :mod:`envlink.server._http.handshake` routes a request here and
 writes the :class:`HttpReply` back.
 """
 
