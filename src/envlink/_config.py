@@ -7,7 +7,8 @@ import math
 import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Final, TypeGuard, cast
-from urllib.parse import urlsplit, urlunsplit
+
+from envlink._sansio.redact import redact_url
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -315,18 +316,9 @@ class ConnectionOptions:
             if f.name == "headers":
                 value = tuple((k, "REDACTED") for k, _ in value)
             elif f.name == "proxy" and isinstance(value, str):
-                value = _without_userinfo(value)
+                value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"ConnectionOptions({', '.join(shown)})"
-
-
-def _without_userinfo(url: str) -> str:
-    # The proxy's own credentials (http://user:password@proxy:3128) are never shown.
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 # RFC 9110 token characters: what a header name may be made of.
