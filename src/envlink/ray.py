@@ -26,9 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 try:
     import ray
@@ -41,51 +40,38 @@ from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._deadlines import bounded
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
-from envlink._pool.batch import record_batch, recv_want, seed_list, single_result, slot_mask
-from envlink._pool.pool import AutoresetMode, EnvPool
-from envlink._pool.results import Batch, EndpointView, PoolView, SlotResult
-from envlink._pool.shard import (
+from envlink._pool import (
+    AsyncPool,
+    Batch,
+    BatchReport,
+    BatchStarted,
     DriverSlot,
+    EndpointView,
+    PoolOptions,
+    PoolView,
     Shard,
     ShardAnswer,
     ShardSpec,
     ShardTelemetry,
     SlotRestore,
+    SlotResult,
+    pool_telemetry_hook,
+    recv_want,
+    seed_list,
 )
-from envlink._sansio.policies import PoolSessionLostPolicy, ReconnectPolicy
-from envlink._telemetry import logs as _logging
-from envlink._telemetry.instruments import (
-    Telemetry,
-    get_telemetry,
-)
-from envlink.names import (
-    ATTR_POOL_MIN_READY,
-    ATTR_POOL_SIZE,
-    ATTR_POOL_SLOTS,
-    ATTR_RAY_SHARD,
-    ATTR_RAY_SHARDS,
-    ATTR_REASON,
-    LOG_RAY_SHARD_LOST,
-    RAY_METRIC_SHARD_RESTARTS,
-    RAY_RESTART_DIED,
-    RAY_RESTART_UNRESPONSIVE,
-    SPAN_POOL_PREFIX,
-    SPAN_POOL_RECV,
-)
+from envlink.names import RAY_RESTART_DIED, RAY_RESTART_UNRESPONSIVE
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import Counter, MeterProvider
-    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+    from typing_extensions import Unpack
 
-    from envlink._bridge import Bridge
-    from envlink._pool.sync_pool import SyncEnvPool
+    from envlink._pool import PoolArguments
 
 __all__ = ["RayEnvPool", "ShardTelemetry"]
 
 ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
-
-_log = _logging.get_logger()
 
 #: What a shard reserves by default: it waits on sockets, so no CPU; spread over nodes.
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
@@ -103,22 +89,7 @@ class _ShardLost(Exception):
         self.kind = kind
 
 
-#: ``envlink.ray.shard.restarts``, one counter per meter (created once: the SDK would
-#: warn about a duplicate instrument for each new pool).
-_restart_counters: weakref.WeakKeyDictionary[Telemetry, Counter] = weakref.WeakKeyDictionary()
-
-
-def _restart_counter(tel: Telemetry) -> Counter:
-    counter = _restart_counters.get(tel)
-    if counter is None:
-        counter = _restart_counters[tel] = tel.meter.create_counter(
-            RAY_METRIC_SHARD_RESTARTS, unit="{restart}",
-            description="Shard actors of a RayEnvPool replaced after they died or stopped "
-                        "answering.")
-    return counter
-
-
-class RayEnvPool(Generic[ActT, ObsT]):
+class RayEnvPool(AsyncPool[ActT, ObsT]):
     """``size`` sessions over one or several servers, placed on ``shards`` Ray actors.
 
     The API, the per-slot answers, masks, seeds, autoreset modes, ``min_ready`` and
@@ -155,12 +126,15 @@ class RayEnvPool(Generic[ActT, ObsT]):
             attributes) for the actors; each adds ``envlink.ray.shard``.
         shard_timeout_margin: with a batch deadline, seconds the driver waits for a
             shard beyond it before it replaces the shard as unresponsive.
-        client, client_options, on_session_lost, autoreset, autoreset_kwargs,
-        batch_timeout, max_inflight, capacity, breaker_threshold,
-        breaker_reset_timeout, replay_verify: as :class:`~envlink.EnvPool`
-            (``max_inflight`` and ``capacity`` apply per shard); they are pickled to
-            the actors, so the client class and callables must be importable there.
+        client: as :class:`~envlink.EnvPool`.
         tracer_provider, meter_provider: the driver's providers (default: global).
+        **options: the other options of :class:`~envlink.EnvPool`, with its defaults
+            (``client_options``, ``on_session_lost``, ``autoreset``,
+            ``autoreset_kwargs``, ``batch_timeout``, ``max_inflight``, ``capacity``,
+            ``breaker_threshold``, ``breaker_reset_timeout``, ``replay_verify``);
+            ``max_inflight`` and ``capacity`` apply per shard. They are pickled to the
+            actors with ``client``, so the client class and callables must be
+            importable there.
 
     Raises:
         ValueError: a bad endpoint, size, shard count, mode or option.
@@ -175,22 +149,13 @@ class RayEnvPool(Generic[ActT, ObsT]):
         shards: int = 2,
         client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
         = GenericEnvClient,  # type: ignore[assignment]
-        client_options: Mapping[str, Any] | None = None,
-        on_session_lost: PoolSessionLostPolicy = "raise",
-        autoreset: AutoresetMode = "next_step",
-        autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
-        batch_timeout: float | None = None,
-        max_inflight: int | None = None,
-        capacity: ReconnectPolicy | None = None,
-        breaker_threshold: int = 3,
-        breaker_reset_timeout: float = 5.0,
-        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
         actor_options: Mapping[str, Any] | None = None,
         placement_group: Any = None,
         telemetry: ShardTelemetry | None = None,
         shard_timeout_margin: float = 30.0,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        **options: Unpack[PoolArguments],
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards must be a positive integer, got {shards!r}")
@@ -199,26 +164,17 @@ class RayEnvPool(Generic[ActT, ObsT]):
         if not shard_timeout_margin > 0:
             raise ValueError(f"shard_timeout_margin must be positive, "
                              f"got {shard_timeout_margin!r}")
-        options: dict[str, Any] = {
-            "client": client, "client_options": dict(client_options or {}),
-            "on_session_lost": on_session_lost, "autoreset": autoreset,
-            "max_inflight": max_inflight, "capacity": capacity,
-            "breaker_threshold": breaker_threshold,
-            "breaker_reset_timeout": breaker_reset_timeout, "replay_verify": replay_verify,
-        }
-        # The in-process pool validates every option (and the endpoints) the same way.
-        probe: EnvPool[Any, Any] = EnvPool(endpoints, size, batch_timeout=batch_timeout,
-                                           **options)
+        # The same options, checked the same way, as the in-process pool of each shard.
+        pool = PoolOptions(endpoints, size, client=client, **options)
+        self._options = pool
         self.size = size
         self.shards = shards
-        self.endpoints = probe.endpoints
-        self.on_session_lost = on_session_lost
-        self.autoreset: AutoresetMode = autoreset
-        self.batch_timeout = batch_timeout
+        self.on_session_lost = pool.on_session_lost
+        self.autoreset = pool.autoreset
+        self.batch_timeout = pool.batch_timeout
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
-        self._tel = get_telemetry(tracer_provider, meter_provider)
-        self._restarts = _restart_counter(self._tel)
+        self._hook = pool_telemetry_hook(tracer_provider, meter_provider)
         self._margin = float(shard_timeout_margin)
         base, extra = divmod(size, shards)
         self._bounds: list[tuple[int, int]] = []
@@ -228,8 +184,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             self._bounds.append((offset, n))
             offset += n
         self._shard_of = [s for s, (_o, n) in enumerate(self._bounds) for _ in range(n)]
-        self._specs = [ShardSpec(shard=s, offset=o, size=n, endpoints=self.endpoints,
-                                 pool_options=options, autoreset_kwargs=autoreset_kwargs,
+        self._specs = [ShardSpec(shard=s, offset=o, options=pool.for_shard(n),
                                  telemetry=telemetry)
                        for s, (o, n) in enumerate(self._bounds)]
         opts = dict(DEFAULT_ACTOR_OPTIONS if actor_options is None else actor_options)
@@ -266,11 +221,6 @@ class RayEnvPool(Generic[ActT, ObsT]):
         self._closed = False
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
 
     def shard_of(self, index: int) -> int:
         """The shard that owns slot ``index``."""
@@ -328,19 +278,8 @@ class RayEnvPool(Generic[ActT, ObsT]):
         """
         chosen = self._chosen(mask)
         per_slot = seed_list(seeds, self.size)
-        seconds = self._seconds(timeout)
+        seconds = self._options.seconds(timeout)
         return await self._batch("reset", chosen, per_slot, seconds, dict(kwargs))
-
-    async def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
-                       **kwargs: Any) -> StepResult[ObsT]:
-        """Reset one slot on its own and return its result.
-
-        Raises:
-            EnvlinkError: that slot's error.
-            IndexError: no such slot.
-        """
-        mask = slot_mask(index, self.size)
-        return single_result(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
 
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
                    *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
@@ -352,7 +291,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             ClientClosedError: the pool is closed.
         """
         chosen = self._chosen(mask, actions)
-        seconds = self._seconds(timeout)
+        seconds = self._options.seconds(timeout)
         return await self._batch("step", chosen, list(actions), seconds, {})
 
     async def step_send(self, actions: Sequence[ActT | None],
@@ -365,9 +304,10 @@ class RayEnvPool(Generic[ActT, ObsT]):
             ClientClosedError: the pool is closed.
         """
         chosen = self._chosen(mask, actions)
-        seconds = self._seconds(timeout)
+        seconds = self._options.seconds(timeout)
         self._send_deadline = seconds
-        with self._tel.span(SPAN_POOL_PREFIX + "step", attributes=self._attrs(chosen)):
+        with BatchReport(self._hook, BatchStarted("step_send", self.size, len(chosen),
+                                                  shards=self.shards)):
             carrier = _carrier()
             for i in chosen:
                 self._inflight[i] = actions[i]
@@ -392,11 +332,9 @@ class RayEnvPool(Generic[ActT, ObsT]):
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
         want = recv_want(len(pending), min_ready, timeout)
-        start = time.perf_counter()
-        attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
-                  ATTR_POOL_MIN_READY: want, ATTR_RAY_SHARDS: self.shards}
-                 if self._tel.tracing_enabled() else None)
-        with self._tel.span(SPAN_POOL_RECV, attributes=attrs) as span:
+        started = BatchStarted("recv", self.size, len(pending), min_ready=want,
+                               shards=self.shards)
+        with BatchReport(self._hook, started) as report:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 event = asyncio.Event()
@@ -427,7 +365,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             self._buf_autoreset -= set(ready)
             for i in ready:
                 self._buf_final.pop(i, None)
-            self._record(span, "recv", batch, start)
+            report.batch = batch
         return batch
 
     # ------------------------------------------------------------------ lifecycle
@@ -458,29 +396,12 @@ class RayEnvPool(Generic[ActT, ObsT]):
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
 
-    async def __aenter__(self) -> RayEnvPool[ActT, ObsT]:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def sync(self, bridge: Bridge | None = None) -> SyncEnvPool[ActT, ObsT]:
-        """A blocking facade (the same :class:`~envlink.SyncEnvPool` as the in-process pool).
-
-        Args:
-            bridge: share an existing :class:`~envlink.Bridge`; by default the facade
-                owns a new one and closes it with the pool.
-        """
-        from envlink._pool.sync_pool import SyncEnvPool
-
-        return SyncEnvPool(cast("EnvPool[ActT, ObsT]", self), bridge=bridge)
-
     # ------------------------------------------------------------------ batches
 
     async def _batch(self, method: str, chosen: list[int], per_slot: list[Any],
                      seconds: float | None, kwargs: dict[str, Any]) -> Batch[ObsT]:
-        start = time.perf_counter()
-        with self._tel.span(SPAN_POOL_PREFIX + method, attributes=self._attrs(chosen)) as span:
+        started = BatchStarted(method, self.size, len(chosen), shards=self.shards)
+        with BatchReport(self._hook, started) as report:
             carrier = _carrier()
             items: list[SlotResult[ObsT]] = [None] * self.size
             autoreset: set[int] = set()
@@ -509,7 +430,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
             ok = {i for i in chosen if not isinstance(items[i], EnvlinkError)}
             batch: Batch[ObsT] = Batch(items, ready=chosen, autoreset=autoreset & ok,
                                        final=final)
-            self._record(span, method, batch, start)
+            report.batch = batch
         return batch
 
     async def _shard_batch(self, method: str, s: int, slots: list[int], per_slot: list[Any],
@@ -681,9 +602,7 @@ class RayEnvPool(Generic[ActT, ObsT]):
     async def _replace(self, lost: _ShardLost, carrier: dict[str, str]) -> None:
         s = lost.shard
         offset, n = self._bounds[s]
-        _log.warning(LOG_RAY_SHARD_LOST, shard=s, reason=lost.reason,
-                     policy=self.on_session_lost)
-        self._tel.add(self._restarts, 1, {ATTR_RAY_SHARD: s, ATTR_REASON: lost.kind})
+        self._hook.shard_replaced(s, lost.kind, lost.reason, self.on_session_lost)
         with contextlib.suppress(Exception):
             ray.kill(self._actors[s], no_restart=True)
         self._spawn(s)
@@ -727,39 +646,14 @@ class RayEnvPool(Generic[ActT, ObsT]):
     def _wait(self, seconds: float | None) -> float | None:
         return None if seconds is None else seconds + self._margin
 
-    def _attrs(self, chosen: list[int]) -> dict[str, Any] | None:
-        if not self._tel.tracing_enabled():
-            return None
-        return {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(chosen),
-                ATTR_RAY_SHARDS: self.shards}
-
     def _chosen(self, mask: Sequence[bool] | None,
                 actions: Sequence[Any] | None = None) -> list[int]:
         if self._closed:
             raise ClientClosedError("the pool is closed")
-        if actions is not None and (isinstance(actions, (str, bytes))
-                                    or len(actions) != self.size):
-            raise ValueError(f"actions must be a sequence of {self.size} (one per slot)")
-        if mask is None:
-            chosen = list(range(self.size))
-        else:
-            if isinstance(mask, (str, bytes)) or len(mask) != self.size:
-                raise ValueError(f"mask must be a sequence of {self.size} booleans")
-            chosen = [i for i, m in enumerate(mask) if m]
-        busy = [i for i in chosen if i in self._inflight or i in self._running]
-        if busy:
-            raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
-                             "step with step_recv(); one batch call at a time per slot)")
-        return chosen
+        return self._options.select(mask, actions, self._busy)
 
-    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
-        seconds = self.batch_timeout if timeout is UNSET else timeout
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
-        return seconds
-
-    def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        record_batch(self._tel, span, method, batch, start)
+    def _busy(self, chosen: list[int]) -> list[int]:
+        return [i for i in chosen if i in self._inflight or i in self._running]
 
     def __repr__(self) -> str:
         return (f"<RayEnvPool size={self.size} shards={self.shards} "
@@ -776,3 +670,13 @@ def _carrier() -> dict[str, str]:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+if TYPE_CHECKING:
+    from envlink._pool import EnvPool
+
+    def _both_pools_are_whole(url: str) -> list[AsyncPool[Any, Any]]:
+        """Never run: mypy proves here that each pool is a whole :class:`AsyncPool`
+        (it refuses to build a class that left out a member of the interface, and to
+        list it as one whose members do not match)."""
+        return [EnvPool(url, 1), RayEnvPool(url, 1)]

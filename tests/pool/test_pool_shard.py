@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from envlink import ClientClosedError, ReplayDivergedError, StepResult
-from envlink._pool.shard import DriverSlot, Shard, ShardSpec, SlotRestore
+from envlink._pool import DriverSlot, PoolOptions, Shard, ShardSpec, SlotRestore
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def _spec(url: str, size: int, **options: Any) -> ShardSpec:
-    return ShardSpec(shard=0, offset=10, size=size, endpoints=(url,), pool_options=options)
+    return ShardSpec(shard=0, offset=10, options=PoolOptions((url,), size, **options))
 
 
 async def test_mirrors_are_deltas_and_rebuild_the_episode(det_servers: Any) -> None:
@@ -65,7 +65,8 @@ async def test_restore_refuses_a_journal_the_environment_contradicts(det_servers
         flags_only = SlotRestore(journal=None, actions=None, needs_reset=True, episodes=3,
                                  reset_kwargs={"seed": 5})
         await second.restore({0: flags_only})
-        assert second.pool._slots[0].needs_reset and second.pool._slots[0].episodes == 3
+        record = second.pool.slot_record(0)
+        assert record.needs_reset and record.episodes == 3
     finally:
         await first.close()
         await second.close()
@@ -93,7 +94,7 @@ async def test_a_waiting_recv_sees_steps_sent_while_it_waits(det_servers: Any) -
     try:
         assert all(isinstance(r, StepResult)
                    for r in (await shard.reset([0, 1], [True, True], None, {})).items)
-        client = shard.pool._slots[0].client
+        client = shard.pool.clients()[0]
         assert client is not None
         (held,) = [h for h in server.connections if h.session_id == client.session_id]
         held.faults.stall_after = held.requests + 1  # slot 0's next step goes unanswered

@@ -236,6 +236,29 @@ def test_public_names_and_validation(ray_local: Any) -> None:
         RayEnvPool("ws://127.0.0.1:9", 4, client=int)  # type: ignore[arg-type]
 
 
+def test_the_driver_checks_options_without_building_a_pool(
+        ray_local: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RayEnvPool is an AsyncPool and checks its options with the in-process pool's
+    PoolOptions (same errors), without building an EnvPool on the driver."""
+    import envlink._pool.pool
+    from envlink._pool import AsyncPool, PoolOptions
+
+    assert AsyncPool in RayEnvPool.__mro__
+
+    def no_pool(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the driver built an EnvPool")
+
+    monkeypatch.setattr(envlink._pool.pool.EnvPool, "__init__", no_pool)
+    bad: list[dict[str, Any]] = [{"max_inflight": 0}, {"batch_timeout": -1.0},
+                                 {"on_session_lost": "auto"}, {"breaker_threshold": 0}]
+    for options in bad:
+        with pytest.raises(ValueError, match="must be") as from_ray:
+            RayEnvPool("ws://127.0.0.1:9", 4, **options)
+        with pytest.raises(ValueError, match="must be") as from_options:
+            PoolOptions("ws://127.0.0.1:9", 4, **options)
+        assert str(from_ray.value) == str(from_options.value), options
+
+
 async def test_an_unresponsive_shard_is_replaced(ray_local: Any, threads: Any) -> None:
     """A shard that stops answering (its loop blocked) is killed and replaced: no hang."""
     import time

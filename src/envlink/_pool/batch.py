@@ -12,30 +12,14 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from opentelemetry.trace import Span
-
 from envlink._client.client import StepResult
 from envlink._deadlines import bounded
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
+from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
 from envlink._pool.results import Batch, SlotResult
-from envlink._telemetry.instruments import (
-    Telemetry,
-)
-from envlink.names import (
-    ATTR_OUTCOME,
-    ATTR_POOL_ERROR_TYPE,
-    ATTR_POOL_ERRORS,
-    ATTR_POOL_MIN_READY,
-    ATTR_POOL_SIZE,
-    ATTR_POOL_SLOTS,
-    ATTR_POOL_STRAGGLERS,
-    ATTR_RPC_METHOD,
-    SPAN_POOL_PREFIX,
-    SPAN_POOL_RECV,
-)
 
 #: The batch helpers both pools use (EnvPool here, RayEnvPool in envlink.ray).
-__all__ = ["BatchRunner", "record_batch", "recv_want", "seed_list", "single_result", "slot_mask"]
+__all__ = ["BatchRunner", "recv_want", "seed_list", "single_result", "slot_mask"]
 
 ObsT = TypeVar("ObsT")
 Calls = dict[int, Coroutine[Any, Any, StepResult[Any]]]
@@ -46,13 +30,16 @@ class BatchRunner(Generic[ObsT]):
 
     Args:
         size: the pool's number of slots.
-        tel: telemetry.
+        hook: what the batches are reported to.
+        max_inflight: most slot calls running at once (``None``: no limit).
+        cut_after_send: whether slot ``i``'s call, cut by the batch deadline, had
+            sent its step.
     """
 
-    def __init__(self, size: int, tel: Telemetry, max_inflight: int | None = None,
+    def __init__(self, size: int, hook: PoolHook, max_inflight: int | None = None,
                  cut_after_send: Callable[[int], bool] | None = None) -> None:
         self.size = size
-        self.tel = tel
+        self.hook = hook
         # Whether slot i's call, cut by the batch deadline, had sent its step.
         self._cut_after_send = cut_after_send
         # Created on first use, on the loop that runs the pool.
@@ -65,6 +52,8 @@ class BatchRunner(Generic[ObsT]):
         self.sent_final: dict[int, StepResult[ObsT]] = {}
         # Slots of whole-batch calls (reset, step) still running, and their tasks.
         self.running: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+        # Waits of wait_first(): each send wakes them, so they wait for the new steps too.
+        self._send_waiters: set[asyncio.Event] = set()
 
     def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
                  seconds: float | None, index: int,
@@ -78,17 +67,10 @@ class BatchRunner(Generic[ObsT]):
         """The slots among ``chosen`` that still have a call in flight."""
         return [i for i in chosen if i in self.inflight or i in self.running]
 
-    def _span_attrs(self, calls: Mapping[int, Any]) -> dict[str, Any] | None:
-        if not self.tel.tracing_enabled():
-            return None
-        return {ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(calls)}
-
     async def run(self, method: str, calls: Calls, seconds: float | None,
                   autoreset: set[int], final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
         """Run every slot's call and wait for all of them (or the deadline)."""
-        start = time.perf_counter()
-        with self.tel.span(SPAN_POOL_PREFIX + method,
-                           attributes=self._span_attrs(calls)) as span:
+        with BatchReport(self.hook, BatchStarted(method, self.size, len(calls))) as report:
             tasks = {i: asyncio.ensure_future(self._bounded(c, seconds, i, method))
                      for i, c in calls.items()}
             self.running.update(tasks)
@@ -102,16 +84,17 @@ class BatchRunner(Generic[ObsT]):
             finally:
                 for i in tasks:
                     self.running.pop(i, None)
-            batch = self._collect(tasks, set(tasks.values()), autoreset, final)
-            self._record(span, method, batch, start)
+            batch = report.batch = self._collect(tasks, set(tasks.values()), autoreset, final)
         return batch
 
     def send(self, calls: Calls, seconds: float | None) -> None:
         """Start every slot's step; :meth:`recv` collects them."""
-        with self.tel.span(SPAN_POOL_PREFIX + "step", attributes=self._span_attrs(calls)):
+        with BatchReport(self.hook, BatchStarted("step_send", self.size, len(calls))):
             for i, coro in calls.items():
                 self.inflight[i] = asyncio.ensure_future(
                     self._bounded(coro, seconds, i, "step"))
+        for event in self._send_waiters:
+            event.set()
 
     async def recv(self, min_ready: int | None, timeout: float | None) -> Batch[ObsT]:
         """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them."""
@@ -121,10 +104,8 @@ class BatchRunner(Generic[ObsT]):
         if not pending:
             raise ValueError("no step in flight: call step_send() first")
         want = recv_want(len(pending), min_ready, timeout)
-        start = time.perf_counter()
-        attrs = ({ATTR_POOL_SIZE: self.size, ATTR_POOL_SLOTS: len(pending),
-                  ATTR_POOL_MIN_READY: want} if self.tel.tracing_enabled() else None)
-        with self.tel.span(SPAN_POOL_RECV, attributes=attrs) as span:
+        with BatchReport(self.hook, BatchStarted("recv", self.size, len(pending),
+                                                 min_ready=want)) as report:
             deadline = None if timeout is None else time.monotonic() + timeout
             done = {t for t in pending.values() if t.done()}
             while len(done) < want:
@@ -134,8 +115,8 @@ class BatchRunner(Generic[ObsT]):
                 more, _ = await asyncio.wait(set(pending.values()) - done, timeout=left,
                                              return_when=asyncio.FIRST_COMPLETED)
                 done |= more
-            batch = self._collect(pending, done, self.sent_autoreset, self.sent_final)
-            self._record(span, "recv", batch, start)
+            batch = report.batch = self._collect(pending, done, self.sent_autoreset,
+                                                 self.sent_final)
         self.sent_autoreset -= set(batch.ready)
         for i in batch.ready:
             self.sent_final.pop(i, None)
@@ -171,8 +152,41 @@ class BatchRunner(Generic[ObsT]):
                      autoreset=[i for i in autoreset if i in ok],
                      final={i: r for i, r in final.items() if i in ready})
 
-    def _record(self, span: Span, method: str, batch: Batch[ObsT], start: float) -> None:
-        record_batch(self.tel, span, method, batch, start)
+    async def wait_first(self) -> dict[int, asyncio.Task[SlotResult[ObsT]]]:
+        """Return once a sent step has answered, or none is in flight.
+
+        Steps sent while it waits count too. Returns the sent steps' tasks by slot as
+        last seen, so that steps cancelled meanwhile by :meth:`cancel_all` can still
+        be answered (see :meth:`closed_batch`).
+        """
+        sent = asyncio.Event()
+        self._send_waiters.add(sent)
+        tasks: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+        try:
+            while True:
+                if not self.inflight:
+                    return tasks
+                tasks = dict(self.inflight)
+                if any(t.done() for t in tasks.values()):
+                    return tasks
+                sent.clear()
+                woken = asyncio.ensure_future(sent.wait())
+                try:
+                    await asyncio.wait({*tasks.values(), woken},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+        finally:
+            self._send_waiters.discard(sent)
+
+    def closed_batch(self, tasks: Mapping[int, asyncio.Task[SlotResult[ObsT]]]
+                     ) -> Batch[ObsT]:
+        """The answers of sent steps that :meth:`cancel_all` took away (the pool closed)."""
+        items: list[SlotResult[ObsT]] = [None] * self.size
+        for i, task in tasks.items():
+            items[i] = (task.result() if task.done() and not task.cancelled()
+                        else ClientClosedError("the pool was closed during the call"))
+        return Batch(items, ready=sorted(tasks))
 
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
@@ -219,7 +233,7 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | 
 def recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
     """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``.
 
-    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
+    Shared by :class:`BatchRunner` and ``envlink.ray.RayEnvPool``.
     """
     want = pending if min_ready is None else min_ready
     if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= pending:
@@ -228,26 +242,6 @@ def recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int
     if timeout is not None and not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
     return want
-
-
-def record_batch(tel: Telemetry, span: Span, method: str, batch: Batch[Any],
-                  start: float) -> None:
-    """Record one finished batch: its duration, stragglers and span attributes.
-
-    Shared by :class:`BatchRunner` and :class:`envlink.ray.RayEnvPool`.
-    """
-    errors = batch.errors
-    attrs = {ATTR_RPC_METHOD: method, ATTR_OUTCOME: "error" if errors else "ok"}
-    tel.record(tel.pool_batch_duration, time.perf_counter() - start, attrs)
-    if batch.stragglers:
-        tel.add(tel.pool_stragglers, len(batch.stragglers), {ATTR_RPC_METHOD: "step"})
-    if span.is_recording():
-        span.set_attribute(ATTR_POOL_ERRORS, len(errors))
-        span.set_attribute(ATTR_POOL_STRAGGLERS, len(batch.stragglers))
-        if errors:
-            kinds = sorted({e.error_type for e in errors.values()})
-            span.set_attribute(ATTR_POOL_ERROR_TYPE,
-                               kinds[0] if len(kinds) == 1 else "mixed")
 
 
 def single_result(batch: Batch[ObsT], index: int) -> StepResult[ObsT]:

@@ -11,48 +11,44 @@ another endpoint under ``on_session_lost="replay"``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError
-from envlink._pool.batch import BatchRunner, seed_list, single_result, slot_mask
+from envlink._pool.batch import BatchRunner, seed_list
 from envlink._pool.breaker import CircuitBreaker
-from envlink._pool.placement import Placement, parse_endpoints
-from envlink._pool.results import Batch, EndpointView, PoolView
+from envlink._pool.interface import AsyncPool
+from envlink._pool.observer import PoolHook
+from envlink._pool.options import DEFAULT_CAPACITY_POLICY, AutoresetMode, PoolOptions
+from envlink._pool.placement import Placement
+from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord
 from envlink._pool.slot import Slot, SlotEngine, SlotState, same_answer
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.policies import (
-    POOL_NO_AUTO,
-    POOL_SESSION_LOST_POLICIES,
-    PoolSessionLostPolicy,
-    ReconnectPolicy,
-    SessionLostPolicy,
-)
+from envlink._sansio.policies import PoolSessionLostPolicy, ReconnectPolicy
 from envlink._sansio.redact import redact_url
-from envlink._telemetry.instruments import get_telemetry
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from envlink._bridge import Bridge
-    from envlink._pool.sync_pool import SyncEnvPool
-
-__all__ = ["AutoresetMode", "EnvPool"]
+__all__ = ["DEFAULT_CAPACITY_POLICY", "AutoresetMode", "EnvPool", "pool_telemetry_hook"]
 
 ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 
-AutoresetMode = Literal["next_step", "same_step", "disabled"]
-_AUTORESET = ("next_step", "same_step", "disabled")
 
-#: Waiting for room while every endpoint is full: many short waits, bounded.
-DEFAULT_CAPACITY_POLICY = ReconnectPolicy(max_attempts=120, initial_delay=0.05,
-                                          max_delay=1.0, max_elapsed=120.0)
+def pool_telemetry_hook(tracer_provider: TracerProvider | None,
+                        meter_provider: MeterProvider | None) -> PoolHook:
+    """The hook a pool reports to: envlink's OpenTelemetry and structlog emitter."""
+    # The emitter (OpenTelemetry's metrics API, envlink's instruments) is imported by
+    # the first pool that uses it, not by `import envlink`.
+    from envlink._telemetry.pool_hook import PoolTelemetryHook
+
+    return PoolTelemetryHook(tracer_provider, meter_provider)
 
 
-class EnvPool(Generic[ActT, ObsT]):
+class EnvPool(AsyncPool[ActT, ObsT]):
     """``size`` environment sessions over one or several servers, stepped as a batch.
 
     Every session is an :class:`~envlink.EnvClient` of the given class and keeps
@@ -135,61 +131,30 @@ class EnvPool(Generic[ActT, ObsT]):
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive integer, got {size!r}")
-        if on_session_lost not in POOL_SESSION_LOST_POLICIES:
-            why = f" ({POOL_NO_AUTO})" if str(on_session_lost) == "auto" else ""
-            raise ValueError(f"on_session_lost must be one of {POOL_SESSION_LOST_POLICIES}, "
-                             f"got {on_session_lost!r}{why}")
-        if autoreset not in _AUTORESET:
-            raise ValueError(f"autoreset must be one of {_AUTORESET}, got {autoreset!r}")
-        if batch_timeout is not None and not batch_timeout > 0:
-            raise ValueError(f"batch_timeout must be positive or None, got {batch_timeout!r}")
-        if max_inflight is not None and (isinstance(max_inflight, bool) or
-                                         not isinstance(max_inflight, int) or max_inflight < 1):
-            raise ValueError(f"max_inflight must be a positive integer or None, "
-                             f"got {max_inflight!r}")
-        options = dict(client_options or {})
-        if "on_session_lost" in options:
-            raise ValueError("pass on_session_lost to EnvPool, not in client_options")
-        parsed = parse_endpoints(endpoints)
+        options = PoolOptions(
+            endpoints, size, client=client, client_options=client_options,
+            on_session_lost=on_session_lost, autoreset=autoreset,
+            autoreset_kwargs=autoreset_kwargs, batch_timeout=batch_timeout,
+            max_inflight=max_inflight, capacity=capacity, breaker_threshold=breaker_threshold,
+            breaker_reset_timeout=breaker_reset_timeout, replay_verify=replay_verify)
+        self._options = options
         self.size = size
         self.on_session_lost = on_session_lost
-        self.autoreset: AutoresetMode = autoreset
+        self.autoreset = autoreset
         self.batch_timeout = batch_timeout
-        self._autoreset_kwargs = autoreset_kwargs
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
-        self._tel = get_telemetry(tracer_provider, meter_provider)
-        # The pool rebuilds lost episodes itself (on any endpoint); its clients only
-        # report the loss. "resume" belongs to the client: it needs the same server.
-        client_policy: SessionLostPolicy = "resume" if on_session_lost == "resume" else "raise"
-        options.setdefault("tracer_provider", tracer_provider)
-        options.setdefault("meter_provider", meter_provider)
-        self._factory = _client_factory(client, options, client_policy)
+        self._hook = pool_telemetry_hook(tracer_provider, meter_provider)
+        self._factory = options.client_factory(tracer_provider, meter_provider)
         self._engine: SlotEngine | None = None
-        self._parsed = parsed
-        self._capacity = capacity or DEFAULT_CAPACITY_POLICY
-        self._breaker = (breaker_threshold, breaker_reset_timeout)
-        CircuitBreaker(breaker_threshold, breaker_reset_timeout)  # validates early
         self._verify = replay_verify or same_answer
         self._slots = [Slot(i) for i in range(size)]
         self._batches: BatchRunner[ObsT] = BatchRunner(
-            size, self._tel, max_inflight,
+            size, self._hook, max_inflight,
             cut_after_send=lambda i: self._slots[i].cut_after_send)
         self._closed = False
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        """The endpoint URLs, in the order given."""
-        return tuple(url for url, _host, _port in self._parsed)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
 
     def clients(self) -> list[EnvClient[ActT, ObsT, Any] | None]:
         """Each slot's current client (``None``: no session); use them on the pool's loop."""
@@ -199,13 +164,14 @@ class EnvPool(Generic[ActT, ObsT]):
         """A snapshot: sessions per endpoint and state, breaker states, each slot's state."""
         engine = self._engine
         eps = engine.placement.endpoints if engine is not None else []
-        counts: dict[int, dict[str, int]] = {i: {} for i in range(len(self._parsed))}
+        parsed = self._options.parsed
+        counts: dict[int, dict[str, int]] = {i: {} for i in range(len(parsed))}
         for slot in self._slots:
             if slot.endpoint is not None and slot.state is not SlotState.EMPTY:
                 by_state = counts[slot.endpoint.index]
                 by_state[slot.state.value] = by_state.get(slot.state.value, 0) + 1
         views = []
-        for i, (url, _h, _p) in enumerate(self._parsed):
+        for i, (url, _h, _p) in enumerate(parsed):
             ep = eps[i] if eps else None
             views.append(EndpointView(
                 url=redact_url(url), breaker=ep.breaker.state.value if ep else "closed",
@@ -250,17 +216,6 @@ class EnvPool(Generic[ActT, ObsT]):
             calls[i] = engine.reset(self._slots[i], args)
         return await self._run("reset", calls, timeout, set(), {})
 
-    async def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
-                       **kwargs: Any) -> StepResult[ObsT]:
-        """Reset one slot on its own and return its result.
-
-        Raises:
-            EnvlinkError: that slot's error.
-            IndexError: no such slot.
-        """
-        mask = slot_mask(index, self.size)
-        return single_result(await self.reset(mask=mask, timeout=timeout, **kwargs), index)
-
     async def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
                    *, timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
         """Apply one action per slot (or per masked slot) and wait for every answer.
@@ -298,7 +253,7 @@ class EnvPool(Generic[ActT, ObsT]):
             ClientClosedError: the pool is closed.
         """
         chosen = self._chosen(mask, actions)
-        seconds = self._seconds(timeout)
+        seconds = self._options.seconds(timeout)
         batches = self._batches
         self._batches.send(self._step_calls(chosen, actions, batches.sent_autoreset,
                                             batches.sent_final), seconds)
@@ -332,54 +287,79 @@ class EnvPool(Generic[ActT, ObsT]):
         self._closed = True
         engine = self._engine
         if engine is not None:
-            self._tel.remove_breaker_source(engine)
+            self._hook.unwatch_breakers(engine)
         await self._batches.cancel_all()
         if engine is not None:
             for slot in self._slots:
                 engine.detach(slot)
             await engine.drain()
 
-    async def __aenter__(self) -> EnvPool[ActT, ObsT]:
-        return self
+    # ------------------------------------------------------------------ across processes
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    def slot_record(self, index: int) -> SlotRecord:
+        """What the pool keeps of slot ``index`` besides its session's journal.
 
-    def sync(self, bridge: Bridge | None = None) -> SyncEnvPool[ActT, ObsT]:
-        """A blocking facade running this pool on one bridge thread.
+        With the session's journal (``record.client.journal``), enough to take the
+        slot over in another process with :meth:`restore_slot` (``envlink.ray`` keeps
+        it of each slot of its shard actors).
 
-        Args:
-            bridge: share an existing :class:`~envlink.Bridge`; by default the
-                process-wide :func:`~envlink.default_bridge` (see :class:`SyncEnvPool`).
+        Raises:
+            IndexError: no such slot.
         """
-        from envlink._pool.sync_pool import SyncEnvPool
+        slot = self._slots[index]
+        return SlotRecord(client=slot.client, actions=slot.actions,
+                          needs_reset=slot.needs_reset, episodes=slot.episodes,
+                          reset_kwargs=dict(slot.reset_kwargs))
 
-        return SyncEnvPool(self, bridge=bridge)
-
-    # ------------------------------------------------------------------ shards (envlink.ray)
-
-    async def _restore(self, index: int, journal: EpisodeJournal | None,
-                       actions: list[Any] | None, *, needs_reset: bool, episodes: int,
-                       reset_kwargs: dict[str, Any]) -> None:
+    async def restore_slot(self, index: int, journal: EpisodeJournal | None,
+                           actions: Sequence[Any] | None = None, *, needs_reset: bool = False,
+                           episodes: int = 0,
+                           reset_kwargs: Mapping[str, Any] | None = None) -> None:
         """Take over a slot's episode from a pool in another process (a dead Ray shard).
 
         With a journal, the episode is rebuilt here (placed, reset with the recorded
         kwargs, each recorded step replayed and checked); without one, only the slot's
         bookkeeping (autoreset pending, episode count, last reset arguments) is restored.
 
+        Args:
+            index: an idle slot without a session.
+            journal: the episode to rebuild, or ``None``.
+            actions: the typed actions of the episode (see :class:`SlotRecord`).
+            needs_reset: the slot's next step resets it (``next_step`` autoreset).
+            episodes: episodes begun on the slot so far.
+            reset_kwargs: the arguments of its last reset.
+
         Raises:
             SessionLostError: the episode could not be rebuilt (carries ``journal``).
             ReplayDivergedError: the environment answered differently.
+            ValueError: the slot has a session or a call in flight.
+            ClientClosedError: the pool is closed.
         """
         engine = self._ready_engine()
         slot = self._slots[index]
         if slot.client is not None or self._batches.busy([index]):
             raise ValueError(f"slot {index} is in use; only an idle, empty slot is restored")
         if journal is not None:
-            await engine.restore(slot, journal, actions)
+            await engine.restore(slot, journal, None if actions is None else list(actions))
         slot.needs_reset = needs_reset
         slot.episodes = episodes
-        slot.reset_kwargs = dict(reset_kwargs)
+        slot.reset_kwargs = dict(reset_kwargs or {})
+
+    async def step_recv_first(self) -> Batch[ObsT]:
+        """Collect every sent step that has answered, once at least one has.
+
+        Unlike :meth:`step_recv`, steps sent by :meth:`step_send` while it waits count
+        too: the first answer of any of them ends the wait (a Ray shard actor runs a
+        send while a receive waits). If the pool is closed during the wait, each
+        waited-for step answers :class:`~envlink.ClientClosedError`.
+
+        Raises:
+            ValueError: no step in flight.
+        """
+        waited = await self._batches.wait_first()
+        if waited and self._closed and not self._batches.inflight:
+            return self._batches.closed_batch(waited)  # as step_recv at close
+        return await self._batches.recv(1, 0)
 
     # ------------------------------------------------------------------ internals
 
@@ -388,37 +368,28 @@ class EnvPool(Generic[ActT, ObsT]):
             raise ClientClosedError("the pool is closed")
         if self._engine is None:
             # Built on first use, on the loop that runs the pool.
-            threshold, reset_timeout = self._breaker
+            threshold = self._options.breaker_threshold
+            reset_timeout = self._options.breaker_reset_timeout
             holder: list[SlotEngine] = []
 
             def make_breaker(index: int) -> CircuitBreaker:
                 return CircuitBreaker(threshold, reset_timeout, on_change=lambda old, new: (
                     holder[0].breaker_changed(holder[0].placement.endpoints[index], old, new)))
 
-            placement = Placement(self._parsed, make_breaker, capacity_backoff=self._capacity)
+            options = self._options
+            capacity = options.capacity_policy
+            placement = Placement(options.parsed, make_breaker, capacity_backoff=capacity)
             engine = SlotEngine(placement, self._factory, on_session_lost=self.on_session_lost,
-                                capacity=self._capacity, verify=self._verify, tel=self._tel)
+                                capacity=capacity, verify=self._verify, hook=self._hook)
             holder.append(engine)
             self._engine = engine
-            self._tel.add_breaker_source(engine)  # envlink.pool.breaker.state
+            self._hook.watch_breakers(engine)
         return self._engine
 
     def _chosen(self, mask: Sequence[bool] | None,
                 actions: Sequence[Any] | None = None) -> list[int]:
         self._ready_engine()
-        if actions is not None and (isinstance(actions, (str, bytes))
-                                    or len(actions) != self.size):
-            raise ValueError(f"actions must be a sequence of {self.size} (one per slot)")
-        if mask is None:
-            chosen = list(range(self.size))
-        else:
-            if isinstance(mask, (str, bytes)) or len(mask) != self.size:
-                raise ValueError(f"mask must be a sequence of {self.size} booleans")
-            chosen = [i for i, m in enumerate(mask) if m]
-        busy = self._batches.busy(chosen)
-        if busy:
-            raise ValueError(f"slots {busy} still have a call in flight (collect a sent "
-                             "step with step_recv(); one batch call at a time per slot)")
+        chosen = self._options.select(mask, actions, self._batches.busy)
         for i in chosen:  # a new call: no cut yet (it may be cut before it even starts)
             self._slots[i].cut_after_send = False
         return chosen
@@ -458,45 +429,18 @@ class EnvPool(Generic[ActT, ObsT]):
                           metadata=result.metadata)
 
     def _next_kwargs(self, slot: Slot) -> dict[str, Any]:
-        if self._autoreset_kwargs is not None:
-            return dict(self._autoreset_kwargs(slot.index, slot.episodes))
+        user = self._options.autoreset_kwargs
+        if user is not None:
+            return dict(user(slot.index, slot.episodes))
         return {k: v for k, v in slot.reset_kwargs.items() if k != "seed"}
-
-    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
-        seconds = self.batch_timeout if timeout is UNSET else timeout
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
-        return seconds
 
     async def _run(self, method: str, calls: dict[int, Any],
                    timeout: float | UnsetType | None, autoreset: set[int],
                    final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
         try:
-            seconds = self._seconds(timeout)
+            seconds = self._options.seconds(timeout)
         except ValueError:
             for coro in calls.values():
                 coro.close()
             raise
         return await self._batches.run(method, calls, seconds, autoreset, final)
-def _client_factory(client: Any, options: dict[str, Any],
-                    policy: SessionLostPolicy) -> Callable[[str], EnvClient[Any, Any, Any]]:
-    if isinstance(client, type):
-        if not issubclass(client, EnvClient):
-            raise TypeError(f"client must be an EnvClient subclass, got {client.__name__}")
-        cls = client
-
-        def build(url: str) -> EnvClient[Any, Any, Any]:
-            return cls(url, on_session_lost=policy, **options)
-
-        return build
-    if callable(client):
-        def build_custom(url: str) -> EnvClient[Any, Any, Any]:
-            made = client(url)
-            if not isinstance(made, EnvClient):
-                raise TypeError(f"the client factory returned {type(made).__name__}, "
-                                "not an EnvClient")
-            made.on_session_lost = policy
-            return made
-
-        return build_custom
-    raise TypeError("client must be an EnvClient subclass or a callable url -> client")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from envlink._client.client import StepResult
+from envlink._client.client import EnvClient, StepResult
 from envlink._errors import EnvlinkError
 
-__all__ = ["Batch", "EndpointView", "PoolView", "SlotResult"]
+__all__ = ["Batch", "EndpointView", "PoolView", "SlotRecord", "SlotResult"]
 
 ObsT = TypeVar("ObsT")
 
@@ -128,3 +128,27 @@ class PoolView:
             "slots": list(self.slots),
             "slot_endpoints": list(self.slot_endpoints),
         }
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """What a pool keeps of one slot besides its session's journal (:meth:`EnvPool.slot_record`).
+
+    Enough, with the journal, to take the slot over in another process.
+
+    Attributes:
+        client: the slot's session (``None``: none); use it on the pool's loop.
+        actions: the typed actions of the current episode, kept only for a client
+            whose action hook is its own (the journal keeps the JSON payloads, which
+            such a hook may not accept back); ``None`` otherwise. A live view.
+        needs_reset: under ``next_step`` autoreset, the episode ended and the next
+            step resets the slot.
+        episodes: episodes begun on the slot.
+        reset_kwargs: the arguments of its last reset.
+    """
+
+    client: EnvClient[Any, Any, Any] | None
+    actions: Sequence[Any] | None
+    needs_reset: bool
+    episodes: int
+    reset_kwargs: Mapping[str, Any]

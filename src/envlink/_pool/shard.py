@@ -14,26 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate
 
-from envlink._errors import ClientClosedError, EnvlinkError
-from envlink._pool.pool import EnvPool
+from envlink._errors import EnvlinkError
+from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
+from envlink._pool.options import PoolOptions
+from envlink._pool.pool import EnvPool, pool_telemetry_hook
 from envlink._pool.results import Batch, PoolView, SlotResult
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._telemetry.instruments import (
-    Telemetry,
-    get_telemetry,
-)
-from envlink.names import (
-    ATTR_POOL_SIZE,
-    ATTR_POOL_SLOTS,
-    ATTR_RAY_SHARD,
-    SPAN_RAY_SHARD_PREFIX,
-)
 
 if TYPE_CHECKING:
     from envlink.telemetry import TelemetryHandle
@@ -68,14 +60,19 @@ class ShardTelemetry:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """Everything a shard actor needs to build its pool (pickled to the actor)."""
+    """Everything a shard actor needs to build its pool (pickled to the actor).
+
+    Attributes:
+        shard: the shard's number.
+        offset: the driver's number of the shard's first slot.
+        options: the shard's pool (its size, the driver's endpoints and options; an
+            ``autoreset_kwargs`` is called with the driver's slot numbers).
+        telemetry: how the actor exports its telemetry.
+    """
 
     shard: int
     offset: int
-    size: int
-    endpoints: tuple[str, ...]
-    pool_options: Mapping[str, Any]
-    autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None
+    options: PoolOptions
     telemetry: ShardTelemetry | None = None
 
 
@@ -161,8 +158,7 @@ class DriverSlot:
         journal.truncated = m.truncated
         # Steps whose outcome the shard's client does not know: while any is left the
         # copy is not replayable either (a replay could silently diverge).
-        journal.unknown_steps = list(m.unknown_steps)
-        journal._unknown_ids = [None] * len(m.unknown_steps)
+        journal.carry_unknown(m.unknown_steps)
         if m.actions is None:
             self.actions = None
         else:
@@ -178,10 +174,10 @@ class DriverSlot:
 
 
 class RaySpan:
-    """The shard's span around one call, a child of the driver's span (trace context)."""
+    """Reports the shard's part of a driver's batch, in the driver's trace context."""
 
-    def __init__(self, tel: Telemetry, shard: int, size: int) -> None:
-        self.tel = tel
+    def __init__(self, hook: PoolHook, shard: int, size: int) -> None:
+        self.hook = hook
         self.shard = shard
         self.size = size
 
@@ -192,9 +188,8 @@ class RaySpan:
 
         token = context.attach(propagate.extract(dict(carrier or {})))
         try:
-            attrs = ({ATTR_RAY_SHARD: self.shard, ATTR_POOL_SIZE: self.size,
-                      ATTR_POOL_SLOTS: slots} if self.tel.tracing_enabled() else None)
-            with self.tel.span(SPAN_RAY_SHARD_PREFIX + method, attributes=attrs):
+            with BatchReport(self.hook, BatchStarted(method, self.size, slots,
+                                                     shard=self.shard)):
                 yield
         finally:
             context.detach(token)
@@ -224,20 +219,18 @@ class Shard:
                 metric_export_interval=t.metric_export_interval, set_global=False)
             tracer_provider = self._handle.tracer_provider
             meter_provider = self._handle.meter_provider
-        user = spec.autoreset_kwargs
+        o = spec.options
+        user = o.autoreset_kwargs
         offset = spec.offset
-        self.pool: EnvPool[Any, Any] = EnvPool(
-            list(spec.endpoints), spec.size, **spec.pool_options,
-            autoreset_kwargs=(None if user is None
-                              else lambda i, episode: user(offset + i, episode)),
-            tracer_provider=tracer_provider, meter_provider=meter_provider)
-        self._span = RaySpan(get_telemetry(tracer_provider, meter_provider), spec.shard,
-                             spec.size)
+        arguments = o.arguments()
+        arguments["autoreset_kwargs"] = (None if user is None
+                                         else lambda i, episode: user(offset + i, episode))
+        self.pool: EnvPool[Any, Any] = EnvPool(**arguments, tracer_provider=tracer_provider,
+                                               meter_provider=meter_provider)
+        self._span = RaySpan(pool_telemetry_hook(tracer_provider, meter_provider), spec.shard,
+                             o.size)
         # Per slot: the episode id, journal entries and typed actions already mirrored.
-        self._sent: list[tuple[str | None, int, int]] = [(None, 0, 0)] * spec.size
-        # step_recv calls waiting for an answer: a step_send wakes them, so that they
-        # wait for the new steps too (Ray runs step_send while a step_recv waits).
-        self._recv_waiters: set[asyncio.Event] = set()
+        self._sent: list[tuple[str | None, int, int]] = [(None, 0, 0)] * o.size
 
     async def reset(self, seeds: Sequence[int | None], mask: Sequence[bool],
                     timeout: float | None, kwargs: Mapping[str, Any],
@@ -262,8 +255,6 @@ class Shard:
         """The pool's ``step_send`` on this shard's slots."""
         with self._span("step", carrier, sum(mask)):
             await self.pool.step_send(list(actions), list(mask), timeout=timeout)
-        for event in self._recv_waiters:
-            event.set()
 
     async def step_recv(self, carrier: Mapping[str, str] | None = None) -> ShardAnswer:
         """Wait until at least one sent step answered; collect every answered one.
@@ -272,41 +263,8 @@ class Shard:
         wait (not only the answers of the steps in flight when the wait began).
         """
         with self._span("recv", carrier, 1):
-            waited = await self._until_answered()
-            if waited and self.pool.closed and not self.pool._batches.inflight:
-                # Closed during the wait (its steps cancelled): as the pool's own recv.
-                items: list[SlotResult[Any]] = [None] * self.spec.size
-                for i, task in waited.items():
-                    items[i] = (task.result() if task.done() and not task.cancelled()
-                                else ClientClosedError("the pool was closed during the call"))
-                batch: Batch[Any] = Batch(items, ready=sorted(waited))
-            else:
-                # What has answered by now (nothing in flight: the pool's ValueError).
-                batch = await self.pool.step_recv(1, timeout=0)
+            batch = await self.pool.step_recv_first()
         return self._answer(batch)
-
-    async def _until_answered(self) -> dict[int, asyncio.Task[Any]]:
-        """Return once a sent step has answered (or none is in flight): the sent steps'
-        tasks by slot, as last seen (before the pool forgot them, if it was closed)."""
-        sent = asyncio.Event()
-        self._recv_waiters.add(sent)
-        tasks: dict[int, asyncio.Task[Any]] = {}
-        try:
-            while True:
-                if not self.pool._batches.inflight:
-                    return tasks
-                tasks = dict(self.pool._batches.inflight)
-                if any(t.done() for t in tasks.values()):
-                    return tasks
-                sent.clear()
-                woken = asyncio.ensure_future(sent.wait())
-                try:
-                    await asyncio.wait({*tasks.values(), woken},
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    woken.cancel()
-        finally:
-            self._recv_waiters.discard(sent)
 
     async def restore(self, slots: Mapping[int, SlotRestore],
                       carrier: Mapping[str, str] | None = None
@@ -314,8 +272,9 @@ class Shard:
         """Take over slots of a dead shard; per slot ``None`` or why it is lost."""
         async def one(index: int, r: SlotRestore) -> EnvlinkError | None:
             try:
-                await self.pool._restore(index, r.journal, r.actions, needs_reset=r.needs_reset,
-                                         episodes=r.episodes, reset_kwargs=dict(r.reset_kwargs))
+                await self.pool.restore_slot(index, r.journal, r.actions,
+                                            needs_reset=r.needs_reset, episodes=r.episodes,
+                                            reset_kwargs=r.reset_kwargs)
             except EnvlinkError as exc:
                 return exc
             return None
@@ -347,10 +306,10 @@ class Shard:
                            mirrors=mirrors, view=self.pool.view())
 
     def _mirror(self, index: int) -> SlotMirror:
-        slot = self.pool._slots[index]
+        slot = self.pool.slot_record(index)
         client = slot.client
         needs_reset, episodes = slot.needs_reset, slot.episodes
-        reset_kwargs = dict(slot.reset_kwargs)
+        reset_kwargs = slot.reset_kwargs
         if client is None:
             self._sent[index] = (None, 0, 0)
             return SlotMirror(episode_id=None, needs_reset=needs_reset, episodes=episodes,

@@ -2,7 +2,7 @@
 
 A slot owns at most one :class:`~envlink.EnvClient` (one session) at a time,
 on one endpoint. :class:`SlotEngine` holds what every slot shares (placement,
-client factory, policies, telemetry) and runs the operations of one slot. It
+client factory, policies, hook) and runs the operations of one slot. It
 uses the client's public API only: ``reset``/``step``/``close``, ``journal``,
 ``reconnect_policy`` and the typed errors.
 """
@@ -31,27 +31,13 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._pool.breaker import BreakerState
+from envlink._pool.observer import BreakerChange, PoolEvent, PoolHook
 from envlink._pool.placement import Placement, PoolServer
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled
-from envlink._telemetry import logs as _logging
-from envlink._telemetry.instruments import (
-    Telemetry,
-)
-from envlink.names import (
-    ATTR_BREAKER_STATE,
-    ATTR_PLACEMENT_RESULT,
-    ATTR_SERVER_ADDRESS,
-    ATTR_SERVER_PORT,
-    ATTR_SESSION_STATE,
-    LOG_POOL_BREAKER_CHANGED,
-    LOG_POOL_CAPACITY_WAIT,
-    LOG_POOL_SESSION_MOVED,
-)
+from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED
 
 __all__ = ["Slot", "SlotEngine", "SlotState", "same_answer"]
-
-_log = _logging.get_logger()
 
 # One connection attempt per endpoint while placing: the other endpoints and the
 # breaker take the place of the client's own reconnect loop.
@@ -100,7 +86,7 @@ Verify = Callable[[dict[str, Any], dict[str, Any]], bool]
 
 
 class SlotEngine:
-    """Runs slot operations under the pool's placement, policies and telemetry.
+    """Runs slot operations under the pool's placement and policies, reporting to its hook.
 
     Args:
         placement: the endpoints and the placement rule.
@@ -109,18 +95,18 @@ class SlotEngine:
         capacity: backoff, attempts, elapsed cap and retry budget for waiting
             while every endpoint is full or unreachable.
         verify: compares a recorded answer with a replayed one.
-        tel: telemetry.
+        hook: what the slots' sessions, placements and breakers are reported to.
     """
 
     def __init__(self, placement: Placement, factory: ClientFactory, *,
                  on_session_lost: str, capacity: ReconnectPolicy, verify: Verify,
-                 tel: Telemetry) -> None:
+                 hook: PoolHook) -> None:
         self.placement = placement
         self.factory = factory
         self.on_session_lost = on_session_lost
         self.capacity = capacity
         self.verify = verify
-        self.tel = tel
+        self.hook = hook
         self._changed: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -131,25 +117,18 @@ class SlotEngine:
         old_ep, old_state = slot.endpoint, slot.state
         if old_ep is endpoint and old_state is state:
             return
-        tel = self.tel
+        hook = self.hook
         if old_ep is not None and old_state is not SlotState.EMPTY:
-            tel.add(tel.pool_sessions, -1, self._attrs(old_ep, old_state))
+            hook.sessions_changed(old_ep.host, old_ep.port, old_state.value, -1)
         if endpoint is not None and state is not SlotState.EMPTY:
-            tel.add(tel.pool_sessions, 1, self._attrs(endpoint, state))
+            hook.sessions_changed(endpoint.host, endpoint.port, state.value, 1)
         slot.endpoint, slot.state = endpoint, state
 
-    @staticmethod
-    def _attrs(ep: PoolServer, state: SlotState) -> dict[str, Any]:
-        return {ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
-                ATTR_SESSION_STATE: state.value}
-
     def breaker_changed(self, ep: PoolServer, old: BreakerState, new: BreakerState) -> None:
-        """Hook of every endpoint's breaker: metrics, a log line, wake waiting placements."""
-        self.tel.add(self.tel.pool_breaker_transitions, 1, {
-            ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
-            ATTR_BREAKER_STATE: new.value})
-        _log.warning(LOG_POOL_BREAKER_CHANGED, url=ep.display, old=old.value, new=new.value,
-                     failures=ep.breaker.consecutive_failures)
+        """Callback of every endpoint's breaker: report it, wake waiting placements."""
+        self.hook.breaker_changed(BreakerChange(
+            ep.host, ep.port, ep.display, old.value, new.value,
+            ep.breaker.consecutive_failures))
         self.notify()
 
     def breaker_states(self) -> Iterable[tuple[str, int, str]]:
@@ -168,10 +147,8 @@ class SlotEngine:
             self._changed = asyncio.Event()
         return self._changed
 
-    def _placement_metric(self, ep: PoolServer, result: str) -> None:
-        self.tel.add(self.tel.pool_placements, 1, {
-            ATTR_SERVER_ADDRESS: ep.host, ATTR_SERVER_PORT: ep.port,
-            ATTR_PLACEMENT_RESULT: result})
+    def _report_placement(self, ep: PoolServer, result: str) -> None:
+        self.hook.placement(ep.host, ep.port, result)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -329,8 +306,8 @@ class SlotEngine:
         delay = min(self.placement.next_change(), self.capacity.delay(waits))
         if not math.isfinite(delay):
             delay = self.capacity.max_delay
-        _log.info(LOG_POOL_CAPACITY_WAIT, wait=waits, delay_s=round(delay, 4),
-                  error_type=last.error_type)
+        self.hook.event(PoolEvent(LOG_POOL_CAPACITY_WAIT, {
+            "wait": waits, "delay_s": round(delay, 4), "error_type": last.error_type}))
         event = self._changed_event()
         if testing_enabled():
             delay = min(delay, 0.01)  # set_testing(): no real backoff, still yield
@@ -352,12 +329,12 @@ class SlotEngine:
         except CapacityReachedError as exc:
             placement.refused(ep, active_sessions=exc.active_sessions,
                               max_sessions=exc.max_sessions)
-            self._placement_metric(ep, "capacity_reached")
+            self._report_placement(ep, "capacity_reached")
             self._spawn(self._close_quietly(client))
             return exc
         except (ConnectError, ConnectionLostError, CallTimeoutError) as exc:
             placement.unreachable(ep)
-            self._placement_metric(ep, "unreachable")
+            self._report_placement(ep, "unreachable")
             self._spawn(self._close_quietly(client))
             return exc
         except ServerError:
@@ -374,7 +351,7 @@ class SlotEngine:
             client.reconnect_policy = own_policy
             if placed:
                 placement.placed(ep)
-                self._placement_metric(ep, "placed")
+                self._report_placement(ep, "placed")
                 slot.client = client
                 if slot.actions is None and _custom_payload(client):
                     slot.actions = []
@@ -402,10 +379,10 @@ class SlotEngine:
                     f"slot {slot.index}: the session was lost and could not be rebuilt on "
                     f"another endpoint: {exc}", journal=journal) from exc
             raise
-        _log.info(LOG_POOL_SESSION_MOVED, slot=slot.index,
-                  from_url=old.display if old else None,
-                  to_url=slot.endpoint.display if slot.endpoint else None,
-                  steps=journal.step_count, error_type=cause.error_type)
+        self.hook.event(PoolEvent(LOG_POOL_SESSION_MOVED, {
+            "slot": slot.index, "from_url": old.display if old else None,
+            "to_url": slot.endpoint.display if slot.endpoint else None,
+            "steps": journal.step_count, "error_type": cause.error_type}))
         return result
 
     async def restore(self, slot: Slot, journal: EpisodeJournal,

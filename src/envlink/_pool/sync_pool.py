@@ -23,7 +23,7 @@ from envlink._errors import ClientClosedError, ReentrantCallError
 
 if TYPE_CHECKING:
     from envlink._client.client import StepResult
-    from envlink._pool.pool import EnvPool
+    from envlink._pool.interface import AsyncPool
     from envlink._pool.results import Batch, PoolView
 
 __all__ = ["SyncEnvPool"]
@@ -32,8 +32,8 @@ ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 
 
-class SyncEnvPool(SyncProxy["EnvPool[ActT, ObsT]"], Generic[ActT, ObsT]):
-    """Blocking facade of an :class:`~envlink.EnvPool`; get one with ``pool.sync()``.
+class SyncEnvPool(SyncProxy["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
+    """Blocking facade of an :class:`~envlink.EnvPool` (or a ``RayEnvPool``): ``pool.sync()``.
 
     Same methods as the pool, blocking. ``timeout=`` is the batch deadline; the
     bridge waits that long plus a margin (with neither a ``timeout`` nor the pool's
@@ -46,7 +46,7 @@ class SyncEnvPool(SyncProxy["EnvPool[ActT, ObsT]"], Generic[ActT, ObsT]):
             batch = pool.step([{"move": 1}] * 64)
 
     Args:
-        pool: the async pool.
+        pool: the async pool (either pool: anything that is an ``AsyncPool``).
         bridge: a bridge to share (left open on :meth:`close`); by default the
             process-wide :func:`~envlink.default_bridge` (left open too), or, for a
             pool with its own tracer or meter provider, a bridge of its own on
@@ -54,7 +54,7 @@ class SyncEnvPool(SyncProxy["EnvPool[ActT, ObsT]"], Generic[ActT, ObsT]):
         timeout_margin: seconds the bridge waits beyond the batch deadline.
     """
 
-    def __init__(self, pool: EnvPool[ActT, ObsT], *, bridge: Bridge | None = None,
+    def __init__(self, pool: AsyncPool[ActT, ObsT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN) -> None:
         owns = False
         if bridge is None:
@@ -82,7 +82,7 @@ class SyncEnvPool(SyncProxy["EnvPool[ActT, ObsT]"], Generic[ActT, ObsT]):
         return self._envlink_bridge.call(fn, timeout=wait, method=method)
 
     @property
-    def async_pool(self) -> EnvPool[ActT, ObsT]:
+    def async_pool(self) -> AsyncPool[ActT, ObsT]:
         """The wrapped async pool (use it only from the bridge's loop)."""
         return self._envlink_target
 

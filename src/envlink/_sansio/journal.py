@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, overload
 
@@ -210,6 +211,18 @@ class EpisodeJournal:
         """
         self.unknown_steps.append(_encode(action))
         self._unknown_ids.append(request_id)
+
+    def carry_unknown(self, payloads: Iterable[str]) -> None:
+        """Take the unknown steps of a copy of this journal kept in another process.
+
+        The request ids do not travel with them: no late answer can be matched here,
+        and the steps keep the journal from being replayable until a new reset.
+
+        Args:
+            payloads: the action payloads (JSON text), as in ``unknown_steps``.
+        """
+        self.unknown_steps = list(payloads)
+        self._unknown_ids = [None] * len(self.unknown_steps)
 
     def settle(self, request_id: str, response: dict[str, Any] | str | None) -> bool:
         """The late answer of an unknown step arrived: record it or forget the step.
