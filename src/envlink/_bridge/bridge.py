@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import warnings
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from envlink._bridge.adapters import BridgedContext, iterate
-from envlink._bridge.handoff import Job, outcome_of, perf, request_cancel, start_job, wait_for
+from envlink._bridge.handoff import (
+    TIMEOUT_MAX,
+    Job,
+    create_task,
+    outcome_of,
+    perf,
+    request_cancel,
+)
 from envlink._bridge.hooks import (
     BridgeCallFinished,
     BridgeCallStarted,
@@ -24,6 +32,7 @@ from envlink._config import check_timeout
 from envlink._errors import (
     OUTCOME_CANCELLED,
     OUTCOME_OK,
+    CallTimeoutError,
     ClientClosedError,
     ReentrantCallError,
 )
@@ -211,11 +220,11 @@ class Bridge(LoopThread):
                 # the pending jobs, so a racing close() is either seen here or wakes us.
                 if self._closed:
                     raise RuntimeError("closed")
-                loop.call_soon_threadsafe(start_job, self, job)
+                loop.call_soon_threadsafe(_start_job, self, job)
             except RuntimeError:  # closed, or the loop closed under us
                 error = ClientClosedError("the bridge is closed")
             else:
-                error = wait_for(self, job, loop, timeout, method)
+                error = self._wait_for(job, loop, timeout, method)
             if error is not None:
                 outcome = outcome_of(error, error is not job.exc)
         except BaseException as exc:  # interrupted while waiting
@@ -251,6 +260,51 @@ class Bridge(LoopThread):
             raise error
         finally:
             error = None
+
+    def _start_job(self, job: Job) -> None:
+        """Runs on the loop thread: turn a submitted job into a task."""
+        if job.cancel_sent:
+            # The caller stopped waiting and its cancellation is queued behind us: the
+            # coroutine must not start (an eager task would run it right here).
+            job.cancel_requested = True
+        if job.cancel_requested or self._closed:
+            # Timed out, interrupted or closed before the loop got to it: never start it.
+            if not job.cancel_requested:
+                job.exc = ClientClosedError("the bridge was closed before the call started")
+            job.done = True
+            job.wake()
+            return
+        job.task = create_task(cast(asyncio.AbstractEventLoop, self._loop), job)
+
+    def _wait_for(self, job: Job, loop: asyncio.AbstractEventLoop, timeout: float | None,
+                  method: str) -> BaseException | None:
+        """Block until ``job`` settles; its exception (or the bridge's), ``None`` if it
+        succeeded."""
+        if timeout is None or timeout >= TIMEOUT_MAX or math.isinf(timeout):
+            woke = job.waiter.acquire()
+        else:
+            woke = job.waiter.acquire(timeout=timeout)
+        if woke:
+            exc = job.exc
+            if job.done and not (self._closed and isinstance(exc, asyncio.CancelledError)):
+                return exc
+            # Woken by close(), or cancelled by the loop's shutdown at close.
+            return ClientClosedError("the bridge was closed during the call")
+        # Timed out: cancel on the loop and give the cleanup a bounded grace.
+        request_cancel(job, loop)
+        job.waiter.acquire(timeout=self._cancel_grace)
+        if job.done and not job.cancel_requested:
+            # It finished before the cancellation reached the loop: its own outcome stands.
+            return job.exc
+        exc = job.exc
+        # The bridge cannot tell whether the coroutine's work reached its destination.
+        err = CallTimeoutError(f"bridged call {method!r} timed out after {timeout}s",
+                               method=method, timeout=timeout, outcome_unknown=True)
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):
+            err.__cause__ = exc  # it failed while being cancelled: keep that visible
+        else:
+            err.__suppress_context__ = True
+        return err
 
     def iterate(
         self,
@@ -294,3 +348,8 @@ class Bridge(LoopThread):
             TypeError: ``acm`` is not an async context manager.
         """
         return BridgedContext(self, acm, timeout, method or type(acm).__name__)
+
+
+# The loop runs the function with the bridge as its argument, so that no bound method
+# is built for each call.
+_start_job = Bridge._start_job

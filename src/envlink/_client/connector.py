@@ -1,10 +1,12 @@
 """The asyncio side of a session's connection: open it under the policy, keep it, end it.
 
 What the session core decides about the link (flapping, resumption, a fresh
-server session mid-episode) it decides from :meth:`SessionCore.connected` and
-:meth:`SessionCore.dropped`; this module does the I/O: opening through the
+server session mid-episode) it decides from :meth:`SessionCore.on_connected` and
+:meth:`SessionCore.on_dropped`; this module does the I/O: opening through the
 :class:`~envlink._transports.base.Transport` under the one retry primitive, aborting,
-closing, and ending abandoned server sessions.
+closing, and ending abandoned server sessions. Operations whose every try opens a
+connection (a resend, a resume, a replay) take their retry loop and their phase
+reports from here too.
 """
 
 from __future__ import annotations
@@ -118,6 +120,19 @@ class Connector:
         """Whether a connection is open."""
         return self.conn is not None and self.conn.is_open
 
+    def retry(self, operation: str) -> Retry:
+        """The retry loop of an operation whose every try opens a connection (``resend``,
+        ``resume``, ``replay``): no backoff of its own, since the connect inside each
+        try backs off; each retry spends the retry budget all the same."""
+        return Retry(self.policy, operation=operation, sleep=asyncio.sleep,
+                     clock=self.core.clock, retry_on=_never, backoff=False)
+
+    def report(self, phase: PhaseStarted) -> PhaseReport:
+        """Report ``phase``, with the server's address, around a block."""
+        endpoint = self.endpoint
+        return PhaseReport(self.hook, phase._replace(server_address=endpoint.host,
+                                                     server_port=endpoint.port))
+
     # ------------------------------------------------------------------ opening
 
     async def open(self, method: str, *, reason: str,
@@ -162,10 +177,8 @@ class Connector:
     async def _open_once(self, method: str, attempt: int, reason: str,
                          resume_token: str | None) -> Connection:
         endpoint = self.endpoint
-        phase = PhaseStarted("connect", method, attempt, reason, server_address=endpoint.host,
-                             server_port=endpoint.port)
         try:
-            with PhaseReport(self.hook, phase) as report:
+            with self.report(PhaseStarted("connect", method, attempt, reason)) as report:
                 headers: dict[str, str] = {}
                 propagate.inject(headers)  # the attempt's trace context, to the server
                 if resume_token is not None:
@@ -422,6 +435,10 @@ class Connector:
         """Wait (bounded) for housekeeping still running."""
         if self.background:
             await asyncio.wait(set(self.background), timeout=timeout)
+
+
+def _never(exc: BaseException) -> bool:
+    return False
 
 
 class _AttachRefused(ConnectError):

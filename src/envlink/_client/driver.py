@@ -20,18 +20,17 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from envlink._client.capacity import CapacityGate
-from envlink._client.connector import Connector, DetachedSessionGone
+from envlink._client.connector import Connector
 from envlink._client.events import (
     CallFinished,
     CallStarted,
     ClientEvent,
     ClientHook,
     PhaseFinished,
-    PhaseReport,
     PhaseStarted,
 )
 from envlink._client.propagation import trace_carrier
-from envlink._client.recovery import recover
+from envlink._client.recovery import RecoveryContext, recover
 from envlink._config import ConnectionOptions, Timeout
 from envlink._deadlines import deadline
 from envlink._errors import (
@@ -40,7 +39,6 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ProtocolError,
-    SessionGoneError,
 )
 from envlink._sansio.protocol import (
     ErrorFrame,
@@ -51,7 +49,7 @@ from envlink._sansio.protocol import (
     encode_call,
     server_error,
 )
-from envlink._sansio.retry import Again, Retry, succeeded
+from envlink._sansio.retry import Again, succeeded
 from envlink._sansio.session import (
     Action,
     Call,
@@ -220,7 +218,7 @@ class SessionDriver:
             await asyncio.wait({active}, timeout=seconds)
         await self.connector.wait_background(seconds)
         try:
-            with self.report(PhaseStarted("close", "close")):
+            with self.connector.report(PhaseStarted("close", "close")):
                 await self.connector.close(graceful=True, timeout=seconds)
         finally:
             if self.capacity is not None:
@@ -243,7 +241,7 @@ class SessionDriver:
                 # Anything but a trusted open connection: ask the core what to do.
                 conn = await self._connection_for(method, number)
                 if conn is None:
-                    return await recover(self, call, data, request_id, cause=None)
+                    return await recover(self.recovery(), call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
             # What PhaseReport does, written out: this runs once per call, and the
@@ -267,7 +265,7 @@ class SessionDriver:
                 if decision.action is Action.RESEND:
                     raise Again(exc) from None
                 if decision.action is Action.RECOVER:
-                    return await recover(self, call, data, request_id, cause=exc)
+                    return await recover(self.recovery(), call, data, request_id, cause=exc)
                 assert decision.error is not None
                 raise decision.error from exc
 
@@ -280,7 +278,7 @@ class SessionDriver:
                 first = exc
             else:
                 return succeeded(self.connector.policy, result)
-            return await self.retry("resend").continue_after(first, attempt, start)
+            return await self.connector.retry("resend").continue_after(first, attempt, start)
         except asyncio.CancelledError:
             # A deadline or a cancellation once the frame may be on the wire: the
             # server may have applied it; the journal says so until the client learns
@@ -409,62 +407,10 @@ class SessionDriver:
                 self.connector.drop(DropReason.DISTRUSTED)
             raise
 
-    # ---------------------------------------------- what recovery strategies use
-
-    async def open(self, *, reason: str, resume_token: str | None = None) -> Connection:
-        return await self.connector.open("recover", reason=reason, resume_token=resume_token)
-
-    def drop_connection(self, reason: DropReason) -> None:
-        self.connector.drop(reason)
-
-    async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
-        connector, core = self.connector, self.core
-        try:
-            conn = await connector.open("recover", reason=reason)
-        except DetachedSessionGone as exc:
-            core.detached_id = None
-            restarted = connector.saw_unreachable
-            journal = core.journal
-            what = ("the server was unreachable, then no longer knew the session: it "
-                    "restarted (a restarted OpenEnv server has lost every session)"
-                    if restarted else
-                    "the server no longer knows the session: its idle reaper destroyed it "
-                    "(OpenEnv's session_timeout) or it was closed (openenv/session/close); "
-                    "a stock OpenEnv server does not say which")
-            raise SessionGoneError(
-                f"cannot resume the episode after {journal.step_count} steps: {what}",
-                reason="server_restarted" if restarted else "session_unknown",
-                journal=journal.snapshot()) from exc
-        return conn, connector.attached_count
-
-    def drop_detached(self) -> None:
-        session_id, self.core.detached_id = self.core.detached_id, None
-        if session_id is not None:
-            self.connector.close_detached_later(session_id)
-
-    def retry(self, operation: str) -> Retry:
-        """The retry loop of one operation: no backoff of its own (each try connects)."""
-        return Retry(self.connector.policy, operation=operation, sleep=asyncio.sleep,
-                     clock=self.core.clock, retry_on=_never, backoff=False)
-
-    def report(self, phase: PhaseStarted) -> PhaseReport:
-        """Report ``phase``, with the server's address, around a block."""
-        endpoint = self.connector.endpoint
-        return PhaseReport(self.hook, phase._replace(server_address=endpoint.host,
-                                                     server_port=endpoint.port))
-
-    async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
-        return await self.connector.release(token, count_steps=count_steps)
-
-    async def count_steps(self, conn: Connection) -> int | None:
-        return await self.connector.count_steps(conn)
-
-    def release_later(self, token: str) -> None:
-        self.connector.release_later(token)
-
-
-def _never(exc: BaseException) -> bool:
-    return False
+    def recovery(self) -> RecoveryContext:
+        """What the recovery strategies work with, for one recovery of this session."""
+        return RecoveryContext(self.core, self.connector, self.hook, self.exchange,
+                               self.replay_verify)
 
 
 class _Turn:

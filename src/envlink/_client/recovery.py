@@ -2,10 +2,13 @@
 
 When the connection is lost mid-episode, the session core names the mechanisms
 that apply (:meth:`~envlink._sansio.session.SessionCore.recovery_plan`) and
-:func:`recover` runs it: it reports the loss, ends an abandoned server session,
-runs the strategy, and on any failure leaves the episode marked lost with its
-journal in the error. A new strategy (the stock-OpenEnv resume) is a new class
-registered in :data:`STRATEGIES`, not a new branch in the client.
+:func:`recover` runs their strategies: it reports the loss, ends an abandoned server
+session, runs the strategies in order, and on any failure leaves the episode marked lost
+with its journal in the error. A strategy works with a :class:`RecoveryContext`: the
+session's core, its connector (opening, counting steps, ending sessions, the retry
+loop, phase reports) and the driver's one exchange. A new strategy (the stock-OpenEnv
+resume) is a new class registered in :data:`STRATEGIES`, not a new branch in the
+client.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from envlink._client.events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
+from envlink._client.connector import Connector, DetachedSessionGone
+from envlink._client.events import ClientEvent, ClientHook, PhaseStarted
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -29,7 +34,7 @@ from envlink._errors import (
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import RecoveryMechanism, RecoveryPolicy, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
-from envlink._sansio.retry import Again, Retry
+from envlink._sansio.retry import Again
 from envlink._sansio.session import Call, DropReason, Frame, SessionCore
 from envlink._transports.base import Connection
 from envlink.names import (
@@ -42,9 +47,10 @@ from envlink.names import (
 
 __all__ = [
     "STRATEGIES",
+    "Exchange",
     "OpenEnvResumeStrategy",
     "RaiseStrategy",
-    "RecoveryDriver",
+    "RecoveryContext",
     "RecoveryStrategy",
     "ReplayStrategy",
     "ResumeStrategy",
@@ -54,63 +60,35 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-class RecoveryDriver(Protocol):
-    """What a strategy needs from the client's asyncio driver."""
+class Exchange(Protocol):
+    """One request, one answer, on one connection, no retry (the driver's ``exchange``)."""
+
+    async def __call__(self, conn: Connection, method: str, data: dict[str, Any] | None,
+                       request_id: str | None, *, call: Call | None = None) -> Frame:
+        """Send ``method`` on ``conn`` and return its answer (``call``: the public call
+        whose own request this is; it learns whether its request may be unanswered)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RecoveryContext:
+    """What a recovery strategy works with, built by the driver for one recovery.
+
+    Attributes:
+        core: the session's state and decisions (journal, tokens, request ids).
+        connector: the session's connection: opening it under the reconnect policy,
+            letting it go, counting a session's steps, ending abandoned sessions,
+            the retry loop of a recovery round and its phase reports.
+        hook: where events are reported.
+        exchange: the driver's one request-and-answer on a connection.
+        replay_verify: compares a recorded answer with a replayed one.
+    """
 
     core: SessionCore
+    connector: Connector
     hook: ClientHook
+    exchange: Exchange
     replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool]
-
-    async def open(self, *, reason: str, resume_token: str | None = None) -> Connection:
-        """Open a connection under the reconnect policy."""
-        ...
-
-    async def exchange(self, conn: Connection, method: str, data: dict[str, Any] | None,
-                       request_id: str | None, *, call: Call | None = None) -> Frame:
-        """One request, one answer, on ``conn`` (``call``: the public call's own request)."""
-        ...
-
-    async def count_steps(self, conn: Connection) -> int | None:
-        """The server session's ``step_count``, if it reports one."""
-        ...
-
-    def drop_connection(self, reason: DropReason) -> None:
-        """Let the connection go (failed, or not carrying the episode)."""
-        ...
-
-    def retry(self, operation: str) -> Retry:
-        """The retry loop of one recovery operation."""
-        ...
-
-    def report(self, phase: PhaseStarted) -> PhaseReport:
-        """Report ``phase`` around a block."""
-        ...
-
-    async def attach(self, *, reason: str) -> tuple[Connection, int | None]:
-        """Re-attach to the client's OpenEnv detached session under the reconnect policy.
-
-        Returns:
-            the connection and the session's ``step_count`` read when attaching.
-
-        Raises:
-            SessionGoneError: the server no longer knows the session.
-        """
-        ...
-
-    def drop_detached(self) -> None:
-        """Forget the detached session (gone, or given up: ended in the background)."""
-        ...
-
-    async def release_session(self, token: str, *, count_steps: bool = False) -> int | None:
-        """End an abandoned server session now (bounded, best effort).
-
-        With ``count_steps``, return its ``step_count`` read just before, if any.
-        """
-        ...
-
-    def release_later(self, token: str) -> None:
-        """End an abandoned server session in the background."""
-        ...
 
 
 class RecoveryStrategy(Protocol):
@@ -119,7 +97,7 @@ class RecoveryStrategy(Protocol):
     #: The mechanism it implements.
     name: RecoveryMechanism
 
-    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+    async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
         """Rebuild the session and finish the interrupted call.
 
@@ -135,7 +113,7 @@ class RaiseStrategy:
 
     name = RecoveryMechanism.RAISE
 
-    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+    async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
         return None
 
@@ -145,9 +123,9 @@ class ResumeStrategy:
 
     name = RecoveryMechanism.ENVLINK_RESUME
 
-    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+    async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
-        core, method = driver.core, call.method
+        core, method = ctx.core, call.method
         token = core.resume_token
         if token is None:
             return None
@@ -156,16 +134,16 @@ class ResumeStrategy:
         rid = request_id or core.next_request_id()
 
         async def round_(number: int) -> Frame | None:
-            conn = await driver.open(reason="resume", resume_token=token)
+            conn = await ctx.connector.open("recover", reason="resume", resume_token=token)
             if not conn.extensions.resumed:
                 return None  # the server no longer has the session (grace window over)
-            with _LostMeansAgain(driver):
-                frame = await driver.exchange(conn, method, data, rid, call=call)
+            with _LostMeansAgain(ctx.connector):
+                frame = await ctx.exchange(conn, method, data, rid, call=call)
             if core.journal.unknown_steps:
-                await _settle_from_count(driver, conn, call, frame)
+                await _settle_from_count(ctx, conn, call, frame)
             return frame
 
-        return await _rounds(driver, "resume", round_, lambda number: PhaseStarted(
+        return await _rounds(ctx, "resume", round_, lambda number: PhaseStarted(
             "resume", method, number, mechanism=self.name.value))
 
 
@@ -183,15 +161,15 @@ class OpenEnvResumeStrategy:
 
     name = RecoveryMechanism.OPENENV_RESUME
 
-    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+    async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
-        core, method = driver.core, call.method
+        core, method = ctx.core, call.method
         if core.detached_id is None:
             return None
         journal = core.journal
 
         async def round_(number: int) -> Frame:
-            conn, count = await driver.attach(reason="resume")
+            conn, count = await _attach(ctx, reason="resume")
             # What may have reached the old socket unanswered: earlier steps cut by
             # a deadline, and this call's own request.
             own = call.unanswered and method in ("step", "mcp")
@@ -200,7 +178,7 @@ class OpenEnvResumeStrategy:
             if journal.unknown_steps:
                 before, pending = journal.steps_applied, len(journal.unknown_steps)
                 applied = None if count is None else journal.settle_applied(count)
-                driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                ctx.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
                     "applied": applied, "source": "step_count"}))
                 if applied is None:
                     call.unanswered = False
@@ -223,34 +201,65 @@ class OpenEnvResumeStrategy:
                     "the connection was lost after an mcp tools/call was sent; a tool "
                     "call does not count as a step, so whether the server ran it "
                     "cannot be told; it is not resent", applied=None)
-            with _LostMeansAgain(driver):
-                return await driver.exchange(conn, method, data, core.next_request_id(),
-                                             call=call)
+            with _LostMeansAgain(ctx.connector):
+                return await ctx.exchange(conn, method, data, core.next_request_id(),
+                                          call=call)
 
-        return await _rounds(driver, "resume", round_, lambda number: PhaseStarted(
+        return await _rounds(ctx, "resume", round_, lambda number: PhaseStarted(
             "resume", method, number, mechanism=self.name.value))
 
 
-async def _rounds(driver: RecoveryDriver, operation: str,
+async def _attach(ctx: RecoveryContext, *, reason: str) -> tuple[Connection, int | None]:
+    """Re-attach to the client's OpenEnv detached session under the reconnect policy.
+
+    Returns:
+        the connection and the session's ``step_count`` read when attaching.
+
+    Raises:
+        SessionGoneError: the server no longer knows the session.
+    """
+    connector, core = ctx.connector, ctx.core
+    try:
+        conn = await connector.open("recover", reason=reason)
+    except DetachedSessionGone as exc:
+        core.detached_id = None
+        restarted = connector.saw_unreachable
+        journal = core.journal
+        what = ("the server was unreachable, then no longer knew the session: it "
+                "restarted (a restarted OpenEnv server has lost every session)"
+                if restarted else
+                "the server no longer knows the session: its idle reaper destroyed it "
+                "(OpenEnv's session_timeout) or it was closed (openenv/session/close); "
+                "a stock OpenEnv server does not say which")
+        raise SessionGoneError(
+            f"cannot resume the episode after {journal.step_count} steps: {what}",
+            reason="server_restarted" if restarted else "session_unknown",
+            journal=journal.snapshot()) from exc
+    return conn, connector.attached_count
+
+
+async def _rounds(ctx: RecoveryContext, operation: str,
                   body: Callable[[int], Awaitable[_T]],
                   phase: Callable[[int], PhaseStarted]) -> _T:
     """The recovery round: each try of ``body`` reported as its phase, under the
     retry loop of ``operation`` (a lost connection asks for another round)."""
 
+    connector = ctx.connector
+
     async def round_(number: int) -> _T:
-        with driver.report(phase(number)):
+        with connector.report(phase(number)):
             return await body(number)
 
-    return await driver.retry(operation).run(round_)
+    return await connector.retry(operation).run(round_)
 
 
 class _LostMeansAgain:
     """A connection lost inside the block is dropped and the round tried again."""
 
-    __slots__ = ("_driver",)
+    __slots__ = ("_connector",)
 
-    def __init__(self, driver: RecoveryDriver) -> None:
-        self._driver = driver
+    def __init__(self, connector: Connector) -> None:
+        self._connector = connector
 
     def __enter__(self) -> None:
         return None
@@ -258,7 +267,7 @@ class _LostMeansAgain:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if isinstance(exc, ConnectionLostError):
-            self._driver.drop_connection(DropReason.FAILED)
+            self._connector.drop(DropReason.FAILED)
             raise Again(exc) from None
 
 
@@ -267,27 +276,27 @@ class ReplayStrategy:
 
     name = RecoveryMechanism.REPLAY
 
-    async def recover(self, driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+    async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
-        core, method = driver.core, call.method
+        core, method = ctx.core, call.method
         journal = core.journal
         if not journal.replayable:
             return None
 
         async def round_(number: int) -> Frame:
-            conn = await driver.open(reason="replay")
-            with _LostMeansAgain(driver):
-                await _replay(driver, conn, journal)
-                return await driver.exchange(conn, method, data, core.next_request_id(),
-                                             call=call)
+            conn = await ctx.connector.open("recover", reason="replay")
+            with _LostMeansAgain(ctx.connector):
+                await _replay(ctx, conn, journal)
+                return await ctx.exchange(conn, method, data, core.next_request_id(),
+                                          call=call)
 
-        return await _rounds(driver, "replay", round_, lambda number: PhaseStarted(
+        return await _rounds(ctx, "replay", round_, lambda number: PhaseStarted(
             "replay", method, number, replay_steps=journal.step_count,
             mechanism=self.name.value))
 
 
-async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJournal) -> None:
-    core = driver.core
+async def _replay(ctx: RecoveryContext, conn: Connection, journal: EpisodeJournal) -> None:
+    core, exchange = ctx.core, ctx.exchange
 
     def check(index: int, recorded: dict[str, Any] | None, frame: Frame) -> None:
         if isinstance(frame, ErrorFrame):
@@ -299,8 +308,8 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
                 f"{frame.data.message}", journal=journal.snapshot(),
             ) from server_error(frame)
         actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
-        if recorded is None or not driver.replay_verify(recorded, actual):
-            driver.hook.event(ClientEvent(LOG_REPLAY_DIVERGED, core.session_id,
+        if recorded is None or not ctx.replay_verify(recorded, actual):
+            ctx.hook.event(ClientEvent(LOG_REPLAY_DIVERGED, core.session_id,
                                           {"index": index}))
             raise ReplayDivergedError(
                 f"replay diverged at {'reset' if index < 0 else f'step {index}'}: the server "
@@ -308,9 +317,9 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
                 expected=recorded, actual=actual, journal=journal.snapshot())
 
     check(-1, journal.reset_response,
-          await driver.exchange(conn, "reset", journal.reset_kwargs, core.next_request_id()))
+          await exchange(conn, "reset", journal.reset_kwargs, core.next_request_id()))
     for index, entry in enumerate(journal.entries):
-        frame = await driver.exchange(conn, "step", entry.action, core.next_request_id())
+        frame = await exchange(conn, "step", entry.action, core.next_request_id())
         if entry.response_json is None and isinstance(frame, ObservationFrame):
             # Applied on the old session, its answer lost: nothing to compare; the
             # journal takes the answer the rebuilt session gave.
@@ -321,18 +330,18 @@ async def _replay(driver: RecoveryDriver, conn: Connection, journal: EpisodeJour
     core.recovered()
 
 
-async def _settle_from_count(driver: RecoveryDriver, conn: Connection, call: Call,
+async def _settle_from_count(ctx: RecoveryContext, conn: Connection, call: Call,
                              frame: Frame) -> None:
     """After a resume, settle steps of unknown outcome from the session's step count."""
-    core = driver.core
+    core = ctx.core
     # Until the call returns, a cut here leaves its own (applied) step unknown.
     call.unanswered = True
     with contextlib.suppress(EnvlinkError):
-        count = await driver.count_steps(conn)
+        count = await ctx.connector.count_steps(conn)
         # The count includes the call's own step if the server applied it.
         own = call.method == "step" and isinstance(frame, ObservationFrame)
         if core.settle_count(count, own_applied=own):
-            driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+            ctx.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
                 "applied": False, "source": "step_count"}))
     call.unanswered = False
 
@@ -344,7 +353,7 @@ STRATEGIES: Mapping[RecoveryMechanism, RecoveryStrategy] = {
 }
 
 
-async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | None,
+async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                   request_id: str | None, *, cause: BaseException | None,
                   strategies: Mapping[RecoveryMechanism, RecoveryStrategy] = STRATEGIES
                   ) -> Frame:
@@ -354,19 +363,21 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         SessionLostError: the episode could not be carried on (with its journal);
             ``ReplayDivergedError`` when replay answered differently.
     """
-    core, method = driver.core, call.method
+    core, connector, hook, method = ctx.core, ctx.connector, ctx.hook, call.method
     policy = core.on_session_lost
     journal = core.journal
     mechanism = core.mechanism
-    driver.hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
+    hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
         "method": method, "policy": policy.value, "steps": journal.step_count,
         "error": str(cause) if cause else None, "mechanism": mechanism.value}))
     token = core.resume_token
     result = "failed"
     resuming = policy in (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
-    if core.detached_id is not None and not resuming:
+    detached = core.detached_id
+    if detached is not None and not resuming:
         # An OpenEnv detached session this policy will not resume: end it.
-        driver.drop_detached()
+        core.detached_id = None
+        connector.close_detached_later(detached)
     if token is not None and not resuming:
         # The server keeps the detached session for its grace window: end it, so it
         # does not hold a slot (replay needs one right away; "raise" does not wait).
@@ -374,13 +385,12 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         if policy is RecoveryPolicy.REPLAY:
             # Steps of unknown outcome are settled from the old session's own count
             # first, where it can tell (the session still exists and reports one).
-            count = await driver.release_session(token,
-                                                 count_steps=bool(journal.unknown_steps))
+            count = await connector.release(token, count_steps=bool(journal.unknown_steps))
             if core.settle_count(count):
-                driver.hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
+                hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
                     "applied": False, "source": "step_count"}))
         else:
-            driver.release_later(token)
+            connector.release_later(token)
     # After the old session's count settled what it could (replay may apply now).
     plan = core.recovery_plan()
     try:
@@ -388,13 +398,12 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
             frame = None
             for index, name in enumerate(plan):
                 try:
-                    frame = await strategies[name].recover(driver, call, data, request_id,
-                                                           cause)
+                    frame = await strategies[name].recover(ctx, call, data, request_id, cause)
                 except SessionGoneError as exc:
                     if index + 1 == len(plan):
                         raise
                     # "auto": resuming is impossible, the next strategy rebuilds.
-                    driver.hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
+                    hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
                         "mechanism": name.value, "next": plan[index + 1].value,
                         "reason": exc.reason}))
                     continue
@@ -431,10 +440,10 @@ async def recover(driver: RecoveryDriver, call: Call, data: dict[str, Any] | Non
         if isinstance(exc, ReplayDivergedError):
             result = "diverged"
         # Whatever was half rebuilt is not the episode: never run a later call on it.
-        driver.drop_connection(DropReason.DISTRUSTED)
+        connector.drop(DropReason.DISTRUSTED)
         core.recovery_failed()
         raise
     finally:
-        driver.hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
+        hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
             "policy": policy.value, "result": result, "steps": journal.step_count,
             "mechanism": mechanism.value}))

@@ -5,15 +5,18 @@ OpenTelemetry, and an injectable clock. What comes in:
 
 - what the caller asks (:meth:`SessionCore.check_call`, :meth:`SessionCore.encode`);
 - frames received (:meth:`SessionCore.receive`) and answers (:meth:`SessionCore.answered`);
-- a connection opened (:meth:`SessionCore.connected`) or lost, with its request
-  written or not (:meth:`SessionCore.after_failure`, :meth:`SessionCore.dropped`);
+- a connection opened (:meth:`SessionCore.on_connected`) or let go
+  (:meth:`SessionCore.on_dropped`), a request lost with it, written or not
+  (:meth:`SessionCore.after_failure`);
 - a deadline expired (:meth:`SessionCore.deadline_expired`).
 
 What goes out: the text to send, the frame for the caller, or a decision
 (:class:`Preflight` before a send; :class:`Decision` after a failure: resend,
-recover by which strategy, or fail with which typed error). The asyncio driver
-(:class:`~envlink._client.driver.SessionDriver`) does the I/O these decisions call
-for and nothing else.
+recover by which strategy, or fail with which typed error; the recovery plan of
+:meth:`SessionCore.recovery_plan`). Each method's docstring says what the caller
+must do next. The asyncio driver (:class:`~envlink._client.driver.SessionDriver`),
+its connector and the recovery strategies do the I/O these decisions call for and
+nothing else.
 """
 
 from __future__ import annotations
@@ -200,49 +203,15 @@ _RESUMING = (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
 _REPLAYING = (RecoveryPolicy.REPLAY, RecoveryPolicy.AUTO)
 
 
-class _Planning:
-    """How a lost session would be carried on (a base of :class:`SessionCore`)."""
-
-    on_session_lost: RecoveryPolicy
-    journal: EpisodeJournal
-    resume_token: str | None
-    detached_id: str | None
-    detached_offered: bool | None
-    #: OpenEnv's production mode: tool calls go over ``POST /mcp`` to this session.
-    production: bool
-
-    @property
-    def wants_detached(self) -> bool:
-        """Whether to hold the session as an OpenEnv detached session (to resume it, or to
-        reach it over ``POST /mcp`` in production mode)."""
-        return (self.production or self.on_session_lost in _RESUMING) and (
-            self.detached_offered is not False)
-
-    def recovery_plan(self) -> list[RecoveryMechanism]:
-        """The mechanisms to try now, in order: ``resume``/``auto`` use envlink's token,
-        else an OpenEnv detached session; ``auto`` then ``replay``. Empty: none applies."""
-        policy = self.on_session_lost
-        plan: list[RecoveryMechanism] = []
-        if policy in _RESUMING:
-            if self.resume_token is not None:
-                plan.append(RecoveryMechanism.ENVLINK_RESUME)
-            elif self.detached_id is not None:
-                plan.append(RecoveryMechanism.OPENENV_RESUME)
-        if policy in _REPLAYING and self.journal.replayable:
-            plan.append(RecoveryMechanism.REPLAY)
-        return plan
-
-    @property
-    def mechanism(self) -> RecoveryMechanism:
-        """How a lost session would be recovered now (``client.recovery``): the first of
-        :meth:`recovery_plan`, ``raise`` when none applies."""
-        plan = self.recovery_plan()
-        return plan[0] if plan else RecoveryMechanism.RAISE
-
-
-
-class SessionCore(_Planning):
+class SessionCore:
     """The protocol state of one client session, and every decision about it.
+
+    One call goes: :meth:`check_call`, :meth:`preflight` (and what it asks for),
+    :meth:`next_request_id` and :meth:`encode`, then :meth:`receive` for each frame
+    read until the answer, then :meth:`answered`. A lost connection goes to
+    :meth:`after_failure`, an expired deadline to :meth:`deadline_expired` and
+    :meth:`interrupted`; a lost episode is carried on by the strategies of
+    :meth:`recovery_plan`.
 
     Args:
         policy: the reconnect policy (``stable_after`` and ``max_attempts`` for
@@ -260,6 +229,11 @@ class SessionCore(_Planning):
         session_id: the session's public id (the server's, else ours); never the
             resume token.
         resume_token: the secret token for resuming the server session, if offered.
+        detached_id: the OpenEnv detached session held (a capability, never logged).
+        detached_offered: whether the server offers detached sessions (``None``:
+            not known yet).
+        production: OpenEnv's production mode: tool calls go over ``POST /mcp`` to
+            the detached session.
     """
 
     def __init__(
@@ -281,7 +255,6 @@ class SessionCore(_Planning):
         self.extensions = Extensions()
         self.session_id: str | None = None
         self.resume_token: str | None = None
-        #: The OpenEnv detached session held (a capability, never logged); offered?
         self.detached_id: str | None = None
         self.detached_offered: bool | None = None
         self.production = False
@@ -300,6 +273,8 @@ class SessionCore(_Planning):
     def check_call(self, method: str) -> None:
         """Refuse a call the session cannot serve.
 
+        After calling this method: call :meth:`preflight` before sending.
+
         Raises:
             SessionLostError: the episode was lost; only ``reset`` may start anew.
         """
@@ -312,7 +287,11 @@ class SessionCore(_Planning):
             )
 
     def next_request_id(self, *, always: bool = False) -> str | None:
-        """A fresh request id if the connection negotiated ids (or ``always``), else ``None``."""
+        """A fresh request id if the connection negotiated ids (or ``always``), else ``None``.
+
+        After calling this method: call :meth:`encode` with it, and pass it to
+        :meth:`receive` for every frame read until the answer.
+        """
         if not (always or self.extensions.enabled):
             return None
         return f"{self._id_prefix}-{next(self._ids)}"
@@ -324,13 +303,28 @@ class SessionCore(_Planning):
         Envelope extensions (id, trace context) are set only with a request id,
         which exists only when the server negotiated them.
 
+        After calling this method: send the text, then read frames through
+        :meth:`receive`.
+
         Raises:
             TypeError: ``data`` is not a JSON object with string keys.
         """
         return encode_call(method, data, request_id, trace)
 
     def preflight(self, method: str, *, connection_open: bool) -> Preflight:
-        """What to do before sending ``method``."""
+        """What to do before sending ``method``.
+
+        After calling this method, for what it returns:
+
+        - ``SEND``: send on the current connection.
+        - ``PROBE``: health-check the connection and call :meth:`probed`.
+        - ``REPLACE``: let the connection go (:meth:`on_dropped` with
+          ``DISTRUSTED``), end its server session if :attr:`resume_token` names
+          one, then open a new connection.
+        - ``CONNECT``: open a connection and call :meth:`on_connected`.
+        - ``RECOVER``: carry the episode on with the strategies of
+          :meth:`recovery_plan`.
+        """
         if self.link is Link.SUSPECT and connection_open:
             return Preflight.REPLACE if method == "reset" else Preflight.PROBE
         if self.link is Link.NONE or not connection_open:
@@ -341,7 +335,12 @@ class SessionCore(_Planning):
         return Preflight.SEND
 
     def probed(self, alive: bool) -> None:
-        """The health check of a suspect connection answered (or not)."""
+        """The health check of a suspect connection answered (or not).
+
+        After calling this method: send if it was alive; else let the connection go
+        (:meth:`on_dropped` with ``DISTRUSTED``) and call :meth:`preflight` again
+        with ``connection_open=False``.
+        """
         # Cleared only once the probe has really answered: a probe cut short by a
         # deadline leaves the connection suspect, so the next call probes it again.
         self.link = Link.OPEN if alive else Link.NONE
@@ -356,6 +355,13 @@ class SessionCore(_Planning):
         Returns:
             the answer, or :class:`Dropped` for the late answer of an earlier,
             timed-out request (it is never delivered to this call).
+
+        After calling this method: on :class:`Dropped`, read the next frame; on an
+        answer of the wrong kind, call :meth:`unexpected_frame`; on any other
+        answer (an error frame included), the exchange is over, and a successful
+        one goes to :meth:`answered`. On ``ProtocolError`` call
+        :meth:`protocol_error`; on ``ConnectionLostError`` treat the connection as
+        lost (:meth:`after_failure`).
 
         Raises:
             ProtocolError: the frame is malformed (and could answer nothing late).
@@ -400,6 +406,8 @@ class SessionCore(_Planning):
         The server may have applied it: a step stays in the journal's unknown steps
         until the client learns its outcome; a reset may have started a new episode,
         so the old one cannot be carried on.
+
+        After calling this method: let the cancellation or timeout propagate.
         """
         if not call.unanswered:
             return
@@ -414,6 +422,9 @@ class SessionCore(_Planning):
         Args:
             count: the session's ``step_count``, if the server reported one.
             own_applied: the count includes the interrupted call's own step.
+
+        Returns:
+            whether unknown steps were settled (as not applied): report it.
         """
         if count is None or not self.journal.unknown_steps:
             return False
@@ -429,15 +440,22 @@ class SessionCore(_Planning):
         )
 
     def unexpected_frame(self, frame: Frame, expected: type[Any], method: str) -> ProtocolError:
-        """A valid frame of the wrong kind: on the plain protocol the stream is out of step."""
+        """A valid frame of the wrong kind: on the plain protocol the stream is out of step.
+
+        After calling this method: let the connection go (:meth:`on_dropped` with
+        ``DISTRUSTED``) and raise the returned error.
+        """
         self.link = Link.NONE
         return ProtocolError(f"expected a {expected.__name__} in answer to {method}, "
                              f"got a {frame.type!r} frame")
 
     def protocol_error(self) -> bool:
-        """A malformed frame: whether the connection must be discarded.
+        """A malformed frame: whether the connection must be let go.
 
         Without request ids a bad frame leaves the stream's alignment unknown.
+
+        After calling this method: if it returned ``True``, let the connection go
+        (:meth:`on_dropped` with ``DISTRUSTED``); raise the ``ProtocolError`` either way.
         """
         if self.extensions.enabled:
             return False
@@ -475,6 +493,10 @@ class SessionCore(_Planning):
             its answer may still come: with a request id it will be recognised and
             dropped (the connection becomes suspect); without, it would be read by
             the next call, so the connection must go.
+
+        After calling this method: if it returned ``False``, let the connection go
+        (:meth:`on_dropped` with ``DISTRUSTED``); then call :meth:`interrupted` for
+        the public call it cut.
         """
         if not sent:
             return True
@@ -494,6 +516,12 @@ class SessionCore(_Planning):
             exc: the failure.
             written: whether the request may have reached the server (``False``
                 only when it provably never left).
+
+        Before calling this method: let the connection go (:meth:`on_dropped` with
+        ``FAILED``). After, for the decision's action: ``RESEND``, send again on a
+        new connection under the retry policy; ``RECOVER``, carry the episode on
+        with the strategies of :meth:`recovery_plan`; ``FAIL``, raise
+        ``decision.error`` from the failure.
         """
         if self.episode is Episode.ACTIVE and method != "reset":
             # A new connection is a new server session: only recovery continues the
@@ -507,7 +535,10 @@ class SessionCore(_Planning):
         ))
 
     def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
-        """The error for an episode that no strategy could carry on."""
+        """The error for an episode that no strategy could carry on.
+
+        After calling this method: call :meth:`recovery_failed` and raise the error.
+        """
         policy, journal = self.on_session_lost, self.journal
         if policy is RecoveryPolicy.REPLAY and journal.unknown_steps:
             return SessionLostError(
@@ -536,7 +567,11 @@ class SessionCore(_Planning):
             f"continue after {journal.step_count} steps", journal=journal.snapshot())
 
     def recovery_failed(self) -> None:
-        """Recovery failed: whatever was half rebuilt is not the episode."""
+        """Recovery failed: whatever was half rebuilt is not the episode.
+
+        After calling this method: let the connection go (:meth:`on_dropped` with
+        ``DISTRUSTED``) if it is still held; later calls raise until ``reset``.
+        """
         self.link = Link.NONE
         self.episode = Episode.LOST
         self.lost_journal = self.journal.snapshot()
@@ -556,7 +591,11 @@ class SessionCore(_Planning):
 
     def on_connected(self, extensions: Extensions, *, reattached: bool = False) -> None:
         """A connection opened: fresh, re-attached by token, or ``reattached`` to the
-        OpenEnv detached session the client already held (the same server session)."""
+        OpenEnv detached session the client already held (the same server session).
+
+        After calling this method: the connection is trusted; a fresh server session
+        in mid-episode has lost the episode, which only replay rebuilds.
+        """
         self.link = Link.OPEN
         self.extensions = extensions
         self.late.clear()
@@ -595,6 +634,9 @@ class SessionCore(_Planning):
     def connect_attempts_used(self, where: str) -> int:
         """Connection attempts this outage has already used (a flapping connection).
 
+        Call this method before opening a connection, and :meth:`connects_made`
+        once it opened.
+
         Raises:
             ConnectionLostError: the connection keeps dropping: reported once, the
                 next call starts a new outage.
@@ -617,3 +659,43 @@ class SessionCore(_Planning):
         """A connection opened after ``tries`` attempts."""
         if self._short_lived:
             self._flap_attempts += tries
+
+    # -------------------------------------------------------------------- recovery
+
+    @property
+    def wants_detached(self) -> bool:
+        """Whether to hold the session as an OpenEnv detached session (to resume it,
+        or to reach it over ``POST /mcp`` in production mode).
+
+        Read it before opening a connection: when ``True``, create the detached
+        session (set :attr:`detached_id` and :attr:`detached_offered`) or re-attach
+        to the one held.
+        """
+        return (self.production or self.on_session_lost in _RESUMING) and (
+            self.detached_offered is not False)
+
+    def recovery_plan(self) -> list[RecoveryMechanism]:
+        """The mechanisms to try now, in order: ``resume``/``auto`` use envlink's token,
+        else an OpenEnv detached session; ``auto`` then ``replay``. Empty: none applies.
+
+        After calling this method: run the strategies in order until one finishes
+        the interrupted call. If none does, raise :meth:`cannot_recover`; if one
+        fails, call :meth:`recovery_failed` and raise.
+        """
+        policy = self.on_session_lost
+        plan: list[RecoveryMechanism] = []
+        if policy in _RESUMING:
+            if self.resume_token is not None:
+                plan.append(RecoveryMechanism.ENVLINK_RESUME)
+            elif self.detached_id is not None:
+                plan.append(RecoveryMechanism.OPENENV_RESUME)
+        if policy in _REPLAYING and self.journal.replayable:
+            plan.append(RecoveryMechanism.REPLAY)
+        return plan
+
+    @property
+    def mechanism(self) -> RecoveryMechanism:
+        """How a lost session would be recovered now (``client.recovery``): the first of
+        :meth:`recovery_plan`, ``raise`` when none applies."""
+        plan = self.recovery_plan()
+        return plan[0] if plan else RecoveryMechanism.RAISE
