@@ -30,7 +30,6 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._client.state import State
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -67,6 +66,7 @@ from envlink._launch.spaces import hf_space_subdomain
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sansio.session_limits import Limits, get_limits, set_limits
+from envlink._sansio.state import State
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

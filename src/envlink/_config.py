@@ -6,8 +6,9 @@ import enum
 import math
 import numbers
 from dataclasses import dataclass, fields
-from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Final, TypeGuard, cast
+
+from envlink._sansio.redact import redact_url
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -17,7 +18,9 @@ __all__ = [
     "TimeoutTypes",
     "UnsetType",
     "check_count",
+    "check_number",
     "check_timeout",
+    "is_int",
 ]
 
 
@@ -31,6 +34,90 @@ class UnsetType(enum.Enum):
 
 
 UNSET: Final = UnsetType.UNSET
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_number(
+    value: object,
+    name: str,
+    *,
+    integer: bool = False,
+    above: float | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    finite: bool = False,
+    optional: bool = False,
+    expected: str | None = None,
+    kind: str | None = None,
+    mistyped: type[Exception] = TypeError,
+) -> None:
+    """Refuse a number a caller gave that is mistyped or out of bounds: the one validator.
+
+    A bool is never a number here, and NaN is never within bounds. Every check of a
+    timeout, delay, limit, size or count in envlink goes through this function, so
+    they all refuse the same things.
+
+    Args:
+        value: what the caller passed.
+        name: the parameter's name, for the message.
+        integer: require an integral number; else any real number.
+        above: the value must be greater than this.
+        minimum: the value must be at least this.
+        maximum: the value must be at most this.
+        finite: refuse infinity too.
+        optional: let ``None`` through.
+        expected: what the value must be, for the out-of-bounds message
+            (``"{name} must be {expected}, got {value!r}"``); by default it is said
+            from the bounds (``"positive"``, ``">= 1"``, ``"within 0..1"``).
+        kind: what the value must be, for the wrong-type message
+            (``"{name} must be {kind}, got {type} {value!r}"``); by default
+            ``"an int"`` or ``"a number"``.
+        mistyped: the error for a value of the wrong type; a ``ValueError`` there
+            gives the out-of-bounds message, for parameters that never told the two apart.
+
+    Raises:
+        TypeError: ``value`` is not a number (or not an int), unless ``mistyped`` says
+            otherwise.
+        ValueError: ``value`` is NaN, out of bounds, or infinite with ``finite``.
+    """
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(
+            value, numbers.Integral if integer else numbers.Real):
+        if mistyped is TypeError:
+            if kind is None:
+                kind = ("an int" if integer else "a number") + (" or None" if optional else "")
+            raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+        raise mistyped(_out_of_bounds(value, name, above, minimum, maximum, optional, expected))
+    number = float(value)
+    if (math.isnan(number) or (above is not None and not number > above)
+            or (minimum is not None and not number >= minimum)
+            or (maximum is not None and not number <= maximum)
+            or (finite and math.isinf(number))):
+        raise ValueError(_out_of_bounds(value, name, above, minimum, maximum, optional,
+                                        expected))
+
+
+def _out_of_bounds(value: object, name: str, above: float | None, minimum: float | None,
+                   maximum: float | None, optional: bool, expected: str | None) -> str:
+    if expected is None:
+        if minimum is not None and maximum is not None:
+            expected = f"within {minimum:g}..{maximum:g}"
+        elif above == 0:
+            expected = "positive"
+        elif above is not None:
+            expected = f"> {above:g}"
+        elif minimum is not None:
+            expected = f">= {minimum:g}"
+        else:
+            expected = f"<= {maximum:g}"
+        if optional:
+            expected += " or None"
+    return f"{name} must be {expected}, got {value!r}"
 
 
 def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = False
@@ -51,18 +138,12 @@ def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = Fa
     """
     if value is None:
         return None
-    if type(value) is float:  # the common case, per bridged call: no ABC check
-        if value > 0 or (allow_zero and value == 0):  # NaN fails both comparisons
-            return value
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds or None, "
-                        f"got {type(value).__name__} {value!r}")
-    seconds = float(value)
-    ok = seconds >= 0 if allow_zero else seconds > 0
-    if math.isnan(seconds) or not ok:
-        bound = ">= 0" if allow_zero else "positive"
-        raise ValueError(f"{name} must be a {bound} number of seconds or None, got {value!r}")
-    return seconds
+    if type(value) is float and (value > 0 or (allow_zero and value == 0)):
+        return value  # the common case, per bridged call: no ABC check (NaN fails both)
+    check_number(value, name, above=None if allow_zero else 0,
+                 minimum=0 if allow_zero else None, kind="a number of seconds or None",
+                 expected=f"a {'>= 0' if allow_zero else 'positive'} number of seconds or None")
+    return float(cast("numbers.Real", value))
 
 
 def check_count(value: object, name: str, *, minimum: int = 0) -> int:
@@ -72,11 +153,8 @@ def check_count(value: object, name: str, *, minimum: int = 0) -> int:
         TypeError: not an ``int``.
         ValueError: below ``minimum``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
+    check_number(value, name, integer=True, minimum=minimum)
+    return int(cast("numbers.Integral", value))
 
 
 _DEFAULT_CONNECT = 10.0
@@ -138,8 +216,8 @@ class Timeout:
         self.call: float | None = pick(call, _DEFAULT_CALL)
         self.close: float | None = pick(close, _DEFAULT_CLOSE)
         for name, wait in (("probe", probe), ("release", release)):
-            if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {wait!r}")
+            check_number(wait, name, above=0, mistyped=ValueError,
+                         expected="a positive number of seconds")
         self.probe: float = float(probe)
         self.release: float = float(release)
 
@@ -212,14 +290,13 @@ class ConnectionOptions:
     last_frame_wait: float = 0.05
 
     def __post_init__(self) -> None:
-        if not self.close_timeout > 0 or not self.last_frame_wait >= 0:
-            raise ValueError("close_timeout must be positive and last_frame_wait >= 0")
+        check_number(self.close_timeout, "close_timeout", above=0)
+        check_number(self.last_frame_wait, "last_frame_wait", minimum=0)
         if self.compression not in (None, "deflate"):
             raise ValueError(f"compression must be None or 'deflate', got {self.compression!r}")
-        if self.max_message_size <= 0:
-            raise ValueError("max_message_size must be positive")
-        if self.max_message_values is not None and self.max_message_values <= 0:
-            raise ValueError("max_message_values must be positive or None")
+        check_number(self.max_message_size, "max_message_size", integer=True, above=0)
+        check_number(self.max_message_values, "max_message_values", integer=True, above=0,
+                     optional=True)
         _check_headers(self.headers)
         if self.ssl is not None and (isinstance(self.ssl, bool) or not all(
                 hasattr(self.ssl, a) for a in ("wrap_socket", "wrap_bio", "check_hostname"))):
@@ -239,18 +316,9 @@ class ConnectionOptions:
             if f.name == "headers":
                 value = tuple((k, "REDACTED") for k, _ in value)
             elif f.name == "proxy" and isinstance(value, str):
-                value = _without_userinfo(value)
+                value = redact_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"ConnectionOptions({', '.join(shown)})"
-
-
-def _without_userinfo(url: str) -> str:
-    # The proxy's own credentials (http://user:password@proxy:3128) are never shown.
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 # RFC 9110 token characters: what a header name may be made of.

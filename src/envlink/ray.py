@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from opentelemetry import propagate
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, check_number, is_int
 from envlink._deadlines import bounded
 from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
 from envlink._pool import (
@@ -157,13 +157,11 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         meter_provider: MeterProvider | None = None,
         **options: Unpack[PoolArguments],
     ) -> None:
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"shards must be a positive integer, got {shards!r}")
-        if isinstance(size, int) and not isinstance(size, bool) and 0 < size < shards:
+        check_number(shards, "shards", integer=True, minimum=1, mistyped=ValueError,
+                     expected="a positive integer")
+        if is_int(size) and 0 < size < shards:
             raise ValueError(f"shards ({shards}) cannot exceed size ({size})")
-        if not shard_timeout_margin > 0:
-            raise ValueError(f"shard_timeout_margin must be positive, "
-                             f"got {shard_timeout_margin!r}")
+        check_number(shard_timeout_margin, "shard_timeout_margin", above=0)
         # The same options, checked the same way, as the in-process pool of each shard.
         pool = PoolOptions(endpoints, size, client=client, **options)
         self._options = pool

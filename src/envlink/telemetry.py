@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
 from envlink import names
+from envlink._config import check_number
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
 from envlink._telemetry.client_hook import ClientTelemetryHook
 from envlink._telemetry.logs import add_trace_context, configure_logging, trace_context
@@ -246,8 +247,8 @@ def configure(
             out of range; or ``trace_sample_ratio`` is not within 0..1.
         OSError: the Prometheus endpoint could not bind its port (e.g. in use).
     """
-    if prometheus_port is not None and not 0 <= prometheus_port <= 65535:
-        raise ValueError(f"prometheus_port must be within 0..65535, got {prometheus_port}")
+    check_number(prometheus_port, "prometheus_port", integer=True, minimum=0, maximum=65535,
+                 optional=True)
     sampler = _sampler(trace_sample_ratio)
     resource = _make_resource(service_name, resource_attributes)
     interval_ms = metric_export_interval * 1000 if metric_export_interval is not None else None
@@ -313,10 +314,7 @@ def _sampler(ratio: float | None) -> Sampler | None:
     """``ParentBased(TraceIdRatioBased(ratio))``, or None for the SDK's default."""
     if ratio is None:
         return None
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-        raise TypeError(f"trace_sample_ratio must be a number, not {type(ratio).__name__}")
-    if not 0.0 <= ratio <= 1.0:  # also refuses NaN
-        raise ValueError(f"trace_sample_ratio must be within 0..1, got {ratio!r}")
+    check_number(ratio, "trace_sample_ratio", minimum=0, maximum=1)
     return ParentBased(TraceIdRatioBased(float(ratio)))
 
 

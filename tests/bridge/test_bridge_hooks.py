@@ -164,3 +164,20 @@ def test_a_call_refused_before_the_hand_off_is_not_reported() -> None:
     with pytest.raises(ClientClosedError):
         bridge.call(read_tag, timeout=5)
     assert hook.started == hook.finished == []
+
+
+class BrokenAtStart(Recorder):
+    def call_started(self, call: BridgeCallStarted) -> str:
+        super().call_started(call)
+        raise RuntimeError("hook bug")
+
+
+def test_a_lone_failing_hook_follows_the_chains_rules(caplog: pytest.LogCaptureFixture) -> None:
+    """A lone hook, called directly by the bridge, is treated as a chain treats its hooks:
+    its failure is logged on envlink.bridge, and a hook whose start raised is not finished."""
+    hook = BrokenAtStart()
+    with caplog.at_level("WARNING", logger="envlink.bridge"), Bridge(hooks=[hook]) as bridge:
+        assert bridge.call(read_tag, timeout=5) == "set by r"
+    assert len(hook.started) == 1 and hook.finished == []
+    (record,) = [r for r in caplog.records if r.name == "envlink.bridge"]
+    assert record.getMessage().startswith("envlink bridge: hook <") and record.exc_info

@@ -127,3 +127,34 @@ async def test_the_telemetry_hook_combines_with_a_users_own() -> None:
                                 hooks=hooks) as env:
         await env.reset()
     assert any(k == "call_finished" for k, _ in rec.seen)
+
+
+async def test_several_user_hooks_nest_around_each_call_and_phase() -> None:
+    """Two hooks start in order and finish in reverse order, phases inside calls, on a real
+    call through the client (the chain's order, as the bridge's hooks have it)."""
+    log: list[str] = []
+
+    class Named(ClientHook):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def call_started(self, call: CallStarted) -> Any:
+            log.append(f"call {call.method} {self.name}")
+
+        def call_finished(self, call: CallFinished, token: Any) -> None:
+            log.append(f"/call {call.method} {self.name}")
+
+        def phase_started(self, phase: PhaseStarted) -> Any:
+            log.append(f"phase {phase.phase} {self.name}")
+
+        def phase_finished(self, phase: PhaseFinished, token: Any) -> None:
+            log.append(f"/phase {phase.phase.phase} {self.name}")
+
+    async with GenericEnvClient("http://env.test", transport=MockTransport(handler),
+                                hooks=[Named("a"), Named("b")]) as env:
+        await env.connect()
+        log.clear()
+        await env.reset()
+    reset = log[:log.index("/call reset a") + 1]
+    assert reset == ["call reset a", "call reset b", "phase attempt a", "phase attempt b",
+                     "/phase attempt b", "/phase attempt a", "/call reset b", "/call reset a"]

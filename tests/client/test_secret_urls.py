@@ -59,6 +59,19 @@ def test_redaction_rules() -> None:
         "failed: http://h/x?password=REDACTED now"
 
 
+def test_a_url_that_cannot_be_parsed_never_shows_its_credentials() -> None:
+    """A malformed URL that may carry userinfo or a query is hidden whole, in the options'
+    repr too; a plain string without either is left as it is."""
+    from envlink import ConnectionOptions
+
+    assert redact_url("http://user:s3cret@[::1/x") == "<unparsable URL>"
+    assert redact_url("http://[::1/x?token=s3cret") == "<unparsable URL>"
+    assert redact_url("not a url") == "not a url"
+    shown = repr(ConnectionOptions(proxy="http://user:s3cret@[proxy:3128"))
+    assert "s3cret" not in shown and "<unparsable URL>" in shown
+    assert "s3cret" not in repr(ConnectionOptions(proxy="http://user:s3cret@proxy:3128"))
+
+
 async def test_no_query_token_header_or_resume_token_is_shown(
         server: EnvServer, otel: Otel, caplog: pytest.LogCaptureFixture) -> None:
     """A token in the query, Authorization, Cookie, the resume token: in nothing shown."""

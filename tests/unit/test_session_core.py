@@ -68,7 +68,7 @@ def core(policy: str = "raise", ext: Extensions = PLAIN, *, episode: bool = Fals
 def expected(method: str, written: bool, ext: bool, episode: bool, policy: str) -> str:
     if episode and method != "reset":
         if policy == "resume" and ext:
-            return "recover:resume"
+            return "recover:envlink-resume"
         if policy == "replay":
             return "recover:replay"
         return "recover:raise"
@@ -86,7 +86,7 @@ MATRIX = [
     ("state", True, False, False, "raise", "resend"),
     ("state", True, True, False, "resume", "resend"),
     ("state", True, False, True, "raise", "recover:raise"),
-    ("state", False, True, True, "resume", "recover:resume"),
+    ("state", False, True, True, "resume", "recover:envlink-resume"),
     ("step", False, False, False, "raise", "resend"),
     ("step", False, True, False, "resume", "resend"),
     ("step", True, False, False, "raise", "OutcomeUnknownError"),
@@ -95,8 +95,8 @@ MATRIX = [
     ("step", True, False, True, "raise", "recover:raise"),
     ("step", True, True, True, "raise", "recover:raise"),
     ("step", True, False, True, "resume", "recover:raise"),  # plain: nothing to resume
-    ("step", True, True, True, "resume", "recover:resume"),
-    ("step", False, True, True, "resume", "recover:resume"),
+    ("step", True, True, True, "resume", "recover:envlink-resume"),
+    ("step", False, True, True, "resume", "recover:envlink-resume"),
     ("step", True, False, True, "replay", "recover:replay"),
     ("step", False, False, True, "replay", "recover:replay"),
     ("step", True, True, True, "replay", "recover:replay"),

@@ -173,7 +173,7 @@ def test_recovery_plan_for_each_policy() -> None:
     assert resume.recovery_plan() == ["openenv-resume"]
     assert resume.mechanism == "openenv-resume"
     resume.resume_token = "t"
-    assert resume.recovery_plan() == ["resume"] and resume.mechanism == "envlink-resume"
+    assert resume.recovery_plan() == ["envlink-resume"] and resume.mechanism == "envlink-resume"
     auto = _core("auto")
     assert auto.recovery_plan() == ["replay"]
     auto.detached_id = "s"

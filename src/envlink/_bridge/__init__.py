@@ -35,6 +35,7 @@ The bridge knows nothing about environments nor about telemetry libraries;
 * ``bridge``: :class:`Bridge`: the call itself (submit, start on the loop, the
   bounded wait, the hooks), on the loop thread of ``loop``;
 * ``hooks``: the hook protocol and its detail records;
+* ``hook_chain``: several hooks as one, with the rules the client's hooks follow too;
 * ``sync_proxy``: :class:`SyncProxy` and its one wrapper factory.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 __all__ = [
     "OUTCOMES",
@@ -28,6 +28,7 @@ __all__ = [
     "set_default_hooks",
 ]
 
+from envlink._bridge.hook_chain import HookChain, combine
 from envlink._errors import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
@@ -35,9 +36,6 @@ from envlink._errors import (
     OUTCOME_TIMEOUT,
     OUTCOMES,
 )
-
-_log = logging.getLogger("envlink.bridge")
-
 
 
 class BridgeCallStarted(NamedTuple):
@@ -86,7 +84,9 @@ class BridgeHook(Protocol):
     """Observer of bridged calls. Both methods run in the caller's thread.
 
     Hooks must be quick and should not raise: an exception from a hook is logged
-    and never reaches the caller.
+    and never reaches the caller. Several hooks start in order and finish in reverse
+    order (:mod:`envlink._bridge.hook_chain` has the rules, the client's hooks follow
+    them too).
     """
 
     def call_started(self, call: BridgeCallStarted) -> Any:
@@ -96,39 +96,28 @@ class BridgeHook(Protocol):
         """The call has ended; ``token`` is what :meth:`call_started` returned."""
 
 
-class _HookChain:
-    """Several hooks behaving as one: started in order, finished in reverse order."""
+class _HookChain(HookChain):
+    """Several bridge hooks behaving as one, by the rules of :mod:`envlink._bridge.hook_chain`."""
 
-    __slots__ = ("hooks",)
-
-    def __init__(self, hooks: tuple[BridgeHook, ...]) -> None:
-        self.hooks = hooks
+    __slots__ = ()
+    log = logging.getLogger("envlink.bridge")
+    owner = "envlink bridge"
 
     def call_started(self, call: BridgeCallStarted) -> list[tuple[BridgeHook, Any]]:
-        started = []
-        for hook in self.hooks:
-            try:
-                started.append((hook, hook.call_started(call)))
-            except Exception:
-                _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
-        return started
+        return self.start("call_started", call)
 
     def call_finished(self, call: BridgeCallFinished,
                       token: list[tuple[BridgeHook, Any]]) -> None:
-        for hook, hook_token in reversed(token):
-            try:
-                hook.call_finished(call, hook_token)
-            except Exception:
-                _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
+        self.finish("call_finished", call, token)
 
 
 def combine_hooks(hooks: Sequence[BridgeHook]) -> BridgeHook | None:
-    """One hook standing for ``hooks`` (``None`` for none), so a call pays for what it uses."""
-    if not hooks:
-        return None
-    if len(hooks) == 1:
-        return hooks[0]
-    return _HookChain(tuple(hooks))
+    """One hook standing for ``hooks`` (``None`` for none), so a call pays for what it uses.
+
+    The rules are :mod:`envlink._bridge.hook_chain`'s, the client's too. A lone hook is
+    called directly: :meth:`Bridge.call` calls it under those rules itself.
+    """
+    return cast("BridgeHook | None", combine(hooks, _HookChain, owner_catches=True))
 
 
 #: Builds the default hooks of a bridge from its ``tracer_provider`` and ``meter_provider``.

@@ -43,7 +43,12 @@ from envlink._launch import discovery, lifecycle
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.policies import SESSION_LOST_POLICIES, ReconnectPolicy, SessionLostPolicy
+from envlink._sansio.policies import (
+    ReconnectPolicy,
+    RecoveryMechanism,
+    RecoveryPolicy,
+    SessionLostPolicy,
+)
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
@@ -289,18 +294,18 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     @property
     def on_session_lost(self) -> SessionLostPolicy:
         """The recovery policy: ``"raise"``, ``"replay"``, ``"resume"`` or ``"auto"``."""
-        return self._core.on_session_lost
+        return self._core.on_session_lost.value
 
     @on_session_lost.setter
     def on_session_lost(self, policy: SessionLostPolicy) -> None:
-        _check_policy(policy)
-        self._core.on_session_lost = policy
+        self._core.on_session_lost = _check_policy(policy)
 
     @property
     def recovery(self) -> str:
         """How a session lost now would be recovered (``envlink-resume``, ``openenv-resume``,
         ``replay``, ``raise``), per ``on_session_lost`` and what the server offered so far."""
-        return self._core.mechanism
+        mechanism: RecoveryMechanism = self._core.mechanism
+        return mechanism.value
 
     @property
     def base_url(self) -> str | None:
@@ -885,10 +890,13 @@ def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
     return recorded == actual
 
 
-def _check_policy(policy: object) -> None:
-    if policy not in SESSION_LOST_POLICIES:
-        raise ValueError(f"on_session_lost must be 'raise', 'replay', 'resume' or 'auto', "
-                         f"got {policy!r}")
+def _check_policy(policy: object) -> RecoveryPolicy:
+    try:
+        return RecoveryPolicy(policy)
+    except ValueError:
+        *others, last = (repr(p.value) for p in RecoveryPolicy)
+        raise ValueError(f"on_session_lost must be {', '.join(others)} or {last}, "
+                         f"got {policy!r}") from None
 
 
 class GenericEnvClient(EnvClient[dict[str, Any], dict[str, Any], dict[str, Any]]):

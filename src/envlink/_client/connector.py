@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import propagate
 
 from envlink._client.events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
-from envlink._config import ConnectionOptions, Timeout
+from envlink._config import ConnectionOptions, Timeout, is_int
 from envlink._deadlines import bounded
 from envlink._errors import (
     CapacityReachedError,
@@ -293,7 +293,7 @@ class Connector:
                                 max_values=self.options.max_message_values)
         if isinstance(frame, StateFrame):
             value = frame.data.get("step_count")
-            if isinstance(value, int) and not isinstance(value, bool):
+            if is_int(value):
                 self.attached_count = value
             return
         conn.abort()
@@ -423,7 +423,7 @@ class Connector:
         if not isinstance(frame, StateFrame):
             return None
         value = frame.data.get("step_count")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return value if is_int(value) else None
 
     def release_later(self, token: str) -> None:
         """:meth:`release` in the background; :meth:`wait_background` waits for it."""
@@ -454,7 +454,7 @@ def _rpc_refusal(error: dict[str, Any]) -> ServerError:
     data = error.get("data") if isinstance(error.get("data"), dict) else {}
     assert isinstance(data, dict)
     if "active_sessions" in data or "max_sessions" in data:
-        counts = [v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+        counts = [v if is_int(v) and v >= 0 else None
                   for v in (data.get("active_sessions"), data.get("max_sessions"))]
         return CapacityReachedError(message, ErrorCode.CAPACITY_REACHED,
                                     active_sessions=counts[0], max_sessions=counts[1],

@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envlink._client.client import EnvClient, StepResult
 from envlink._client.dispatch import dispatched
-from envlink._client.state import State
 from envlink._errors import ToolCallError
+from envlink._sansio.state import State
 
 __all__ = ["CallToolAction", "EchoEnv", "EchoObservation", "ListToolsAction"]
 

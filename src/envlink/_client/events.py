@@ -8,7 +8,9 @@ default; users add their own with ``EnvClient(..., hooks=[...])``.
 
 Every method runs on the client's event loop, must be quick, must not block and
 should not raise: an exception from a user's hook is logged and never reaches
-the caller. ``*_started`` returns a token that is handed back to ``*_finished``
+the caller. Several hooks start in order and finish in reverse order; the rules
+are :mod:`envlink._bridge.hook_chain`'s, which the bridge's hooks follow too.
+``*_started`` returns a token that is handed back to ``*_finished``
 (a span, a start time, ...); both run in the same task, so a hook may make its
 span the current one in between.
 """
@@ -18,8 +20,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+from envlink._bridge.hook_chain import HookChain, combine
 from envlink._errors import OUTCOMES
 from envlink._sansio.retry import Again
 from envlink.names import (
@@ -53,8 +56,6 @@ __all__ = [
     "PhaseStarted",
     "combine_client_hooks",
 ]
-
-_log = logging.getLogger("envlink.client")
 
 
 #: Phases of a call reported through :meth:`ClientHook.phase_started`.
@@ -240,70 +241,52 @@ class ClientHook:
         """Something happened (see :data:`EVENTS`)."""
 
 
-class _HookChain(ClientHook):
-    """Several hooks behaving as one: started in order, finished in reverse order.
+class _HookChain(HookChain, ClientHook):
+    """Several client hooks behaving as one, by the rules of :mod:`envlink._bridge.hook_chain`."""
 
-    A failing hook is logged and skipped; the caller never sees its exception.
-    """
-
-    __slots__ = ("hooks",)
-
-    def __init__(self, hooks: tuple[ClientHook, ...]) -> None:
-        self.hooks = hooks
+    __slots__ = ()
+    log = logging.getLogger("envlink.client")
+    owner = "envlink client"
 
     def call_started(self, call: CallStarted) -> list[tuple[ClientHook, Any]]:
-        return self._start("call_started", call)
+        return self.start("call_started", call)
 
     def call_finished(self, call: CallFinished, token: list[tuple[ClientHook, Any]]) -> None:
-        self._finish("call_finished", call, token)
+        self.finish("call_finished", call, token)
 
     def phase_started(self, phase: PhaseStarted) -> list[tuple[ClientHook, Any]]:
-        return self._start("phase_started", phase)
+        return self.start("phase_started", phase)
 
     def phase_finished(self, phase: PhaseFinished,
                        token: list[tuple[ClientHook, Any]]) -> None:
-        self._finish("phase_finished", phase, token)
+        self.finish("phase_finished", phase, token)
 
+    # Notifications loop here rather than through a helper: they run per frame, and a
+    # lone user hook must cost no more than it did.
     def message(self, direction: str, size: int) -> None:
         for hook in self.hooks:
             try:
                 hook.message(direction, size)
             except Exception:
-                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
+                self.failed(hook)
 
     def event(self, event: ClientEvent) -> None:
         for hook in self.hooks:
             try:
                 hook.event(event)
             except Exception:
-                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
-
-    def _start(self, name: str, record: Any) -> list[tuple[ClientHook, Any]]:
-        started = []
-        for hook in self.hooks:
-            try:
-                started.append((hook, getattr(hook, name)(record)))
-            except Exception:
-                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
-        return started
-
-    def _finish(self, name: str, record: Any, token: list[tuple[ClientHook, Any]]) -> None:
-        for hook, hook_token in reversed(token):
-            try:
-                getattr(hook, name)(record, hook_token)
-            except Exception:
-                _log.warning("envlink client: hook %r failed", hook, exc_info=True)
+                self.failed(hook)
 
 
 def combine_client_hooks(hooks: Sequence[ClientHook]) -> ClientHook:
     """One hook standing for ``hooks``, so a call pays only for what it uses.
 
-    A hook that may raise is always called through a chain that catches and logs;
-    only a lone hook that declares ``never_raises = True`` (envlink's emitter) is
-    called directly.
+    The rules are :mod:`envlink._bridge.hook_chain`'s, the bridge's too: no hooks give a
+    hook that does nothing; a hook that may raise is always called through a chain that
+    logs and skips it; only a lone hook that declares ``never_raises = True`` (envlink's
+    emitter) is called directly.
     """
-    if not hooks:
+    combined = combine(hooks, _HookChain)
+    if combined is None:
         return ClientHook()
-    if len(hooks) == 1 and getattr(hooks[0], "never_raises", False) is True:
-        return hooks[0]
-    return _HookChain(tuple(hooks))
+    return cast(ClientHook, combined)

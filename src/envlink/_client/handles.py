@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, is_int
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -30,6 +30,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.policies import RecoveryMechanism
 from envlink._sansio.session import Call, DropReason, Episode, Link
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ __all__ = ["SessionHandle", "attach", "detach"]
 
 _C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")
 _FORMAT = 1
+#: The mechanisms a handle may carry: a session moves only where it can be resumed.
+_RESUMABLE = (RecoveryMechanism.ENVLINK_RESUME, RecoveryMechanism.OPENENV_RESUME)
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class SessionHandle:
                          detached_id=data["detached_id"], resume_token=data["resume_token"])
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a serialised envlink session handle: {exc!r}") from None
-        if handle.mechanism not in ("envlink-resume", "openenv-resume"):
+        if handle.mechanism not in _RESUMABLE:
             raise ValueError(f"unknown session handle mechanism {handle.mechanism!r}")
         return handle
 
@@ -189,7 +192,7 @@ async def _resume(client: EnvClient[Any, Any, Any], handle: SessionHandle,
             # in order.
             count = (state.get("step_count") if isinstance(state, Mapping)
                      else getattr(state, "step_count", None))
-            if isinstance(count, int) and not isinstance(count, bool):
+            if is_int(count):
                 journal.settle_applied(count)
     except SessionLostError as exc:
         await client.close()
@@ -239,7 +242,8 @@ async def detach(client: EnvClient[Any, Any, Any], seconds: float | None) -> Ses
                                    "provider cannot be detached")
             handle = SessionHandle(
                 base_url=base_url, session_id=core.session_id,
-                mechanism="envlink-resume" if token is not None else "openenv-resume",
+                mechanism=(RecoveryMechanism.ENVLINK_RESUME if token is not None
+                           else RecoveryMechanism.OPENENV_RESUME).value,
                 journal=core.journal.snapshot(), detached_id=detached,
                 resume_token=token)
             # The server keeps the session when its socket closes without the

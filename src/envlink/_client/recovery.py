@@ -1,10 +1,10 @@
 """Session recovery: ``raise``, ``replay`` and ``resume`` as strategies behind one interface.
 
-When the connection is lost mid-episode, the session core plans the strategies
+When the connection is lost mid-episode, the session core names the mechanisms
 that apply (:meth:`~envlink._sansio.session.SessionCore.recovery_plan`) and
-:func:`recover` runs them: it reports the loss, ends an abandoned server session,
-runs the strategies in order, and on any failure leaves the episode marked lost with
-its journal in the error. A strategy works with a :class:`RecoveryContext`: the
+:func:`recover` runs their strategies: it reports the loss, ends an abandoned server
+session, runs the strategies in order, and on any failure leaves the episode marked lost
+with its journal in the error. A strategy works with a :class:`RecoveryContext`: the
 session's core, its connector (opening, counting steps, ending sessions, the retry
 loop, phase reports) and the driver's one exchange. A new strategy (the stock-OpenEnv
 resume) is a new class registered in :data:`STRATEGIES`, not a new branch in the
@@ -32,7 +32,7 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._sansio.policies import idempotent_mcp
+from envlink._sansio.policies import RecoveryMechanism, RecoveryPolicy, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again
 from envlink._sansio.session import Call, DropReason, Frame, SessionCore
@@ -94,8 +94,8 @@ class RecoveryContext:
 class RecoveryStrategy(Protocol):
     """One way to carry an episode over a lost connection."""
 
-    #: The ``on_session_lost`` value it implements.
-    name: str
+    #: The mechanism it implements.
+    name: RecoveryMechanism
 
     async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -111,7 +111,7 @@ class RecoveryStrategy(Protocol):
 class RaiseStrategy:
     """``on_session_lost="raise"``: nothing to rebuild; the caller gets the journal."""
 
-    name = "raise"
+    name = RecoveryMechanism.RAISE
 
     async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -121,7 +121,7 @@ class RaiseStrategy:
 class ResumeStrategy:
     """``on_session_lost="resume"``: re-attach to the same server session by its token."""
 
-    name = "resume"
+    name = RecoveryMechanism.ENVLINK_RESUME
 
     async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -144,7 +144,7 @@ class ResumeStrategy:
             return frame
 
         return await _rounds(ctx, "resume", round_, lambda number: PhaseStarted(
-            "resume", method, number, mechanism="envlink-resume"))
+            "resume", method, number, mechanism=self.name.value))
 
 
 class OpenEnvResumeStrategy:
@@ -159,7 +159,7 @@ class OpenEnvResumeStrategy:
     the same, it never was and is sent again. Never applied twice.
     """
 
-    name = "openenv-resume"
+    name = RecoveryMechanism.OPENENV_RESUME
 
     async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -206,7 +206,7 @@ class OpenEnvResumeStrategy:
                                           call=call)
 
         return await _rounds(ctx, "resume", round_, lambda number: PhaseStarted(
-            "resume", method, number, mechanism=self.name))
+            "resume", method, number, mechanism=self.name.value))
 
 
 async def _attach(ctx: RecoveryContext, *, reason: str) -> tuple[Connection, int | None]:
@@ -274,7 +274,7 @@ class _LostMeansAgain:
 class ReplayStrategy:
     """``on_session_lost="replay"``: a new session, the journal replayed and verified."""
 
-    name = "replay"
+    name = RecoveryMechanism.REPLAY
 
     async def recover(self, ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                       request_id: str | None, cause: BaseException | None) -> Frame | None:
@@ -291,7 +291,8 @@ class ReplayStrategy:
                                           call=call)
 
         return await _rounds(ctx, "replay", round_, lambda number: PhaseStarted(
-            "replay", method, number, replay_steps=journal.step_count))
+            "replay", method, number, replay_steps=journal.step_count,
+            mechanism=self.name.value))
 
 
 async def _replay(ctx: RecoveryContext, conn: Connection, journal: EpisodeJournal) -> None:
@@ -345,8 +346,8 @@ async def _settle_from_count(ctx: RecoveryContext, conn: Connection, call: Call,
     call.unanswered = False
 
 
-#: The strategies by name (what :meth:`SessionCore.recovery_plan` lists).
-STRATEGIES: Mapping[str, RecoveryStrategy] = {
+#: The strategies by mechanism (what :meth:`SessionCore.recovery_plan` lists).
+STRATEGIES: Mapping[RecoveryMechanism, RecoveryStrategy] = {
     s.name: s for s in (RaiseStrategy(), ReplayStrategy(), ResumeStrategy(),
                         OpenEnvResumeStrategy())
 }
@@ -354,7 +355,8 @@ STRATEGIES: Mapping[str, RecoveryStrategy] = {
 
 async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                   request_id: str | None, *, cause: BaseException | None,
-                  strategies: Mapping[str, RecoveryStrategy] = STRATEGIES) -> Frame:
+                  strategies: Mapping[RecoveryMechanism, RecoveryStrategy] = STRATEGIES
+                  ) -> Frame:
     """The session was lost mid-episode: apply ``on_session_lost``, then finish the call.
 
     Raises:
@@ -366,20 +368,21 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
     journal = core.journal
     mechanism = core.mechanism
     hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
-        "method": method, "policy": policy, "steps": journal.step_count,
-        "error": str(cause) if cause else None, "mechanism": mechanism}))
+        "method": method, "policy": policy.value, "steps": journal.step_count,
+        "error": str(cause) if cause else None, "mechanism": mechanism.value}))
     token = core.resume_token
     result = "failed"
+    resuming = policy in (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
     detached = core.detached_id
-    if detached is not None and policy not in ("resume", "auto"):
+    if detached is not None and not resuming:
         # An OpenEnv detached session this policy will not resume: end it.
         core.detached_id = None
         connector.close_detached_later(detached)
-    if token is not None and policy not in ("resume", "auto"):
+    if token is not None and not resuming:
         # The server keeps the detached session for its grace window: end it, so it
         # does not hold a slot (replay needs one right away; "raise" does not wait).
         core.resume_token = None
-        if policy == "replay":
+        if policy is RecoveryPolicy.REPLAY:
             # Steps of unknown outcome are settled from the old session's own count
             # first, where it can tell (the session still exists and reports one).
             count = await connector.release(token, count_steps=bool(journal.unknown_steps))
@@ -401,7 +404,8 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                         raise
                     # "auto": resuming is impossible, the next strategy rebuilds.
                     hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
-                        "mechanism": name, "next": plan[index + 1], "reason": exc.reason}))
+                        "mechanism": name.value, "next": plan[index + 1].value,
+                        "reason": exc.reason}))
                     continue
                 if frame is not None:
                     break
@@ -441,5 +445,5 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
         raise
     finally:
         hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
-            "policy": policy, "result": result, "steps": journal.step_count,
-            "mechanism": mechanism}))
+            "policy": policy.value, "result": result, "steps": journal.step_count,
+            "mechanism": mechanism.value}))

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from envlink._config import ConnectionOptions
+from envlink._config import ConnectionOptions, is_int
 from envlink._deadlines import bounded
 from envlink._errors import (
     CallTimeoutError,
@@ -282,7 +282,7 @@ async def num_tasks(endpoint: Endpoint, options: ConnectionOptions, split: str,
     answer = await _task_json(endpoint, options, "num_tasks", {"split": split}, timeout,
                               env_name)
     count = answer.get("num_tasks") if isinstance(answer, dict) else None
-    if not isinstance(count, int) or isinstance(count, bool):
+    if not is_int(count):
         raise ProtocolError("the num_tasks answer has no integer num_tasks")
     return count
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from envlink._client.client import StepResult
+from envlink._config import check_number
 from envlink._deadlines import bounded
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
 from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
@@ -236,11 +237,9 @@ def recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int
     Shared by :class:`BatchRunner` and ``envlink.ray.RayEnvPool``.
     """
     want = pending if min_ready is None else min_ready
-    if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= pending:
-        raise ValueError(f"min_ready must be in 1..{pending} (the slots in flight), "
-                         f"got {min_ready!r}")
-    if timeout is not None and not timeout >= 0:
-        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    check_number(want, "min_ready", integer=True, minimum=1, maximum=pending,
+                 mistyped=ValueError, expected=f"in 1..{pending} (the slots in flight)")
+    check_number(timeout, "timeout", minimum=0, optional=True)
     return want
 
 

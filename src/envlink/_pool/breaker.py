@@ -14,6 +14,8 @@ import enum
 import time
 from collections.abc import Callable
 
+from envlink._config import check_number
+
 __all__ = ["BreakerState", "CircuitBreaker"]
 
 
@@ -35,6 +37,7 @@ class CircuitBreaker:
         on_change: called with ``(old, new)`` on every transition.
 
     Raises:
+        TypeError: ``failure_threshold`` is not an int, or ``reset_timeout`` not a number.
         ValueError: ``failure_threshold`` < 1 or ``reset_timeout`` < 0.
     """
 
@@ -42,10 +45,8 @@ class CircuitBreaker:
                  clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[BreakerState, BreakerState], None] | None = None,
                  ) -> None:
-        if failure_threshold < 1:
-            raise ValueError("failure_threshold must be >= 1")
-        if not reset_timeout >= 0:
-            raise ValueError("reset_timeout must be >= 0")
+        check_number(failure_threshold, "failure_threshold", integer=True, minimum=1)
+        check_number(reset_timeout, "reset_timeout", minimum=0)
         self.failure_threshold = failure_threshold
         self.reset_timeout = float(reset_timeout)
         self._clock = clock

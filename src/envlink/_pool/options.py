@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from envlink._client.client import EnvClient, GenericEnvClient
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, check_number
 from envlink._pool.breaker import CircuitBreaker
 from envlink._pool.placement import parse_endpoints
 from envlink._sansio.policies import (
@@ -92,8 +92,8 @@ class PoolOptions:
 
     def __post_init__(self) -> None:
         size = self.size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive integer, got {size!r}")
+        check_number(size, "size", integer=True, minimum=1, mistyped=ValueError,
+                     expected="a positive integer")
         policy = self.on_session_lost
         if policy not in POOL_SESSION_LOST_POLICIES:
             why = f" ({POOL_NO_AUTO})" if str(policy) == "auto" else ""
@@ -101,14 +101,9 @@ class PoolOptions:
                              f"got {policy!r}{why}")
         if self.autoreset not in _AUTORESET:
             raise ValueError(f"autoreset must be one of {_AUTORESET}, got {self.autoreset!r}")
-        timeout = self.batch_timeout
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"batch_timeout must be positive or None, got {timeout!r}")
-        window = self.max_inflight
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                                   or window < 1):
-            raise ValueError(f"max_inflight must be a positive integer or None, "
-                             f"got {window!r}")
+        check_number(self.batch_timeout, "batch_timeout", above=0, optional=True)
+        check_number(self.max_inflight, "max_inflight", integer=True, minimum=1, optional=True,
+                     mistyped=ValueError, expected="a positive integer or None")
         options = dict(self.client_options or {})
         if "on_session_lost" in options:
             raise ValueError("pass on_session_lost to EnvPool, not in client_options")
@@ -198,11 +193,11 @@ class PoolOptions:
         """A batch call's deadline: ``timeout``, or ``batch_timeout`` when not given.
 
         Raises:
+            TypeError: not a number (a bool is not one).
             ValueError: not positive.
         """
         seconds = self.batch_timeout if timeout is UNSET else timeout
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"timeout must be positive or None, got {seconds!r}")
+        check_number(seconds, "timeout", above=0, optional=True)
         return seconds
 
 

@@ -10,16 +10,17 @@ server. :func:`set_testing` removes every wait, for tests.
 from __future__ import annotations
 
 import contextlib
+import enum
 import random
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from tenacity import RetryCallState, wait_exponential, wait_random_exponential
 from tenacity.wait import wait_base
 
-from envlink._config import check_count, check_timeout
+from envlink._config import check_count, check_number, check_timeout
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -28,11 +29,6 @@ from envlink._errors import (
 )
 
 __all__ = [
-    "MECHANISMS",
-    "MECHANISM_ENVLINK_RESUME",
-    "MECHANISM_OPENENV_RESUME",
-    "MECHANISM_RAISE",
-    "MECHANISM_REPLAY",
     "SESSION_LOST_POLICIES",
     "idempotent_mcp",
     "ReconnectPolicy",
@@ -40,33 +36,74 @@ __all__ = [
     "POOL_NO_AUTO",
     "POOL_SESSION_LOST_POLICIES",
     "PoolSessionLostPolicy",
+    "RecoveryMechanism",
+    "RecoveryPolicy",
     "SessionLostPolicy",
     "is_retryable",
     "set_testing",
     "testing_enabled",
 ]
 
+class RecoveryPolicy(str, enum.Enum):
+    """What the user asks for when a session is lost mid-episode: ``on_session_lost``.
+
+    Str-valued: ``"auto"`` and ``RecoveryPolicy.AUTO`` are the same value everywhere.
+    """
+
+    #: Nothing is rebuilt: the caller gets ``SessionLostError`` with the journal.
+    RAISE = "raise"
+    #: A new session, the journal replayed and verified.
+    REPLAY = "replay"
+    #: Re-attach to the same server session (envlink's or OpenEnv's mechanism).
+    RESUME = "resume"
+    #: Resume where the server can, else replay.
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
+class RecoveryMechanism(str, enum.Enum):
+    """What carries (or would carry) a lost session on: ``client.recovery`` and the
+    ``mechanism`` of events and telemetry. A policy comes to one of these per session,
+    by what the server offered (:meth:`SessionCore.recovery_plan`).
+
+    Str-valued: the values are the names telemetry has always emitted.
+    """
+
+    #: Nothing applies: the caller gets the journal.
+    RAISE = "raise"
+    #: A new session, the journal replayed and verified.
+    REPLAY = "replay"
+    #: envlink's extension: re-attach by resume token, the server de-duplicates requests.
+    ENVLINK_RESUME = "envlink-resume"
+    #: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
+    #: interrupted step from the session's ``step_count``.
+    OPENENV_RESUME = "openenv-resume"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
+
+
+#: The type of ``on_session_lost`` in signatures: :class:`RecoveryPolicy`'s values (a
+#: type checker needs them spelled out; a test holds the two together).
 SessionLostPolicy = Literal["raise", "replay", "resume", "auto"]
 #: The ``on_session_lost`` values of a client.
-SESSION_LOST_POLICIES: tuple[SessionLostPolicy, ...] = ("raise", "replay", "resume", "auto")
+SESSION_LOST_POLICIES: tuple[SessionLostPolicy, ...] = tuple(p.value for p in RecoveryPolicy)
 PoolSessionLostPolicy = Literal["raise", "replay", "resume"]
 #: The ``on_session_lost`` values of a pool: a client's, but ``"auto"``.
-POOL_SESSION_LOST_POLICIES: tuple[PoolSessionLostPolicy, ...] = ("raise", "replay", "resume")
+POOL_SESSION_LOST_POLICIES: tuple[PoolSessionLostPolicy, ...] = tuple(
+    cast("PoolSessionLostPolicy", p.value) for p in RecoveryPolicy if p is not RecoveryPolicy.AUTO)
 #: Why a pool does not take ``"auto"``.
 POOL_NO_AUTO = ("a pool takes no 'auto': a client's 'auto' resumes on its own server or "
                 "replays there, while a pool's 'replay' rebuilds on any endpoint and its "
                 "'resume' stays on one; choose which")
-#: The recovery mechanisms, as ``client.recovery`` and telemetry name them.
-MECHANISM_RAISE = "raise"
-MECHANISM_REPLAY = "replay"
-#: envlink's extension: re-attach by resume token, the server de-duplicates requests.
-MECHANISM_ENVLINK_RESUME = "envlink-resume"
-#: OpenEnv 0.10's detached sessions: re-attach with ``/ws?session_id=``, settle an
-#: interrupted step from the session's ``step_count``.
-MECHANISM_OPENENV_RESUME = "openenv-resume"
-#: Strategy names (keys of the recovery registry) to mechanism names.
-MECHANISMS = {"resume": MECHANISM_ENVLINK_RESUME, "openenv-resume": MECHANISM_OPENENV_RESUME,
-               "replay": MECHANISM_REPLAY, "raise": MECHANISM_RAISE}
 
 
 def idempotent_mcp(method: str, data: Mapping[str, Any] | None) -> bool:
@@ -91,10 +128,7 @@ class RetryBudget:
 
     def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1) -> None:
         for name, value in (("max_tokens", max_tokens), ("token_ratio", token_ratio)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-            if not value > 0 or value == float("inf"):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+            check_number(value, name, above=0, finite=True, expected="a positive finite number")
         self.max_tokens = float(max_tokens)
         self.token_ratio = float(token_ratio)
         self._tokens = float(max_tokens)
@@ -169,10 +203,7 @@ class ReconnectPolicy:
         for name in ("initial_delay", "max_delay", "stable_after"):
             if check_timeout(getattr(self, name), name, allow_zero=True) is None:
                 raise TypeError(f"{name} must be a number of seconds, got None")
-        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, (int, float)):
-            raise TypeError(f"multiplier must be a number, got {type(self.multiplier).__name__}")
-        if not self.multiplier >= 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
+        check_number(self.multiplier, "multiplier", minimum=1)
         if self.jitter not in ("full", "none"):
             raise ValueError(f"jitter must be 'full' or 'none', got {self.jitter!r}")
         if self.budget is not None and not isinstance(self.budget, RetryBudget):

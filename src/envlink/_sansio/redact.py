@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-__all__ = ["REDACTED", "SENSITIVE_HEADERS", "is_sensitive_name", "redact_text", "redact_url"]
+__all__ = ["REDACTED", "SENSITIVE_HEADERS", "UNPARSABLE", "is_sensitive_name", "redact_text",
+           "redact_url"]
 
 REDACTED = "REDACTED"
 
@@ -34,15 +35,21 @@ def is_sensitive_name(name: str) -> bool:
     return name.lower() in SENSITIVE_HEADERS or _SENSITIVE.search(name) is not None
 
 
+#: What a URL that cannot be parsed, and might carry a secret, is shown as.
+UNPARSABLE = "<unparsable URL>"
+
+
 def redact_url(url: str) -> str:
     """``url`` without userinfo and with the values of sensitive query parameters redacted.
 
-    A string that is not a URL is returned unchanged (it has nothing to hide).
+    A string that is not a URL is returned unchanged (it has nothing to hide); one that
+    looks like a URL but cannot be parsed is shown as ``<unparsable URL>`` when it could
+    carry userinfo or a query.
     """
     try:
         parts = urlsplit(url)
     except ValueError:
-        return url
+        return UNPARSABLE if ("@" in url or "?" in url) else url
     netloc = parts.netloc
     if "@" in netloc:
         netloc = netloc.rpartition("@")[2]

@@ -39,7 +39,13 @@ from envlink._errors import (
 )
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES
-from envlink._sansio.policies import MECHANISMS, ReconnectPolicy, SessionLostPolicy, idempotent_mcp
+from envlink._sansio.policies import (
+    ReconnectPolicy,
+    RecoveryMechanism,
+    RecoveryPolicy,
+    SessionLostPolicy,
+    idempotent_mcp,
+)
 from envlink._sansio.protocol import (
     ErrorFrame,
     Extensions,
@@ -142,14 +148,15 @@ class Decision:
 
     Attributes:
         action: resend the request, recover the session, or fail.
-        strategy: for ``RECOVER``, the strategy that applies (``resume``,
-            ``replay``, or ``raise`` when nothing can rebuild the episode).
+        strategy: for ``RECOVER``, the mechanism that applies (``envlink-resume``,
+            ``openenv-resume``, ``replay``, or ``raise`` when nothing can rebuild the
+            episode).
         error: for ``FAIL``, the error to raise instead of the original one
             (``None``: raise the original).
     """
 
     action: Action
-    strategy: str | None = None
+    strategy: RecoveryMechanism | None = None
     error: EnvlinkError | None = None
 
 
@@ -192,6 +199,10 @@ _RESEND = Decision(Action.RESEND)
 _FAIL = Decision(Action.FAIL)
 
 
+_RESUMING = (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
+_REPLAYING = (RecoveryPolicy.REPLAY, RecoveryPolicy.AUTO)
+
+
 class SessionCore:
     """The protocol state of one client session, and every decision about it.
 
@@ -229,13 +240,13 @@ class SessionCore:
         self,
         *,
         policy: ReconnectPolicy,
-        on_session_lost: SessionLostPolicy = "raise",
+        on_session_lost: SessionLostPolicy | RecoveryPolicy = "raise",
         max_journal_steps: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         id_prefix: str | None = None,
     ) -> None:
         self.policy = policy
-        self.on_session_lost = on_session_lost
+        self.on_session_lost = RecoveryPolicy(on_session_lost)
         self.clock = clock
         self.journal = EpisodeJournal(max_steps=max_journal_steps)
         self.episode = Episode.NONE
@@ -507,7 +518,7 @@ class SessionCore:
         if self.episode is Episode.ACTIVE and method != "reset":
             # A new connection is a new server session: only recovery continues the
             # episode (resume re-attaches with the same request id, de-duplicated).
-            return Decision(Action.RECOVER, strategy=self.recovery_strategy())
+            return Decision(Action.RECOVER, strategy=self.mechanism)
         if not written or method in IDEMPOTENT or idempotent_mcp(method, data):
             return _RESEND
         return Decision(Action.FAIL, error=OutcomeUnknownError(
@@ -521,24 +532,25 @@ class SessionCore:
         After calling this method: call :meth:`recovery_failed` and raise the error.
         """
         policy, journal = self.on_session_lost, self.journal
-        if policy == "replay" and journal.unknown_steps:
+        if policy is RecoveryPolicy.REPLAY and journal.unknown_steps:
             return SessionLostError(
                 "the session was lost and cannot be replayed faithfully: the journal "
                 f"has {len(journal.unknown_steps)} step(s) of unknown outcome (sent, "
                 "then cut by a deadline or a cancellation; the server may have "
                 "applied them), see journal.unknown_steps", journal=journal.snapshot())
-        if policy == "replay" and not journal.replayable:
+        if policy is RecoveryPolicy.REPLAY and not journal.replayable:
             return SessionLostError(
                 "the session was lost and cannot be replayed: the journal exceeded "
                 f"max_journal_steps={journal.max_steps}", journal=journal.snapshot())
-        if policy in ("resume", "auto") and self.resume_token is None and self.detached_id is None:
-            more = "" if policy == "resume" else "; the journal cannot be replayed either"
+        if policy in _RESUMING and self.resume_token is None and self.detached_id is None:
+            more = ("" if policy is RecoveryPolicy.RESUME else
+                    "; the journal cannot be replayed either")
             return SessionGoneError(
                 f"connection lost mid-episode during {method}: the server does not offer session "
                 f"resumption (neither envlink's extension nor OpenEnv detached sessions){more}; "
                 f"the episode cannot continue after {journal.step_count} steps",
                 reason="resume_unsupported", journal=journal.snapshot())
-        reason = ("the server no longer has the session" if policy in ("resume", "auto") else
+        reason = ("the server no longer has the session" if policy in _RESUMING else
                   "on_session_lost='raise'")
         if method == "step" and cause is not None:
             reason += "; the outcome of the interrupted step is unknown"
@@ -651,11 +663,11 @@ class SessionCore:
         session (set :attr:`detached_id` and :attr:`detached_offered`) or re-attach
         to the one held.
         """
-        return (self.production or self.on_session_lost in ("resume", "auto")) and (
+        return (self.production or self.on_session_lost in _RESUMING) and (
             self.detached_offered is not False)
 
-    def recovery_plan(self) -> list[str]:
-        """The strategies to try now, in order: ``resume``/``auto`` use envlink's token,
+    def recovery_plan(self) -> list[RecoveryMechanism]:
+        """The mechanisms to try now, in order: ``resume``/``auto`` use envlink's token,
         else an OpenEnv detached session; ``auto`` then ``replay``. Empty: none applies.
 
         After calling this method: run the strategies in order until one finishes
@@ -663,22 +675,19 @@ class SessionCore:
         fails, call :meth:`recovery_failed` and raise.
         """
         policy = self.on_session_lost
-        plan: list[str] = []
-        if policy in ("resume", "auto"):
+        plan: list[RecoveryMechanism] = []
+        if policy in _RESUMING:
             if self.resume_token is not None:
-                plan.append("resume")
+                plan.append(RecoveryMechanism.ENVLINK_RESUME)
             elif self.detached_id is not None:
-                plan.append("openenv-resume")
-        if policy in ("replay", "auto") and self.journal.replayable:
-            plan.append("replay")
+                plan.append(RecoveryMechanism.OPENENV_RESUME)
+        if policy in _REPLAYING and self.journal.replayable:
+            plan.append(RecoveryMechanism.REPLAY)
         return plan
 
-    def recovery_strategy(self) -> str:
-        """The strategy ``on_session_lost`` comes to for this session now."""
-        plan = self.recovery_plan()
-        return plan[0] if plan else "raise"
-
     @property
-    def mechanism(self) -> str:
-        """How a lost session would be recovered now (``client.recovery``)."""
-        return MECHANISMS[self.recovery_strategy()]
+    def mechanism(self) -> RecoveryMechanism:
+        """How a lost session would be recovered now (``client.recovery``): the first of
+        :meth:`recovery_plan`, ``raise`` when none applies."""
+        plan = self.recovery_plan()
+        return plan[0] if plan else RecoveryMechanism.RAISE

@@ -38,6 +38,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from envlink._bridge import OUTCOMES, BridgeCallFinished, BridgeCallStarted, BridgeHook
+from envlink._config import check_number
 from envlink._telemetry.instruments import (
     BRIDGE_HOP,
     BridgeHop,
@@ -145,9 +146,8 @@ class BridgeTelemetryHook:
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, *, nested: bool = True,
                  wait_sample: int = WAIT_SAMPLE) -> None:
-        if isinstance(wait_sample, bool) or not isinstance(wait_sample, int) \
-                or wait_sample < 1:
-            raise ValueError(f"wait_sample must be an int >= 1, not {wait_sample!r}")
+        check_number(wait_sample, "wait_sample", integer=True, minimum=1, mistyped=ValueError,
+                     expected="an int >= 1")
         self._tel = get_telemetry(tracer_provider, meter_provider)
         self._nested = bool(nested)
         self.wait_sample = wait_sample

@@ -25,7 +25,9 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
+from envlink._config import check_number
 from envlink._errors import ServerError
+from envlink._sansio.policies import RecoveryMechanism
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
     BRIDGE_HOP,
@@ -167,9 +169,8 @@ class ClientTelemetryHook(ClientHook):
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, *, url: str = "",
                  message_sample: int = MESSAGE_SAMPLE) -> None:
-        if isinstance(message_sample, bool) or not isinstance(message_sample, int) \
-                or message_sample < 1:
-            raise ValueError(f"message_sample must be an int >= 1, not {message_sample!r}")
+        check_number(message_sample, "message_sample", integer=True, minimum=1,
+                     mistyped=ValueError, expected="an int >= 1")
         self.tel: Telemetry = get_telemetry(tracer_provider, meter_provider)
         self.url = url
         self.message_sample = message_sample
@@ -303,11 +304,11 @@ class ClientTelemetryHook(ClientHook):
         elif name == "resume":
             scope = tel.span("resume", attributes={
                 ATTR_RPC_METHOD: phase.method, ATTR_ATTEMPT: phase.attempt,
-                ATTR_RECOVERY: phase.mechanism or "envlink-resume"})
+                ATTR_RECOVERY: phase.mechanism or RecoveryMechanism.ENVLINK_RESUME.value})
         elif name == "replay":
             scope = tel.span("replay", attributes={ATTR_ATTEMPT: phase.attempt,
                                                    ATTR_REPLAY_STEPS: phase.replay_steps,
-                                                   ATTR_RECOVERY: "replay"})
+                                                   ATTR_RECOVERY: RecoveryMechanism.REPLAY.value})
         elif name == "close":
             attrs = None
             if tel.tracing_enabled():

@@ -30,6 +30,7 @@ from opentelemetry.trace import Span, TracerProvider
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from envlink._config import check_number
 from envlink._deadlines import bounded
 from envlink._errors import ErrorCode
 from envlink._heap import warm_read_buffers
@@ -143,10 +144,9 @@ class EnvServer(Observable):
                 ) from None
         else:
             factory = env
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
-        if resume_grace < 0:
-            raise ValueError("resume_grace must not be negative")
+        check_number(max_sessions, "max_sessions", integer=True, minimum=1,
+                     expected="at least 1")
+        check_number(resume_grace, "resume_grace", minimum=0, expected="non-negative")
         self.host = host
         self.port = port
         self.max_sessions = max_sessions
@@ -157,8 +157,8 @@ class EnvServer(Observable):
         self.compression = compression
         self.idle_timeout = idle_timeout
         self.access = Access.build(auth_token, allowed_origins)
-        if max_connections is not None and max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
+        check_number(max_connections, "max_connections", integer=True, minimum=1,
+                     optional=True, expected="at least 1 or None")
         self._connection_class = capped_connection(HttpAwareConnection, max_connections)
         self.extensions = extensions
         self.faults = faults if faults is not None else Faults()

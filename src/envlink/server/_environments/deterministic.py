@@ -10,6 +10,7 @@ import random
 import uuid
 from typing import Any
 
+from envlink._config import is_int
 from envlink.server._environments.environment import InvalidActionError, Transition
 
 __all__ = ["DeterministicEnvironment"]
@@ -42,10 +43,10 @@ class DeterministicEnvironment:
         Raises:
             InvalidActionError: ``seed`` or ``max_steps`` is not an integer (or < 1).
         """
-        if not _is_int(seed):
+        if not is_int(seed):
             raise InvalidActionError(f"seed must be an integer, got {seed!r}")
         steps = self._default_max_steps if max_steps is None else max_steps
-        if not _is_int(steps) or steps < 1:
+        if not is_int(steps) or steps < 1:
             raise InvalidActionError(f"max_steps must be a positive integer, got {max_steps!r}")
         self._rng = random.Random(seed)
         self._seed = seed
@@ -65,7 +66,7 @@ class DeterministicEnvironment:
             InvalidActionError: the action is not exactly ``{"move": int}``.
             RuntimeError: no episode was started, or it is done (``EXECUTION_ERROR``).
         """
-        if set(action) != {"move"} or not _is_int(action["move"]):
+        if set(action) != {"move"} or not is_int(action["move"]):
             raise InvalidActionError(f"action must be {{'move': int}}, got {action!r}")
         if self._rng is None:
             raise RuntimeError("call reset before step")
@@ -122,7 +123,7 @@ class DeterministicEnvironment:
             ValueError: an unknown split.
         """
         first, count = _SPLITS[_split(split)]
-        if not _is_int(index) or not 0 <= index < count:
+        if not is_int(index) or not 0 <= index < count:
             raise IndexError(index)
         return {"seed": first + index, "max_steps": self._default_max_steps}
 
@@ -169,8 +170,6 @@ def _split(split: str) -> str:
     return name
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _jsonable(value: Any) -> Any:

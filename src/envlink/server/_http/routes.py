@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from envlink._config import is_int
 from envlink.server._environments.environment import (
     EnvironmentFactory,
     InvalidActionError,
@@ -202,7 +203,7 @@ def task_api(factory: EnvironmentFactory, method: str, path: str,
     if verb == "POST" and not isinstance(body, dict):
         return _unprocessable("the body must be a JSON object")
     args = [(body or {}).get(field, _TASK_DEFAULTS[field]) for field in fields]
-    if not all(isinstance(a, str) if f == "split" else _is_index(a)
+    if not all(isinstance(a, str) if f == "split" else is_int(a)
                for f, a in zip(fields, args, strict=True)):
         return _unprocessable(f"{parts[1]} takes {', '.join(fields)}: a string and integers")
     env = factory()
@@ -236,8 +237,6 @@ def _split_entry(split: Any) -> Any:
     return split
 
 
-def _is_index(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _not_allowed() -> HttpReply:
