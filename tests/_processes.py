@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import urllib.request
 from typing import Any
 
-__all__ = ["ServerProcess"]
+__all__ = ["ServerProcess", "process_gone"]
 
 LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)")
+
+
+def process_gone(pid: int, timeout: float = 20.0) -> bool:
+    """Whether process ``pid`` has exited within ``timeout`` (waited on with a pidfd, not
+    by sleeping)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(fd)
 
 
 class ServerProcess:

@@ -5,32 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
+from .._processes import process_gone
 from ._interop_support import CLIENTS, REPO_ROOT, SERVERS
 
 pytestmark = pytest.mark.timeout(400)
 
 SCENARIO = CLIENTS / "provider_parity.py"
-
-
-def _gone(pid: int, timeout: float = 20.0) -> bool:
-    """Whether ``pid`` has exited, waited on with a pidfd (no sleeping)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
-    finally:
-        os.close(fd)
 
 
 def _providers_module(openenv_py: str) -> str:
@@ -59,7 +45,7 @@ def test_runtime_provider_subclass_works_with_both_clients(openenv_py: str) -> N
     the provider's server, and after close() the server process is gone."""
     results = {which: _run(which, openenv_py) for which in ("openenv", "envlink")}
     for which, result in results.items():
-        assert _gone(int(result.pop("pid"))), f"{which} left the server running"
+        assert process_gone(int(result.pop("pid"))), f"{which} left the server running"
         assert result["stopped"] is True
         assert result["child_same_server"] is True
     assert results["envlink"] == results["openenv"]

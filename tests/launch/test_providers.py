@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -24,23 +23,11 @@ from envlink import (
 from envlink._launch.lifecycle import _uv_provider
 from envlink._launch.providers import docker_run_command
 
+from .._processes import process_gone
+
 pytestmark = pytest.mark.timeout(60)
 
 NEVER_READY = [sys.executable, "-c", "import time; time.sleep(120)"]
-
-
-def _gone(pid: int, timeout: float = 15.0) -> bool:
-    """Whether process ``pid`` has exited (waited on with a pidfd, not by sleeping)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
-    finally:
-        os.close(fd)
 
 
 class RecordingContainer:
@@ -82,7 +69,7 @@ async def test_runtime_provider_started_on_connect_and_stopped_on_close() -> Non
     pid = provider.pid
     assert pid is not None and client.base_url == provider.base_url
     await client.close()
-    assert provider.pid is None and _gone(pid)
+    assert provider.pid is None and process_gone(pid)
 
 
 async def test_children_share_the_provider_until_the_last_closes() -> None:
@@ -98,7 +85,7 @@ async def test_children_share_the_provider_until_the_last_closes() -> None:
     assert provider.pid == pid  # still serving the parent
     await parent.step({"message": "still up"})
     await parent.close()
-    assert provider.pid is None and _gone(pid)
+    assert provider.pid is None and process_gone(pid)
 
 
 async def test_container_provider_is_driven_as_openenv_does() -> None:
@@ -111,7 +98,7 @@ async def test_container_provider_is_driven_as_openenv_does() -> None:
     names = [name for name, _ in provider.calls]
     assert names == ["start_container", "wait_for_ready", "stop_container"]
     assert provider.calls[1][1] == (client.base_url, 20)
-    assert pid is not None and _gone(pid)
+    assert pid is not None and process_gone(pid)
 
 
 async def test_failed_readiness_stops_what_was_started() -> None:
@@ -149,7 +136,7 @@ async def test_a_server_that_exits_or_never_answers_is_stopped() -> None:
     with pytest.raises(ProviderError) as info:
         await client.connect()
     assert isinstance(info.value.__cause__, NotReadyError)
-    assert started and _gone(started[0]) and stuck.pid is None
+    assert started and process_gone(started[0]) and stuck.pid is None
     await client.close()
 
 
@@ -194,7 +181,7 @@ def test_from_docker_image_sync() -> None:
     pid = provider.pid
     assert env.step({"message": "hi"}).observation["echoed_message"] == "hi"
     env.close()
-    assert pid is not None and _gone(pid) and provider.calls[-1][0] == "stop_container"
+    assert pid is not None and process_gone(pid) and provider.calls[-1][0] == "stop_container"
 
 
 async def test_from_env_uses_the_space_image() -> None:
@@ -262,7 +249,7 @@ def test_no_orphan_when_the_caller_is_killed_mid_start() -> None:
         os.kill(pid, 0)  # the server runs
         caller.send_signal(signal.SIGKILL)
         caller.wait(15)
-        assert _gone(pid), f"server {pid} outlived its killed caller"
+        assert process_gone(pid), f"server {pid} outlived its killed caller"
     finally:
         if caller.poll() is None:
             caller.kill()
