@@ -23,6 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from envlink._errors import CallTimeoutError
+from envlink._speedups import running_loop_getter, task_of_loop_getter
 
 __all__ = ["bounded", "deadline"]
 
@@ -93,7 +94,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 if sys.version_info >= (3, 11):
 
-    _current_task = asyncio.current_task
+    _get_running_loop = running_loop_getter()
+    _task_of = task_of_loop_getter()
     # asyncio runs a timer this early (``BaseEventLoop._clock_resolution``).
     _RESOLUTION = time.get_clock_info("monotonic").resolution
     # A timer's callback needs no caller's context; an empty one holds no reference
@@ -181,13 +183,16 @@ if sys.version_info >= (3, 11):
             seconds = self._seconds
             if seconds is None:
                 return
-            task = _current_task()
+            loop = _get_running_loop()
+            task = _task_of(loop)
             if task is None:
                 raise RuntimeError("a deadline must be used inside a task")
             self._task = task
             self._cancelling = task.cancelling()
-            loop = task.get_loop()
-            timers = self._timers = _timers_of(loop)
+            timers = _cache.timers
+            if timers is None or timers.loop is not loop:
+                timers = _timers_of(loop)
+            self._timers = timers
             self.when = when = loop.time() + seconds
             timers.add(self, when)
 

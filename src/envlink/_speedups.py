@@ -15,6 +15,7 @@ without loading either.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,8 @@ __all__ = [
     "meter_provider_checks",
     "new_record",
     "running_loop_getter",
+    "span_key",
+    "task_of_loop_getter",
     "tracer_provider_unset_check",
 ]
 
@@ -85,6 +88,30 @@ def running_loop_getter() -> Callable[[], Any]:
             return None
 
     return running_loop
+
+
+def task_of_loop_getter() -> Callable[[Any], Any]:
+    """A function from a running loop to its current task (``None`` for ``None``).
+
+    ``asyncio.current_task`` is a Python function on 3.11 (a C one from 3.12): there
+    the fast path is the look-up it makes, in asyncio's own table of current tasks.
+    """
+    import asyncio
+
+    current = asyncio.current_task
+    table = getattr(asyncio.tasks, "_current_tasks", None)
+    if ENABLED and isinstance(table, dict) and not isinstance(
+            current, types.BuiltinFunctionType):
+        return table.get
+    return lambda loop: None if loop is None else current(loop)
+
+
+def span_key() -> Any:
+    """The context key OpenTelemetry's current span lives under, or ``None`` (use
+    ``trace.get_current_span``); a dict look-up instead of three Python calls."""
+    from opentelemetry.trace import propagation
+
+    return getattr(propagation, "_SPAN_KEY", None) if ENABLED else None
 
 
 def baggage_key() -> Any:

@@ -158,3 +158,41 @@ async def test_several_user_hooks_nest_around_each_call_and_phase() -> None:
     reset = log[:log.index("/call reset a") + 1]
     assert reset == ["call reset a", "call reset b", "phase attempt a", "phase attempt b",
                      "/phase attempt b", "/phase attempt a", "/call reset b", "/call reset a"]
+
+
+async def test_a_hook_may_decline_the_first_attempts_phase() -> None:
+    """first_attempt_phases = False: no attempt phase for a first try (the call reports
+    it); a resend is still an attempt phase. Beside a hook that wants them, both get them."""
+
+    class RetriesOnly(Recorder):
+        first_attempt_phases = False
+
+    drops = {"n": 0}
+
+    def flaky(request: dict[str, Any]) -> Any:
+        if request["type"] == "state" and drops["n"] == 0:
+            drops["n"] += 1
+            raise ConnectionLostError("cut before the answer")
+        if request["type"] == "state":
+            return {"type": "state", "data": {"step_count": 0}}
+        return handler(request)
+
+    rec = RetriesOnly()
+    async with GenericEnvClient("http://env.test", transport=MockTransport(flaky),
+                                hooks=[rec]) as env:
+        await env.state()  # a read outside an episode: resent after the lost connection
+    attempts = [(p.method, p.attempt) for k, p in rec.seen
+                if k == "phase_started" and p.phase == "attempt"]
+    assert attempts == [("state", 2)]
+    ends = [p.phase.attempt for k, p in rec.seen
+            if k == "phase_finished" and p.phase.phase == "attempt"]
+    assert ends == [2]
+    assert [c.method for k, c in rec.seen if k == "call_finished"][-1] == "state"
+
+    both, wanting = RetriesOnly(), Recorder()
+    async with GenericEnvClient("http://env.test", transport=MockTransport(handler),
+                                hooks=[both, wanting]) as env:
+        await env.reset()
+    for hook in (both, wanting):
+        assert ("reset", 1) in [(p.method, p.attempt) for k, p in hook.seen
+                                if k == "phase_started" and p.phase == "attempt"]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from envlink import ProtocolError
 from envlink._sansio.protocol import (
+    _RESPONSE_ADAPTER,
     EXTENSION_HEADER,
     ErrorFrame,
     Extensions,
@@ -21,6 +22,7 @@ from envlink._sansio.protocol import (
     StateFrame,
     StateRequest,
     StepRequest,
+    _describe,
     _loads,
     decode_request,
     decode_response,
@@ -240,3 +242,34 @@ def test_frame_parsing_is_json_loads(obj: dict[str, object], cut: int, pad: str)
                 _loads(text, code="")
         else:
             assert json.dumps(_loads(text, code="")) == expected
+
+
+_field_values = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3) \
+    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2) | st.lists(st.integers())
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["observation", "state", "error", "mcp"]),
+       data=st.dictionaries(st.sampled_from(["observation", "reward", "done", "metadata",
+                                             "message", "code", "active_sessions", "x"]),
+                            _field_values, max_size=5) | _field_values,
+       request_id=st.none() | st.text(max_size=4) | st.integers(),
+       with_id=st.booleans())
+def test_each_frame_is_validated_as_the_tagged_union_validates_it(
+        kind: str, data: object, request_id: object, with_id: bool) -> None:
+    """decode_response validates with the frame type's own model: the same frame (fields,
+    set fields) as the union's, or the union's error, for any field values."""
+    obj: dict[str, object] = {"type": kind, "data": data}
+    if with_id:
+        obj["id"] = request_id
+    try:
+        expected = _RESPONSE_ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        with pytest.raises(ProtocolError) as caught:
+            decode_response(json.dumps(obj))
+        assert str(caught.value) == f"invalid {kind!r} frame: {_describe(exc)}"
+        return
+    got = decode_response(json.dumps(obj))
+    assert type(got) is type(expected)
+    assert got.model_dump() == expected.model_dump()
+    assert got.model_fields_set == expected.model_fields_set

@@ -364,6 +364,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     def _step_payload(self, action: ActT) -> dict[str, Any]:
         """Turn an action into the ``data`` of a step frame (override in typed clients)."""
+        if type(action) is dict:  # the common case, without the two class checks
+            return dict(action)  # type: ignore[call-overload,no-any-return]
         if isinstance(action, BaseModel):
             return action.model_dump(mode="json", exclude_none=True)
         if isinstance(action, Mapping):
@@ -375,12 +377,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[ObsT]:
         """Turn an observation frame's ``data`` into a :class:`StepResult` (override)."""
-        return StepResult(
-            observation=cast(ObsT, payload.get("observation", {})),
-            reward=payload.get("reward"),
-            done=bool(payload.get("done", False)),
-            metadata=payload.get("metadata"),
-        )
+        get = payload.get
+        observation: ObsT = get("observation", {})
+        return StepResult(observation=observation, reward=get("reward"),
+                          done=bool(get("done", False)), metadata=get("metadata"))
 
     def _parse_state(self, payload: dict[str, Any]) -> StateT:
         """Turn a state frame's ``data`` into the state type (override)."""

@@ -60,6 +60,7 @@ from envlink._sansio.session import (
     Preflight,
     SessionCore,
 )
+from envlink._speedups import running_loop_getter, task_of_loop_getter
 from envlink._transports.base import Connection, NotWrittenError
 from envlink.names import (
     LOG_CLIENT_CLOSED,
@@ -75,7 +76,10 @@ from envlink.names import (
 
 __all__ = ["SessionDriver"]
 
-_current_task = asyncio.current_task
+_get_running_loop = running_loop_getter()
+_task_of = task_of_loop_getter()
+_getpid = os.getpid
+_perf = time.perf_counter
 
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
@@ -84,6 +88,9 @@ _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 class _Lifecycle(enum.Enum):
     OPEN = "open"
     CLOSED = "closed"
+
+
+_CLOSED = _Lifecycle.CLOSED
 
 
 class SessionDriver:
@@ -104,6 +111,7 @@ class SessionDriver:
         self.core = core
         self.connector = connector
         self.hook = hook
+        self._first_phases = bool(getattr(hook, "first_attempt_phases", True))
         self.options = options
         self.timeouts = timeouts
         self.replay_verify = replay_verify
@@ -126,7 +134,7 @@ class SessionDriver:
     async def call(self, method: str, seconds: float | None,
                    run: Callable[[Call], Awaitable[_R]]) -> _R:
         """Run one public call: its hooks, its deadline, its turn in the queue."""
-        if self.closed:
+        if self.lifecycle is _CLOSED:
             raise ClientClosedError("the client is closed")
         core, endpoint = self.core, self.connector.endpoint
         call = Call(method)
@@ -144,7 +152,7 @@ class SessionDriver:
                         return await run(call)
                     return await gate.call(method, seconds, lambda: run(call))
             except asyncio.CancelledError as exc:
-                if self.closed:
+                if self.lifecycle is _CLOSED:
                     raise ClientClosedError(f"the client was closed during {method}") from exc
                 raise
             except CallTimeoutError as exc:
@@ -243,12 +251,14 @@ class SessionDriver:
                     return await recover(self.recovery(), call, data, request_id, cause=None)
             if request_id is None:
                 request_id = core.next_request_id()
-            # What PhaseReport does, written out: this runs once per call, and the
-            # context manager would add three Python calls to each.
-            phase = PhaseStarted("attempt", method, number)
-            hook = self.hook
-            mark = hook.phase_started(phase)
             try:
+                if number == 1 and not self._first_phases:
+                    return await self.exchange(conn, method, data, request_id, call=call)
+                # What PhaseReport does, written out: this runs once per call, and the
+                # context manager would add three Python calls to each.
+                phase = PhaseStarted("attempt", method, number)
+                hook = self.hook
+                mark = hook.phase_started(phase)
                 try:
                     answer = await self.exchange(conn, method, data, request_id, call=call)
                 except BaseException as exc:
@@ -424,14 +434,15 @@ class _Turn:
 
     async def __aenter__(self) -> None:
         driver = self._driver
-        # Task and loop come from one running-loop look-up, a system call on 3.11.
-        task = _current_task()
-        lock = driver._bind_loop(
-            asyncio.get_running_loop() if task is None else task.get_loop())
-        queued = time.perf_counter()
+        loop = _get_running_loop()
+        task = _task_of(loop)
+        lock = driver._lock
+        if driver._loop is not loop or lock is None or driver._pid != _getpid():
+            lock = driver._bind_loop(asyncio.get_running_loop() if loop is None else loop)
+        queued = _perf()
         await lock.acquire()
-        self._call.queue_wait = time.perf_counter() - queued
-        if driver.closed:
+        self._call.queue_wait = _perf() - queued
+        if driver.lifecycle is _CLOSED:
             lock.release()
             raise ClientClosedError("the client is closed")
         self._lock = lock

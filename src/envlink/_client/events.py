@@ -220,6 +220,11 @@ class ClientHook:
     The base class does nothing, so a hook pays only for what it overrides.
     """
 
+    #: Whether the hook wants the ``attempt`` phase of a call's first try, the one
+    #: that also opens and closes with the call itself. ``False`` (envlink's telemetry
+    #: hook, which measures retries only) spares every call building those two records.
+    first_attempt_phases: bool = True
+
     def call_started(self, call: CallStarted) -> Any:
         """A call begins; the return value is handed to :meth:`call_finished`."""
         return None
@@ -247,6 +252,10 @@ class _HookChain(HookChain, ClientHook):
     __slots__ = ()
     log = logging.getLogger("envlink.client")
     owner = "envlink client"
+
+    @property
+    def first_attempt_phases(self) -> bool:  # type: ignore[override]
+        return any(getattr(hook, "first_attempt_phases", True) for hook in self.hooks)
 
     def call_started(self, call: CallStarted) -> list[tuple[ClientHook, Any]]:
         return self.start("call_started", call)

@@ -21,7 +21,7 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from envlink._speedups import baggage_key, composite_parts
+from envlink._speedups import baggage_key, composite_parts, span_key
 
 __all__ = ["trace_carrier"]
 
@@ -34,10 +34,13 @@ _get_current = otel_context.get_current
 _get_current_span = trace.get_current_span
 _get_global_textmap = propagate.get_global_textmap
 _INVALID = trace.INVALID_SPAN_CONTEXT
+_Span = trace.Span
 _NO_STATE = trace.DEFAULT_TRACE_STATE
 _TRACEPARENT = "00-%032x-%016x-%02x"
 #: The context key of the baggage, when known; without it, the public ``baggage.get_all``.
 _BAGGAGE_KEY: Any = baggage_key()
+#: The context key of the current span, when known; without it, ``get_current_span``.
+_SPAN_KEY: Any = span_key()
 
 
 def _has_baggage(ctx: Any) -> bool:
@@ -68,12 +71,20 @@ def trace_carrier() -> dict[str, str]:
         propagate.inject(carrier)
         return carrier
     ctx = _get_current()
-    span_context = _get_current_span(ctx).get_span_context()
     if checked[2] and (ctx.get(_BAGGAGE_KEY) if _BAGGAGE_KEY is not None
                        else _has_baggage(ctx)):
         carrier = {}
         propagate.inject(carrier, ctx)
         return carrier
+    if _SPAN_KEY is not None:
+        span = ctx.get(_SPAN_KEY)
+        if span is None:  # no span: what get_current_span gives is the invalid one
+            return {}
+        if not isinstance(span, _Span):  # as get_current_span: the invalid one
+            return {}
+    else:
+        span = _get_current_span(ctx)
+    span_context = span.get_span_context()
     if span_context == _INVALID:
         return {}
     state = span_context.trace_state

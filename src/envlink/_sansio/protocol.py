@@ -423,7 +423,9 @@ ResponseFrame = Annotated[
 _RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame | McpFrame] = (
     TypeAdapter(ResponseFrame, config=_DEFERRED)
 )
-_RESPONSE_TYPES = frozenset({"observation", "state", "error", "mcp"})
+_RESPONSE_MODELS: dict[str, type[ObservationFrame | StateFrame | ErrorFrame | McpFrame]] = {
+    "observation": ObservationFrame, "state": StateFrame, "error": ErrorFrame, "mcp": McpFrame}
+_RESPONSE_TYPES = frozenset(_RESPONSE_MODELS)
 
 
 def server_error(frame: ErrorFrame) -> ServerError:
@@ -452,7 +454,8 @@ def decode_response(
     """
     if max_size is not None and len(raw) > max_size:
         raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
-    check_json_values(raw, max_values, "frame")
+    if max_values is not None and len(raw) > max_values:  # the check's own first test
+        check_json_values(raw, max_values, "frame")
     obj = _loads(raw, code="")
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
@@ -461,11 +464,18 @@ def decode_response(
         raise ProtocolError("frame has no 'type' field")
     if not isinstance(kind, str) or kind not in _RESPONSE_TYPES:
         raise ProtocolError(f"unknown frame type {kind!r}")
+    model = _RESPONSE_MODELS[kind]
     try:
-        frame = _RESPONSE_ADAPTER.validate_python(obj)
-    except ValidationError as exc:
-        raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
-    if isinstance(frame, (ObservationFrame, ErrorFrame)):
+        # The frame's own model, as the tagged union would pick it, without the union.
+        frame: ObservationFrame | StateFrame | ErrorFrame | McpFrame = (
+            model.__pydantic_validator__.validate_python(obj))
+    except ValidationError:
+        try:  # the union's error, whose locations name the frame type
+            _RESPONSE_ADAPTER.validate_python(obj)
+        except ValidationError as exc:
+            raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
+        raise  # pragma: no cover - the union accepts nothing its member refuses
+    if model is ObservationFrame or model is ErrorFrame:
         # The frame was just built and nobody else holds it: set the exact ``data``
         # object on it in place rather than copy the whole (frozen) model for one field.
         object.__setattr__(frame, "raw_data", obj["data"])

@@ -165,6 +165,8 @@ class ClientTelemetryHook(ClientHook):
 
     #: Every method swallows its own failures: no chain is needed around it.
     never_raises = True
+    #: A first attempt is measured as the call (rpc.client.call.duration).
+    first_attempt_phases = False
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
                  meter_provider: MeterProvider | None = None, *, url: str = "",
