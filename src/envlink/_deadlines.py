@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 
 from envlink._errors import CallTimeoutError
@@ -225,13 +224,9 @@ if sys.version_info >= (3, 11):
             return CallTimeoutError(f"{self._method} did not complete within {seconds:g} s",
                                     method=self._method, timeout=seconds)
 
-    def deadline(seconds: float | None, method: str) -> AbstractAsyncContextManager[None]:
-        """A call's deadline: :class:`~envlink.CallTimeoutError` when it expires.
-
-        Raises:
-            CallTimeoutError: the deadline expired inside the block.
-        """
-        return _Deadline(seconds, method)
+    #: A call's deadline, ``deadline(seconds, method)``: :class:`~envlink.CallTimeoutError`
+    #: when it expires inside the block. The class itself: no function frame per call.
+    deadline = _Deadline
 
 else:  # pragma: no cover - exercised on Python 3.10 only
 

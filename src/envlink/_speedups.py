@@ -14,6 +14,7 @@ without loading either.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import types
 from collections.abc import Callable
@@ -24,6 +25,7 @@ __all__ = [
     "SWITCH",
     "baggage_key",
     "composite_parts",
+    "current_context_getter",
     "json_scanner",
     "meter_provider_checks",
     "new_record",
@@ -104,6 +106,22 @@ def task_of_loop_getter() -> Callable[[Any], Any]:
             current, types.BuiltinFunctionType):
         return table.get
     return lambda loop: None if loop is None else current(loop)
+
+
+def current_context_getter() -> Callable[[], Any]:
+    """``opentelemetry.context.get_current``, or the context variable's own ``get``.
+
+    The API's function asks its runtime context object, which asks a
+    ``ContextVar``: two Python calls per frame where one C call gives the same.
+    """
+    from opentelemetry import context
+
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if ENABLED and type(runtime).__name__ == "ContextVarsRuntimeContext" and isinstance(
+            var, contextvars.ContextVar):
+        return var.get
+    return context.get_current
 
 
 def span_key() -> Any:

@@ -48,7 +48,7 @@ pytestmark = pytest.mark.timeout(30)
         ('{"type": "observation", "data": {"reward": 1}}', "observation: Field required"),
         ('{"type": "observation"}', "data: Field required"),
         ('{"type": "observation", "data": {"observation": [], "done": false}}',
-         "observation: Input should be a valid dictionary"),
+         "observation: Input should be an instance of dict"),
         ('{"type": "observation", "data": {"observation": {}, "done": "yes"}}', "done"),
         ('{"type": "state", "data": 3}', "invalid 'state' frame"),
         ('{"type": "error", "data": {"code": "X"}}', "message: Field required"),

@@ -21,7 +21,7 @@ from envlink._client import handles, mcp
 from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.connector import Connector
 from envlink._client.dispatch import AutoDispatch
-from envlink._client.driver import SessionDriver
+from envlink._client.driver import SessionDriver, Turn
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
 from envlink._config import (
@@ -451,17 +451,24 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             ServerError, CallTimeoutError, ProtocolError, ClientClosedError.
         """
         payload = self._step_payload(action)
-        driver = self._driver
+        driver, core = self._driver, self._core
 
+        # The hot call: its turn, parse and deadline written out (no helper frames).
         async def run(call: Call) -> StepResult[ObsT]:
-            async with driver.turn(call):
-                call.step_index = self._core.journal.step_count
+            async with Turn(driver, call):
+                call.step_index = core.journal.step_count
                 frame = driver.expect(await driver.request(call, payload), ObservationFrame,
-                                     "step")
-                self._core.answered("step", payload, frame, call=call)
-                return _parse(self._parse_result, frame.raw_data, "observation")
+                                      "step")
+                core.answered("step", payload, frame, call=call)
+                try:
+                    return self._parse_result(frame.raw_data)
+                except EnvlinkError:
+                    raise
+                except Exception as exc:
+                    raise _parse_failed("observation", exc) from exc
 
-        return await driver.call("step", self._seconds(timeout), run)
+        seconds = self.timeouts.call if timeout is UNSET else check_timeout(timeout)
+        return await driver.call("step", seconds, run)
 
     async def state(self, *, timeout: float | UnsetType | None = UNSET) -> StateT:
         """Read the environment's state (episode id, step count, ...).
@@ -883,7 +890,11 @@ def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str
     except EnvlinkError:
         raise
     except Exception as exc:
-        raise ProtocolError(f"could not parse the server's {what}: {exc}") from exc
+        raise _parse_failed(what, exc) from exc
+
+
+def _parse_failed(what: str, exc: Exception) -> ProtocolError:
+    return ProtocolError(f"could not parse the server's {what}: {exc}")
 
 
 def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:

@@ -48,7 +48,7 @@ from envlink._sansio.protocol import (
     decode_response,
     server_error,
 )
-from envlink._sansio.retry import Again, succeeded
+from envlink._sansio.retry import Again
 from envlink._sansio.session import (
     Action,
     Call,
@@ -74,7 +74,7 @@ from envlink.names import (
     OUTCOME_TIMEOUT,
 )
 
-__all__ = ["SessionDriver"]
+__all__ = ["SessionDriver", "Turn"]
 
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
@@ -172,9 +172,9 @@ class SessionDriver:
                 method, outcome, time.perf_counter() - start, error, call.queue_wait,
                 call.step_index, core.session_id, endpoint.host, endpoint.port), token)
 
-    def turn(self, call: Call) -> _Turn:
+    def turn(self, call: Call) -> Turn:
         """One request in flight per session; callers wait FIFO (asyncio.Lock is fair)."""
-        return _Turn(self, call)
+        return Turn(self, call)
 
     def drop_if_inherited(self) -> None:
         """In a forked child, forget the parent's connection without any I/O on it.
@@ -286,7 +286,10 @@ class SessionDriver:
             except BaseException as exc:
                 first = exc
             else:
-                return succeeded(self.connector.policy, result)
+                budget = self.connector.policy.budget  # what succeeded() does, inline
+                if budget is not None:
+                    budget.record_success()
+                return result
             return await self.connector.retry("resend").continue_after(first, attempt, start)
         except asyncio.CancelledError:
             # A deadline or a cancellation once the frame may be on the wire: the
@@ -422,7 +425,7 @@ class SessionDriver:
                                self.replay_verify)
 
 
-class _Turn:
+class Turn:
     """:meth:`SessionDriver.turn`: the session's lock, held for one call (no generator frame)."""
 
     __slots__ = ("_call", "_driver", "_lock")

@@ -16,12 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from opentelemetry import baggage, propagate, trace
-from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from envlink._speedups import baggage_key, composite_parts, span_key
+from envlink._speedups import baggage_key, composite_parts, current_context_getter, span_key
 
 __all__ = ["trace_carrier"]
 
@@ -30,7 +29,7 @@ _W3C = (TraceContextTextMapPropagator, W3CBaggagePropagator)
 #: only, and whether it includes the baggage propagator (redone when it changes; one
 #: tuple, so that a reader never sees half of a change).
 _checked: tuple[Any, bool, bool] = (None, False, False)
-_get_current = otel_context.get_current
+_get_current = current_context_getter()
 _get_current_span = trace.get_current_span
 _get_global_textmap = propagate.get_global_textmap
 _INVALID = trace.INVALID_SPAN_CONTEXT

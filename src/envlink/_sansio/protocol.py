@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    InstanceOf,
     StrictBool,
     TypeAdapter,
     ValidationError,
@@ -295,6 +296,8 @@ def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None
     if request_id is not None and trace:
         traceparent, tracestate = trace.get("traceparent"), trace.get("tracestate")
     if method == "reset" or method == "step" or method == "mcp":
+        if type(data) is dict and all(map(_is_str, data)):  # encode_data_request's test
+            return _dump(method, data, request_id, traceparent, tracestate)
         try:
             return encode_data_request(method, data or {}, request_id, traceparent,
                                        tracestate)
@@ -349,14 +352,18 @@ class _Lenient(BaseModel):
 
 
 class ObservationData(_Lenient):
-    """The ``data`` of an observation frame."""
+    """The ``data`` of an observation frame.
 
-    observation: dict[str, Any]
+    ``observation`` and ``metadata`` are checked to be JSON objects, not copied: a
+    frame's values come from the JSON decoder, whose objects have string keys.
+    """
+
+    observation: InstanceOf[dict[str, Any]]
     # Finite only: NaN compares unequal to everything and poisons every sum it enters
     # (the client refuses to send one, too).
     reward: Annotated[float, Field(allow_inf_nan=False)] | None = None
     done: StrictBool = False
-    metadata: dict[str, Any] | None = None
+    metadata: InstanceOf[dict[str, Any]] | None = None
 
 
 class ErrorData(_Lenient):
@@ -456,7 +463,17 @@ def decode_response(
         raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
     if max_values is not None and len(raw) > max_values:  # the check's own first test
         check_json_values(raw, max_values, "frame")
-    obj = _loads(raw, code="")
+    obj: Any = _UNREAD
+    if _scan is not None and type(raw) is str and raw[:1] == "{":  # _loads' first try
+        try:
+            obj, end = _scan(raw, 0)
+        except Exception:  # _loads says what is wrong
+            obj = _UNREAD
+        else:
+            if end != len(raw):
+                obj = _UNREAD
+    if obj is _UNREAD:
+        obj = _loads(raw, code="")
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
     kind = obj.get("type")
@@ -496,6 +513,7 @@ def encode_response(
 
 
 _scan: Callable[[str, int], tuple[Any, int]] | None = json_scanner()
+_UNREAD = object()
 
 
 def _loads(raw: str | bytes, *, code: str) -> Any:

@@ -47,6 +47,7 @@ from envlink._sansio.policies import (
     idempotent_mcp,
 )
 from envlink._sansio.protocol import (
+    EXTENSION_VERSION,
     ErrorFrame,
     Extensions,
     McpFrame,
@@ -292,7 +293,7 @@ class SessionCore:
         After calling this method: call :meth:`encode` with it, and pass it to
         :meth:`receive` for every frame read until the answer.
         """
-        if not (always or self.extensions.enabled):
+        if not (always or self.extensions.version == EXTENSION_VERSION):  # .enabled
             return None
         return f"{self._id_prefix}-{next(self._ids)}"
 
