@@ -64,9 +64,10 @@ class Job:
         self.ended = 0.0
 
     def wake(self) -> None:
-        # RuntimeError: already released by close(), the caller is awake.
-        with contextlib.suppress(RuntimeError):
+        try:  # noqa: SIM105 - once per call: no contextlib machinery
             self.waiter.release()
+        except RuntimeError:  # already released by close(): the caller is awake
+            pass
 
 
 async def _run_job(job: Job) -> None:

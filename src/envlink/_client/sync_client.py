@@ -138,6 +138,9 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
                          timeout=None if deadline is None else deadline + timeout_margin)
         self._envlink_owns_bridge = owns
         self._envlink_margin = float(timeout_margin)
+        #: The client's step coroutine method, looked up once (the hot call).
+        step = getattr(client, "step", None)
+        self._envlink_step = None if step is None else raw_method(step)
         self._envlink_close_lock = threading.Lock()
         self._envlink_closed = False
         self._envlink_close_done = threading.Event()
@@ -222,6 +225,15 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
             SessionLostError, ReplayDivergedError, OutcomeUnknownError, ServerError,
             CallTimeoutError, ProtocolError, ClientClosedError, ReentrantCallError.
         """
+        step = self._envlink_step
+        if timeout is UNSET and not kwargs and step is not None:
+            # The hot call, without the generic plumbing: the same coroutine, the same
+            # wait (the client's deadline plus the margin), the action passed as it is.
+            deadline = self._envlink_target.call_deadline("step")
+            wait = None if deadline is None else deadline + self._envlink_margin
+            done: StepResult[ObsT] = self._envlink_bridge.call(
+                step, action, timeout=wait, method="step")
+            return done
         result: StepResult[ObsT] = self._envlink_call("step", (action,), kwargs, timeout)
         return result
 
