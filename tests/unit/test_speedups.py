@@ -39,6 +39,46 @@ def test_records_built_either_way_are_equal() -> None:
 
 @pytest.mark.parametrize("text", ['{"type":"observation","data":{"x":[1,2.5,null,true]}}',
                                   '{"a":"\\u00e9\\n","b":{"c":{}}}', '{"n":-0.0,"e":1e308}'])
+def test_the_json_parser_decodes_frames_as_json_loads(text: str) -> None:
+    """pydantic-core's parser, when used, reads a frame as json.loads does."""
+    parse = _speedups.json_parser()
+    if parse is None:
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
+    assert repr(parse(text)) == repr(json.loads(text))
+
+
+_EDGES = ['{"a":"\\ud800"}', '{"a":"\\udc00\\ud800"}', '{"a":"\\ud83d\\ude00"}', '{"a":1e400}',
+          '{"a":-1e400}', '{"a":1e-400}', '{"a":5e-324}', '{"a":NaN,"b":Infinity,"c":-Infinity}',
+          '{"a":1,"a":2}', '{"a":-0,"b":-0.0}', '{"a":9007199254740993,"b":9007199254740993.0}',
+          '{"a":1.00000000000000011102230246251565404236316680908203125}',
+          '{"a":' + "1" * 4300 + '}', '{"a":' + "1" * 4301 + '}',
+          '{"a":' + "[" * 300 + "]" * 300 + '}',
+          '{"a":"x\ty"}', '{"a":"\x1f"}', '{"a":"\x7f\u00e9"}', ' {"a":1} ', '{"a":.5}',
+          '[1]', '"s"']
+
+
+@pytest.mark.parametrize("text", _EDGES)
+def test_the_json_parser_never_differs_from_json_loads(text: str) -> None:
+    """Where the parser accepts a text, json.loads accepts it with the same value;
+    where json.loads refuses one, so does the parser."""
+    parse = _speedups.json_parser()
+    if parse is None:
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
+    try:
+        expected = repr(json.loads(text))
+    except ValueError:
+        with pytest.raises(ValueError):  # noqa: PT011 - any refusal will do
+            parse(text)
+        return
+    try:
+        got = parse(text)
+    except ValueError:
+        return  # refused: the caller hands it to json.loads
+    assert repr(got) == expected
+
+
+@pytest.mark.parametrize("text", ['{"type":"observation","data":{"x":[1,2.5,null,true]}}',
+                                  '{"a":"\\u00e9\\n","b":{"c":{}}}', '{"n":-0.0,"e":1e308}'])
 def test_the_json_scanner_decodes_as_json_loads(text: str) -> None:
     """The C scanner, when present, reads a frame as json.loads does, to its end."""
     scan = _speedups.json_scanner()
@@ -98,6 +138,7 @@ def test_the_switch_selects_every_fallback() -> None:
         "from envlink._client.propagation import trace_carrier\n"
         "assert not s.ENABLED\n"
         "assert s.json_scanner() is None and s.baggage_key() is None\n"
+        "assert s.json_parser() is None\n"
         "assert s.new_record is s._new_record_plain\n"
         "import asyncio; assert s.running_loop_getter() is not asyncio._get_running_loop\n"
         "assert s.composite_parts(object()) is None\n"

@@ -60,7 +60,7 @@ from envlink._sansio.session import (
     Preflight,
     SessionCore,
 )
-from envlink._speedups import running_loop_getter, task_of_loop_getter
+from envlink._speedups import lock_fast_path, running_loop_getter, task_of_loop_getter
 from envlink._transports.base import Connection, NotWrittenError
 from envlink.names import (
     LOG_CLIENT_CLOSED,
@@ -78,6 +78,7 @@ __all__ = ["SessionDriver", "Turn"]
 
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
+_FREE_LOCKS = lock_fast_path()
 _getpid = os.getpid
 _perf = time.perf_counter
 
@@ -442,9 +443,15 @@ class Turn:
         lock = driver._lock
         if driver._loop is not loop or lock is None or driver._pid != _getpid():
             lock = driver._bind_loop(asyncio.get_running_loop() if loop is None else loop)
-        queued = _perf()
-        await lock.acquire()
-        self._call.queue_wait = _perf() - queued
+        if _FREE_LOCKS and not lock._locked and not lock._waiters:  # type: ignore[attr-defined]
+            # What acquire() does when nobody holds the lock or waits for it, without
+            # its coroutine: the call did not queue.
+            lock._locked = True  # type: ignore[attr-defined]
+            self._call.queue_wait = 0.0
+        else:
+            queued = _perf()
+            await lock.acquire()
+            self._call.queue_wait = _perf() - queued
         if driver.lifecycle is _CLOSED:
             lock.release()
             raise ClientClosedError("the client is closed")
@@ -456,5 +463,8 @@ class Turn:
         self._driver.active = None
         lock, self._lock = self._lock, None
         if lock is not None:
-            lock.release()
+            if _FREE_LOCKS and lock._locked and not lock._waiters:  # type: ignore[attr-defined]
+                lock._locked = False  # type: ignore[attr-defined]  # release(), nobody waiting
+            else:
+                lock.release()
 

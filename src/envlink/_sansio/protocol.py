@@ -30,7 +30,7 @@ from pydantic_core import PydanticSerializationError, SchemaSerializer, core_sch
 
 from envlink._errors import ProtocolError, ServerError
 from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES, check_json_values
-from envlink._speedups import json_scanner
+from envlink._speedups import json_parser, json_scanner
 
 __all__ = [
     "EXTENSION_HEADER",
@@ -463,16 +463,12 @@ def decode_response(
         raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
     if max_values is not None and len(raw) > max_values:  # the check's own first test
         check_json_values(raw, max_values, "frame")
-    obj: Any = _UNREAD
-    if _scan is not None and type(raw) is str and raw[:1] == "{":  # _loads' first try
+    if _parse is not None and type(raw) is str:  # _loads' first try, in line
         try:
-            obj, end = _scan(raw, 0)
-        except Exception:  # _loads says what is wrong
-            obj = _UNREAD
-        else:
-            if end != len(raw):
-                obj = _UNREAD
-    if obj is _UNREAD:
+            obj = _parse(raw)
+        except Exception:  # _loads says what is wrong, or json.loads reads it
+            obj = _loads(raw, code="", parsed=False)
+    else:
         obj = _loads(raw, code="")
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
@@ -512,12 +508,23 @@ def encode_response(
     return json.dumps(obj, separators=(",", ":"))
 
 
+_parse: Callable[[str], Any] | None = json_parser()
 _scan: Callable[[str, int], tuple[Any, int]] | None = json_scanner()
-_UNREAD = object()
 
 
-def _loads(raw: str | bytes, *, code: str) -> Any:
-    if _scan is not None and type(raw) is str and raw[:1] == "{":
+def _loads(raw: str | bytes, *, code: str, parsed: bool = True) -> Any:
+    """``json.loads(raw)``, faster where it can be; a ``ProtocolError`` for invalid JSON.
+
+    ``parsed=False``: the fast parser was tried already (and refused the text).
+    """
+    if parsed and _parse is not None and type(raw) is str:
+        # A text the fast parser refuses may still be JSON to json.loads (a lone
+        # surrogate escape, deep nesting): json.loads has the last word.
+        try:
+            return _parse(raw)
+        except Exception:  # json.loads below says what is wrong
+            pass
+    elif _scan is not None and type(raw) is str and raw[:1] == "{":
         # A frame as servers send it; anything else (bytes, whitespace around it, a
         # fault) is left to json.loads, whose result and errors are the reference.
         try:
