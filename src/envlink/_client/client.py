@@ -457,8 +457,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         async def run(call: Call) -> StepResult[ObsT]:
             async with Turn(driver, call):
                 call.step_index = core.journal.step_count
-                frame = driver.expect(await driver.request(call, payload), ObservationFrame,
-                                      "step")
+                frame = await driver.request(call, payload)
+                if type(frame) is not ObservationFrame:  # an error frame, or out of step
+                    frame = driver.expect(frame, ObservationFrame, "step")
                 core.answered("step", payload, frame, call=call)
                 try:
                     return self._parse_result(frame.raw_data)

@@ -60,7 +60,12 @@ from envlink._sansio.session import (
     Preflight,
     SessionCore,
 )
-from envlink._speedups import lock_fast_path, running_loop_getter, task_of_loop_getter
+from envlink._speedups import (
+    lock_fast_path,
+    new_record,
+    running_loop_getter,
+    task_of_loop_getter,
+)
 from envlink._transports.base import Connection, NotWrittenError
 from envlink.names import (
     LOG_CLIENT_CLOSED,
@@ -79,6 +84,7 @@ __all__ = ["SessionDriver", "Turn"]
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
 _FREE_LOCKS = lock_fast_path()
+_record = new_record
 _getpid = os.getpid
 _perf = time.perf_counter
 
@@ -140,10 +146,11 @@ class SessionDriver:
         core, endpoint = self.core, self.connector.endpoint
         call = Call(method)
         hook = self.hook
-        token = hook.call_started(CallStarted(
+        # The records are built from their fields' tuple (no NamedTuple __new__ frame).
+        token = hook.call_started(_record(CallStarted, (
             method, endpoint.host, endpoint.port, core.session_id,
-            core.journal.episode_id if core.episode is Episode.ACTIVE else None))
-        start = time.perf_counter()
+            core.journal.episode_id if core.episode is Episode.ACTIVE else None)))
+        start = _perf()
         error: BaseException | None = None
         try:
             try:
@@ -169,9 +176,9 @@ class SessionDriver:
             outcome = OUTCOME_OK if error is None else (
                 OUTCOME_TIMEOUT if isinstance(error, CallTimeoutError) else
                 OUTCOME_CANCELLED if isinstance(error, asyncio.CancelledError) else OUTCOME_ERROR)
-            hook.call_finished(CallFinished(
-                method, outcome, time.perf_counter() - start, error, call.queue_wait,
-                call.step_index, core.session_id, endpoint.host, endpoint.port), token)
+            hook.call_finished(_record(CallFinished, (
+                method, outcome, _perf() - start, error, call.queue_wait,
+                call.step_index, core.session_id, endpoint.host, endpoint.port)), token)
 
     def turn(self, call: Call) -> Turn:
         """One request in flight per session; callers wait FIFO (asyncio.Lock is fair)."""

@@ -305,7 +305,9 @@ class EpisodeJournal:
             self.truncated = True
             self.entries = []
             return
-        entries.append(JournalEntry._of_frames(sent, received))
+        entry = _new(JournalEntry)  # JournalEntry._of_frames, in line: once per step
+        entry.__dict__.update(_action_json_frame=sent, _response_json_frame=received)
+        entries.append(entry)
 
     def settle_applied(self, count: int) -> int | None:
         """Settle the unknown steps from the session's ``step_count`` (steps since reset).
