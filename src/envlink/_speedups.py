@@ -121,9 +121,10 @@ def task_of_loop_getter() -> Callable[[Any], Any]:
     import asyncio
 
     current = asyncio.current_task
+    if isinstance(current, types.BuiltinFunctionType):
+        return current  # C already (3.12+): one call either way
     table = getattr(asyncio.tasks, "_current_tasks", None)
-    if ENABLED and isinstance(table, dict) and not isinstance(
-            current, types.BuiltinFunctionType):
+    if ENABLED and isinstance(table, dict):
         return table.get
     return lambda loop: None if loop is None else current(loop)
 

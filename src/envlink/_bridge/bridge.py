@@ -9,7 +9,7 @@ import math
 import warnings
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from envlink._bridge.adapters import BridgedContext, iterate
 from envlink._bridge.handoff import (
@@ -187,7 +187,8 @@ class Bridge(LoopThread):
         running = _get_running_loop()
         if running is not None:
             self._check_running_loop(running)
-        timeout = check_timeout(timeout, allow_zero=True)
+        if type(timeout) is not float or not timeout >= 0:  # check_timeout's own first test
+            timeout = check_timeout(timeout, allow_zero=True)
         loop = self._loop
         if loop is None:
             loop = self._ensure_started()
@@ -252,7 +253,8 @@ class Bridge(LoopThread):
                 except Exception:
                     _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
         if error is None:
-            return cast(T, job.result)
+            result: T = job.result  # (typing.cast would be a call per call)
+            return result
         # Break the cycle exception -> traceback -> _run_job frame -> job -> exception.
         job.exc = None
         job = None  # type: ignore[assignment]
@@ -274,7 +276,7 @@ class Bridge(LoopThread):
             job.done = True
             job.wake()
             return
-        job.task = create_task(cast(asyncio.AbstractEventLoop, self._loop), job)
+        job.task = create_task(self._loop, job)  # type: ignore[arg-type]  # running: set
 
     def _wait_for(self, job: Job, loop: asyncio.AbstractEventLoop, timeout: float | None,
                   method: str) -> BaseException | None:

@@ -93,7 +93,9 @@ if sys.version_info >= (3, 12):
                             eager_start=True)
 elif sys.version_info >= (3, 11):
     def create_task(loop: asyncio.AbstractEventLoop, job: Job) -> asyncio.Task[None]:
-        return loop.create_task(_run_job(job), context=job.ctx)
+        # What loop.create_task does on the bridge's own loop, which has no task
+        # factory: the Task itself, without that method's frame.
+        return asyncio.Task(_run_job(job), loop=loop, context=job.ctx)
 else:  # pragma: no cover - Python 3.10
     # Before 3.11 a task copies the context current at its creation.
     def create_task(loop: asyncio.AbstractEventLoop, job: Job) -> asyncio.Task[None]:
