@@ -1,7 +1,8 @@
 """EnvPool at scale: 1,000 sessions on one loop thread against reference server processes.
 
 Run: ``python benchmarks/bench_pool.py [--sessions 1000] [--servers 3] [--rounds 20]
-[--repeats 3]`` (a few minutes; prints a table and writes ``bench_pool.json``).
+[--repeats 3]`` (a few minutes; prints a table and writes
+``benchmarks/results/bench_pool.json``).
 
 Starts ``--servers`` reference server processes (``envlink serve --env echo``, with
 ``--max-sessions`` high enough), then measures, each variant in a fresh Python
@@ -47,6 +48,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 LISTENING = re.compile(r"listening on (ws://\S+)")
@@ -229,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="interleaved repetitions of every variant")
     parser.add_argument("--pool-threads", type=int, default=64,
                         help="ThreadPoolExecutor workers for the threads variant")
-    parser.add_argument("--json", default="bench_pool.json", help="where to write results")
+    parser.add_argument("--json", default=str(Path(__file__).resolve().parent / "results"
+                                              / "bench_pool.json"),
+                        help="where to write results")
     parser.add_argument("--window", type=int, default=64,
                         help="max_inflight of the windowed EnvPool variant")
     parser.add_argument("--child", choices=["pool", "window", "threads"],
@@ -318,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{ratios['threads_vs_pool_vm']:.0f}x virtual "
           f"({threads['vm_per_session_kib']:.0f} vs {pool['vm_per_session_kib']:.1f} KiB "
           "of address space per session: each thread reserves a stack)")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump({"sessions": n, "servers": args.servers, "rounds": args.rounds,
                    "repeats": args.repeats, "window": args.window, "medians": med,
