@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -87,6 +88,17 @@ def json_parser() -> Callable[[str], Any] | None:
         from pydantic_core import from_json
     except ImportError:  # pragma: no cover - a pydantic-core without it
         return None
+    # Older pydantic-cores read integers of any length, where json.loads (and a
+    # newer parser) refuse more digits than the interpreter's limit: such a parser
+    # would accept what json.loads refuses, so it is not used.
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    if limit:
+        try:
+            from_json("1" * (limit + 1))
+        except ValueError:
+            pass
+        else:
+            return None
     parse: Callable[[str], Any] = from_json
     return parse
 
