@@ -157,6 +157,27 @@ def test_process_exits_cleanly_with_a_forgotten_bridge() -> None:
     assert proc.stdout.split() == ["exiting", "cleanup", "ran"]
 
 
+def test_exit_after_the_loop_used_its_default_executor_logs_nothing() -> None:
+    """A bridge whose loop ran work in its default executor (a DNS look-up does) closes
+    at exit without a warning: on 3.12 the executor's shutdown thread cannot start
+    there, and its workers were joined already."""
+    script = textwrap.dedent("""
+        import asyncio, logging
+        logging.basicConfig()
+        from envlink._bridge import Bridge
+
+        async def in_executor():
+            return await asyncio.get_running_loop().run_in_executor(None, int, "7")
+
+        print(Bridge().call(in_executor, timeout=5), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=15)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["7"]
+    assert "envlink bridge" not in proc.stderr, proc.stderr
+
+
 def test_garbage_collected_bridge_stops_its_thread() -> None:
     """A bridge dropped without close() stops its loop thread (best effort, via __del__)."""
     bridge = Bridge()

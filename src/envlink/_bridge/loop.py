@@ -208,7 +208,11 @@ def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
     # A floor, so that a grace used up by the tasks does not fail these quick steps.
     remaining = max(deadline - time.monotonic(), 0.1)
     loop.run_until_complete(_bounded(loop.shutdown_asyncgens(), remaining))
-    loop.run_until_complete(_bounded(loop.shutdown_default_executor(), remaining))
+    if not _exiting:
+        # At interpreter exit the executor's workers were joined already (by
+        # concurrent.futures' own exit hook), and 3.12 forbids the thread that
+        # shutdown_default_executor() starts to join them.
+        loop.run_until_complete(_bounded(loop.shutdown_default_executor(), remaining))
 
 
 async def _bounded(aw: Awaitable[None], timeout: float) -> None:
@@ -240,10 +244,19 @@ _live: weakref.WeakSet[LoopThread] = weakref.WeakSet()
 _abandoned: list[asyncio.AbstractEventLoop] = []
 
 
+#: Set while the atexit hook below runs the last closes.
+_exiting = False
+
+
 def _close_all_at_exit() -> None:
-    for owner in list(_live):
-        with contextlib.suppress(Exception):  # never fail interpreter exit
-            owner.close(timeout=owner._join_timeout)
+    global _exiting
+    _exiting = True
+    try:
+        for owner in list(_live):
+            with contextlib.suppress(Exception):  # never fail interpreter exit
+                owner.close(timeout=owner._join_timeout)
+    finally:
+        _exiting = False
 
 
 def _after_fork_in_child() -> None:
