@@ -48,7 +48,7 @@ from envlink._sansio.protocol import (
     decode_response,
     server_error,
 )
-from envlink._sansio.retry import Again
+from envlink._sansio.retry import Again, succeeded
 from envlink._sansio.session import (
     Action,
     Call,
@@ -294,10 +294,7 @@ class SessionDriver:
             except BaseException as exc:
                 first = exc
             else:
-                budget = self.connector.policy.budget  # what succeeded() does, inline
-                if budget is not None:
-                    budget.record_success()
-                return result
+                return succeeded(self.connector.policy, result)
             return await self.connector.retry("resend").continue_after(first, attempt, start)
         except asyncio.CancelledError:
             # A deadline or a cancellation once the frame may be on the wire: the
