@@ -12,6 +12,8 @@ import sys
 import urllib.request
 from typing import Any
 
+from ._ports import restartable_port
+
 __all__ = ["ServerProcess", "process_gone"]
 
 LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)")
@@ -35,7 +37,9 @@ def process_gone(pid: int, timeout: float = 20.0) -> bool:
 class ServerProcess:
     """``python -m envlink.server`` in a subprocess on 127.0.0.1."""
 
-    def __init__(self, *args: str, port: int = 0, events: bool = False) -> None:
+    def __init__(self, *args: str, port: int | None = None, events: bool = False) -> None:
+        # Tests kill and restart it on its port: one no outgoing connection can take.
+        port = restartable_port() if port is None else port
         # --events: the server announces its events on stdout (read by wait_event; a
         # server whose stdout nobody reads must not get it, or the pipe fills up).
         self.proc = subprocess.Popen(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from .._ports import restartable_port
 from ._interop_support import (
     HERE,
     OPENENV_PYTHON_VAR,
@@ -115,8 +116,10 @@ def spawn_openenv(openenv_py: str, tmp_path: Path) -> Iterator[Callable[..., Rec
     """Start dedicated OpenEnv servers for one test; all are stopped afterwards."""
     started: list[ServerProcess] = []
 
-    def spawn(kind: str, *, port: int = 0, max_sessions: int = 1,
+    def spawn(kind: str, *, port: int | None = None, max_sessions: int = 1,
               extra_args: Sequence[str] = ()) -> RecordingServer:
+        # Tests restart servers on their port: one no outgoing connection can take.
+        port = restartable_port() if port is None else port
         index = len(started)
         frame_log = tmp_path / f"{kind}-{index}.frames.jsonl"
         process = openenv_server(kind, openenv_py, tmp_path, port=port,

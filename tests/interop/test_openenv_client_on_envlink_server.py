@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from .._ports import restartable_port
 from ._interop_support import (
     CLIENTS,
     RecordingServer,
@@ -36,7 +37,8 @@ def envlink_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """Start envlink's reference server (``python -m envlink.server``); stopped afterwards."""
     started: list[ServerProcess] = []
 
-    def start(env: str, *extra: str, port: int = 0) -> ServerProcess:
+    def start(env: str, *extra: str, port: int | None = None) -> ServerProcess:
+        port = restartable_port() if port is None else port
         process = ServerProcess(
             python_command("-m", "envlink.server", "--port", str(port), "--env", env, *extra),
             name=f"envlink-{env}-{len(started)}", log_dir=tmp_path)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import random
 import signal
 import socket
 import sys
@@ -40,6 +39,10 @@ from envlink import (
 )
 from envlink.server import ServerThread, StepResult
 from envlink.telemetry import TelemetryHandle, configure
+
+# Run as a script: the tests' shared helpers are one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _ports import restartable_port  # type: ignore[import-not-found]
 
 #: The line printed once the scrape endpoint listens: ``PREFIX + url``.
 METRICS_PREFIX = "scenario: metrics "
@@ -78,34 +81,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _ephemeral_floor() -> int:
-    """The lowest port the kernel hands out for ``bind(0)`` and outgoing connections."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _restartable_port() -> int:
-    """A free loopback port for a server that is stopped and started again on it.
-
-    Chosen below the ephemeral range: while the server is down, no outgoing
-    connection of this or another process (clients, the Prometheus scraper) can be
-    given it as its local port, which a port from ``bind(0)`` could be.
-    """
-    floor = _ephemeral_floor()
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(max(1024, floor - 12000), floor)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise OSError("no free loopback port below the ephemeral range")
 
 
 def _step(env: Any, i: int) -> None:
@@ -236,7 +211,7 @@ class Scenarios:
     def flapping(self) -> None:
         """A server that goes down and comes back every second, between episodes: each
         of its clients reconnects after every restart, no episode is interrupted."""
-        port = _restartable_port()
+        port = restartable_port()
         url = f"http://127.0.0.1:{port}"
         quiet = _BetweenEpisodes()
         server = ServerThread(env="echo", port=port)
@@ -271,7 +246,7 @@ class Scenarios:
         self._killed_mid_episode(PACE["lost-under-raise"], on_session_lost="raise")
 
     def _killed_mid_episode(self, pace: float, **options: Any) -> None:
-        port = _restartable_port()
+        port = restartable_port()
         holder = [ServerThread(env="echo", port=port)]
         holder[0].start()
         with ServerThread(env="echo") as steady_server:
@@ -293,7 +268,7 @@ class Scenarios:
         """Recovery that cannot work: resuming on a server restarted without the session
         (resume impossible), and replaying on an environment that answers differently
         (replay diverging), each kind twice in a row (see :data:`PACE`)."""
-        port = _restartable_port()
+        port = restartable_port()
         holder = [ServerThread(env="echo", port=port)]
         holder[0].start()
         generations = itertools.count()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 from envlink import GenericEnvClient, set_testing
 from envlink.server import EnvServer
 
+from .._ports import restartable_port
 from .._processes import ServerProcess
 
 
@@ -34,11 +34,8 @@ async def det_servers() -> AsyncIterator[Callable[..., Any]]:
 
 
 def dead_url() -> str:
-    """A loopback URL where nothing listens (the port was bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"ws://127.0.0.1:{port}"
+    """A loopback URL where nothing listens (a test may start a server there later)."""
+    return f"ws://127.0.0.1:{restartable_port()}"
 
 
 async def solo_run(url: str, reset_kwargs: dict[str, Any], actions: list[Any]

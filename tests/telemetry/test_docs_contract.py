@@ -35,6 +35,7 @@ from envlink._telemetry.instruments import (
 )
 
 from .._otel_support import Otel
+from .._ports import restartable_port
 from .conftest import Episode
 
 pytestmark = pytest.mark.timeout(30)
@@ -343,15 +344,11 @@ def test_a_failed_connect_is_counted_as_an_error() -> None:
 def test_a_connection_lost_between_calls_is_reopened_as_a_reconnect() -> None:
     """A server restarted while its client is between episodes: the next call reopens the
     connection, counted in envlink.client.reconnects (reason retry); nothing fails."""
-    import socket
-
     from envlink import EchoEnv, ReconnectPolicy
     from envlink.names import METRIC_ERRORS, METRIC_RECONNECTS, METRIC_RECOVERIES
     from envlink.server import ServerThread
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = restartable_port()
     fast = ReconnectPolicy(max_attempts=20, initial_delay=0.01, max_delay=0.05)
     server = ServerThread(env="echo", port=port)
     server.start()
