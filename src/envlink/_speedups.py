@@ -15,10 +15,11 @@ without loading either.
 from __future__ import annotations
 
 import contextvars
+import operator
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "running_loop_getter",
     "span_key",
     "task_of_loop_getter",
+    "text_sender",
     "tracer_provider_unset_check",
 ]
 
@@ -241,3 +243,47 @@ def meter_provider_checks() -> tuple[Callable[[], bool], Callable[[Any], bool]]:
             and "OTEL_PYTHON_METER_PROVIDER" not in os.environ):
         return (lambda: getattr(internal, "_METER_PROVIDER", None) is None), is_proxy
     return (lambda: False), is_proxy
+
+
+def text_sender(connection: Any, open_state: Any) -> Callable[[str], Awaitable[None]] | None:
+    """A coroutine function sending one text message on a websockets asyncio
+    connection, or ``None``: use the connection's ``send``.
+
+    ``send`` writes through ``send_context``, an async context manager (a generator,
+    its ``__aenter__``/``__aexit__`` and a ``drain`` coroutine) around the protocol's
+    ``send_text``. When that context would do nothing else (the connection open, no
+    fragmented message being sent, writing not paused, the transport not closing),
+    the fast path makes the same two calls, ``protocol.send_text`` and the
+    connection's ``send_data``, and waits in ``drain`` only when the write paused
+    writing; in every other case it is ``send`` itself. websockets names the
+    fragmented-send future ``send_in_progress`` (17) or ``fragmented_send_waiter``
+    (15.0).
+    """
+    if not ENABLED:
+        return None
+    protocol: Any = getattr(connection, "protocol", None)
+    transport: Any = getattr(connection, "transport", None)
+    waiter = next((name for name in ("send_in_progress", "fragmented_send_waiter")
+                   if hasattr(connection, name)), None)
+    if (waiter is None or not hasattr(connection, "paused")
+            or not all(callable(getattr(connection, name, None))
+                       for name in ("send", "send_data", "drain"))
+            or not callable(getattr(protocol, "send_text", None))
+            or not hasattr(protocol, "state")
+            or not callable(getattr(transport, "is_closing", None))):
+        return None
+    send, send_data, drain = connection.send, connection.send_data, connection.drain
+    send_text, is_closing = protocol.send_text, transport.is_closing
+    sending = operator.attrgetter(waiter)
+
+    async def send_one(text: str) -> None:
+        if (protocol.state is not open_state or sending(connection) is not None
+                or connection.paused or is_closing()):
+            await send(text)
+            return
+        send_text(text.encode())
+        send_data()
+        if connection.paused:
+            await drain()
+
+    return send_one

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from opentelemetry import baggage, trace
@@ -17,6 +20,10 @@ from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from envlink import _speedups
 
@@ -131,6 +138,145 @@ def test_the_provider_checks_agree_with_the_public_api() -> None:
         assert is_proxy(provider)
 
 
+@contextlib.asynccontextmanager
+async def _peer(handler: Any, small_buffers: bool = False,
+                compression: str | None = None) -> AsyncIterator[ClientConnection]:
+    """A websockets server on loopback running ``handler``, and a client connected
+    (uncompressed unless ``compression="deflate"``).
+
+    ``small_buffers``: the kernel's send and receive buffers of the connection are
+    as small as it allows, set before it is made.
+    """
+    listening = socket.socket()
+    client = socket.socket()
+    if small_buffers:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    listening.bind(("127.0.0.1", 0))
+    async with serve(handler, sock=listening, max_size=None,
+                     compression=compression) as server:
+        port = server.sockets[0].getsockname()[1]
+        client.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+        async with connect(f"ws://127.0.0.1:{port}", sock=client, max_size=None,
+                           compression=compression) as ws:
+            yield ws
+
+
+def _fast_sender(ws: ClientConnection) -> Callable[[str], Awaitable[None]]:
+    if not _speedups.ENABLED:
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
+    fast = _speedups.text_sender(ws, State.OPEN)
+    assert fast is not None, "the installed websockets lacks a name the fast path reads"
+    return fast
+
+
+@pytest.mark.parametrize("compression", [None, "deflate"])
+async def test_the_text_sender_writes_what_send_writes(compression: str | None) -> None:
+    """Messages sent by the fast path and by ``send``, interleaved, arrive in order and
+    intact; the fast path is in use on the installed websockets."""
+    got: list[str] = []
+    done = asyncio.Event()
+
+    async def handler(ws: Any) -> None:
+        async for message in ws:
+            got.append(message)
+            if len(got) == 4:
+                done.set()
+
+    async with _peer(handler, compression=compression) as ws:
+        fast = _fast_sender(ws)
+        await fast('{"n": 1, "text": "\u00e9\u4e2d"}')
+        await ws.send('{"n": 2}')
+        await fast("x" * 70_000)  # a 64-bit length
+        await fast("")
+        await asyncio.wait_for(done.wait(), 10)
+    assert got == ['{"n": 1, "text": "\u00e9\u4e2d"}', '{"n": 2}', "x" * 70_000, ""]
+
+
+async def test_the_text_sender_waits_for_a_fragmented_message_being_sent() -> None:
+    """While ``send`` is sending a fragmented message, the fast path does not write in
+    the middle of it: its message follows the whole fragmented one."""
+    got: list[str] = []
+    done = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(ws: Any) -> None:
+        async for message in ws:
+            got.append(message)
+            if len(got) == 2:
+                done.set()
+
+    first_sent = asyncio.Event()
+
+    async def fragments() -> AsyncIterator[str]:
+        yield "first half, "
+        first_sent.set()  # asked for the next fragment: the first one is written
+        await release.wait()
+        yield "second half"
+
+    async with _peer(handler) as ws:
+        fast = _fast_sender(ws)
+        fragmented = asyncio.ensure_future(ws.send(fragments()))
+        await asyncio.wait_for(first_sent.wait(), 10)
+        after = asyncio.ensure_future(fast("after"))
+        await asyncio.sleep(0)  # one turn: the task runs until it waits
+        assert not after.done()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(fragmented, after), 10)
+        await asyncio.wait_for(done.wait(), 10)
+    assert got == ["first half, second half", "after"]
+
+
+async def test_the_text_sender_waits_while_writing_is_paused() -> None:
+    """A message larger than the write buffer's limit, to a peer that does not read:
+    the fast path waits in ``drain`` as ``send`` does, and finishes once it reads."""
+    reading = asyncio.Event()
+    received = asyncio.Event()
+    got: list[int] = []
+
+    ready = asyncio.Event()
+
+    async def handler(ws: Any) -> None:
+        # The server stops reading; with the kernel's buffers small, what the
+        # client writes stays in the client's transport.
+        ws.transport.pause_reading()
+        ready.set()
+        await reading.wait()
+        ws.transport.resume_reading()
+        got.append(len(await ws.recv()))
+        received.set()
+
+    async with _peer(handler, small_buffers=True) as ws:
+        try:
+            await asyncio.wait_for(ready.wait(), 10)
+            fast = _fast_sender(ws)
+            big = asyncio.ensure_future(fast("y" * (8 << 20)))
+            await asyncio.sleep(0)  # one turn: the task writes, then waits in drain
+            assert not big.done()
+            assert ws.transport.get_write_buffer_size() > 0
+        finally:
+            reading.set()  # else the server's handler would wait for ever
+        await asyncio.wait_for(big, 20)
+        await asyncio.wait_for(received.wait(), 20)
+    assert got == [8 << 20]
+
+
+async def test_the_text_sender_on_a_closed_connection_raises_as_send_does() -> None:
+    """After the close, both raise websockets' ConnectionClosed (the transport turns it
+    into ConnectionLostError)."""
+    async def handler(ws: Any) -> None:
+        await ws.wait_closed()
+
+    async with _peer(handler) as ws:
+        fast = _fast_sender(ws)
+        await ws.close()
+        with pytest.raises(ConnectionClosed):
+            await ws.send("late")
+        with pytest.raises(ConnectionClosed):
+            await fast("late")
+
+
 def test_the_switch_selects_every_fallback() -> None:
     """With ENVLINK_NO_SPEEDUPS=1 every fast path is off, and the library still frames
     and parses a message."""
@@ -144,6 +290,7 @@ def test_the_switch_selects_every_fallback() -> None:
         "assert s.new_record is s._new_record_plain\n"
         "import asyncio; assert s.running_loop_getter() is not asyncio._get_running_loop\n"
         "assert s.composite_parts(object()) is None\n"
+        "assert s.text_sender(object(), None) is None\n"
         "f = decode_response('{\"type\":\"state\",\"data\":{\"step_count\":2}}', max_size=None)\n"
         "assert f.data['step_count'] == 2, f\n"
         "assert trace_carrier() == {}\n")
@@ -156,7 +303,8 @@ def test_the_switch_selects_every_fallback() -> None:
 def test_no_other_module_uses_a_dependencys_private_name() -> None:
     """The private names the fast paths use appear in envlink._speedups only."""
     private = {"_get_running_loop", "_TRACER_PROVIDER", "_METER_PROVIDER", "_BAGGAGE_KEY",
-               "_propagators", "_ProxyMeterProvider", "c_make_scanner", "_internal"}
+               "_propagators", "_ProxyMeterProvider", "c_make_scanner", "_internal",
+               "send_in_progress", "fragmented_send_waiter", "send_data"}
     users: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())

@@ -45,6 +45,7 @@ from envlink._errors import (
 from envlink._heap import warm_read_buffers
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._sansio.redact import REDACTED, is_sensitive_name, redact_text, redact_url
+from envlink._speedups import text_sender
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
 from envlink._transports.http import post_json
 from envlink._transports.proxy import resolve_proxy
@@ -139,6 +140,7 @@ class WebSocketConnection:
         self._ws = ws
         self.extensions = extensions
         self._last_frame_wait = last_frame_wait
+        self._fast_send = text_sender(ws, State.OPEN)
 
     @property
     def is_open(self) -> bool:
@@ -155,7 +157,11 @@ class WebSocketConnection:
         if self._ws.state is not State.OPEN:
             raise NotWrittenError("connection is closed; the request was not sent")
         try:
-            await self._ws.send(text)
+            fast = self._fast_send
+            if fast is None:
+                await self._ws.send(text)
+            else:
+                await fast(text)
         except ConnectionClosed as exc:
             raise ConnectionLostError(
                 f"connection lost while sending: {_closed_reason(exc)}"
