@@ -416,6 +416,17 @@ def _python_version(python: str) -> str:
                           check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
 
 
+def _runs_as(python: str, minor: str) -> bool:
+    """Whether ``python`` starts and is version ``minor``."""
+    try:
+        done = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == minor
+
+
 def find_pythons(wanted: str) -> dict[str, str]:
     """Base interpreters by minor version: this one, then python3.X on PATH or in pyenv."""
     import shutil
@@ -428,7 +439,8 @@ def find_pythons(wanted: str) -> dict[str, str]:
         cands += sorted(str(p) for p in (Path.home() / ".pyenv" / "versions").glob(
             f"{minor}.*/bin/python{minor}"))
         for cand in cands:
-            if cand and Path(cand).exists():
+            # A pyenv shim exists on PATH even where it cannot run that version.
+            if cand and Path(cand).exists() and _runs_as(cand, minor):
                 found[minor] = cand
                 break
     if wanted != "all":
