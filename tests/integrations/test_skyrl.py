@@ -36,6 +36,8 @@ def test_a_trajectory(echo_server: ServerThread) -> None:
     assert env.get_metrics() == {"envlink/steps": 2, "envlink/turns": 2,
                                  "envlink/reward_sum": pytest.approx(0.7)}
     env.close()
+    # The server ends the session as it handles the close, which may trail close().
+    echo_server.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)
     assert echo_server.call(lambda s: len(s._registry)) == 0
 
 

@@ -32,7 +32,12 @@ def counters(st: ServerThread) -> dict[str, int]:
     return dict(st.call(lambda s: s._counters.snapshot()))
 
 
-def sessions(st: ServerThread) -> int:
+def sessions(st: ServerThread, ended: int | None = None) -> int:
+    """Sessions open on the server; with ``ended``, once that many have ended in all (the
+    server ends a session as it handles the client's close, a moment after the client
+    has moved on)."""
+    if ended is not None:
+        st.call(lambda s: s._counters.wait("session.destroyed", ended), timeout=30)
     return int(st.call(lambda s: len(s._registry)))
 
 
@@ -187,17 +192,17 @@ def test_sessions_are_released_when_dropped_or_scored(echo_server: ServerThread)
     assert sessions(echo_server) == 1
     del env
     gc.collect()
-    assert sessions(echo_server) == 0
+    assert sessions(echo_server, ended=1) == 0
 
     env = Echo(base_url=echo_server.url, session_mode="release")
     env.reset()
     env.echo("x")
     assert env.get_reward() == 1.0
-    assert sessions(echo_server) == 0
+    assert sessions(echo_server, ended=2) == 0
     env.reset()
     assert sessions(echo_server) == 1
     env._release()
-    assert sessions(echo_server) == 0
+    assert sessions(echo_server, ended=3) == 0
 
 
 def test_instances_share_one_loop_thread(echo_server: ServerThread) -> None:
@@ -212,4 +217,4 @@ def test_instances_share_one_loop_thread(echo_server: ServerThread) -> None:
     assert sessions(echo_server) == 32
     del envs, env
     gc.collect()
-    assert sessions(echo_server) == 0
+    assert sessions(echo_server, ended=32) == 0
