@@ -24,7 +24,7 @@ from types import TracebackType
 from envlink._errors import CallTimeoutError
 from envlink._speedups import running_loop_getter, task_of_loop_getter
 
-__all__ = ["bounded", "deadline"]
+__all__ = ["bounded", "bounded_at", "deadline"]
 
 
 class _Expiry:
@@ -40,18 +40,29 @@ class _Expiry:
         return self.fired
 
 
+def bounded(seconds: float | None) -> contextlib.AbstractAsyncContextManager[_Expiry]:
+    """Cancel the block after ``seconds`` and raise :class:`TimeoutError`.
+
+    A cancellation from outside (the caller's, or an enclosing deadline's) is always
+    passed on, even when it coincides with the block finishing. Called in a running
+    loop: the deadline is ``seconds`` from now (:func:`bounded_at` takes the time).
+    """
+    return bounded_at(None if seconds is None
+                      else asyncio.get_running_loop().time() + seconds)
+
+
 if sys.version_info >= (3, 11):
 
     @contextlib.asynccontextmanager
-    async def bounded(seconds: float | None) -> AsyncIterator[_Expiry]:
-        """Cancel the block after ``seconds`` and raise :class:`TimeoutError`.
+    async def bounded_at(when: float | None) -> AsyncIterator[_Expiry]:
+        """Cancel the block at the loop's time ``when`` and raise :class:`TimeoutError`.
 
-        A cancellation from outside (the caller's, or an enclosing deadline's) is
-        always passed on, even when it coincides with the block finishing.
+        Blocks given the same ``when`` expire in the same loop iteration: none of them
+        runs on after another has expired (a batch's shared deadline).
         """
         expiry = _Expiry()
         try:
-            async with asyncio.timeout(seconds) as cm:
+            async with asyncio.timeout_at(when) as cm:
                 yield expiry
         except TimeoutError:
             expiry.fired = cm.expired()
@@ -62,15 +73,15 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     _EXPIRED = "envlink: deadline expired"
 
     @contextlib.asynccontextmanager
-    async def bounded(seconds: float | None) -> AsyncIterator[_Expiry]:
-        """Cancel the block after ``seconds`` and raise :class:`TimeoutError`.
+    async def bounded_at(when: float | None) -> AsyncIterator[_Expiry]:
+        """Cancel the block at the loop's time ``when`` and raise :class:`TimeoutError`.
 
         A cancellation from outside is passed on: only a cancellation carrying this
         deadline's own message becomes a :class:`TimeoutError` (a later ``cancel()``
         by anyone else replaces the message on 3.10, so it is never mistaken for ours).
         """
         expiry = _Expiry()
-        if seconds is None:
+        if when is None:
             yield expiry
             return
         task = asyncio.current_task()
@@ -80,7 +91,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
             expiry.fired = True
             task.cancel(_EXPIRED)
 
-        handle = asyncio.get_running_loop().call_later(seconds, expire)
+        handle = asyncio.get_running_loop().call_at(when, expire)
         try:
             yield expiry
         except asyncio.CancelledError as exc:

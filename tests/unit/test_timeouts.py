@@ -10,7 +10,7 @@ import pytest
 from websockets.protocol import State
 
 from envlink import CallTimeoutError
-from envlink._deadlines import bounded, deadline
+from envlink._deadlines import bounded, bounded_at, deadline
 from envlink._sansio.protocol import Extensions
 from envlink._transports.websocket import WebSocketConnection as Connection
 
@@ -71,6 +71,48 @@ async def test_bounded_passes_on_a_cancellation_that_coincides_with_completion()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_blocks_with_one_deadline_expire_together() -> None:
+    """Two blocks given the same loop time: the one waiting for what the other holds
+    expires with it and never gets it (a batch slot queued behind a stalled call is
+    never sent after the batch deadline)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.05
+    window = asyncio.Semaphore(1)
+    holding = asyncio.Event()
+    entered: list[str] = []
+
+    async def slot(name: str, hold: bool) -> str:
+        try:
+            async with bounded_at(until) as expiry, window:
+                entered.append(name)
+                holding.set()
+                if hold:
+                    await asyncio.Event().wait()  # a call that never answers
+                return "answered"
+        except TimeoutError:
+            assert expiry.expired()
+            return "expired"
+
+    first = asyncio.ensure_future(slot("stalled", True))
+    await holding.wait()
+    second = asyncio.ensure_future(slot("queued", False))
+    assert await asyncio.gather(first, second) == ["expired", "expired"]
+    assert entered == ["stalled"]
+
+
+async def test_bounded_counts_its_seconds_from_now() -> None:
+    """bounded(s) is bounded_at(now + s); None never expires."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(TimeoutError):
+        async with bounded(0.02):
+            await asyncio.Event().wait()
+    assert loop.time() - start >= 0.02
+    async with bounded(None) as expiry:
+        await asyncio.sleep(0)
+    assert not expiry.expired()
 
 
 async def test_deadline_raises_call_timeout_only_for_its_own_expiry() -> None:

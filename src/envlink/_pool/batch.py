@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from envlink._client.client import StepResult
 from envlink._config import check_number
-from envlink._deadlines import bounded
+from envlink._deadlines import bounded_at
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
 from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
 from envlink._pool.results import Batch, SlotResult
@@ -57,11 +57,11 @@ class BatchRunner(Generic[ObsT]):
         self._send_waiters: set[asyncio.Event] = set()
 
     def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
-                 seconds: float | None, index: int,
+                 seconds: float | None, until: float | None, index: int,
                  method: str) -> Coroutine[Any, Any, SlotResult[Any]]:
         if self._max_inflight is not None and self._gate is None:
             self._gate = asyncio.Semaphore(self._max_inflight)
-        return _bounded(_gated(coro, self._gate), seconds, method,
+        return _bounded(_gated(coro, self._gate), seconds, until, method,
                         lambda: self._cut_after_send is not None and self._cut_after_send(index))
 
     def busy(self, chosen: list[int]) -> list[int]:
@@ -72,7 +72,8 @@ class BatchRunner(Generic[ObsT]):
                   autoreset: set[int], final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
         """Run every slot's call and wait for all of them (or the deadline)."""
         with BatchReport(self.hook, BatchStarted(method, self.size, len(calls))) as report:
-            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds, i, method))
+            until = _until(seconds)
+            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds, until, i, method))
                      for i, c in calls.items()}
             self.running.update(tasks)
             try:
@@ -91,9 +92,10 @@ class BatchRunner(Generic[ObsT]):
     def send(self, calls: Calls, seconds: float | None) -> None:
         """Start every slot's step; :meth:`recv` collects them."""
         with BatchReport(self.hook, BatchStarted("step_send", self.size, len(calls))):
+            until = _until(seconds)
             for i, coro in calls.items():
                 self.inflight[i] = asyncio.ensure_future(
-                    self._bounded(coro, seconds, i, "step"))
+                    self._bounded(coro, seconds, until, i, "step"))
         for event in self._send_waiters:
             event.set()
 
@@ -205,9 +207,18 @@ async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
             coro.close()  # cancelled while queued: it never ran
 
 
+def _until(seconds: float | None) -> float | None:
+    """The batch deadline as the loop's time: one for every slot of the batch, so that
+    a slot waiting for the in-flight window expires with the call that holds it and
+    is never sent after the deadline."""
+    return None if seconds is None else asyncio.get_running_loop().time() + seconds
+
+
 async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | None,
-                   method: str, cut_after_send: Callable[[], bool]) -> SlotResult[Any]:
-    """One slot's call under the batch deadline; an envlink error becomes its answer.
+                   until: float | None, method: str,
+                   cut_after_send: Callable[[], bool]) -> SlotResult[Any]:
+    """One slot's call under the batch deadline (``seconds``, ending at ``until``); an
+    envlink error becomes its answer.
 
     A step cut by the deadline after it may have reached the server answers a
     :class:`~envlink.CallTimeoutError` with ``outcome_unknown=True`` (as the client's
@@ -215,7 +226,7 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | 
     """
     expiry = None
     try:
-        async with bounded(seconds) as expiry:
+        async with bounded_at(until) as expiry:
             return await coro
     except EnvlinkError as exc:
         return exc
