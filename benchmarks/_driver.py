@@ -15,8 +15,6 @@ line per command read from stdin:
 * ``{"op": "count", "n": N}``: N sequential steps, untimed, with callgrind
   counting around them (``_callgrind.Marks``; the process runs under callgrind
   and ``ENVLINK_CALLGRIND_MARKS`` names the marks library), once per process;
-  with ``--mode scale``, ``{"op": "count", "sessions": S, "n": N}`` counts N
-  steps of each of S sessions at once;
 * ``{"op": "quit"}``.
 
 Nothing here prints to the protocol stream but the answers: stdout is moved to
@@ -358,24 +356,6 @@ class ScaleRunner:
         out.update(n=total, steps_per_s=total / wall, cpu_us_per_step=cpu / total * 1e6)
         return out
 
-    async def count(self, sessions: int, n: int, marks: Any) -> dict[str, Any]:
-        """``n`` steps of each of ``sessions`` sessions at once, counted by callgrind."""
-        if sessions not in self.sessions:
-            self.sessions[sessions], _ = await self._open(sessions)
-        clients = self.sessions[sessions]
-        for _ in range(2):  # warm up every session
-            await asyncio.gather(*(c.step(ACTION) for c in clients))
-
-        async def run(c: Any) -> None:
-            for _ in range(n):
-                await c.step(ACTION)
-
-        gc.collect()
-        marks.start()
-        await asyncio.gather(*(run(c) for c in clients))
-        marks.stop()
-        return {"n": sessions * n, "on_valgrind": marks.on_valgrind}
-
     async def close(self) -> None:
         for clients in self.sessions.values():
             await asyncio.gather(*(c.close() for c in clients))
@@ -443,8 +423,6 @@ def main() -> int:
                     break
                 if cmd["op"] == "count" and isinstance(runner, AsyncRunner):
                     result = await runner.count(int(cmd["n"]), marks)
-                elif cmd["op"] == "count" and isinstance(runner, ScaleRunner):
-                    result = await runner.count(int(cmd["sessions"]), int(cmd["n"]), marks)
                 elif isinstance(runner, ScaleRunner):
                     result = await runner.scale(int(cmd["sessions"]), int(cmd["steps"]))
                 else:

@@ -390,13 +390,6 @@ INSTR_STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
     "envlink async": ("envlink", "async", "off"),
     "envlink sync +SDK": ("envlink", "sync", "sdk"),
 }
-#: Many sessions on one loop (``--clients scale``), against envlink's server.
-INSTR_SCALE_VARIANTS: dict[str, tuple[str, str, str]] = {
-    "openenv async, sessions at once": ("openenv", "scale", "off"),
-    "envlink async, sessions at once": ("envlink", "scale", "off"),
-}
-#: Sessions on one loop, and steps per session of the short and long windows.
-INSTR_SCALE_SESSIONS, INSTR_SCALE_STEPS = 1000, (1, 3)
 INSTR_BRIDGE_VARIANTS: dict[str, tuple[str, str, str]] = {
     "run_coroutine_threadsafe": ("rcts", "sync", "off"),
     "envlink Bridge.call": ("bridge", "sync", "off"),
@@ -496,9 +489,8 @@ def _slug(text: str) -> str:
 
 
 def count_window(name: str, client: str, mode: str, tel: str, python: str, url: str,
-                 dump: Path, marks: Path, steps: int, sessions: int | None = None) -> int:
-    """One client process under callgrind, counting one window of ``steps`` steps (of
-    each of ``sessions`` sessions at once, in ``scale`` mode)."""
+                 dump: Path, marks: Path, steps: int) -> int:
+    """One client process under callgrind, counting one window of ``steps`` steps."""
     from _callgrind import MARKS_VAR, read_total, valgrind_argv
 
     dump.parent.mkdir(parents=True, exist_ok=True)
@@ -510,8 +502,7 @@ def count_window(name: str, client: str, mode: str, tel: str, python: str, url: 
                          "PYTHONWARNINGS": "ignore"},
                     deadline=INSTR_DEADLINE)  # imports under valgrind are slow on a busy machine
     try:
-        reply = driver.ask(op="count", n=steps, **(
-            {} if sessions is None else {"sessions": sessions}))
+        reply = driver.ask(op="count", n=steps)
     finally:
         driver.stop()
     if not reply.get("on_valgrind"):
@@ -520,8 +511,7 @@ def count_window(name: str, client: str, mode: str, tel: str, python: str, url: 
 
 
 def count_variant(name: str, client: str, mode: str, tel: str, python: str, url: str,
-                  out_dir: Path, marks: Path, steps: tuple[int, int],
-                  sessions: int | None = None) -> dict[str, Any]:
+                  out_dir: Path, marks: Path, steps: tuple[int, int]) -> dict[str, Any]:
     """A short and a long window, each a process: instructions per step by difference."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -529,13 +519,13 @@ def count_variant(name: str, client: str, mode: str, tel: str, python: str, url:
     long_dump = out_dir / f"callgrind.out.{long_}"
     with ThreadPoolExecutor(max_workers=2) as pool:  # the two windows at once
         f_short = pool.submit(count_window, name, client, mode, tel, python, url,
-                              out_dir / f"callgrind.out.{short}", marks, short, sessions)
+                              out_dir / f"callgrind.out.{short}", marks, short)
         f_long = pool.submit(count_window, name, client, mode, tel, python, url, long_dump,
-                             marks, long_, sessions)
+                             marks, long_)
         n_short, n_long = f_short.result(), f_long.result()
-    per_step = (n_long - n_short) / ((long_ - short) * (sessions or 1))
+    per_step = (n_long - n_short) / (long_ - short)
     return {"per_step": per_step, "short": n_short, "long": n_long,
-            "steps": [short, long_], "sessions": sessions, "profile": str(long_dump)}
+            "steps": [short, long_], "profile": str(long_dump)}
 
 
 def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
@@ -556,9 +546,7 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
     server_py = pythons.get(base_minor, next(iter(pythons.values())))
     out_root = Path(args.callgrind_dir)
     result: dict[str, Any] = {"steps": list(steps), "repeats": args.repeats,
-                              "pythons": {}, "servers": servers,
-                              "scale": {"sessions": 100 if args.quick else INSTR_SCALE_SESSIONS,
-                                        "steps": list(INSTR_SCALE_STEPS)}}
+                              "pythons": {}, "servers": servers}
     running: dict[str, ServerProcess] = {}
     try:
         urls: dict[str, str] = {}
@@ -577,15 +565,6 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
             srv.start(deadline=600.0)  # OpenEnv's imports take minutes on a busy machine
             running[kind] = srv
             urls[kind] = srv.base_url
-        scale_sessions = 100 if args.quick else INSTR_SCALE_SESSIONS
-        scale_url = ""
-        if "scale" in clients and server_py["envlink"] is not None:
-            # Both windows of a variant run at once, each with its sessions open.
-            srv = envlink_server(server_py["envlink"], max_sessions=2 * scale_sessions + 8,
-                                 name="instr-envlink-scale")
-            srv.start(deadline=600.0)
-            running["scale"] = srv
-            scale_url = srv.base_url
         for minor, pys in pythons.items():
             log(f"instructions: Python {minor}")
             jobs: list[tuple[str, str, tuple[str, str, str], str, str]] = []
@@ -602,23 +581,13 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
                 for name, spec in INSTR_BRIDGE_VARIANTS.items():
                     assert pys["envlink"] is not None
                     jobs.append(("bridge", name, spec, pys["envlink"], ""))
-            if scale_url:
-                for name, spec in INSTR_SCALE_VARIANTS.items():
-                    python = pys["openenv"] if spec[0] == "openenv" else pys["envlink"]
-                    if python is not None:
-                        jobs.append(("scale", name, spec, python, scale_url))
             todo = [(rep, job) for rep in range(args.repeats) for job in jobs]
 
             def run(item: tuple[int, tuple[str, str, tuple[str, str, str], str, str]],
                     minor: str = minor) -> tuple[int, str, str, dict[str, Any]]:
                 rep, (kind, name, (client, mode, tel), python, url) = item
                 out_dir = out_root / minor / f"{kind}-{_slug(name)}-r{rep + 1}"
-                if kind == "scale":
-                    got = count_variant(name, client, mode, tel, python, url, out_dir, marks,
-                                        INSTR_SCALE_STEPS, scale_sessions)
-                else:
-                    got = count_variant(name, client, mode, tel, python, url, out_dir, marks,
-                                        steps)
+                got = count_variant(name, client, mode, tel, python, url, out_dir, marks, steps)
                 log(f"  {minor} {kind:<8} {name:<34} run {rep + 1}: "
                     f"{got['per_step'] / 1000:8.1f} k instructions/step")
                 return rep, kind, name, got
@@ -640,10 +609,6 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
                 if kind == "bridge":
                     pairs = {"envlink Bridge.call / run_coroutine_threadsafe":
                              ("envlink Bridge.call", "run_coroutine_threadsafe")}
-                elif kind == "scale":
-                    pairs = {"envlink / openenv, sessions at once":
-                             ("envlink async, sessions at once",
-                              "openenv async, sessions at once")}
                 for label, (num, den) in pairs.items():
                     if num in variants and den in variants:
                         ratios.setdefault(kind, {})[label] = (
@@ -680,10 +645,7 @@ def print_instructions(res: dict[str, Any]) -> None:
         print(f"\n  Python {minor}")
         kinds = list(per_py["variants"])
         for kind in kinds:
-            title = ("bridge, no-op call" if kind == "bridge" else
-                     f"at scale: {res['scale']['sessions']:,} sessions on one loop, "
-                     f"{res['scale']['steps'][0]} and {res['scale']['steps'][1]} steps "
-                     "each, envlink's server" if kind == "scale" else f"on {kind}'s server")
+            title = ("bridge, no-op call" if kind == "bridge" else f"on {kind}'s server")
             print(f"  {title}")
             print(f"    {'client':<36}{'k instr/step':>14}{'spread':>9}")
             for name, entry in per_py["variants"][kind].items():
@@ -872,8 +834,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--instructions: Python versions, e.g. 3.11,3.13 (default: all found)")
     parser.add_argument("--servers", default="envlink,openenv",
                         help="--instructions: servers to count against")
-    parser.add_argument("--clients", default="floor,openenv,envlink,sdk,bridge,scale",
-                        help="--instructions: floor, openenv, envlink, sdk, bridge, scale")
+    parser.add_argument("--clients", default="floor,openenv,envlink,sdk,bridge",
+                        help="--instructions: floor, openenv, envlink, sdk, bridge")
     parser.add_argument("--repeats", type=int, default=1,
                         help="--instructions: client processes per variant")
     parser.add_argument("--jobs", type=int, default=2,
