@@ -171,19 +171,25 @@ def _fast_sender(ws: ClientConnection) -> Callable[[str], Awaitable[None]]:
     return fast
 
 
-@pytest.mark.parametrize("compression", [None, "deflate"])
-async def test_the_text_sender_writes_what_send_writes(compression: str | None) -> None:
-    """Messages sent by the fast path and by ``send``, interleaved, arrive in order and
-    intact; the fast path is in use on the installed websockets."""
+def _collector(count: int) -> tuple[list[str], asyncio.Event, Callable[[Any], Awaitable[None]]]:
+    """A server handler keeping the messages it receives; the event is set at ``count``."""
     got: list[str] = []
     done = asyncio.Event()
 
     async def handler(ws: Any) -> None:
         async for message in ws:
             got.append(message)
-            if len(got) == 4:
+            if len(got) == count:
                 done.set()
 
+    return got, done, handler
+
+
+@pytest.mark.parametrize("compression", [None, "deflate"])
+async def test_the_text_sender_writes_what_send_writes(compression: str | None) -> None:
+    """Messages sent by the fast path and by ``send``, interleaved, arrive in order and
+    intact; the fast path is in use on the installed websockets."""
+    got, done, handler = _collector(4)
     async with _peer(handler, compression=compression) as ws:
         fast = _fast_sender(ws)
         await fast('{"n": 1, "text": "\u00e9\u4e2d"}')
@@ -197,16 +203,8 @@ async def test_the_text_sender_writes_what_send_writes(compression: str | None) 
 async def test_the_text_sender_waits_for_a_fragmented_message_being_sent() -> None:
     """While ``send`` is sending a fragmented message, the fast path does not write in
     the middle of it: its message follows the whole fragmented one."""
-    got: list[str] = []
-    done = asyncio.Event()
+    got, done, handler = _collector(2)
     release = asyncio.Event()
-
-    async def handler(ws: Any) -> None:
-        async for message in ws:
-            got.append(message)
-            if len(got) == 2:
-                done.set()
-
     first_sent = asyncio.Event()
 
     async def fragments() -> AsyncIterator[str]:
