@@ -11,7 +11,9 @@ line per command read from stdin:
   threads are client CPU too);
 * ``{"op": "scale", "sessions": S, "steps": K}``: (``--mode scale``) S sessions
   on this one event loop, K concurrent steps each; the first command per S
-  also opens the sessions and reports the memory per idle session;
+  also opens the sessions and reports the memory per idle session; with
+  ``"server_pid": P``, also the CPU time process P (the server) spent per step
+  while they ran;
 * ``{"op": "count", "n": N}``: N sequential steps, untimed, with callgrind
   counting around them (``_callgrind.Marks``; the process runs under callgrind
   and ``ENVLINK_CALLGRIND_MARKS`` names the marks library), once per process;
@@ -47,6 +49,13 @@ def rss_bytes() -> int:
     """Resident set size of this process."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _PAGE
+
+
+def process_cpu_s(pid: int) -> float:
+    """Another process's user and system CPU time so far, from ``/proc`` (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _summary(latencies: list[float], wall: float, cpu: float) -> dict[str, Any]:
@@ -332,7 +341,8 @@ class ScaleRunner:
         gc.collect()
         return clients, (rss_bytes() - before) / count
 
-    async def scale(self, sessions: int, steps: int) -> dict[str, Any]:
+    async def scale(self, sessions: int, steps: int, server_pid: int | None = None,
+                    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if sessions not in self.sessions:
             for other in list(self.sessions):  # one population at a time
@@ -349,11 +359,16 @@ class ScaleRunner:
                 await c.step(ACTION)
 
         gc.collect()
+        server0 = process_cpu_s(server_pid) if server_pid is not None else 0.0
         cpu0, t0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(run(c) for c in clients))
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         total = sessions * steps
         out.update(n=total, steps_per_s=total / wall, cpu_us_per_step=cpu / total * 1e6)
+        if server_pid is not None:
+            # The server's CPU over the same window (it serves only this client then),
+            # read in clock ticks: to about 10 ms.
+            out["server_cpu_us_per_step"] = (process_cpu_s(server_pid) - server0) / total * 1e6
         return out
 
     async def close(self) -> None:
@@ -424,7 +439,8 @@ def main() -> int:
                 if cmd["op"] == "count" and isinstance(runner, AsyncRunner):
                     result = await runner.count(int(cmd["n"]), marks)
                 elif isinstance(runner, ScaleRunner):
-                    result = await runner.scale(int(cmd["sessions"]), int(cmd["steps"]))
+                    result = await runner.scale(int(cmd["sessions"]), int(cmd["steps"]),
+                                                cmd.get("server_pid"))
                 else:
                     result = await runner.steps(int(cmd["n"]))
                     result.update(telemetry.after_round())

@@ -30,7 +30,8 @@ Sections:
    the exemplar filter off); the Prometheus reader; OTLP/HTTP to a local
    receiver (a separate process that decodes the protobuf);
 5. **scale**: 1, 10, 100 and 1,000 sessions on one event loop thread: aggregate
-   steps/s, client CPU per step, memory per idle session (both clients);
+   steps/s, client CPU per step, the server's CPU per step and busy share (is the
+   server what sets the rate?), memory per idle session (both clients);
 6. **import time** of ``import envlink`` and of OpenEnv's client, both from bytecode.
 
 Every client is its own process (so its CPU time is its own: the bridge's loop
@@ -306,6 +307,8 @@ def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         server.start()
+        assert server.proc is not None
+        pid = server.proc.pid
         for client in ("envlink", "openenv"):
             drivers[client] = Driver(f"scale-{client}", pythons[client],
                                      ["--client", client, "--mode", "scale",
@@ -315,12 +318,18 @@ def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
             log(f"  {level} sessions, {per} steps each")
             samples = interleave(list(drivers), rounds,
                                  lambda c, level=level, per=per: drivers[c].ask(  # type: ignore[misc]
-                                     op="scale", sessions=level, steps=per))
+                                     op="scale", sessions=level, steps=per, server_pid=pid))
             level_out: dict[str, Any] = {}
             for client, rows in samples.items():
                 entry: dict[str, Any] = {
                     "steps_per_s": med_range([r["steps_per_s"] for r in rows]),
                     "cpu_us_per_step": med_range([r["cpu_us_per_step"] for r in rows]),
+                    "server_cpu_us_per_step": med_range(
+                        [r["server_cpu_us_per_step"] for r in rows]),
+                    # The server's share of one core while this client stepped: near 1,
+                    # the server sets the rate, whatever the client spends.
+                    "server_busy": med_range([r["server_cpu_us_per_step"] * r["steps_per_s"] / 1e6
+                                              for r in rows]),
                     "idle_kib_per_session": rows[0]["idle_bytes_per_session"] / 1024,
                 }
                 level_out[client] = entry
@@ -752,6 +761,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"\n5. scale: sessions on one event loop, envlink server "
               f"({res['scale']['rounds']} rounds)")
         print(f"  {'sessions':>8} {'client':<9}{'steps/s':>22}{'CPU us/step':>20}"
+              f"{'server CPU us/step':>22}{'server busy':>20}"
               f"{'idle KiB/session':>18}{'CPU x OpenEnv':>20}")
         for level, lv in res["scale"]["levels"].items():
             for client in ("envlink", "openenv"):
@@ -761,6 +771,8 @@ def print_report(res: dict[str, Any]) -> None:
                 ratio = fmt(lv["envlink_cpu_x_openenv"], 2, 20) if client == "envlink" else ""
                 print(f"  {level:>8} {client:<9}{fmt(v['steps_per_s'], 0, 22)}"
                       f"{fmt(v['cpu_us_per_step'], 0, 20)}"
+                      f"{fmt(v['server_cpu_us_per_step'], 0, 22)}"
+                      f"{fmt(v['server_busy'], 2, 20)}"
                       f"{idle:>18}{ratio}")
 
     if "imports" in res:
