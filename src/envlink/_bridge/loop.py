@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from envlink._config import check_timeout
 from envlink._errors import ClientClosedError
+from envlink._speedups import read_self_pipe_once
 
 __all__ = ["LoopThread", "is_bridge_loop"]
 
@@ -90,6 +91,7 @@ class LoopThread:
             if loop is not None:
                 return loop
             loop = asyncio.new_event_loop()
+            read_self_pipe_once(loop)  # one system call per hand-off's wake-up, not two
             ready = threading.Event()
             thread = threading.Thread(
                 target=_loop_main, args=(loop, ready, self._cancel_grace),
