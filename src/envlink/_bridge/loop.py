@@ -210,11 +210,18 @@ def _shutdown_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
     # A floor, so that a grace used up by the tasks does not fail these quick steps.
     remaining = max(deadline - time.monotonic(), 0.1)
     loop.run_until_complete(_bounded(loop.shutdown_asyncgens(), remaining))
-    if not _exiting:
+    if not _interpreter_exiting():
         # At interpreter exit the executor's workers were joined already (by
         # concurrent.futures' own exit hook), and 3.12 forbids the thread that
         # shutdown_default_executor() starts to join them.
         loop.run_until_complete(_bounded(loop.shutdown_default_executor(), remaining))
+
+
+def _interpreter_exiting() -> bool:
+    """Whether the interpreter is ending: envlink's exit hook runs, or the main thread
+    has stopped (its shutdown marks it so before the exit hooks run), which a loop
+    thread closed by the collector can see at any moment."""
+    return _exiting or not threading.main_thread().is_alive()
 
 
 async def _bounded(aw: Awaitable[None], timeout: float) -> None:
@@ -226,7 +233,13 @@ async def _bounded(aw: Awaitable[None], timeout: float) -> None:
         task.cancel()
         _log.warning("envlink bridge: loop cleanup did not finish in time")
     elif not task.cancelled() and task.exception() is not None:
-        _log.warning("envlink bridge: loop cleanup failed", exc_info=task.exception())
+        exc = task.exception()
+        if isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc):
+            # The interpreter began to end while the cleanup ran, and refused the
+            # thread that joins the executor's workers ("can't create new thread at
+            # interpreter shutdown", from 3.12): its own exit hooks join them.
+            return
+        _log.warning("envlink bridge: loop cleanup failed", exc_info=exc)
 
 
 def is_bridge_loop(loop: asyncio.AbstractEventLoop) -> bool:
