@@ -33,7 +33,6 @@ __all__ = [
     "lock_fast_path",
     "meter_provider_checks",
     "new_record",
-    "read_self_pipe_once",
     "running_loop_getter",
     "span_key",
     "task_of_loop_getter",
@@ -244,46 +243,6 @@ def meter_provider_checks() -> tuple[Callable[[], bool], Callable[[Any], bool]]:
             and "OTEL_PYTHON_METER_PROVIDER" not in os.environ):
         return (lambda: getattr(internal, "_METER_PROVIDER", None) is None), is_proxy
     return (lambda: False), is_proxy
-
-
-def read_self_pipe_once(loop: Any) -> bool:
-    """Make a selector event loop read its self-pipe once per wake-up; whether it did.
-
-    Another thread wakes the loop (``call_soon_threadsafe``, the bridge's hand-off on
-    every call) by writing a byte to the loop's self-pipe. asyncio's
-    ``_read_from_self`` then reads it until ``recv`` raises ``BlockingIOError``: on
-    every wake-up a second system call and an exception built, raised and caught.
-    The reader installed here reads once, up to the same 4096 bytes, and hands them
-    to the loop's ``_process_self_data`` as asyncio does; what a read leaves (more
-    than 4096 wake-ups at once) keeps the socket readable, and the selector, which
-    is level-triggered, reports it on the next iteration. Only the loop's own class
-    reader is replaced (a subclass with its own ``_read_from_self`` keeps it), and
-    only before the loop runs. The fallback is asyncio's reader.
-    """
-    from asyncio import selector_events
-
-    base = selector_events.BaseSelectorEventLoop
-    ssock = getattr(loop, "_ssock", None)
-    recv, fileno = getattr(ssock, "recv", None), getattr(ssock, "fileno", None)
-    process = getattr(loop, "_process_self_data", None)
-    add_reader = getattr(loop, "_add_reader", None)
-    if (not ENABLED or not isinstance(loop, base) or loop.is_running()
-            or getattr(type(loop), "_read_from_self", None) is not getattr(
-                base, "_read_from_self", None)
-            or not callable(recv) or not callable(fileno) or not callable(process)
-            or not callable(add_reader)):
-        return False
-
-    def read_from_self() -> None:
-        try:
-            data = recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        if data:
-            process(data)
-
-    add_reader(fileno(), read_from_self)  # replaces the loop's own reader
-    return True
 
 
 def text_sender(connection: Any, open_state: Any) -> Callable[[str], Awaitable[None]] | None:

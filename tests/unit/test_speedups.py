@@ -275,92 +275,6 @@ async def test_the_text_sender_on_a_closed_connection_raises_as_send_does() -> N
             await fast("late")
 
 
-def _wakeup_loop(one_read: bool) -> asyncio.AbstractEventLoop:
-    loop = asyncio.SelectorEventLoop()
-    if one_read and not _speedups.read_self_pipe_once(loop):
-        loop.close()
-        pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
-    return loop
-
-
-@pytest.mark.parametrize("one_read", [True, False], ids=["one-read", "asyncio"])
-def test_a_burst_of_wakeups_runs_every_callback_and_drains_the_pipe(one_read: bool) -> None:
-    """10,000 hand-offs queued before the loop reads (more than one read's 4096 bytes):
-    every callback runs, in order, and the self-pipe ends empty, as with asyncio's own
-    reader."""
-    loop = _wakeup_loop(one_read)
-    ran: list[int] = []
-    try:
-        for i in range(10_000):
-            loop.call_soon_threadsafe(ran.append, i)
-        done = loop.create_future()
-        loop.call_soon_threadsafe(done.set_result, None)
-
-        async def settle() -> None:
-            await done
-            for _ in range(4):  # iterations enough to read 10,000 bytes 4096 at a time
-                await asyncio.sleep(0)
-
-        loop.run_until_complete(asyncio.wait_for(settle(), 10))
-        assert ran == list(range(10_000))
-        with pytest.raises(BlockingIOError):
-            loop._ssock.recv(1)  # type: ignore[attr-defined]
-    finally:
-        loop.close()
-
-
-def test_the_one_read_reader_hands_the_bytes_to_the_loop() -> None:
-    """What the self-pipe carries (signal numbers, where a signal handler is set) reaches
-    the loop's _process_self_data, and a later wake-up is read as well."""
-    seen: list[bytes] = []
-
-    class Recording(asyncio.SelectorEventLoop):
-        def _process_self_data(self, data: bytes) -> None:
-            seen.append(data)
-
-    loop = Recording()
-    try:
-        if not _speedups.read_self_pipe_once(loop):
-            pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
-        loop._csock.send(b"\x00\x0a")  # type: ignore[attr-defined]
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.call_soon_threadsafe(lambda: None)
-        loop.run_until_complete(asyncio.sleep(0))
-        assert b"".join(seen) == b"\x00\x0a\x00"
-    finally:
-        loop.close()
-
-
-async def test_the_one_read_reader_is_only_installed_where_it_is_the_same() -> None:
-    """Not over a subclass's own _read_from_self, not on a running loop, not on a loop
-    that is not a selector loop."""
-    class Own(asyncio.SelectorEventLoop):
-        def _read_from_self(self) -> None:
-            super()._read_from_self()  # type: ignore[misc]
-
-    own = Own()
-    try:
-        assert not _speedups.read_self_pipe_once(own)
-    finally:
-        own.close()
-    assert not _speedups.read_self_pipe_once(asyncio.get_running_loop())
-    assert not _speedups.read_self_pipe_once(object())
-
-
-def test_the_bridge_loop_reads_its_self_pipe_once() -> None:
-    """The bridge installs the reader on its own loop (the hand-off of every call)."""
-    from envlink._bridge.loop import LoopThread
-
-    thread = LoopThread(name="speedups-test", cancel_grace=1.0, join_timeout=5.0)
-    try:
-        loop: Any = thread._ensure_started()
-        key = loop._selector.get_key(loop._ssock.fileno())
-        assert (key.data[0]._callback.__name__ == "read_from_self") is _speedups.ENABLED
-        assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, "ok"), loop).result(5) == "ok"
-    finally:
-        thread.close()
-
-
 def test_the_switch_selects_every_fallback() -> None:
     """With ENVLINK_NO_SPEEDUPS=1 every fast path is off, and the library still frames
     and parses a message."""
@@ -375,7 +289,6 @@ def test_the_switch_selects_every_fallback() -> None:
         "import asyncio; assert s.running_loop_getter() is not asyncio._get_running_loop\n"
         "assert s.composite_parts(object()) is None\n"
         "assert s.text_sender(object(), None) is None\n"
-        "loop = asyncio.new_event_loop(); assert not s.read_self_pipe_once(loop); loop.close()\n"
         "f = decode_response('{\"type\":\"state\",\"data\":{\"step_count\":2}}', max_size=None)\n"
         "assert f.data['step_count'] == 2, f\n"
         "assert trace_carrier() == {}\n")
@@ -389,8 +302,7 @@ def test_no_other_module_uses_a_dependencys_private_name() -> None:
     """The private names the fast paths use appear in envlink._speedups only."""
     private = {"_get_running_loop", "_TRACER_PROVIDER", "_METER_PROVIDER", "_BAGGAGE_KEY",
                "_propagators", "_ProxyMeterProvider", "c_make_scanner", "_internal",
-               "send_in_progress", "fragmented_send_waiter", "send_data",
-               "_ssock", "_process_self_data", "_add_reader", "_read_from_self"}
+               "send_in_progress", "fragmented_send_waiter", "send_data"}
     users: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())

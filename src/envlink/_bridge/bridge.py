@@ -221,7 +221,7 @@ class Bridge(LoopThread):
                 # the pending jobs, so a racing close() is either seen here or wakes us.
                 if self._closed:
                     raise RuntimeError("closed")
-                loop.call_soon_threadsafe(_start_job, self, job)
+                self._inbox.post(_start_job, self, job)  # type: ignore[union-attr]  # started
             except RuntimeError:  # closed, or the loop closed under us
                 error = ClientClosedError("the bridge is closed")
             else:

@@ -11,26 +11,90 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from envlink._config import check_timeout
 from envlink._errors import ClientClosedError
-from envlink._speedups import read_self_pipe_once
 
-__all__ = ["LoopThread", "is_bridge_loop"]
+__all__ = ["Inbox", "LoopThread", "is_bridge_loop"]
 
 _log = logging.getLogger("envlink.bridge")
 _thread_ids = itertools.count(1)
 SelfT = TypeVar("SelfT", bound="LoopThread")
+
+
+class Inbox:
+    """Calls handed to a loop from other threads, and the socket pair that wakes it.
+
+    ``loop.call_soon_threadsafe`` does this for any callback, with a handle per call
+    (on 3.13 a lock in it too) and a self-pipe that asyncio reads until ``recv``
+    raises. The bridge hands one call over per bridged call, so it keeps its own:
+    :meth:`post` appends ``(fn, args)`` to a deque and writes one byte; the loop's
+    reader reads what bytes there are once (up to 4096: what it leaves keeps the
+    socket readable, and the level-triggered selector reports it again) and then
+    runs every call in the deque, in order. Each call is in the deque before its
+    byte is written and the deque is read after the bytes, so no call is left
+    behind a wake-up that was read. Built and registered before the loop runs, with
+    public API only.
+    """
+
+    __slots__ = ("_calls", "_loop", "_reader", "_writer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._calls: collections.deque[tuple[Callable[..., object], tuple[Any, ...]]] = (
+            collections.deque())
+        self._loop = loop
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        loop.add_reader(self._reader.fileno(), self._run_posted)
+
+    def post(self, fn: Callable[..., object], *args: Any) -> None:
+        """From any thread: have the loop thread call ``fn(*args)`` soon.
+
+        Raises:
+            RuntimeError: the loop's thread has ended (the inbox is closed).
+        """
+        self._calls.append((fn, args))
+        try:
+            self._writer.send(b"\0")
+        except BlockingIOError:
+            pass  # the buffer is full of wake-ups the loop has yet to read: it will
+        except OSError as exc:  # closed
+            raise RuntimeError("the loop's thread has ended") from exc
+
+    def _run_posted(self) -> None:
+        try:  # noqa: SIM105 - once per wake-up: no contextlib machinery
+            self._reader.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception as exc:  # as a loop's handle would: reported, never raised
+                self._loop.call_exception_handler({
+                    "message": f"envlink bridge: exception in posted call {fn!r}",
+                    "exception": exc})
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop thread, before the loop closes: unregister and close the sockets."""
+        loop.remove_reader(self._reader.fileno())
+        self._reader.close()
+        self._writer.close()
+        self._calls.clear()
 
 
 class LoopThread:
@@ -56,6 +120,7 @@ class LoopThread:
         self._join_timeout = join
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: Inbox | None = None
         self._thread: threading.Thread | None = None
         self._thread_ident: int | None = None
         self._closed = False
@@ -91,10 +156,10 @@ class LoopThread:
             if loop is not None:
                 return loop
             loop = asyncio.new_event_loop()
-            read_self_pipe_once(loop)  # one system call per hand-off's wake-up, not two
+            inbox = Inbox(loop)
             ready = threading.Event()
             thread = threading.Thread(
-                target=_loop_main, args=(loop, ready, self._cancel_grace),
+                target=_loop_main, args=(loop, inbox, ready, self._cancel_grace),
                 name=self._thread_name(), daemon=True,
             )
             thread.start()
@@ -105,6 +170,7 @@ class LoopThread:
                 raise RuntimeError("the envlink bridge's loop thread did not start")
             self._thread = thread
             self._thread_ident = thread.ident
+            self._inbox = inbox  # before the loop: a caller that sees the loop sees it
             self._loop = loop
             _bridge_loops.add(loop)
             return loop
@@ -163,9 +229,10 @@ class LoopThread:
         # (never close or use them, their fds are shared with the parent) and start
         # afresh on the next call.
         if self._loop is not None:
-            _abandoned.append(self._loop)
+            _abandoned.append((self._loop, self._inbox))
         self._lock = threading.Lock()
         self._loop = None
+        self._inbox = None
         self._thread = None
         self._thread_ident = None
 
@@ -174,7 +241,7 @@ class LoopThread:
         return f"<{type(self).__name__} {self._name!r} {state}>"
 
 
-def _loop_main(loop: asyncio.AbstractEventLoop, ready: threading.Event,
+def _loop_main(loop: asyncio.AbstractEventLoop, inbox: Inbox, ready: threading.Event,
                cancel_grace: float) -> None:
     """Body of the loop thread. Holds no reference to its owner, so it can be collected."""
     asyncio.set_event_loop(loop)
@@ -188,6 +255,7 @@ def _loop_main(loop: asyncio.AbstractEventLoop, ready: threading.Event,
             _log.exception("envlink bridge: error while shutting down the event loop")
         finally:
             asyncio.set_event_loop(None)
+            inbox.close(loop)
             loop.close()
 
 
@@ -256,7 +324,7 @@ _bridge_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 _live: weakref.WeakSet[LoopThread] = weakref.WeakSet()
 # Loops inherited from the parent process across fork(): referenced forever so they
 # are never collected (and closed) in the child.
-_abandoned: list[asyncio.AbstractEventLoop] = []
+_abandoned: list[tuple[asyncio.AbstractEventLoop, Inbox | None]] = []
 
 
 #: Set while the atexit hook below runs the last closes.
