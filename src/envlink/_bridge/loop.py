@@ -37,8 +37,8 @@ SelfT = TypeVar("SelfT", bound="LoopThread")
 class Inbox:
     """Calls handed to a loop from other threads, and the socket pair that wakes it.
 
-    ``loop.call_soon_threadsafe`` does this for any callback, with a handle per call
-    (on 3.13 a lock in it too) and a self-pipe that asyncio reads until ``recv``
+    ``loop.call_soon_threadsafe`` does this for any callback, with a handle and
+    several calls per hand-off and a self-pipe that asyncio reads until ``recv``
     raises. The bridge hands one call over per bridged call, so it keeps its own:
     :meth:`post` appends ``(fn, args)`` to a deque and writes one byte; the loop's
     reader reads what bytes there are once (up to 4096: what it leaves keeps the
