@@ -38,6 +38,7 @@ def test_a_burst_posted_before_the_loop_reads_runs_in_order_and_drains_the_socke
         inbox.post(done.set_result, None)
         _run_until(loop, done, extra_iterations=4)  # 10,001 bytes, 4096 a read
         assert ran == list(range(10_000))
+        assert inbox._reader is not None
         with pytest.raises(BlockingIOError):
             inbox._reader.recv(1)
     finally:
@@ -113,6 +114,31 @@ def test_post_on_a_closed_inbox_raises_runtime_error() -> None:
         inbox.post(print, "never")
 
 
+def test_a_loop_that_cannot_watch_a_socket_gets_its_calls_by_call_soon_threadsafe() -> None:
+    """Where add_reader is not implemented (Windows' proactor loop), posts still run, in
+    order, and a post after the loop closed raises RuntimeError."""
+    class NoReaders(asyncio.SelectorEventLoop):
+        def add_reader(self, *args: Any) -> None:
+            raise NotImplementedError
+
+    loop = NoReaders()
+    inbox = Inbox(loop)
+    ran: list[int] = []
+    try:
+        assert inbox._writer is None
+        done = loop.create_future()
+        for i in range(100):
+            inbox.post(ran.append, i)
+        inbox.post(done.set_result, None)
+        _run_until(loop, done)
+        assert ran == list(range(100))
+    finally:
+        inbox.close(loop)
+        loop.close()
+    with pytest.raises(RuntimeError):
+        inbox.post(print, "never")
+
+
 def test_the_bridge_closes_its_inbox_with_its_loop() -> None:
     """No socket outlives the bridge's loop thread; a later call is a clear error."""
     bridge = Bridge()
@@ -124,6 +150,7 @@ def test_the_bridge_closes_its_inbox_with_its_loop() -> None:
     inbox = bridge._inbox
     assert inbox is not None
     bridge.close()
+    assert inbox._reader is not None and inbox._writer is not None
     assert inbox._reader.fileno() == -1 and inbox._writer.fileno() == -1
     with pytest.raises(ClientClosedError):
         bridge.call(one, timeout=5)

@@ -46,7 +46,8 @@ class Inbox:
     runs every call in the deque, in order. Each call is in the deque before its
     byte is written and the deque is read after the bytes, so no call is left
     behind a wake-up that was read. Built and registered before the loop runs, with
-    public API only.
+    public API only. A loop that cannot watch a socket (``add_reader`` not
+    implemented: Windows' proactor loop) gets its calls by ``call_soon_threadsafe``.
     """
 
     __slots__ = ("_calls", "_loop", "_reader", "_writer")
@@ -55,10 +56,17 @@ class Inbox:
         self._calls: collections.deque[tuple[Callable[..., object], tuple[Any, ...]]] = (
             collections.deque())
         self._loop = loop
-        self._reader, self._writer = socket.socketpair()
-        self._reader.setblocking(False)
-        self._writer.setblocking(False)
-        loop.add_reader(self._reader.fileno(), self._run_posted)
+        reader, writer = socket.socketpair()
+        self._reader: socket.socket | None = reader
+        self._writer: socket.socket | None = writer
+        reader.setblocking(False)
+        writer.setblocking(False)
+        try:
+            loop.add_reader(reader.fileno(), self._run_posted)
+        except NotImplementedError:
+            reader.close()
+            writer.close()
+            self._reader = self._writer = None
 
     def post(self, fn: Callable[..., object], *args: Any) -> None:
         """From any thread: have the loop thread call ``fn(*args)`` soon.
@@ -66,9 +74,13 @@ class Inbox:
         Raises:
             RuntimeError: the loop's thread has ended (the inbox is closed).
         """
+        writer = self._writer
+        if writer is None:  # the loop cannot watch a socket
+            self._loop.call_soon_threadsafe(fn, *args)  # RuntimeError once it is closed
+            return
         self._calls.append((fn, args))
         try:
-            self._writer.send(b"\0")
+            writer.send(b"\0")
         except BlockingIOError:
             pass  # the buffer is full of wake-ups the loop has yet to read: it will
         except OSError as exc:  # closed
@@ -76,7 +88,7 @@ class Inbox:
 
     def _run_posted(self) -> None:
         try:  # noqa: SIM105 - once per wake-up: no contextlib machinery
-            self._reader.recv(4096)
+            self._reader.recv(4096)  # type: ignore[union-attr]  # registered: set
         except (BlockingIOError, InterruptedError):
             pass
         calls = self._calls
@@ -91,9 +103,11 @@ class Inbox:
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop thread, before the loop closes: unregister and close the sockets."""
-        loop.remove_reader(self._reader.fileno())
-        self._reader.close()
-        self._writer.close()
+        reader, writer = self._reader, self._writer
+        if reader is not None and writer is not None:
+            loop.remove_reader(reader.fileno())
+            reader.close()
+            writer.close()
         self._calls.clear()
 
 
