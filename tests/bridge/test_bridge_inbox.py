@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +14,18 @@ from envlink._bridge import Bridge
 from envlink._bridge.loop import Inbox
 
 pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture
+def loop_inbox() -> Iterator[tuple[asyncio.AbstractEventLoop, Inbox]]:
+    """A fresh selector loop (not running) with its inbox; both closed afterwards."""
+    loop = asyncio.new_event_loop()
+    inbox = Inbox(loop)
+    try:
+        yield loop, inbox
+    finally:
+        inbox.close(loop)
+        loop.close()
 
 
 def _run_until(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None],
@@ -25,83 +38,71 @@ def _run_until(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None],
     loop.run_until_complete(asyncio.wait_for(settle(), 10))
 
 
-def test_a_burst_posted_before_the_loop_reads_runs_in_order_and_drains_the_socket() -> None:
+def test_a_burst_posted_before_the_loop_reads_runs_in_order_and_drains_the_socket(
+        loop_inbox: tuple[asyncio.AbstractEventLoop, Inbox]) -> None:
     """10,000 posts (more wake-up bytes than one read takes): every call runs once, in
     order, and the wake-up socket ends empty."""
-    loop = asyncio.new_event_loop()
-    inbox = Inbox(loop)
+    loop, inbox = loop_inbox
     ran: list[int] = []
-    try:
-        done = loop.create_future()
-        for i in range(10_000):
-            inbox.post(ran.append, i)
-        inbox.post(done.set_result, None)
-        _run_until(loop, done, extra_iterations=4)  # 10,001 bytes, 4096 a read
-        assert ran == list(range(10_000))
-        assert inbox._reader is not None
-        with pytest.raises(BlockingIOError):
-            inbox._reader.recv(1)
-    finally:
-        inbox.close(loop)
-        loop.close()
+    done = loop.create_future()
+    for i in range(10_000):
+        inbox.post(ran.append, i)
+    inbox.post(done.set_result, None)
+    _run_until(loop, done, extra_iterations=4)  # 10,001 bytes, 4096 a read
+    assert ran == list(range(10_000))
+    assert inbox._reader is not None
+    with pytest.raises(BlockingIOError):
+        inbox._reader.recv(1)
 
 
-def test_posts_from_many_threads_all_run_once_in_each_threads_order() -> None:
+def test_posts_from_many_threads_all_run_once_in_each_threads_order(
+        loop_inbox: tuple[asyncio.AbstractEventLoop, Inbox]) -> None:
     """Eight threads posting at once while the loop runs: nothing lost, nothing doubled."""
-    loop = asyncio.new_event_loop()
-    inbox = Inbox(loop)
+    loop, inbox = loop_inbox
     ran: list[tuple[int, int]] = []
     per_thread, threads = 2_000, 8
-    try:
-        done = loop.create_future()
+    done = loop.create_future()
 
-        def count(item: tuple[int, int]) -> None:
-            ran.append(item)
-            if len(ran) == per_thread * threads:
-                done.set_result(None)
+    def count(item: tuple[int, int]) -> None:
+        ran.append(item)
+        if len(ran) == per_thread * threads:
+            done.set_result(None)
 
-        start = threading.Barrier(threads)
+    start = threading.Barrier(threads)
 
-        def poster(t: int) -> None:
-            start.wait()
-            for i in range(per_thread):
-                inbox.post(count, (t, i))
+    def poster(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            inbox.post(count, (t, i))
 
-        workers = [threading.Thread(target=poster, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        _run_until(loop, done)
-        for w in workers:
-            w.join(5)
-        for t in range(threads):
-            assert [i for (u, i) in ran if u == t] == list(range(per_thread))
-        assert len(ran) == per_thread * threads
-    finally:
-        inbox.close(loop)
-        loop.close()
+    workers = [threading.Thread(target=poster, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    _run_until(loop, done)
+    for w in workers:
+        w.join(5)
+    for t in range(threads):
+        assert [i for (u, i) in ran if u == t] == list(range(per_thread))
+    assert len(ran) == per_thread * threads
 
 
-def test_a_posted_call_that_raises_is_reported_and_the_next_still_runs() -> None:
+def test_a_posted_call_that_raises_is_reported_and_the_next_still_runs(
+        loop_inbox: tuple[asyncio.AbstractEventLoop, Inbox]) -> None:
     """As with a loop handle: the exception goes to the loop's exception handler."""
-    loop = asyncio.new_event_loop()
-    inbox = Inbox(loop)
+    loop, inbox = loop_inbox
     reported: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx))
 
     def fail() -> None:
         raise ValueError("posted failure")
 
-    try:
-        done = loop.create_future()
-        inbox.post(fail)
-        inbox.post(done.set_result, None)
-        _run_until(loop, done)
-        assert done.result() is None
-        assert [type(c["exception"]) for c in reported] == [ValueError]
-        assert "posted call" in reported[0]["message"]
-    finally:
-        inbox.close(loop)
-        loop.close()
+    done = loop.create_future()
+    inbox.post(fail)
+    inbox.post(done.set_result, None)
+    _run_until(loop, done)
+    assert done.result() is None
+    assert [type(c["exception"]) for c in reported] == [ValueError]
+    assert "posted call" in reported[0]["message"]
 
 
 def test_post_on_a_closed_inbox_raises_runtime_error() -> None:
