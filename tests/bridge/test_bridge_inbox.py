@@ -176,3 +176,38 @@ def test_a_call_whose_loop_thread_ended_under_it_is_closed_not_hung() -> None:
             bridge.call(one, timeout=5)
     finally:
         bridge.close()
+
+
+def test_no_inbox_is_a_clear_error_and_leaves_no_loop_open(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inbox cannot be made when the bridge starts (no socket pair: out of file
+    descriptors): the call raises that OSError, the loop made for it is closed, and a
+    later call, once it can be made, works."""
+    from envlink._bridge import loop as loop_module
+
+    made: list[asyncio.AbstractEventLoop] = []
+    real_new_loop = asyncio.new_event_loop
+
+    def new_loop() -> asyncio.AbstractEventLoop:
+        made.append(real_new_loop())
+        return made[-1]
+
+    class NoPair(Inbox):
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(loop_module.asyncio, "new_event_loop", new_loop)
+    monkeypatch.setattr(loop_module, "Inbox", NoPair)
+    bridge = Bridge()
+
+    async def one() -> int:
+        return 1
+
+    try:
+        with pytest.raises(OSError, match="Too many open files"):
+            bridge.call(one, timeout=5)
+        assert len(made) == 1 and made[0].is_closed()
+        monkeypatch.setattr(loop_module, "Inbox", Inbox)
+        assert bridge.call(one, timeout=5) == 1
+    finally:
+        bridge.close()

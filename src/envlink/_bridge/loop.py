@@ -170,7 +170,11 @@ class LoopThread:
             if loop is not None:
                 return loop
             loop = asyncio.new_event_loop()
-            inbox = Inbox(loop)
+            try:
+                inbox = Inbox(loop)
+            except BaseException:  # no socket pair (out of descriptors): no loop either
+                loop.close()
+                raise
             ready = threading.Event()
             thread = threading.Thread(
                 target=_loop_main, args=(loop, inbox, ready, self._cancel_grace),
