@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -231,6 +233,24 @@ async def test_close_cancels_steps_in_flight(det_servers: Callable[..., Any]) ->
     # The stalled server handler notices the closed connection once it runs again.
     handle.unstall()
     await asyncio.wait_for(srv.wait_for_disconnect(2), 10)
+
+
+@pytest.mark.parametrize("max_inflight", [None, 1])
+async def test_close_right_after_a_send_leaves_no_call_never_awaited(
+        det_servers: Callable[..., Any], max_inflight: int | None) -> None:
+    """Steps sent and the pool closed before any of them ran (with or without an
+    in-flight window): no coroutine is left never awaited (no RuntimeWarning)."""
+    srv = await det_servers()
+    pool: EnvPool[Any, Any] = EnvPool(srv.url, 3, max_inflight=max_inflight)
+    await pool.reset(seeds=0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        await pool.step_send([{"move": 1}] * 3)
+        await pool.close()  # at once: no loop iteration lets the steps start first
+        gc.collect()
+    assert pool.closed
+    never = [str(w.message) for w in seen if "never awaited" in str(w.message)]
+    assert never == []
 
 
 async def test_max_inflight_bounds_the_calls_running_at_once(

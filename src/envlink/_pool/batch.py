@@ -56,13 +56,21 @@ class BatchRunner(Generic[ObsT]):
         # Waits of wait_first(): each send wakes them, so they wait for the new steps too.
         self._send_waiters: set[asyncio.Event] = set()
 
-    def _bounded(self, coro: Coroutine[Any, Any, StepResult[Any]],
-                 seconds: float | None, until: float | None, index: int,
-                 method: str) -> Coroutine[Any, Any, SlotResult[Any]]:
+    def _start(self, coro: Coroutine[Any, Any, StepResult[Any]],
+               seconds: float | None, until: float | None, index: int,
+               method: str) -> asyncio.Task[SlotResult[ObsT]]:
+        """Slot ``index``'s call as a task, behind the in-flight window and the deadline."""
         if self._max_inflight is not None and self._gate is None:
             self._gate = asyncio.Semaphore(self._max_inflight)
-        return _bounded(_gated(coro, self._gate), seconds, until, method,
-                        lambda: self._cut_after_send is not None and self._cut_after_send(index))
+        gated = _gated(coro, self._gate)
+        task: asyncio.Task[SlotResult[ObsT]] = asyncio.ensure_future(_bounded(
+            gated, seconds, until, method,
+            lambda: self._cut_after_send is not None and self._cut_after_send(index)))
+        # A task cancelled before its first step (the pool closed right after a send)
+        # never runs its coroutine, so the slot's call and its gate would never be
+        # awaited: close them when the task ends (after they ran, a no-op).
+        task.add_done_callback(lambda _task: (gated.close(), coro.close()))
+        return task
 
     def busy(self, chosen: list[int]) -> list[int]:
         """The slots among ``chosen`` that still have a call in flight."""
@@ -73,8 +81,7 @@ class BatchRunner(Generic[ObsT]):
         """Run every slot's call and wait for all of them (or the deadline)."""
         with BatchReport(self.hook, BatchStarted(method, self.size, len(calls))) as report:
             until = _until(seconds)
-            tasks = {i: asyncio.ensure_future(self._bounded(c, seconds, until, i, method))
-                     for i, c in calls.items()}
+            tasks = {i: self._start(c, seconds, until, i, method) for i, c in calls.items()}
             self.running.update(tasks)
             try:
                 if tasks:
@@ -94,8 +101,7 @@ class BatchRunner(Generic[ObsT]):
         with BatchReport(self.hook, BatchStarted("step_send", self.size, len(calls))):
             until = _until(seconds)
             for i, coro in calls.items():
-                self.inflight[i] = asyncio.ensure_future(
-                    self._bounded(coro, seconds, until, i, "step"))
+                self.inflight[i] = self._start(coro, seconds, until, i, "step")
         for event in self._send_waiters:
             event.set()
 
@@ -194,17 +200,14 @@ class BatchRunner(Generic[ObsT]):
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],
                  gate: asyncio.Semaphore | None) -> StepResult[Any]:
-    """Run ``coro`` once the pool's in-flight window lets it (no window: at once)."""
+    """Run ``coro`` once the pool's in-flight window lets it (no window: at once).
+
+    Cancelled while queued, ``coro`` never ran: the task's end closes it
+    (:meth:`BatchRunner._start`)."""
     if gate is None:
         return await coro
-    started = False
-    try:
-        async with gate:
-            started = True
-            return await coro
-    finally:
-        if not started:
-            coro.close()  # cancelled while queued: it never ran
+    async with gate:
+        return await coro
 
 
 def _until(seconds: float | None) -> float | None:
