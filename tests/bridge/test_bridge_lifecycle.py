@@ -91,6 +91,41 @@ def test_waiting_callers_get_client_closed_and_tasks_are_cancelled() -> None:
     assert not bridge.thread.is_alive()  # type: ignore[union-attr]
 
 
+def test_a_coroutine_its_caller_let_go_of_at_close_is_still_cancelled() -> None:
+    """The callers are woken by close() and drop their calls, and the collector runs,
+    all before the loop shuts down: the coroutines (awaiting what nothing else
+    references) are still cancelled by the shutdown, their cleanup run."""
+    started = threading.Semaphore(0)
+    cancelled: list[int] = []
+
+    async def hang(i: int) -> None:
+        started.release()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+
+    bridge = Bridge()
+    with ThreadPoolExecutor(4) as pool:  # three callers and the closer
+        futures = [pool.submit(bridge.call, hang, i, timeout=None) for i in range(3)]
+        for _ in range(3):
+            assert started.acquire(timeout=5)
+        loop = bridge.loop
+        assert loop is not None
+        hold = threading.Event()
+        loop.call_soon_threadsafe(hold.wait, 10)  # the loop thread waits here
+        closer = pool.submit(bridge.close)
+        for f in futures:
+            with pytest.raises(ClientClosedError):
+                f.result(5)
+        del f, futures
+        gc.collect()
+        hold.set()
+        closer.result(10)
+    assert sorted(cancelled) == [0, 1, 2]
+
+
 def test_close_from_the_loop_thread_does_not_hang() -> None:
     """close() called by a coroutine on the bridge stops the loop without joining itself."""
     bridge = Bridge()

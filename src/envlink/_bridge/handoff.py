@@ -70,14 +70,22 @@ class Job:
             pass
 
 
+#: Jobs whose coroutine is running. A task is referenced by its caller's job only, and
+#: a caller woken by close() lets go of it: held here, the task cannot be collected
+#: (its cleanup never run) before the loop's shutdown cancels it.
+_running: set[Job] = set()
+
+
 async def _run_job(job: Job) -> None:
     """Runs on the loop, as a task in the caller's copied context."""
     job.started = perf()
+    _running.add(job)
     try:
         job.result = await job.fn(*job.args, **job.kwargs)
     except BaseException as exc:  # handed to the caller; never kills the loop thread
         job.exc = exc
     finally:
+        _running.discard(job)
         job.ended = perf()
         job.done = True
         job.wake()
