@@ -228,8 +228,8 @@ def overview() -> dict[str, Any]:
                    [target(f"(sum(rate({CALLS}_count{{{s}, envlink_outcome=\"ok\"}}[{RI}])) "
                            f"or vector(0)) / ((sum(rate({CALLS}_count{{{s}, "
                            f"envlink_outcome!=\"cancelled\"}}[{RI}])) or vector(0)) + "
-                           f"(sum(rate(envlink_client_errors_total{{{s}, {CONNECT_FAILED}}}[{RI}])) "
-                           f"or vector(0)))",
+                           f"(sum(rate(envlink_client_errors_total{{{s}, "
+                           f"{CONNECT_FAILED}}}[{RI}])) or vector(0)))",
                            "success")],
                    (8, 1, 4, 8), kind="stat", max_value=1))
     p.append(panel(ids, "Error ratio by error.type",
