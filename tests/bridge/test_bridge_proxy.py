@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -93,6 +94,39 @@ def test_iterate_exception_in_body_closes_the_async_iterator(bridge: Bridge) -> 
     with pytest.raises(ZeroDivisionError):
         consume()
     assert res.gen_finally.is_set()
+
+
+def test_iterate_closed_on_the_loop_thread_keeps_its_aclose_until_it_ends() -> None:
+    """An iterator closed on the loop thread schedules aclose() there, and nothing else
+    refers to that task: the collector does not destroy it while it waits, and the
+    bridge's close still cancels it, the generator's cleanup run to its end."""
+    reached = threading.Event()
+    seen: list[str] = []
+
+    async def gen() -> AsyncIterator[int]:
+        try:
+            yield 0
+            yield 1  # pragma: no cover
+        finally:
+            reached.set()
+            try:
+                await asyncio.Event().wait()  # referenced only by the aclose task
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+    bridge = Bridge()
+    held = [bridge.iterate(gen, timeout=5)]
+    assert next(held[0]) == 0
+
+    async def close_on_loop() -> None:
+        held.pop().close()  # and no reference to it stays
+
+    bridge.call(close_on_loop, timeout=5)
+    assert reached.wait(5)
+    gc.collect()
+    bridge.close()
+    assert seen == ["cancelled"]
 
 
 def test_iterate_item_timeout(bridge: Bridge) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from types import TracebackType
@@ -17,6 +18,9 @@ __all__ = ["BridgedContext", "iterate"]
 T = TypeVar("T")
 _log = logging.getLogger("envlink.bridge")
 _get_running_loop = running_loop_getter()
+#: Closes scheduled on the loop thread, held until they end: the loop keeps only a weak
+#: reference to a task, and nothing else refers to these.
+_closing: set[asyncio.Task[Any]] = set()
 
 
 class _Stop:
@@ -66,7 +70,9 @@ def _aclose(bridge: Bridge, ait: AsyncIterator[Any], timeout: float | None, name
     loop = bridge.loop
     if loop is not None and _get_running_loop() is loop:
         # Collected or closed on the loop thread: cannot block here, schedule it.
-        loop.create_task(aclose())
+        task = loop.create_task(aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
         return
     try:
         bridge.call(aclose, timeout=timeout, method=name)
