@@ -32,6 +32,26 @@ class Echo:
         return value
 
 
+class Hangs:
+    """Coroutines that wait until cancelled, and which of them were."""
+
+    def __init__(self) -> None:
+        self.started = threading.Semaphore(0)
+        self.cancelled: list[int] = []
+
+    async def hang(self, i: int) -> None:
+        self.started.release()
+        try:
+            await asyncio.Event().wait()  # referenced by this coroutine only
+        except asyncio.CancelledError:
+            self.cancelled.append(i)
+            raise
+
+    def wait_started(self, n: int) -> None:
+        for _ in range(n):
+            assert self.started.acquire(timeout=5)
+
+
 def test_close_is_idempotent_and_joins_the_thread() -> None:
     """close() twice is fine; the loop thread is gone after the first."""
     bridge = Bridge()
@@ -67,27 +87,16 @@ def test_calls_after_close_raise_client_closed() -> None:
 def test_waiting_callers_get_client_closed_and_tasks_are_cancelled() -> None:
     """Callers blocked in a call when close() happens get ClientClosedError; their
     coroutines are cancelled."""
-    started = threading.Semaphore(0)
-    cancelled: list[int] = []
-
-    async def hang(i: int) -> None:
-        started.release()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.append(i)
-            raise
-
+    hangs = Hangs()
     bridge = Bridge()
     with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(bridge.call, hang, i, timeout=None) for i in range(3)]
-        for _ in range(3):
-            assert started.acquire(timeout=5)
+        futures = [pool.submit(bridge.call, hangs.hang, i, timeout=None) for i in range(3)]
+        hangs.wait_started(3)
         bridge.close()
         for f in futures:
             with pytest.raises(ClientClosedError):
                 f.result(5)
-    assert sorted(cancelled) == [0, 1, 2]
+    assert sorted(hangs.cancelled) == [0, 1, 2]
     assert not bridge.thread.is_alive()  # type: ignore[union-attr]
 
 
@@ -95,22 +104,11 @@ def test_a_coroutine_its_caller_let_go_of_at_close_is_still_cancelled() -> None:
     """The callers are woken by close() and drop their calls, and the collector runs,
     all before the loop shuts down: the coroutines (awaiting what nothing else
     references) are still cancelled by the shutdown, their cleanup run."""
-    started = threading.Semaphore(0)
-    cancelled: list[int] = []
-
-    async def hang(i: int) -> None:
-        started.release()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.append(i)
-            raise
-
+    hangs = Hangs()
     bridge = Bridge()
     with ThreadPoolExecutor(4) as pool:  # three callers and the closer
-        futures = [pool.submit(bridge.call, hang, i, timeout=None) for i in range(3)]
-        for _ in range(3):
-            assert started.acquire(timeout=5)
+        futures = [pool.submit(bridge.call, hangs.hang, i, timeout=None) for i in range(3)]
+        hangs.wait_started(3)
         loop = bridge.loop
         assert loop is not None
         hold = threading.Event()
@@ -123,7 +121,7 @@ def test_a_coroutine_its_caller_let_go_of_at_close_is_still_cancelled() -> None:
         gc.collect()
         hold.set()
         closer.result(10)
-    assert sorted(cancelled) == [0, 1, 2]
+    assert sorted(hangs.cancelled) == [0, 1, 2]
 
 
 def test_close_from_the_loop_thread_does_not_hang() -> None:
