@@ -90,9 +90,12 @@ def _step(env: Any, i: int) -> None:
 class Scenarios:
     """Every scenario, each a loop that runs until :attr:`stop` is set."""
 
-    def __init__(self, handle: TelemetryHandle, stop: threading.Event) -> None:
+    def __init__(self, handle: TelemetryHandle, stop: threading.Event,
+                 armed: threading.Event) -> None:
         self.handle = handle
         self.stop = stop
+        #: Set once Prometheus scrapes this process (``--armed-by-signal``), or at once.
+        self.armed = armed
         self._threads: list[threading.Thread] = []
 
     # ----------------------------------------------------------------- helpers
@@ -159,15 +162,22 @@ class Scenarios:
         connect_forever()
 
     def slow_burn(self) -> None:
-        """1 % of calls answered with an error frame (the server's own failure)."""
+        """1 % of calls answered with an error frame (the server's own failure).
+
+        The calls are counted from :attr:`armed` on, so the first failure comes after
+        ``SLOW_BURN_EVERY`` calls that Prometheus saw. A failure before the first
+        scrape would put a failure and a handful of calls in a fresh Prometheus's
+        first windows, a ratio above the fast burn's.
+        """
         with ServerThread(env="echo") as server, self.client(server.url).sync() as env:
             calls = 0
             while not self.stop.is_set():
+                armed = self.armed.is_set()
                 env.reset()
-                calls += 1
+                calls += armed
                 for i in range(9):
-                    calls += 1
-                    if calls % SLOW_BURN_EVERY == 0:
+                    calls += armed
+                    if armed and calls % SLOW_BURN_EVERY == 0:
                         server.call(_set_faults(error_frames=1))
                     with contextlib.suppress(EnvlinkError):
                         _step(env, i)
@@ -414,17 +424,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     p.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    p.add_argument("--armed-by-signal", action="store_true",
+                   help="hold the failures that a scenario counts in calls (slow-burn) "
+                        "until SIGUSR1, sent once Prometheus scrapes this process")
     args = p.parse_args(argv)
-    stop = threading.Event()
+    stop, armed = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.armed_by_signal:
+        signal.signal(signal.SIGUSR1, lambda *_: armed.set())
+    else:
+        armed.set()
     if args.duration:
         threading.Timer(args.duration, stop.set).start()
     handle = configure(service_name=f"envlink-{args.scenario}", prometheus_port=0,
                        set_global=False)
     try:
         print(METRICS_PREFIX + str(handle.prometheus_url), flush=True)
-        scenarios = Scenarios(handle, stop)
+        scenarios = Scenarios(handle, stop, armed)
         try:
             SCENARIOS[args.scenario](scenarios)
         finally:

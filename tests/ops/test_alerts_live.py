@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -138,7 +139,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     try:
         for name in names:
             procs[name] = subprocess.Popen(
-                [sys.executable, str(SCENARIOS_SCRIPT), name],
+                [sys.executable, str(SCENARIOS_SCRIPT), name, "--armed-by-signal"],
                 stdout=subprocess.PIPE, stderr=(tmp / f"{name}.log").open("w"), text=True)
         targets = {}
         for name, proc in procs.items():
@@ -162,6 +163,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 assert proc.poll() is None, (name, (tmp / f"{name}.log").read_text())
 
         wait_targets_up(api, prom, tmp / "prometheus.log", len(procs), 60, all_running)
+        for proc in procs.values():  # Prometheus has scraped each: failures may start
+            proc.send_signal(signal.SIGUSR1)
         yield Run(api, time.monotonic(), tmp)
         all_running()  # no scenario died on the way (a dead one fires nothing)
     finally:
