@@ -11,11 +11,16 @@ SkyRL's generator builds one environment per trajectory, *on its event loop*, wi
   never as a reward of -1 that would train the policy on a network error;
 - reports envlink's own view of the episode in ``get_metrics()``.
 
-SkyRL is not imported: the step output is the plain dict its ``TypedDict`` describes.
+Where ``skyrl_gym`` is installed, :class:`EnvlinkTextEnv` is a real subclass of its
+``BaseTextEnv``, so ``skyrl_gym.make`` (which checks ``isinstance(env, skyrl_gym.Env)``)
+builds it; :func:`register` adds it to SkyRL's registry. Without SkyRL the class has
+the same shape on a plain base, and the step output is the plain dict SkyRL's
+``TypedDict`` describes.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +33,23 @@ from envlink.integrations._runtime import (
     shared_bridge,
 )
 
-__all__ = ["EnvlinkTextEnv"]
+__all__ = ["EnvlinkTextEnv", "register"]
+
+#: Where :func:`register` points SkyRL's registry.
+ENTRY_POINT = "envlink.integrations.skyrl:EnvlinkTextEnv"
+
+
+def _text_env_base() -> Any:
+    # SkyRL's base class where SkyRL is installed (its make() accepts only subclasses of
+    # skyrl_gym.Env); a plain base elsewhere, so envlink never depends on SkyRL.
+    try:
+        module = importlib.import_module("skyrl_gym.envs.base_text_env")
+    except ImportError:
+        return object
+    return module.BaseTextEnv
+
+
+_TextEnvBase: Any = _text_env_base()
 
 
 def _get(source: Any, key: str) -> Any:
@@ -39,7 +60,7 @@ def _get(source: Any, key: str) -> Any:
     return getattr(source, key, None)  # an omegaconf DictConfig reads as attributes too
 
 
-class EnvlinkTextEnv:
+class EnvlinkTextEnv(_TextEnvBase):  # type: ignore[misc]
     """A SkyRL text environment for one trajectory on an OpenEnv-compatible server.
 
     Settings, each looked up in ``extras`` first, then ``env_config``:
@@ -58,6 +79,7 @@ class EnvlinkTextEnv:
     client_class: type[EnvClient[Any, Any, Any]] = GenericEnvClient
 
     def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None) -> None:
+        super().__init__()  # SkyRL's BaseTextEnv sets turns, max_turns and tool groups
         self.env_config = env_config
         self.extras = dict(extras or {})
         url = self._setting("envlink_url") or self._setting("base_url") \
@@ -147,3 +169,20 @@ class EnvlinkTextEnv:
     def close(self) -> None:
         """End the server session. Idempotent."""
         self._lease.release()
+
+
+def register(id: str = "envlink", **kwargs: Any) -> None:
+    """Register :class:`EnvlinkTextEnv` in SkyRL's registry, for ``skyrl_gym.make(id)``.
+
+    SkyRL's generator then builds one environment per trajectory with
+    ``skyrl_gym.make(id, env_config=..., extras=...)``.
+
+    Args:
+        id: the environment id SkyRL's config names (``environment.env_class``).
+        kwargs: default constructor arguments stored in the registry's spec.
+
+    Raises:
+        ImportError: ``skyrl_gym`` is not installed.
+    """
+    skyrl_gym = importlib.import_module("skyrl_gym")
+    skyrl_gym.register(id=id, entry_point=ENTRY_POINT, kwargs=kwargs or None)
