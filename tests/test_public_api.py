@@ -67,6 +67,9 @@ def test_every_module_declares_all() -> None:
             continue
         if info.name == "envlink.ray" and not _ray_installed():
             continue  # the optional extra is not installed (tests/ray pins its names)
+        if info.name == "envlink.integrations.verifiers" and \
+                importlib.util.find_spec("verifiers") is None:
+            continue  # subclasses verifiers' classes; .ci/verifiers.sh tests it with them
         module = importlib.import_module(info.name)
         assert hasattr(module, "__all__"), info.name
         for name in module.__all__:
