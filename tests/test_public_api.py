@@ -41,6 +41,7 @@ EXPECTED = {
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
     "ExecutionModeError",
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
+    "InvalidArgumentError",
     # the harness stream
     "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
     "HarnessTurnError",

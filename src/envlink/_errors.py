@@ -5,15 +5,19 @@ no ``websockets`` or ``asyncio`` exception escapes it (the original is chained
 as ``__cause__``)::
 
     EnvlinkError
-    ├── ConnectError                  the connection could not be opened
+    ├── InvalidArgumentError          an argument envlink cannot use (also a ValueError)
+    ├── ConnectError                  the connection could not be opened (also a ConnectionError)
     │   ├── HandshakeRejectedError    the server answered the upgrade with an HTTP error
     │   ├── NotReadyError             the server did not become ready (``/health``) in time
+    │   │   │                         (also a TimeoutError)
     │   │   └── SpaceNotAwakeError    ... a Hugging Face Space that did not wake up
-    │   └── ProviderError             a provider could not start (or stop) the server
+    │   └── ProviderError             a provider could not start (or stop) the server; also
+    │                                 an instance of the provider's own exception's class
     ├── ConnectionLostError           an open connection died
     │   └── OutcomeUnknownError       ... while a non-idempotent call was in flight
-    ├── CallTimeoutError              a deadline expired (also a builtin TimeoutError)
-    ├── ServerError                   the server answered with an error frame
+    ├── CallTimeoutError              a deadline expired (also a TimeoutError)
+    ├── ServerError                   the server answered with an error frame (also a
+    │   │                             RuntimeError)
     │   ├── CapacityReachedError      ... with code CAPACITY_REACHED
     │   ├── ServerValidationError     ... with code VALIDATION_ERROR
     │   ├── FactoryError              ... with code FACTORY_ERROR
@@ -28,7 +32,14 @@ as ``__cause__``)::
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── ClientClosedError             the client or bridge was closed
     ├── ReentrantCallError            a blocking call from the bridge's own loop thread
+    │                                 (also a RuntimeError)
     └── ExecutionModeError            a client used both with and without ``await``
+                                      (also a RuntimeError)
+
+Each error is also the builtin exception OpenEnv 0.10's client raises in the same
+situation, so an ``except RuntimeError:`` / ``except ConnectionError:`` /
+``except TimeoutError:`` / ``except ValueError:`` written for OpenEnv still catches
+it (``docs/migrating-from-openenv.md`` has the table).
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ __all__ = [
     "FactoryError",
     "HandshakeRejectedError",
     "HttpStatusError",
+    "InvalidArgumentError",
     "McpError",
     "NotReadyError",
     "OutcomeUnknownError",
@@ -115,7 +127,14 @@ def _rebuild_error(cls: type[EnvlinkError], args: tuple[Any, ...],
     return err
 
 
-class ConnectError(EnvlinkError):
+class InvalidArgumentError(EnvlinkError, ValueError):
+    """An argument envlink cannot use: for example a client given neither a server
+    URL nor a provider. Also a :class:`ValueError`, as OpenEnv raises there."""
+
+    error_type = "invalid_argument"
+
+
+class ConnectError(EnvlinkError, ConnectionError):
     """The WebSocket connection could not be opened (refused, DNS, TLS, handshake)."""
 
     error_type = "connect_error"
@@ -143,7 +162,7 @@ class HandshakeRejectedError(ConnectError):
         self.retry_after = retry_after
 
 
-class NotReadyError(ConnectError):
+class NotReadyError(ConnectError, TimeoutError):
     """The server did not answer ``GET /health`` with a healthy JSON status in time.
 
     Attributes:
@@ -248,7 +267,7 @@ class CallTimeoutError(EnvlinkError, TimeoutError):
         self.outcome_unknown = outcome_unknown
 
 
-class ServerError(EnvlinkError):
+class ServerError(EnvlinkError, RuntimeError):
     """The server answered a request with an error frame.
 
     Attributes:

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from envlink import Bridge, EpisodeJournal, GenericEnvClient, ReconnectPolicy, RetryBudget, Timeout
+from envlink import (
+    Bridge,
+    EpisodeJournal,
+    GenericEnvClient,
+    InvalidArgumentError,
+    ReconnectPolicy,
+    RetryBudget,
+    Timeout,
+)
 from envlink._config import check_timeout
 from envlink.server import EnvServer, ServerThread
 
@@ -51,10 +59,19 @@ async def test_strings_that_spell_nan_are_sent_as_they_are(server: EnvServer) ->
 
 
 def test_base_url_of_the_wrong_type_is_a_type_error() -> None:
-    """GenericEnvClient(None) says what base_url must be, instead of an AttributeError."""
-    for bad in (None, 8000, b"http://127.0.0.1:8000"):
+    """GenericEnvClient(8000) says what base_url must be, instead of an AttributeError."""
+    for bad in (8000, b"http://127.0.0.1:8000"):
         with pytest.raises(TypeError, match="base_url must be a str"):
             GenericEnvClient(bad)  # type: ignore[arg-type]
+
+
+def test_a_client_without_a_server_is_a_value_error() -> None:
+    """GenericEnvClient() or GenericEnvClient(None), with no provider either, raises an
+    InvalidArgumentError, a ValueError as in OpenEnv, saying what base_url must be."""
+    for make in (lambda: GenericEnvClient(), lambda: GenericEnvClient(None)):
+        with pytest.raises(InvalidArgumentError, match="base_url must be a str") as caught:
+            make()
+        assert isinstance(caught.value, ValueError)
 
 
 def test_negative_journal_bound_is_a_value_error() -> None:

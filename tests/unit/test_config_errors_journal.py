@@ -168,3 +168,43 @@ def test_errors_pickle_with_their_attributes() -> None:
             assert getattr(copy, name) == getattr(error, name), (type(error), name)
         if isinstance(error, SessionLostError):
             assert copy.journal is not None and copy.journal.reset_kwargs == {"seed": 1}
+
+
+def test_builtin_bases_keep_mro_and_pickling() -> None:
+    """The builtin bases (RuntimeError, ConnectionError, TimeoutError, ValueError) leave
+    each error's own fields, str() and pickling intact, and a ProviderError made for a
+    provider's exception is also of that exception's class, across pickle too."""
+    import pickle
+    import subprocess
+
+    from envlink import HandshakeRejectedError, InvalidArgumentError, NotReadyError, ProviderError
+    from envlink._launch.provider_errors import provider_error, provider_error_class
+
+    refused = HandshakeRejectedError(403)
+    assert isinstance(refused, ConnectionError) and refused.errno is None
+    assert str(refused) == "server rejected the WebSocket upgrade with HTTP 403"
+    full = CapacityReachedError("full", max_sessions=1)
+    assert isinstance(full, RuntimeError) and str(full) == "[CAPACITY_REACHED] full"
+    late = NotReadyError("not ready", url="http://h/health", attempts=3)
+    assert isinstance(late, TimeoutError) and isinstance(late, ConnectionError)
+    for error in (refused, full, late, InvalidArgumentError("no server")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert copy.__dict__ == error.__dict__
+
+    failed = subprocess.CalledProcessError(2, ["docker", "run"])
+    wrapped = provider_error("docker run failed", failed)
+    assert isinstance(wrapped, ProviderError) and isinstance(wrapped, subprocess.CalledProcessError)
+    assert wrapped.returncode == 2 and str(wrapped) == "docker run failed"
+    assert type(wrapped) is provider_error_class(subprocess.CalledProcessError)  # cached
+    copy = pickle.loads(pickle.dumps(wrapped))
+    assert type(copy) is type(wrapped) and copy.returncode == 2
+    assert isinstance(provider_error("x", late), TimeoutError)
+    # A class no error can also derive from (its C layout conflicts): a plain ProviderError.
+    assert type(provider_error("x", ImportError("no module"))) is ProviderError
+
+    class Local(Exception):
+        pass
+
+    local = pickle.loads(pickle.dumps(provider_error("x", Local())))
+    assert type(local) is ProviderError  # the class cannot be imported on the other side

@@ -165,7 +165,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     Raises:
         ValueError: for a malformed URL or option.
-        TypeError: ``base_url`` is not a string (or missing without a ``provider``).
+        InvalidArgumentError: neither ``base_url`` nor ``provider`` (a ``ValueError``).
+        TypeError: ``base_url`` is not a string.
         ProviderError: ``provider`` is not a provider.
     """
 

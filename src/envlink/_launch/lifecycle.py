@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Generator, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from envlink._errors import ProviderError
+from envlink._errors import InvalidArgumentError, ProviderError
 from envlink._launch.discovery import wait_until_ready
 from envlink._launch.providers import (
     DockerProvider,
@@ -99,12 +99,15 @@ class Target:
         """What ``EnvClient(base_url, provider=, headers=, token=)`` connects to.
 
         Raises:
-            TypeError: neither ``base_url`` nor ``provider``.
+            InvalidArgumentError: neither ``base_url`` nor ``provider`` (a
+                ``ValueError``, as OpenEnv raises).
             ProviderError: ``provider`` is not a provider.
         """
         if base_url is None and provider is None:
-            raise TypeError("base_url must be a str such as 'http://127.0.0.1:8000' or a "
-                            "Space name ('owner/space'), or left out with provider=; got None")
+            # OpenEnv raises ValueError here: an OpenEnv-era `except ValueError` catches it.
+            raise InvalidArgumentError(
+                "base_url must be a str such as 'http://127.0.0.1:8000' or a Space name "
+                "('owner/space'), or left out with provider=; got None")
         lease = lease_for(provider, base_url) if provider is not None else None
         if base_url is None:
             assert lease is not None

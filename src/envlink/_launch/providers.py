@@ -39,9 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from envlink._errors import EnvlinkError, ProviderError
+from envlink._launch.provider_errors import provider_error, provider_error_class
 
 __all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "bound_container",
            "docker_run_command", "lease_for", "start_provider", "stop_provider"]
+
+#: What envlink's own providers raise: also a RuntimeError, as OpenEnv's providers raise
+#: when docker or the server command fails.
+_RuntimeProviderError = provider_error_class(RuntimeError)
 
 _LEASES: weakref.WeakKeyDictionary[Any, ProviderLease] = weakref.WeakKeyDictionary()
 _LEASES_LOCK = threading.Lock()
@@ -52,7 +57,8 @@ def _kind(provider: object) -> str:
         return "container"
     if callable(getattr(provider, "start", None)):
         return "runtime"
-    raise ProviderError(
+    # Also a TypeError, as OpenEnv raises for an object that is not a provider.
+    raise provider_error_class(TypeError)(
         f"{type(provider).__name__} is not a provider: it needs start_container() "
         "(a container provider) or start() (a runtime provider)")
 
@@ -96,7 +102,8 @@ def start_provider(provider: object, ready_timeout: float | None) -> str:
     if kind == "container":
         required = _required_parameters(provider.start_container)  # type: ignore[attr-defined]
         if required:
-            raise ProviderError(
+            # Also a ValueError, as OpenEnv raises for a provider it cannot start alone.
+            raise provider_error_class(ValueError)(
                 f"{name}.start_container() needs {', '.join(required)}: start it yourself "
                 "and pass base_url, use from_docker_image(image, provider=...), or give the "
                 "provider its image when you build it")
@@ -111,10 +118,13 @@ def start_provider(provider: object, ready_timeout: float | None) -> str:
             raise ProviderError(f"{name} returned {url!r} instead of a base URL")
     except BaseException as exc:
         stop_provider(provider)
+        # Also an instance of the provider's own exception's class, which OpenEnv
+        # lets through unchanged: an OpenEnv-era `except RuntimeError` still catches it.
         if isinstance(exc, EnvlinkError) and not isinstance(exc, ProviderError):
-            raise ProviderError(f"{name} did not start: {exc}") from exc
+            raise provider_error(f"{name} did not start: {exc}", exc) from exc
         if isinstance(exc, Exception) and not isinstance(exc, ProviderError):
-            raise ProviderError(f"{name} did not start: {type(exc).__name__}: {exc}") from exc
+            raise provider_error(f"{name} did not start: {type(exc).__name__}: {exc}",
+                                 exc) from exc
         raise
     return url
 
@@ -345,7 +355,7 @@ class LocalServerProvider:
         """
         with self._lock:
             if self.process is not None and self.process.poll() is None:
-                raise ProviderError("the server is already running; stop() it first")
+                raise _RuntimeProviderError("the server is already running; stop() it first")
             chosen = port if port is not None else free_port(self.host)
             argv = [part.replace("{host}", self.host).replace("{port}", str(chosen))
                     for part in self.command]
@@ -359,7 +369,7 @@ class LocalServerProvider:
                     stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
                     start_new_session=True, preexec_fn=_parent_death_signal()).result()
             except OSError as exc:
-                raise ProviderError(f"cannot run {argv[0]!r}: {exc}") from exc
+                raise _RuntimeProviderError(f"cannot run {argv[0]!r}: {exc}") from exc
             self.base_url = f"http://{self.host}:{chosen}"
             return self.base_url
 
@@ -372,7 +382,7 @@ class LocalServerProvider:
         """
         process, url = self.process, self.base_url
         if process is None or url is None:
-            raise ProviderError("the server was not started")
+            raise _RuntimeProviderError("the server was not started")
         _run_async(lambda: _ready_or_exited(process, url, timeout_s))
 
     def stop(self) -> None:
@@ -439,8 +449,9 @@ async def _ready_or_exited(process: subprocess.Popen[bytes], url: str, timeout_s
         if ready in done:
             ready.result()
             return
-        raise ProviderError(f"the server command exited with code {exited.result()} before "
-                            f"it was ready on {url}")
+        raise _RuntimeProviderError(
+            f"the server command exited with code {exited.result()} before it was ready "
+            f"on {url}")
     finally:
         ready.cancel()
         with contextlib.suppress(BaseException):
@@ -500,7 +511,7 @@ class DockerProvider:
     def _executable(self) -> str:
         found = shutil.which(self.docker)
         if found is None:
-            raise ProviderError(
+            raise _RuntimeProviderError(
                 f"docker is not available ({self.docker!r} is not on PATH): install Docker, "
                 "or pass provider=LocalServerProvider(...) to run the server locally")
         return found
@@ -521,11 +532,12 @@ class DockerProvider:
             done = subprocess.run(command, capture_output=True, text=True, timeout=600,
                                   check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ProviderError(f"docker run {image} failed: {exc}") from exc
+            raise _RuntimeProviderError(f"docker run {image} failed: {exc}") from exc
         if done.returncode != 0:
             # Values of -e may be secrets: the error names the image, not the command.
-            raise ProviderError(f"docker run {image} failed with exit code {done.returncode}: "
-                                f"{done.stderr.strip()[-500:]}")
+            raise _RuntimeProviderError(
+                f"docker run {image} failed with exit code {done.returncode}: "
+                f"{done.stderr.strip()[-500:]}")
         self.container_id = done.stdout.strip()
         self.base_url = f"http://127.0.0.1:{chosen}"
         return self.base_url
