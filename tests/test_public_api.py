@@ -16,6 +16,7 @@ EXPECTED = {
     # clients and results
     "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult", "State",
     "CallToolAction", "ListToolsAction", "EchoObservation",
+    "MCPClientBase", "MCPToolClient", "MCPObservation", "Tool", "ToolError", "ToolErrorType",
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",

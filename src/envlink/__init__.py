@@ -82,6 +82,14 @@ if TYPE_CHECKING:
         HarnessProtocolError,
         HarnessTurnError,
     )
+    from envlink._client.mcp_client import (
+        MCPClientBase,
+        MCPObservation,
+        MCPToolClient,
+        Tool,
+        ToolError,
+        ToolErrorType,
+    )
     from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
@@ -102,14 +110,20 @@ set_default_hooks(_bridge_hooks)
 
 #: Public names whose module is imported on first access (PEP 562), not by
 #: `import envlink`: what a plain client does not need to connect and step (the
-#: pools, the echo environment, the mock transport, the sync facade's class) and
-#: configure(), which lives with the OpenTelemetry SDK. tests/test_import_laziness.py
-#: pins what `import envlink` leaves unloaded.
+#: pools, the echo environment and MCP clients, the mock transport, the sync
+#: facade's class) and configure(), which lives with the OpenTelemetry SDK.
+#: tests/test_import_laziness.py pins what `import envlink` leaves unloaded.
 _LAZY = {
     "CallToolAction": "envlink._client.echo_env",
     "EchoEnv": "envlink._client.echo_env",
     "EchoObservation": "envlink._client.echo_env",
     "ListToolsAction": "envlink._client.echo_env",
+    "MCPClientBase": "envlink._client.mcp_client",
+    "MCPObservation": "envlink._client.mcp_client",
+    "MCPToolClient": "envlink._client.mcp_client",
+    "Tool": "envlink._client.mcp_client",
+    "ToolError": "envlink._client.mcp_client",
+    "ToolErrorType": "envlink._client.mcp_client",
     "MockTransport": "envlink._transports.mock",
     "AutoresetMode": "envlink._pool.pool",
     "EnvPool": "envlink._pool.pool",
@@ -197,6 +211,9 @@ __all__ = [
     "JournalEntry",
     "Limits",
     "ListToolsAction",
+    "MCPClientBase",
+    "MCPObservation",
+    "MCPToolClient",
     "MockTransport",
     "OutcomeUnknownError",
     "PhaseFinished",
@@ -223,7 +240,10 @@ __all__ = [
     "SyncEnvPool",
     "SyncProxy",
     "Timeout",
+    "Tool",
     "ToolCallError",
+    "ToolError",
+    "ToolErrorType",
     "__version__",
     "configure",
     "default_bridge",

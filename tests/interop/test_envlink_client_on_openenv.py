@@ -148,9 +148,13 @@ async def test_echo_env_typed_mcp_actions_on_openenv_echo(
     conn = _only(read_connections(echo_server.frame_log, tag))
     assert_plain_protocol([conn])
     assert conn.errors == []
-    assert conn.sent[1]["data"] == {"type": "list_tools"}
-    assert conn.sent[2]["data"] == {"type": "call_tool", "tool_name": "echo_message",
-                                    "arguments": {"message": "hi"}}
+    # EchoEnv is an MCPToolClient in production mode: its socket is attached to an HTTP
+    # MCP session (read with a state frame first); the steps are sent as they are.
+    assert conn.session_id is not None
+    steps = [frame["data"] for frame in conn.sent if frame["type"] == "step"]
+    assert steps == [{"type": "list_tools"},
+                     {"type": "call_tool", "tool_name": "echo_message",
+                      "arguments": {"message": "hi"}}]
 
 
 async def test_echo_env_call_tool_returns_tool_value_from_openenv_echo(

@@ -13,7 +13,7 @@ import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -157,7 +157,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             OpenTelemetry and structlog emitter. Given, they replace it: include
             ``envlink.telemetry.ClientTelemetryHook(...)`` to keep its telemetry.
         mode: OpenEnv's ``"simulation"`` (default) or ``"production"`` (MCP tool
-            calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``.
+            calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``
+            (MCP clients, :class:`~envlink.MCPToolClient`: ``"production"``).
         limits, on_capacity: sessions per endpoint, and ``"raise"`` or ``"wait"`` when full.
         provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider``, started on
             connect (without ``base_url``), stopped on close, shared with children.
@@ -169,6 +170,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         TypeError: ``base_url`` is not a string.
         ProviderError: ``provider`` is not a provider.
     """
+
+    #: The mode when ``mode=`` is not given (MCP clients: ``"production"``); ``None``:
+    #: ``OPENENV_CLIENT_MODE``, else ``"simulation"``.
+    _default_mode: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -217,7 +222,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             options=options, hooks=hooks, mode=mode, limits=limits, on_capacity=on_capacity,
             provider=provider, token=token)
         _check_policy(on_session_lost)
-        self._mode = mcp.client_mode(mode)
+        self._mode = mcp.client_mode(mode, self._default_mode)
         self._target = lifecycle.Target.resolve(base_url, provider, headers, token)
         base_url, headers = self._target.base_url, self._target.headers
         self._children: list[EnvClient[Any, Any, Any]] = []

@@ -35,12 +35,16 @@ CLIENT_MODES = ("simulation", "production")
 _METHOD_NOT_SENT = ("tools/list",)
 
 
-def client_mode(mode: str | None) -> str:
-    """``mode=``, else ``OPENENV_CLIENT_MODE``, else ``"simulation"`` (case-insensitive).
+def client_mode(mode: str | None, default: str | None = None) -> str:
+    """``mode=``, else the client class's ``default`` (``"production"`` for MCP clients,
+    which, as OpenEnv's, do not read the variable), else ``OPENENV_CLIENT_MODE``, else
+    ``"simulation"`` (case-insensitive).
 
     Raises:
         ValueError: not ``simulation`` or ``production``.
     """
+    if mode is None and default is not None:
+        mode = default
     raw = os.environ.get("OPENENV_CLIENT_MODE", "simulation") if mode is None else mode
     if not isinstance(raw, str) or raw.lower() not in CLIENT_MODES:
         raise ValueError(f"mode must be 'simulation' or 'production' (the mode= argument "

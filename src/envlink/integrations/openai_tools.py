@@ -1,6 +1,7 @@
 """MCP tool lists as the tool schemas models are prompted with, and back.
 
-``client.mcp_list_tools()`` (and OpenEnv's ``list_tools`` step action) give MCP tool
+``client.mcp_list_tools()``, an MCP client's ``list_tools()`` (:class:`envlink.Tool`
+objects) and OpenEnv's ``list_tools`` step action give MCP tool
 specifications: ``name``, ``description`` and a JSON-Schema ``inputSchema`` (OpenEnv
 spells it ``input_schema``). Chat templates, OpenAI-style APIs, TRL and verifiers
 want OpenAI function tools: ``{"type": "function", "function": {"name", "description",
@@ -35,7 +36,8 @@ def to_openai_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
     Args:
         tools: MCP tools as dicts (``mcp_list_tools()``'s result, OpenEnv's
             ``list_tools`` observation) or objects with ``name``, ``description`` and
-            ``input_schema`` / ``inputSchema`` attributes (OpenEnv's ``Tool``).
+            ``input_schema`` / ``inputSchema`` attributes (``envlink.Tool`` from an MCP
+            client's ``list_tools()``, OpenEnv's ``Tool``).
 
     Returns:
         ``[{"type": "function", "function": {"name", "description", "parameters"}}]``,

@@ -1,0 +1,319 @@
+"""MCP tool clients with OpenEnv 0.10's surface: :class:`MCPClientBase`, :class:`MCPToolClient`.
+
+As in OpenEnv, an MCP client is in *production* mode unless ``mode=`` says
+otherwise (``OPENENV_CLIENT_MODE`` is not read, as OpenEnv does not read it for MCP
+clients): ``list_tools()`` and ``call_tool()`` go over ``POST /mcp`` to the
+session's own environment, so a tool call is not a step. Unlike OpenEnv, which
+cannot work at all against a server without HTTP MCP sessions, a client left on
+the default mode then calls tools with ``step()``, as in simulation mode, and so it
+does on a server that answers tool calls over ``POST /mcp`` "method not found"
+(envlink's reference server, which offers HTTP MCP sessions only with
+``--detached-sessions`` and runs tools only as steps). An explicit
+``mode="production"`` there raises (:class:`~envlink.ConnectError`,
+:class:`~envlink.McpError`).
+
+``list_tools()`` returns :class:`Tool` objects (``.name``, ``.description``,
+``.input_schema``), cached as OpenEnv caches them; a tool error in a step's
+observation is a :class:`ToolError` (``.error_type``, ``.message``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any, ClassVar, Literal, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from envlink._client import mcp
+from envlink._client.client import EnvClient, StepResult
+from envlink._client.dispatch import dispatched
+from envlink._errors import McpError, ToolCallError
+from envlink._sansio.state import State
+
+__all__ = ["CallToolAction", "ListToolsAction", "MCPClientBase", "MCPObservation",
+           "MCPToolClient", "Tool", "ToolError", "ToolErrorType"]
+
+
+_METHOD_NOT_FOUND = -32601
+#: An answer saying the call goes through ``step()`` instead.
+_ON_STEP: Any = object()
+
+
+class _ReadableByKey(BaseModel):
+    """A model also readable as the dict it replaces (``tool["name"]``, ``.get()``):
+    code written when these were plain dicts keeps working."""
+
+    _aliases: ClassVar[dict[str, str]] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        data = self.model_dump(mode="json")
+        return data[self._aliases.get(key, key)]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field ``key``, or ``default``."""
+        data = self.model_dump(mode="json")
+        return data.get(self._aliases.get(key, key), default)
+
+    def keys(self) -> Iterator[str]:
+        """The field names (so that ``dict(**tool)`` works as it did for a dict)."""
+        return iter(self.model_dump(mode="json"))
+
+
+class Tool(_ReadableByKey):
+    """An MCP tool, as OpenEnv's ``Tool``: its name, description and input JSON Schema.
+
+    The MCP spelling ``inputSchema`` is accepted when reading it by key.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    _aliases: ClassVar[dict[str, str]] = {"inputSchema": "input_schema"}
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> Tool:
+        """A tool from a server's tool object (``input_schema`` or ``inputSchema``)."""
+        if isinstance(payload, Tool):
+            return payload
+        if not isinstance(payload, dict):
+            raise TypeError(f"a tool must be an object, got {type(payload).__name__}")
+        schema = payload.get("input_schema", payload.get("inputSchema"))
+        return cls(name=payload.get("name", ""),
+                   description=payload.get("description") or "",
+                   input_schema=schema if isinstance(schema, dict) else {})
+
+
+class ToolErrorType(str, Enum):
+    """The kind of a tool error, as OpenEnv's ``ToolErrorType``. A kind the server
+    names that is not listed here is kept as it was sent (``.value``)."""
+
+    EXECUTION_ERROR = "execution_error"
+    INVALID_ARGS = "invalid_args"
+    TRANSPORT_ERROR = "transport_error"
+    TOOL_NOT_FOUND = "tool_not_found"
+    TIMEOUT = "timeout"
+
+    @classmethod
+    def _missing_(cls, value: object) -> ToolErrorType | None:
+        if not isinstance(value, str):
+            return None
+        # Another server's kind: a member made for it, with its own value.
+        member = str.__new__(cls, value)
+        member._name_ = value.upper()
+        member._value_ = value
+        return member
+
+
+class ToolError(_ReadableByKey):
+    """A tool call's error in a step's observation, as OpenEnv's ``ToolError``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    error_type: ToolErrorType = ToolErrorType.EXECUTION_ERROR
+    message: str = ""
+
+
+class CallToolAction(BaseModel):
+    """Call an MCP-style tool: ``{"type": "call_tool", "tool_name": ..., "arguments": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["call_tool"] = "call_tool"
+    tool_name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ListToolsAction(BaseModel):
+    """List the environment's MCP-style tools: ``{"type": "list_tools"}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["list_tools"] = "list_tools"
+
+
+class MCPObservation(BaseModel):
+    """An observation of an MCP environment.
+
+    ``tools`` (after a ``list_tools`` step) are :class:`Tool` objects; ``error``
+    (after a failed ``call_tool`` step) is a :class:`ToolError`. Whatever else the
+    server sends is kept and readable as an attribute or by key (``obs["result"]``).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    tool_name: str | None = None
+    result: Any = None
+    error: ToolError | None = None
+    tools: list[Tool] | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tools(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [Tool.from_payload(item) for item in value]
+        return value
+
+    @field_validator("error", mode="before")
+    @classmethod
+    def _error(cls, value: Any) -> Any:
+        if value is None or value == "" or isinstance(value, ToolError | dict):
+            return value or None
+        return ToolError(message=str(value))  # a server that sends the error as text
+
+    def __getitem__(self, key: str) -> Any:
+        data = self.model_dump()
+        return data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field ``key``, or ``default``."""
+        return self.model_dump().get(key, default)
+
+
+_ObsT = TypeVar("_ObsT", bound=MCPObservation)
+
+
+class MCPClientBase(EnvClient[Any, _ObsT, State]):
+    """Base of MCP clients, as OpenEnv 0.10's: tool discovery with a cache.
+
+    Takes :class:`~envlink.EnvClient`'s arguments. ``mode`` defaults to
+    ``"production"`` (see the module). Actions may be :class:`CallToolAction`,
+    :class:`ListToolsAction`, other pydantic models or dicts; observations are
+    :class:`MCPObservation` (a subclass sets ``_observation_type``); ``state()``
+    is a :class:`~envlink.State`.
+    """
+
+    _default_mode: ClassVar[str | None] = "production"
+    #: The observation model :meth:`_parse_result` builds.
+    _observation_type: ClassVar[type[MCPObservation]] = MCPObservation
+    #: The tools of the last ``list_tools()`` that reached the server.
+    _tools_cache: list[Tool] | None = None
+    #: Set when the server, on the default mode, answered tool calls over ``POST /mcp``
+    #: "method not found" (envlink's reference server): they go through ``step()``.
+    _tools_on_step: bool = False
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[_ObsT]:
+        observation = payload.get("observation")
+        return StepResult(
+            observation=cast(_ObsT, self._observation_type.model_validate(
+                observation if isinstance(observation, dict) else {})),
+            reward=payload.get("reward"),
+            done=bool(payload.get("done", False)),
+            metadata=payload.get("metadata"),
+        )
+
+    def _parse_state(self, payload: dict[str, Any]) -> State:
+        return State.model_validate(payload)
+
+    async def _tools_over_http(self) -> bool:
+        """Whether tool calls go over ``POST /mcp`` (production mode on a server that
+        offers HTTP MCP sessions and answers tool calls there), not through ``step()``."""
+        if self.mode != "production":
+            return False
+        if self._arguments.get("mode") is not None:
+            return True  # asked for: a server without HTTP MCP sessions is an error
+        if self._tools_on_step:
+            return False
+        core = self._core
+        if core.detached_offered is None:
+            await self.connect()  # learns whether the server offers them
+        return core.detached_offered is True
+
+    async def _over_http(self, method: str, params: dict[str, Any]) -> Any:
+        """``method`` over ``POST /mcp``; :data:`_ON_STEP` when a server left on the default
+        mode does not know it there (its answer proves it did not run it)."""
+        try:
+            return await self.mcp_request(method, params)
+        except McpError as exc:
+            if exc.rpc_code != _METHOD_NOT_FOUND or self._arguments.get("mode") is not None:
+                raise
+            self._tools_on_step = True
+            return _ON_STEP
+
+    @dispatched
+    async def list_tools(self, use_cache: bool = True) -> list[Tool]:
+        """The environment's tools, as :class:`Tool` objects (``name``, ``description``,
+        ``input_schema``).
+
+        Args:
+            use_cache: return the tools of the last call that reached the server, if
+                any (OpenEnv's cache); ``False`` asks the server again.
+
+        Raises:
+            McpError, ServerError, ConnectError, CallTimeoutError and the errors of
+            ``step()`` / ``mcp_list_tools()`` (where OpenEnv's production mode returns
+            ``[]`` on any failure, envlink raises a typed error).
+        """
+        if use_cache and self._tools_cache is not None:
+            return self._tools_cache
+        answer = _ON_STEP
+        if await self._tools_over_http():
+            answer = await self._over_http("tools/list", {})
+        if answer is not _ON_STEP:
+            tools = [Tool.from_payload(t) for t in mcp.tool_list(answer)]
+        else:
+            result = await self.step(ListToolsAction())
+            listed = getattr(result.observation, "tools", None)
+            tools = list(listed) if isinstance(listed, list) else []
+        self._tools_cache = tools
+        return tools
+
+    @dispatched
+    async def get_tool(self, name: str) -> Tool | None:
+        """The tool named ``name`` (from :meth:`list_tools`, cached), or ``None``."""
+        for tool in await self.list_tools():
+            if tool.name == name:
+                return tool
+        return None
+
+    @dispatched
+    async def has_tool(self, name: str) -> bool:
+        """Whether the environment has a tool named ``name`` (see :meth:`get_tool`)."""
+        return await self.get_tool(name) is not None
+
+
+class MCPToolClient(MCPClientBase[_ObsT]):
+    """Client of an MCP tool-calling environment, as OpenEnv 0.10's ``MCPToolClient``.
+
+    Example::
+
+        with MCPToolClient("http://127.0.0.1:8000") as env:
+            env.reset()
+            print([tool.name for tool in env.list_tools()])
+            print(env.call_tool("echo_message", message="hi"))
+    """
+
+    @dispatched
+    async def call_tool(self, name: str, /, **kwargs: Any) -> Any:
+        """Call the tool ``name`` with ``kwargs`` and return its value.
+
+        In production mode the call goes over ``POST /mcp`` and is not a step;
+        otherwise it is a ``call_tool`` step. A FastMCP result (``content`` and
+        ``data``) is unwrapped to its ``data``, as OpenEnv's client does.
+
+        Raises:
+            ToolCallError: the tool call failed (unknown tool, invalid arguments...);
+                a ``RuntimeError`` too, as OpenEnv raises.
+            McpError: a JSON-RPC error object (production mode).
+            and the errors of ``step()`` / ``mcp_call_tool()``.
+        """
+        if await self._tools_over_http():
+            answer = await self._over_http("tools/call", {"name": name, "arguments": kwargs})
+            if answer is not _ON_STEP:
+                return mcp.tool_value(name, answer)
+        result = await self.step(CallToolAction(tool_name=name, arguments=kwargs))
+        observation = result.observation
+        if not isinstance(observation, MCPObservation):
+            return observation
+        error = observation.error
+        if error is not None:
+            # OpenEnv's wording, for code that matches on it.
+            raise ToolCallError(f"Tool '{name}' failed: {error.message} "
+                                f"(type: {error.error_type.value})", error.error_type.value,
+                                tool_name=name)
+        value = observation.result
+        if isinstance(value, dict) and "data" in value:
+            return value["data"]
+        return value

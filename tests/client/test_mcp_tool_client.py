@@ -1,0 +1,159 @@
+"""MCPToolClient / MCPClientBase with OpenEnv 0.10's surface, on the real reference server:
+Tool objects (cached), get_tool / has_tool, typed tool errors, production by default."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from typing import Any
+
+import pytest
+
+from envlink import (
+    CallToolAction,
+    EchoEnv,
+    GenericEnvClient,
+    MCPClientBase,
+    MCPObservation,
+    MCPToolClient,
+    State,
+    Tool,
+    ToolCallError,
+    ToolError,
+    ToolErrorType,
+)
+from envlink.integrations.openai_tools import to_openai_tools
+from envlink.server import ServerThread
+
+pytestmark = pytest.mark.timeout(30)
+
+URL = "http://127.0.0.1:9"
+ECHO_TOOLS = ["echo_message", "echo_with_length"]
+
+
+def test_echo_env_is_an_mcp_tool_client() -> None:
+    """EchoEnv is an MCPToolClient (an MCPClientBase), as OpenEnv's echo client."""
+    assert issubclass(EchoEnv, MCPToolClient) and issubclass(MCPToolClient, MCPClientBase)
+
+
+def test_mcp_clients_default_to_production(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MCP client is in production mode unless mode= says otherwise, whatever
+    OPENENV_CLIENT_MODE says (OpenEnv's MCP clients do not read it); a plain client still
+    defaults to simulation."""
+    monkeypatch.setenv("OPENENV_CLIENT_MODE", "simulation")
+    assert MCPToolClient(URL).mode == "production"
+    assert EchoEnv(URL).mode == "production"
+    assert EchoEnv(URL, mode="simulation").mode == "simulation"
+    assert GenericEnvClient(URL).mode == "simulation"
+    monkeypatch.delenv("OPENENV_CLIENT_MODE")
+    assert GenericEnvClient(URL).mode == "simulation"
+
+
+@pytest.mark.parametrize("detached", [False, True], ids=["plain", "detached-sessions"])
+def test_list_tools_returns_cached_tool_objects(detached: bool) -> None:
+    """list_tools() gives Tool objects (name, description, input_schema), the same list
+    again from the cache, a fresh one with use_cache=False; get_tool and has_tool use it.
+    On envlink's server (which runs tools only as steps) a default-mode client lists them
+    with a step, with or without HTTP MCP sessions."""
+    with ServerThread(env="echo", detached_sessions=detached) as st, EchoEnv(st.url) as env:
+        env.reset()
+        tools = env.list_tools()
+        assert all(isinstance(t, Tool) for t in tools)
+        assert [t.name for t in tools] == ECHO_TOOLS
+        assert tools[0].description and tools[0].input_schema["type"] == "object"
+        assert env.list_tools() is tools
+        assert env.state().step_count == 1  # the cached call did not reach the server
+        fresh = env.list_tools(use_cache=False)
+        assert fresh is not tools and fresh == tools
+        assert env.get_tool("echo_with_length") == tools[1]
+        assert env.get_tool("nope") is None
+        assert env.has_tool("echo_message") and not env.has_tool("nope")
+        assert env.state().step_count == 2
+
+
+def test_tools_read_by_key_as_the_dicts_they_were() -> None:
+    """A Tool is also readable by key (name, description, input_schema or inputSchema),
+    as list_tools()'s dicts were, and to_openai_tools takes Tool objects."""
+    tool = Tool.from_payload({"name": "t", "description": "d",
+                              "inputSchema": {"type": "object", "properties": {}}})
+    assert tool["name"] == "t" and tool.get("description") == "d"
+    assert tool["inputSchema"] == tool["input_schema"] == tool.input_schema
+    assert dict(**tool)["name"] == "t"
+    assert to_openai_tools([tool]) == to_openai_tools([{"name": "t", "description": "d",
+                                                        "inputSchema": tool.input_schema}])
+
+
+def test_call_tool_is_a_step_where_the_server_has_no_http_tools(
+        server_thread: ServerThread) -> None:
+    """On a server without HTTP MCP sessions a default-mode call_tool is a call_tool step
+    (the only way that server runs a tool) and returns the tool's value."""
+    with EchoEnv(server_thread.url) as env:
+        env.reset()
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert env.call_tool("echo_with_length", message="four") == {"message": "four",
+                                                                      "length": 4}
+        assert env.state().step_count == 2
+
+
+def test_a_tool_error_is_typed(server_thread: ServerThread) -> None:
+    """A failed call_tool step's observation.error is a ToolError (.error_type, .message),
+    and call_tool raises ToolCallError (a RuntimeError) in OpenEnv's wording."""
+    with EchoEnv(server_thread.url) as env:
+        env.reset()
+        result = env.step(CallToolAction(tool_name="nope", arguments={}))
+        error = result.observation.error
+        assert isinstance(error, ToolError)
+        assert error.error_type is ToolErrorType.TOOL_NOT_FOUND and "nope" in error.message
+        assert error["error_type"] == "tool_not_found"  # as the dict it was
+        ok = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"}))
+        assert ok.observation.error is None and ok.observation.result == "x"
+        with pytest.raises(ToolCallError, match=r"Tool 'echo_message' failed: .*invalid_args"):
+            env.call_tool("echo_message", wrong="x")
+
+
+def test_tool_errors_from_other_servers_are_kept() -> None:
+    """An error kind OpenEnv does not list, or an error sent as text, is still a ToolError
+    with its kind and message."""
+    observation = MCPObservation.model_validate(
+        {"tool_name": "t", "error": {"error_type": "rate_limited", "message": "slow down"}})
+    assert observation.error is not None
+    assert observation.error.error_type.value == "rate_limited"
+    text = MCPObservation.model_validate({"tool_name": "t", "error": "boom"})
+    assert text.error == ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message="boom")
+    assert MCPObservation.model_validate({"tool_name": "t", "error": None}).error is None
+
+
+def test_methods_are_awaitable_in_async_code(server_thread: ServerThread) -> None:
+    """In async code list_tools, get_tool, has_tool and call_tool are awaited, as the
+    client's other methods; inside a loop, a result used without await still works."""
+    async def run() -> None:
+        async with EchoEnv(server_thread.url) as env:
+            await env.reset()
+            assert [t.name for t in await env.list_tools(use_cache=False)] == ECHO_TOOLS
+            assert (await env.get_tool("echo_message")) is not None
+            assert await env.has_tool("echo_with_length")
+            assert await env.call_tool("echo_message", message="a") == "a"
+        plain = EchoEnv(server_thread.url)
+        with warnings.catch_warnings():
+            # The bridge's warning that this blocks the running loop (once per bridge).
+            warnings.simplefilter("ignore", RuntimeWarning)
+            try:
+                assert plain.has_tool("echo_message")  # used, not awaited: blocks for it
+            finally:
+                plain.close()
+
+    asyncio.run(run())
+
+
+def test_a_subclass_override_still_dispatches(server_thread: ServerThread) -> None:
+    """A typed client overriding call_tool with a coroutine is still callable without
+    await in plain code, and its super() call reaches the tool."""
+    class Loud(MCPToolClient[MCPObservation]):
+        async def call_tool(self, name: str, /, **kwargs: Any) -> Any:
+            value = await super().call_tool(name, **kwargs)
+            return str(value).upper()
+
+    with Loud(server_thread.url) as env:
+        env.reset()
+        assert env.call_tool("echo_message", message="hi") == "HI"
+        assert isinstance(env.state(), State)
