@@ -115,6 +115,13 @@ class ToolError(_ReadableByKey):
     error_type: ToolErrorType = ToolErrorType.EXECUTION_ERROR
     message: str = ""
 
+    @field_validator("error_type", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        # Through the enum's own lookup, so that another server's kind is kept whatever
+        # pydantic's enum validation does with an unlisted value.
+        return ToolErrorType(value) if isinstance(value, str) else value
+
 
 class CallToolAction(BaseModel):
     """Call an MCP-style tool: ``{"type": "call_tool", "tool_name": ..., "arguments": {...}}``."""
