@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from envlink import CallTimeoutError, GenericEnvClient, SessionLostError
 from envlink.server import EnvServer
@@ -195,4 +196,29 @@ async def test_resume_settles_a_step_the_server_never_applied_from_its_count() -
             assert (await env.state())["step_count"] == 4
         finally:
             srv.unstall_all()
+            await env.close()
+
+
+async def test_the_error_after_a_timeout_that_dropped_the_connection_names_it() -> None:
+    """Plain protocol: a timed-out step lets the connection go; the next call's
+    SessionLostError names that CallTimeoutError (cause, message, the log's error=)."""
+    async with EnvServer(env="deterministic", extensions=False) as srv:
+        env = GenericEnvClient(srv.url)
+        try:
+            await _start(env)
+            with capture_logs() as logs:
+                await _time_out_a_step_the_server_applies(srv, env)
+                with pytest.raises(SessionLostError) as info:
+                    await env.step({"move": MOVES[4]})
+            earlier = info.value.__cause__
+            assert isinstance(earlier, CallTimeoutError)
+            assert "earlier call failed: CallTimeoutError: step did not complete" in str(
+                info.value)
+            lost = [e for e in logs if e["event"] == "envlink.session_lost"]
+            assert len(lost) == 1
+            assert lost[0]["error"].startswith("CallTimeoutError: step did not complete")
+            # Named once: a later reset starts afresh and its episode carries nothing over.
+            await env.reset(seed=7, max_steps=100)
+            await env.step({"move": 1})
+        finally:
             await env.close()

@@ -42,6 +42,7 @@ The bridge knows nothing about environments nor about telemetry libraries;
 from __future__ import annotations
 
 from envlink._bridge.bridge import Bridge, ForeignLoopPolicy
+from envlink._bridge.handoff import INTERRUPTED
 from envlink._bridge.hooks import (
     BridgeCallFinished,
     BridgeCallStarted,
@@ -61,6 +62,7 @@ from envlink._errors import (
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "INTERRUPTED",
     "OUTCOMES",
     "OUTCOME_CANCELLED",
     "OUTCOME_ERROR",

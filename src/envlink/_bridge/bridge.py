@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from envlink._bridge.adapters import BridgedContext, iterate
 from envlink._bridge.handoff import (
+    INTERRUPTED,
     TIMEOUT_MAX,
     Job,
     create_task,
@@ -232,9 +233,10 @@ class Bridge(LoopThread):
             error = exc
             outcome = OUTCOME_CANCELLED
             if not job.done and not job.cancel_sent:
-                # Cancel the coroutine and give it the grace to clean up (a second
-                # interrupt cuts that short), then let the interrupt propagate.
-                request_cancel(job, loop)
+                # Cancel the coroutine, saying the caller gave up on it (so that nothing
+                # is kept for its late answer), and give it the grace to clean up (a
+                # second interrupt cuts that short); then let the interrupt propagate.
+                request_cancel(job, loop, INTERRUPTED)
                 job.waiter.acquire(timeout=self._cancel_grace)
             raise
         finally:

@@ -27,9 +27,14 @@ from envlink._errors import (
     ClientClosedError,
 )
 
-__all__ = ["TIMEOUT_MAX", "Job", "create_task", "outcome_of", "perf", "request_cancel"]
+__all__ = ["INTERRUPTED", "TIMEOUT_MAX", "Job", "create_task", "outcome_of", "perf",
+           "request_cancel"]
 
 perf = time.perf_counter
+#: The cancellation message of a call whose caller was interrupted (``KeyboardInterrupt``
+#: or any other ``BaseException`` in the caller's thread): the caller gave up on it, so
+#: the coroutine may let go of what a timed-out call would keep for a late answer.
+INTERRUPTED = "the blocking caller was interrupted (KeyboardInterrupt or another BaseException)"
 #: ``lock.acquire(timeout=...)`` rejects values above this; larger means "forever".
 TIMEOUT_MAX = threading.TIMEOUT_MAX
 
@@ -110,13 +115,13 @@ else:  # pragma: no cover - Python 3.10
         return job.ctx.run(loop.create_task, _run_job(job))
 
 
-def _cancel_job(job: Job) -> None:
+def _cancel_job(job: Job, message: str | None) -> None:
     """Runs on the loop thread: cancel a job whose caller stopped waiting."""
     if job.done:
         return
     job.cancel_requested = True
     if job.task is not None:
-        job.task.cancel()
+        job.task.cancel(message)
         if not job.started:
             # Cancelled before its first step: the coroutine never runs, so _run_job's
             # finally will not wake the caller. Do it here, sparing it the grace wait.
@@ -124,11 +129,13 @@ def _cancel_job(job: Job) -> None:
             job.wake()
 
 
-def request_cancel(job: Job, loop: asyncio.AbstractEventLoop) -> None:
-    """From the caller's thread: ask the loop to cancel ``job``."""
+def request_cancel(job: Job, loop: asyncio.AbstractEventLoop,
+                   message: str | None = None) -> None:
+    """From the caller's thread: ask the loop to cancel ``job`` (with ``message``:
+    :data:`INTERRUPTED` when the caller was interrupted)."""
     job.cancel_sent = True
     with contextlib.suppress(RuntimeError):  # loop closed: nothing left to cancel
-        loop.call_soon_threadsafe(_cancel_job, job)
+        loop.call_soon_threadsafe(_cancel_job, job, message)
 
 
 def outcome_of(exc: BaseException, from_bridge: bool) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._bridge import INTERRUPTED
 from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector
 from envlink._client.events import (
@@ -171,6 +172,7 @@ class SessionDriver:
                 raise
         except BaseException as exc:
             error = exc
+            core.call_failed(exc)
             raise
         finally:
             outcome = OUTCOME_OK if error is None else (
@@ -256,7 +258,8 @@ class SessionDriver:
                 # Anything but a trusted open connection: ask the core what to do.
                 conn = await self._connection_for(method, number)
                 if conn is None:
-                    return await recover(self.recovery(), call, data, request_id, cause=None)
+                    return await recover(self.recovery(), call, data, request_id, cause=None,
+                                         earlier=core.take_lost_by())
             if request_id is None:
                 request_id = core.next_request_id()
             try:
@@ -418,8 +421,10 @@ class SessionDriver:
             if core.protocol_error():
                 self.connector.drop(DropReason.DISTRUSTED)
             raise
-        except (asyncio.CancelledError, CallTimeoutError):
-            if not core.deadline_expired(method, data, request_id, sent=sent):
+        except (asyncio.CancelledError, CallTimeoutError) as exc:
+            abandoned = isinstance(exc, asyncio.CancelledError) and exc.args == (INTERRUPTED,)
+            if not core.deadline_expired(method, data, request_id, sent=sent,
+                                         abandoned=abandoned):
                 # An answer may still arrive and would be read by the next call.
                 self.connector.drop(DropReason.DISTRUSTED)
             raise

@@ -35,7 +35,7 @@ from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import RecoveryMechanism, RecoveryPolicy, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again
-from envlink._sansio.session import Call, DropReason, Frame, SessionCore
+from envlink._sansio.session import Call, DropReason, Frame, SessionCore, describe
 from envlink._transports.base import Connection
 from envlink.names import (
     HOOK_RECOVERY_FINISHED,
@@ -355,9 +355,16 @@ STRATEGIES: Mapping[RecoveryMechanism, RecoveryStrategy] = {
 
 async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                   request_id: str | None, *, cause: BaseException | None,
+                  earlier: BaseException | None = None,
                   strategies: Mapping[RecoveryMechanism, RecoveryStrategy] = STRATEGIES
                   ) -> Frame:
     """The session was lost mid-episode: apply ``on_session_lost``, then finish the call.
+
+    Args:
+        cause: the failure during this call that lost the connection (``None``: it
+            was gone before the call was sent).
+        earlier: the failure of an earlier call that let the connection go (a
+            deadline, an interrupt), named by the log line and by the error.
 
     Raises:
         SessionLostError: the episode could not be carried on (with its journal);
@@ -369,7 +376,8 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
     mechanism = core.mechanism
     hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
         "method": method, "policy": policy.value, "steps": journal.step_count,
-        "error": str(cause) if cause else None, "mechanism": mechanism.value}))
+        "error": str(cause) if cause else describe(earlier) if earlier else None,
+        "mechanism": mechanism.value}))
     token = core.resume_token
     result = "failed"
     resuming = policy in (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
@@ -428,7 +436,7 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
                 f"{journal.step_count} steps", journal=journal.snapshot(),
             ) from exc
         if frame is None:
-            raise core.cannot_recover(method, cause) from cause
+            raise core.cannot_recover(method, cause, earlier) from cause or earlier
         result = "ok"
         return frame
     except OutcomeUnknownError:

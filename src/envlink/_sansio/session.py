@@ -69,9 +69,16 @@ __all__ = [
     "Link",
     "Preflight",
     "SessionCore",
+    "describe",
 ]
 
 Frame = ObservationFrame | StateFrame | ErrorFrame | McpFrame
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of an earlier failure, as a later error or log line names it."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 #: Methods that may be resent after a connection failure whatever happened to the
@@ -261,6 +268,9 @@ class SessionCore:
         self.production = False
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
+        #: The failure that let the connection go mid-episode (a deadline, an interrupt,
+        #: a corrupt frame), named by the error of the next call, which finds it gone.
+        self.lost_by: BaseException | None = None
         self._ids = itertools.count(1)
         self._id_prefix = id_prefix or uuid.uuid4().hex[:12]
         # Flapping: connections that die young continue one outage's attempt count.
@@ -478,8 +488,15 @@ class SessionCore:
     # -------------------------------------------------------- deadlines and failures
 
     def deadline_expired(self, method: str, data: dict[str, Any] | None,
-                         request_id: str | None, *, sent: bool) -> bool:
+                         request_id: str | None, *, sent: bool,
+                         abandoned: bool = False) -> bool:
         """A call's deadline (or a cancellation) interrupted it.
+
+        Args:
+            abandoned: the caller gave up on the call (a blocking caller was
+                interrupted, e.g. by Ctrl-C): its late answer is not waited for,
+                since the server answers in order and the next call would wait
+                behind it; the connection goes, and recovery settles the step.
 
         Returns:
             whether the connection may be kept. Once the frame may be on the wire,
@@ -493,7 +510,7 @@ class SessionCore:
         """
         if not sent:
             return True
-        if self.extensions.enabled and request_id is not None:
+        if self.extensions.enabled and request_id is not None and not abandoned:
             self.link = Link.SUSPECT
             self.late[request_id] = (method, data)
             return True
@@ -527,29 +544,54 @@ class SessionCore:
             "have applied it, so it is not resent"
         ))
 
-    def cannot_recover(self, method: str, cause: BaseException | None) -> SessionLostError:
+    def call_failed(self, error: BaseException) -> None:
+        """A call failed: if that let the connection go mid-episode, remember why.
+
+        After calling this method: let the error propagate. The next call finds the
+        connection gone and recovers; :meth:`take_lost_by` gives it this error to name.
+        """
+        if self.link is Link.NONE and self.episode is Episode.ACTIVE:
+            self.lost_by = error
+
+    def take_lost_by(self) -> BaseException | None:
+        """The failure that let the connection go since the last call, once."""
+        error, self.lost_by = self.lost_by, None
+        return error
+
+    def cannot_recover(self, method: str, cause: BaseException | None,
+                       earlier: BaseException | None = None) -> SessionLostError:
         """The error for an episode that no strategy could carry on.
 
-        After calling this method: call :meth:`recovery_failed` and raise the error.
+        Args:
+            method: the call that found the session lost.
+            cause: the failure during that call (``None``: the connection was gone
+                before it was sent).
+            earlier: the failure of an earlier call that let the connection go.
+
+        After calling this method: call :meth:`recovery_failed` and raise the error
+        from ``cause`` (or ``earlier``).
         """
         policy, journal = self.on_session_lost, self.journal
+        since = "" if earlier is None else (
+            f"; the connection was let go when an earlier call failed: {describe(earlier)}")
         if policy is RecoveryPolicy.REPLAY and journal.unknown_steps:
             return SessionLostError(
                 "the session was lost and cannot be replayed faithfully: the journal "
                 f"has {len(journal.unknown_steps)} step(s) of unknown outcome (sent, "
                 "then cut by a deadline or a cancellation; the server may have "
-                "applied them), see journal.unknown_steps", journal=journal.snapshot())
+                f"applied them), see journal.unknown_steps{since}",
+                journal=journal.snapshot())
         if policy is RecoveryPolicy.REPLAY and not journal.replayable:
             return SessionLostError(
                 "the session was lost and cannot be replayed: the journal exceeded "
-                f"max_journal_steps={journal.max_steps}", journal=journal.snapshot())
+                f"max_journal_steps={journal.max_steps}{since}", journal=journal.snapshot())
         if policy in _RESUMING and self.resume_token is None and self.detached_id is None:
             more = ("" if policy is RecoveryPolicy.RESUME else
                     "; the journal cannot be replayed either")
             return SessionGoneError(
                 f"connection lost mid-episode during {method}: the server does not offer session "
                 f"resumption (neither envlink's extension nor OpenEnv detached sessions){more}; "
-                f"the episode cannot continue after {journal.step_count} steps",
+                f"the episode cannot continue after {journal.step_count} steps{since}",
                 reason="resume_unsupported", journal=journal.snapshot())
         reason = ("the server no longer has the session" if policy in _RESUMING else
                   "on_session_lost='raise'")
@@ -557,7 +599,7 @@ class SessionCore:
             reason += "; the outcome of the interrupted step is unknown"
         return SessionLostError(
             f"connection lost mid-episode during {method} ({reason}); the episode cannot "
-            f"continue after {journal.step_count} steps", journal=journal.snapshot())
+            f"continue after {journal.step_count} steps{since}", journal=journal.snapshot())
 
     def recovery_failed(self) -> None:
         """Recovery failed: whatever was half rebuilt is not the episode.
@@ -592,6 +634,7 @@ class SessionCore:
         self.link = Link.OPEN
         self.extensions = extensions
         self.late.clear()
+        self.lost_by = None
         self._opened_at = self.clock()
         if self.episode is Episode.ACTIVE and not extensions.resumed and not reattached:
             # A fresh server session cannot carry on this episode; replay rebuilds it

@@ -1,0 +1,117 @@
+"""Ctrl-C during a blocking call: a real SIGINT in the main thread cancels the call's work
+as a deadline does, the client stays usable, nothing waits behind it, nothing is applied
+twice, and the next call's error names the interrupt."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from envlink import GenericEnvClient, SessionLostError
+from envlink.server import ServerThread
+
+pytestmark = pytest.mark.timeout(30)
+
+#: The interrupted step's injected latency: the test fails if anything waits it out.
+SLOW = 5.0
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    with ServerThread(env="deterministic") as st:
+        yield st
+
+
+@pytest.fixture(autouse=True)
+def _sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the main thread, as in a plain script."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_when_step_arrives(server: ServerThread, count: int) -> threading.Thread:
+    """Send SIGINT to the main thread once the server has received the count-th step."""
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+
+    def fire() -> None:
+        server.call(lambda s: s.wait_for_request("step", count), timeout=20)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=fire, name="interrupter", daemon=True)
+    thread.start()
+    return thread
+
+
+def _interrupted_step(server: ServerThread, step: Callable[[dict[str, Any]], Any]) -> float:
+    """Run the client's second step under SLOW latency, Ctrl-C it; return how long it held."""
+    server.call(lambda s: setattr(s.faults, "latency", SLOW))
+    fired = _interrupt_when_step_arrives(server, 2)
+    start = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            step({"move": 2})
+        held = time.perf_counter() - start
+    finally:
+        fired.join(20)
+        server.call(lambda s: setattr(s.faults, "latency", 0.0))
+    return held
+
+
+def _applied(server: ServerThread) -> int:
+    applied: int = server.call(lambda s: s.steps_applied)
+    return applied
+
+
+@pytest.mark.parametrize("form", ["sync", "no-await"])
+def test_ctrl_c_mid_step_leaves_the_client_usable_and_nothing_twice(
+        server: ServerThread, form: str) -> None:
+    """Under resume: the interrupt is prompt, the step is in journal.unknown_steps, the next
+    step does not wait behind the interrupted one, and the server applied each step once."""
+    client = GenericEnvClient(base_url=server.url, on_session_lost="resume")
+    env: Any = client.sync() if form == "sync" else client
+    try:
+        env.reset(seed=1, max_steps=100)
+        start = time.perf_counter()
+        env.step({"move": 1})
+        one_step = time.perf_counter() - start
+        assert _interrupted_step(server, env.step) < 1.5
+        assert [u for u in client.journal.unknown_steps] == ['{"move":2}']
+        start = time.perf_counter()
+        result = env.step({"move": 3})
+        assert time.perf_counter() - start < 1.0 + one_step
+        assert result.observation["step"] == 3  # the interrupted step was applied, once
+        assert env.state()["step_count"] == 3
+        assert _applied(server) == 3
+    finally:
+        env.close()
+
+
+def test_the_error_after_a_ctrl_c_names_it(server: ServerThread) -> None:
+    """Under raise: the next step fails at once with SessionLostError naming the interrupt
+    (message and cause); reset() then starts a new episode on the same client."""
+    env = GenericEnvClient(base_url=server.url).sync()
+    try:
+        env.reset(seed=1, max_steps=100)
+        env.step({"move": 1})
+        _interrupted_step(server, env.step)
+        start = time.perf_counter()
+        with pytest.raises(SessionLostError, match="blocking caller was interrupted") as info:
+            env.step({"move": 3})
+        assert time.perf_counter() - start < 1.5
+        assert "interrupted" in str(info.value.__cause__)
+        assert info.value.journal is not None
+        assert info.value.journal.unknown_steps == ['{"move":2}']
+        assert _applied(server) == 2
+        env.reset(seed=1, max_steps=100)
+        assert env.step({"move": 1}).observation["step"] == 1
+    finally:
+        env.close()
