@@ -43,6 +43,7 @@ EXPECTED = {
     "ExecutionModeError",
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "InvalidArgumentError",
+    "InvalidURLError",
     # the harness stream
     "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
     "HarnessTurnError",

@@ -6,6 +6,7 @@ as ``__cause__``)::
 
     EnvlinkError
     ├── InvalidArgumentError          an argument envlink cannot use (also a ValueError)
+    │   └── InvalidURLError           ... a URL: no or another scheme, no host, a bad port
     ├── ConnectError                  the connection could not be opened (also a ConnectionError)
     │   ├── HandshakeRejectedError    the server answered the upgrade with an HTTP error
     │   ├── NotReadyError             the server did not become ready (``/health``) in time
@@ -68,6 +69,7 @@ __all__ = [
     "HandshakeRejectedError",
     "HttpStatusError",
     "InvalidArgumentError",
+    "InvalidURLError",
     "McpError",
     "NotReadyError",
     "OutcomeUnknownError",
@@ -513,3 +515,22 @@ class ExecutionModeError(EnvlinkError, RuntimeError):
     """
 
     error_type = "execution_mode"
+
+
+class InvalidURLError(InvalidArgumentError):
+    """A URL argument cannot be used: no or another scheme, no host, a bad port.
+
+    Raised when the client (or pool) is created, before any connection. An
+    :class:`InvalidArgumentError`, so also a builtin :class:`ValueError`.
+
+    Attributes:
+        argument: the argument that holds the URL (``"base_url"``, ``"endpoints"``).
+        url: the URL as given, without credentials.
+    """
+
+    error_type = "invalid_url"
+
+    def __init__(self, message: str, *, argument: str, url: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.url = url

@@ -10,9 +10,12 @@ import pytest
 
 from envlink import (
     Bridge,
+    EnvlinkError,
+    EnvPool,
     EpisodeJournal,
     GenericEnvClient,
     InvalidArgumentError,
+    InvalidURLError,
     ReconnectPolicy,
     RetryBudget,
     Timeout,
@@ -72,6 +75,47 @@ def test_a_client_without_a_server_is_a_value_error() -> None:
         with pytest.raises(InvalidArgumentError, match="base_url must be a str") as caught:
             make()
         assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("htp://host", "the scheme must be http, https, ws or wss, not 'htp'"),
+    ("127.0.0.1:8000", "no scheme (did you mean 'http://127.0.0.1:8000'?)"),
+    ("localhost", "no scheme"),
+    ("", "is empty"),
+    ("   ", "is empty"),
+    ("http://", "no host"),
+    ("http://127.0.0.1:99999", "port must be a number from 1 to 65535"),
+    ("http://127.0.0.1:0", "port must be"),
+    ("http://127.0.0.1:http", "port must be"),
+    ("ws://[::1", "Invalid IPv6 URL"),
+])
+def test_a_bad_base_url_is_an_envlink_error_naming_the_argument(url: str, reason: str) -> None:
+    """A malformed base_url raises InvalidURLError, an EnvlinkError and a ValueError, whose
+    message names base_url and says what is wrong; no other error is chained."""
+    with pytest.raises(InvalidURLError) as info:
+        GenericEnvClient(url)
+    error = info.value
+    assert isinstance(error, InvalidArgumentError) and isinstance(error, EnvlinkError)
+    assert isinstance(error, ValueError)
+    assert str(error).startswith("base_url ") and reason in str(error)
+    assert error.argument == "base_url"
+    assert error.__cause__ is None
+    assert error.__context__ is None or error.__suppress_context__
+
+
+def test_a_bad_base_url_never_shows_its_credentials() -> None:
+    """The error of a malformed URL with a password shows the URL without it."""
+    with pytest.raises(InvalidURLError) as info:
+        GenericEnvClient("htp://alice:hunter2pw@host")
+    assert "hunter2pw" not in str(info.value) and "hunter2pw" not in info.value.url
+
+
+def test_a_bad_pool_endpoint_is_an_envlink_error_naming_the_argument() -> None:
+    """EnvPool's endpoints are checked the same way, the error naming endpoints."""
+    for url in ("htp://host", "http://127.0.0.1:99999", "ws://[::1"):
+        with pytest.raises(InvalidURLError, match="endpoint") as info:
+            EnvPool([url], 1)
+        assert info.value.argument == "endpoints"
 
 
 def test_negative_journal_bound_is_a_value_error() -> None:

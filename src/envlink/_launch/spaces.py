@@ -55,7 +55,10 @@ def space_url(repo_id: str) -> str:
 
 def space_name_of(url: str) -> str | None:
     """The Space a URL points at (its host, ``<subdomain>.hf.space``), else ``None``."""
-    host = (urlsplit(url).hostname or "").lower()
+    try:
+        host = (urlsplit(url).hostname or "").lower()
+    except ValueError:  # not a URL: the client's parsing of base_url says why
+        return None
     if host.endswith("." + SPACE_DOMAIN) and host.count(".") == 2:
         return host
     return None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from envlink._errors import InvalidURLError
 from envlink._pool.breaker import BreakerState, CircuitBreaker
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.redact import redact_url
@@ -29,7 +30,9 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, str, int]
 
     Raises:
         TypeError: ``endpoints`` is neither a URL nor a sequence of URLs.
-        ValueError: no endpoint, a duplicate, or a URL that is not http(s)/ws(s).
+        ValueError: no endpoint, or a duplicate.
+        InvalidURLError: (a ``ValueError``) a URL that is not http(s)/ws(s) with a host
+            and a valid port.
     """
     urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
     if not urls:
@@ -39,19 +42,27 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, str, int]
     for url in urls:
         if not isinstance(url, str):
             raise TypeError(f"an endpoint must be a URL string, got {type(url).__name__}")
-        parts = urlsplit(url)
-        if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise ValueError(f"endpoint {redact_url(url)!r} must be an http(s):// or ws(s):// URL "
-                             "with a host")
+        shown = redact_url(url)
         try:
-            port = parts.port or _DEFAULT_PORTS[parts.scheme]
-        except ValueError as exc:
-            raise ValueError(f"endpoint {redact_url(url)!r} has an invalid port") from exc
+            parts = urlsplit(url)
+            scheme, host = parts.scheme, parts.hostname
+        except ValueError:  # unparsable (a broken IPv6 literal)
+            scheme, host = "", None
+        if scheme not in _DEFAULT_PORTS or not host:
+            raise InvalidURLError(f"endpoint {shown!r} must be an http(s):// or ws(s):// URL "
+                                  "with a host", argument="endpoints", url=shown)
+        try:
+            port = parts.port or _DEFAULT_PORTS[scheme]
+        except ValueError:
+            port = 0
+        if not port:
+            raise InvalidURLError(f"endpoint {shown!r} has an invalid port (not 1 to 65535)",
+                                  argument="endpoints", url=shown)
         key = url.rstrip("/")
         if key in seen:
             raise ValueError(f"endpoint {redact_url(url)!r} is listed twice")
         seen.add(key)
-        out.append((url, parts.hostname, port))
+        out.append((url, host, port))
     return out
 
 

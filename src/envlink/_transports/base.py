@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
-from envlink._errors import ConnectionLostError
+from envlink._errors import ConnectionLostError, InvalidURLError
 from envlink._sansio.redact import redact_url
 
 if TYPE_CHECKING:
@@ -205,27 +205,50 @@ class Endpoint:
         return dataclasses.replace(self, session_id=session_id)
 
 
-def parse_endpoint(base_url: str) -> Endpoint:
+def parse_endpoint(base_url: str, argument: str = "base_url") -> Endpoint:
     """Turn an ``http(s)://`` or ``ws(s)://`` base URL into the ``/ws`` endpoint.
+
+    Args:
+        base_url: the URL.
+        argument: the name of the argument that holds it, for the error.
 
     Raises:
         TypeError: ``base_url`` is not a string.
-        ValueError: for another scheme or a URL without a host.
+        InvalidURLError: (a ``ValueError``) for an empty URL, another or no scheme,
+            no host, or a port that is not a number from 1 to 65535.
     """
     if not isinstance(base_url, str):
-        raise TypeError(f"base_url must be a str such as 'http://127.0.0.1:8000', "
+        raise TypeError(f"{argument} must be a str such as 'http://127.0.0.1:8000', "
                         f"got {type(base_url).__name__}")
-    parts = urlsplit(base_url.strip())
+    text = base_url.strip()
+    shown = redact_url(text)
+    if not text:
+        raise InvalidURLError(f"{argument} is empty; pass a URL such as "
+                              "'http://127.0.0.1:8000'", argument=argument, url=shown)
+
+    def invalid(reason: str) -> InvalidURLError:
+        return InvalidURLError(f"{argument} {shown!r} is not a usable URL: {reason}",
+                               argument=argument, url=shown)
+
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # urllib's reason says it all: no chain
+        raise invalid(str(exc)) from None
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if scheme is None:
-        raise ValueError(
-            f"base_url must start with http://, https://, ws:// or wss://, got scheme "
-            f"{parts.scheme!r}"
-        )
+        if "://" not in text:
+            raise invalid(f"it has no scheme (did you mean 'http://{shown}'?)")
+        raise invalid(f"the scheme must be http, https, ws or wss, not {parts.scheme!r}")
     if not parts.hostname:
-        raise ValueError("base_url has no host")
+        raise invalid("it has no host")
+    try:
+        given_port = parts.port
+    except ValueError:
+        given_port = 0
+    if given_port == 0 and parts.netloc.rpartition("@")[2].rpartition("]")[2].count(":"):
+        raise invalid("its port must be a number from 1 to 65535")
     secure = scheme == "wss"
-    port = parts.port or (443 if secure else 80)
+    port = given_port or (443 if secure else 80)
     auth = None
     if parts.username is not None:
         import base64
