@@ -35,9 +35,11 @@ from envlink._errors import (
     OUTCOME_OK,
     CallTimeoutError,
     ClientClosedError,
+    EnvlinkError,
     ReentrantCallError,
 )
 from envlink._speedups import new_record, running_loop_getter
+from envlink._tracebacks import shorten
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -260,6 +262,10 @@ class Bridge(LoopThread):
         # Break the cycle exception -> traceback -> _run_job frame -> job -> exception.
         job.exc = None
         job = None  # type: ignore[assignment]
+        if isinstance(error, EnvlinkError):
+            # The loop thread's frames (the hand-off, the client's layers) say nothing
+            # to a blocking caller: its own frames, then where the error arose.
+            shorten(error)
         try:
             raise error
         finally:

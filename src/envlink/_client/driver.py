@@ -67,6 +67,7 @@ from envlink._speedups import (
     running_loop_getter,
     task_of_loop_getter,
 )
+from envlink._tracebacks import shorten
 from envlink._transports.base import Connection, NotWrittenError
 from envlink.names import (
     LOG_CLIENT_CLOSED,
@@ -155,25 +156,32 @@ class SessionDriver:
         error: BaseException | None = None
         try:
             try:
-                async with deadline(seconds, method):
-                    gate = self.capacity
-                    if gate is None or gate.passes(method):
-                        return await run(call)
-                    return await gate.call(method, seconds, lambda: run(call))
-            except asyncio.CancelledError as exc:
-                if self.lifecycle is _CLOSED:
-                    raise ClientClosedError(f"the client was closed during {method}") from exc
-                raise
-            except CallTimeoutError as exc:
-                if call.unanswered:
-                    exc.outcome_unknown = True
-                    exc.args = (f"{exc.args[0]}; the request was sent, so the server may "
-                                "or may not have applied it (see journal.unknown_steps)",)
-                raise
-        except BaseException as exc:
-            error = exc
-            core.call_failed(exc)
-            raise
+                try:
+                    async with deadline(seconds, method):
+                        gate = self.capacity
+                        if gate is None or gate.passes(method):
+                            return await run(call)
+                        return await gate.call(method, seconds, lambda: run(call))
+                except asyncio.CancelledError as exc:
+                    if self.lifecycle is _CLOSED:
+                        raise ClientClosedError(
+                            f"the client was closed during {method}") from exc
+                    raise
+                except CallTimeoutError as exc:
+                    if call.unanswered:
+                        exc.outcome_unknown = True
+                        exc.args = (f"{exc.args[0]}; the request was sent, so the server "
+                                    "may or may not have applied it (see "
+                                    "journal.unknown_steps)",)
+                    raise
+            except BaseException as exc:
+                error = exc
+                core.call_failed(exc)
+                if not isinstance(exc, EnvlinkError):
+                    raise
+            # Raised outside the handler, so that the traceback is the shortened one on
+            # every Python: the retry loop's and the driver's frames say nothing.
+            raise shorten(error)
         finally:
             outcome = OUTCOME_OK if error is None else (
                 OUTCOME_TIMEOUT if isinstance(error, CallTimeoutError) else
