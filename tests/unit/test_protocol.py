@@ -271,5 +271,6 @@ def test_each_frame_is_validated_as_the_tagged_union_validates_it(
         return
     got = decode_response(json.dumps(obj))
     assert type(got) is type(expected)
-    assert got.model_dump() == expected.model_dump()
+    # Compared as text: a NaN field is equal only to itself, never to the other NaN.
+    assert repr(got.model_dump()) == repr(expected.model_dump())
     assert got.model_fields_set == expected.model_fields_set
