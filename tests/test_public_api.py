@@ -44,6 +44,7 @@ EXPECTED = {
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "InvalidArgumentError",
     "InvalidURLError",
+    "InvalidActionError",
     # the harness stream
     "HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
     "HarnessTurnError",

@@ -6,7 +6,9 @@ as ``__cause__``)::
 
     EnvlinkError
     ├── InvalidArgumentError          an argument envlink cannot use (also a ValueError)
-    │   └── InvalidURLError           ... a URL: no or another scheme, no host, a bad port
+    │   ├── InvalidURLError           ... a URL: no or another scheme, no host, a bad port
+    │   └── InvalidActionError        ... an action JSON cannot carry, refused before sending
+    │                                 (also a TypeError)
     ├── ConnectError                  the connection could not be opened (also a ConnectionError)
     │   ├── HandshakeRejectedError    the server answered the upgrade with an HTTP error
     │   ├── NotReadyError             the server did not become ready (``/health``) in time
@@ -68,6 +70,7 @@ __all__ = [
     "FactoryError",
     "HandshakeRejectedError",
     "HttpStatusError",
+    "InvalidActionError",
     "InvalidArgumentError",
     "InvalidURLError",
     "McpError",
@@ -534,3 +537,25 @@ class InvalidURLError(InvalidArgumentError):
         super().__init__(message)
         self.argument = argument
         self.url = url
+
+
+class InvalidActionError(InvalidArgumentError, TypeError):
+    """An action (or reset or tool arguments) holds a value JSON cannot carry faithfully.
+
+    Refused before anything is sent: NaN or an infinity, a value of no JSON form, or a
+    top-level key that is not a string. (A ``set`` and ``bytes`` are sent as a list and
+    a string: the encoder writes them without a hook to refuse them.) An
+    :class:`InvalidArgumentError`, and also a builtin :class:`TypeError` and
+    :class:`ValueError` (what the standard library's ``json`` raises for these).
+
+    Attributes:
+        path: where the value is, e.g. ``"action.tags"`` or ``"action.moves[2]"``.
+        reason: what is wrong with it.
+    """
+
+    error_type = "invalid_action"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason

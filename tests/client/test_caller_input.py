@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from envlink import (
     Bridge,
@@ -14,6 +15,7 @@ from envlink import (
     EnvPool,
     EpisodeJournal,
     GenericEnvClient,
+    InvalidActionError,
     InvalidArgumentError,
     InvalidURLError,
     ReconnectPolicy,
@@ -51,6 +53,43 @@ async def test_non_finite_numbers_in_reset_arguments_are_refused_before_sending(
         with pytest.raises(ValueError, match="JSON cannot represent"):
             await env.reset(options={"scale": bad})
         assert server.counter("request.reset") == 0
+
+
+@pytest.mark.parametrize(("action", "path"), [
+    ({"message": "x", "scores": [1.0, math.nan]}, "action.scores[1]"),
+    ({"message": "x", "deep": {"odd key": [{"v": math.inf}]}}, "action.deep['odd key'][0].v"),
+    ({"message": "x", "handle": object()}, "action.handle"),
+    ({"message": "x", 3: "three"}, "action[3]"),
+])
+async def test_an_action_json_cannot_carry_is_refused_naming_the_field(
+        server: EnvServer, action: dict[Any, Any], path: str) -> None:
+    """NaN, a value of no JSON form or a non-string key is refused before sending with
+    InvalidActionError (an EnvlinkError, TypeError and ValueError) naming where it is."""
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+        with pytest.raises(InvalidActionError) as info:
+            await env.step(action)
+        error = info.value
+        assert isinstance(error, EnvlinkError)
+        assert isinstance(error, TypeError) and isinstance(error, ValueError)
+        assert error.path == path and str(error).startswith(f"{path}: ")
+        assert server.counter("request.step") == 0
+
+
+async def test_a_refused_model_field_is_named_through_the_model(server: EnvServer) -> None:
+    """A NaN inside a pydantic model inside the action is named by the model's field."""
+
+    class Reading(BaseModel):
+        value: float
+
+    async with GenericEnvClient(server.url) as env:
+        await env.reset()
+        with pytest.raises(InvalidActionError) as info:
+            await env.step({"message": "x", "readings": [Reading(value=1.0),
+                                                         Reading(value=math.nan)]})
+        assert info.value.path == "action.readings[1].value"
+        with pytest.raises(InvalidActionError, match=r"^reset\.options\.scale: NaN"):
+            await env.reset(options={"scale": math.nan})
 
 
 async def test_strings_that_spell_nan_are_sent_as_they_are(server: EnvServer) -> None:

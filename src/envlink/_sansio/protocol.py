@@ -12,6 +12,7 @@ only when the server advertised them in the upgrade response; see
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -28,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError, SchemaSerializer, core_schema, to_json
 
-from envlink._errors import ProtocolError, ServerError
+from envlink._errors import InvalidActionError, ProtocolError, ServerError
 from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES, check_json_values
 from envlink._speedups import json_parser, json_scanner
 
@@ -208,9 +209,10 @@ def encode_request(
     """Serialise a request frame to JSON text, omitting unset extension fields.
 
     Raises:
-        TypeError: the frame's data holds a value JSON cannot represent.
-        ValueError: the frame's data holds NaN or an infinity (refused as
-            ``json.dumps(..., allow_nan=False)`` does, rather than sent as ``null``).
+        InvalidActionError: (a ``TypeError`` and ``ValueError``) the frame's data holds
+            a value of no JSON form, or NaN or an infinity (refused as
+            ``json.dumps(..., allow_nan=False)`` does, rather than sent as ``null``);
+            it names where (``action.scores[2]``).
     """
     # Dumped to plain values first: a pydantic model nested in the data would
     # otherwise serialise its NaN by its own config (as null), out of our reach.
@@ -256,8 +258,7 @@ def _dump(kind: str, data: Any, request_id: str | None, traceparent: str | None,
     then ``data`` (a plain dict; ``None``: a frame without data).
 
     Raises:
-        TypeError: a value JSON cannot represent.
-        ValueError: NaN or an infinity in the data.
+        InvalidActionError: a value of no JSON form, or NaN or an infinity, in the data.
     """
     try:
         if model is not None:
@@ -275,11 +276,88 @@ def _dump(kind: str, data: Any, request_id: str | None, traceparent: str | None,
                 frame["data"] = _DATA_SERIALIZER.to_python(data)
         text = to_json(frame, inf_nan_mode="constants").decode()
     except PydanticSerializationError as exc:
-        raise TypeError(f"{kind} data is not JSON-serialisable: {exc}") from exc
+        payload = data if model is None else getattr(model, "data", None)
+        raise _refusal(kind, payload, f"not JSON-serialisable: {exc}", _no_json_form) from None
     if "NaN" in text or "Infinity" in text:
         # Usually inside a string; parsing tells a real constant from text.
-        json.loads(text, parse_constant=lambda name: _refuse_constant(kind, name))
+        try:
+            json.loads(text, parse_constant=_refuse_constant)
+        except _Refused as exc:
+            payload = data if model is None else getattr(model, "data", None)
+            raise _refusal(kind, payload, exc.reason, _not_finite) from None
     return text
+
+
+# ------------------------------------------------ naming what a refused request holds
+# Only on the failure path: the hot path never walks the data.
+
+#: Where the data of each request lives, as a refusal names it.
+_ROOT = {"step": "action", "reset": "reset", "mcp": "mcp"}
+#: A value of no JSON type as pydantic's ``model_dump`` gives it (a model or a
+#: dataclass becomes a dict, NaN stays NaN).
+_PLAIN = SchemaSerializer(core_schema.any_schema())
+_JSON_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
+
+
+class _Refused(Exception):
+    """A JSON constant found in a request's text (the reason says which)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _refuse_constant(name: str) -> None:
+    raise _Refused(f"{name}, which JSON cannot represent; replace it before sending (it "
+                   "would arrive as null)")
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _no_json_form(value: Any) -> bool:
+    if isinstance(value, _JSON_TYPES):
+        return False
+    try:
+        to_json(value)
+    except PydanticSerializationError:
+        return True
+    return False
+
+
+def _refusal(kind: str, data: Any, reason: str,
+             judge: Callable[[Any], bool]) -> InvalidActionError:
+    """The error naming where in ``data`` the first value ``judge`` refuses is."""
+    root = _ROOT.get(kind, f"{kind} data")
+    return InvalidActionError(_locate(data, root, judge, 0) or root, reason)
+
+
+def _locate(node: Any, path: str, judge: Callable[[Any], bool], depth: int) -> str | None:
+    """The path of the first value in ``node`` that ``judge`` refuses, if any; a model or
+    a dataclass is walked as its fields."""
+    if depth > 256:
+        return None
+    if judge(node):
+        return path
+    if not isinstance(node, _JSON_TYPES):
+        try:
+            node = _PLAIN.to_python(node)
+        except PydanticSerializationError:
+            return None
+    if isinstance(node, dict):
+        for key, value in node.items():
+            step = (f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else
+                    f"{path}[{key!r}]")
+            found = _locate(value, step, judge, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            found = _locate(value, f"{path}[{index}]", judge, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None,
@@ -289,8 +367,9 @@ def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None
     to write a request.
 
     Raises:
-        TypeError: ``data`` is not a JSON object with string keys.
-        ValueError: ``data`` holds NaN or an infinity.
+        InvalidActionError: (a ``TypeError`` and ``ValueError``) a key of ``data`` is not
+            a string, or it holds a value of no JSON form, NaN or an infinity.
+        TypeError: ``data`` is not a JSON object.
     """
     traceparent = tracestate = None
     if request_id is not None and trace:
@@ -302,16 +381,17 @@ def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None
             return encode_data_request(method, data or {}, request_id, traceparent,
                                        tracestate)
         except ValidationError as exc:
+            key = next((k for k in data if not isinstance(k, str)), None) \
+                if isinstance(data, dict) else None
+            if key is not None:
+                raise InvalidActionError(
+                    f"{_ROOT[method]}[{key!r}]", "the key is not a string (data must be a "
+                    "JSON object with string keys)") from None
             raise TypeError(f"{method} data must be a JSON object with string keys: "
                             f"{exc.errors(include_url=False)[0]['msg']}") from exc
     if method != "state" and method != "close":
         raise ValueError(f"no request frame for {method!r}")
     return _dump(method, None, request_id, traceparent, tracestate)
-
-
-def _refuse_constant(frame_type: str, name: str) -> None:
-    raise ValueError(f"{frame_type} data holds {name}, which JSON cannot represent; "
-                     "replace it before sending (it would arrive as null)")
 
 
 def decode_request(raw: str | bytes) -> ResetRequest | StepRequest | StateRequest | CloseRequest:
