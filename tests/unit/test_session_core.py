@@ -185,6 +185,36 @@ def test_with_ids_the_late_answer_is_dropped_and_the_next_answer_delivered() -> 
     assert isinstance(frame, ObservationFrame) and frame.data.observation == {"n": 2}
 
 
+def test_an_abandoned_call_lets_the_connection_go_even_with_ids() -> None:
+    """An interrupted caller gave up: its late answer is not waited for (the next call
+    would queue behind it); mid-episode the next call recovers."""
+    c = core(ext=EXTENDED, episode=True)
+    rid = c.next_request_id()
+    assert c.deadline_expired("step", {"a": 1}, rid, sent=True, abandoned=True) is False
+    assert c.link is Link.NONE and rid not in c.late
+    assert c.preflight("step", connection_open=False) is Preflight.RECOVER
+
+
+def test_the_failure_that_let_the_connection_go_is_named_once() -> None:
+    """call_failed keeps the error only when it left the episode without a connection;
+    the next recovery takes it, the message names it, and a new connection forgets it."""
+    c = core(episode=True)
+    c.call_failed(ValueError("kept the link"))
+    assert c.lost_by is None  # the connection is still open: nothing to name
+    c.deadline_expired("step", {"a": 1}, None, sent=True)
+    timeout = TimeoutError("step did not complete within 0.1 s")
+    c.call_failed(timeout)
+    earlier = c.take_lost_by()
+    assert earlier is timeout and c.take_lost_by() is None
+    error = c.cannot_recover("step", None, earlier)
+    assert isinstance(error, SessionLostError)
+    assert str(error).endswith("the connection was let go when an earlier call failed: "
+                               "TimeoutError: step did not complete within 0.1 s")
+    c.call_failed(timeout)
+    c.on_connected(PLAIN)
+    assert c.lost_by is None
+
+
 def test_a_suspect_connection_is_replaced_for_reset_and_dropped_if_the_probe_fails() -> None:
     """reset never queues behind a late answer; a dead peer sends the call to a new link."""
     c = core(ext=EXTENDED)
