@@ -27,11 +27,12 @@ fi
 # (This machine's pip config names local indexes that may be absent; drop pip's
 # per-package warnings about them.)
 quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
-echo "== trl venv: torch (CPU), then envlink[dev,trl] and openenv" >&2
+echo "== trl venv: torch (CPU), then envlink[dev,trl], openenv and aiohttp" >&2
 quiet timeout 1800 "$TRL_VENV/bin/pip" install -q "torch==2.13.0"
-quiet timeout 1800 "$TRL_VENV/bin/pip" install -q -e '.[dev,trl]' 'openenv==0.10.*'
+# aiohttp: TRL's async rollout loop (tests/integrations/test_trl_harness_worker.py) needs it.
+quiet timeout 1800 "$TRL_VENV/bin/pip" install -q -e '.[dev,trl]' 'openenv==0.10.*' aiohttp
 "$TRL_VENV/bin/python" -c "import importlib.metadata as m; print('trl venv:', \
-', '.join(f'{p} {m.version(p)}' for p in ('torch', 'trl', 'transformers', 'openenv')))" >&2
+', '.join(f'{p} {m.version(p)}' for p in ('torch', 'trl', 'transformers', 'openenv', 'aiohttp')))" >&2
 
 echo "== envlink.integrations with TRL and openenv installed (nothing downloaded from a hub)"
 HF_HUB_OFFLINE=1 ENVLINK_REQUIRE_TRL=1 "$TRL_VENV/bin/python" -m pytest -q -p no:cacheprovider \

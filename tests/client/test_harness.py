@@ -25,8 +25,8 @@ from .._otel_support import Otel
 
 pytestmark = pytest.mark.timeout(30)
 
-TURN = ["llm_request", "tool_call", "tool_result", "llm_response", "text_output",
-        "turn_complete"]
+TURN = ["llm_request", "llm_response", "tool_call", "tool_result", "llm_request",
+        "llm_response", "text_output", "turn_complete"]
 
 
 def test_a_turn_streams_typed_events(server_thread: ServerThread) -> None:
@@ -39,7 +39,7 @@ def test_a_turn_streams_typed_events(server_thread: ServerThread) -> None:
             events = [event async for event in harness.send("hello")]
             assert [e.type.value for e in events] == TURN
             assert all(isinstance(e, HarnessEvent) for e in events)
-            assert events[1].data == {"tool_name": "echo_message",
+            assert events[2].data == {"tool_name": "echo_message",
                                       "arguments": {"message": "hello"}}
             assert events[-1].type is HarnessEventType.TURN_COMPLETE
             assert events[-1].data["response"] == "hello"

@@ -163,6 +163,10 @@ class HarnessClient:
         #: ``session_id`` and ``harness`` of the server's ``session_started``.
         self.session_id: str | None = None
         self.harness: str | None = None
+        #: Whether the server's ``session_started`` advertised training captures
+        #: (``training_trace: true``, envlink's extension): each model call's
+        #: ``llm_response`` then carries a ``training_turn``.
+        self.training_trace = False
 
     async def connect(self) -> HarnessClient:
         """Open the session and wait for ``session_started`` (under the connect timeout).
@@ -199,16 +203,20 @@ class HarnessClient:
         self.session_id = data.get("session_id") if isinstance(data.get("session_id"), str) \
             else None
         self.harness = data.get("harness") if isinstance(data.get("harness"), str) else None
+        self.training_trace = data.get("training_trace") is True
         self._conn = conn
         return self
 
-    async def send(self, content: str, *,
-                   timeout: float | UnsetType | None = UNSET) -> AsyncIterator[HarnessEvent]:
+    async def send(self, content: str, *, timeout: float | UnsetType | None = UNSET,
+                   sampling: Mapping[str, Any] | None = None) -> AsyncIterator[HarnessEvent]:
         """Run one turn: send ``content``, yield its events through ``turn_complete``.
 
         Args:
             content: the user message of the turn.
             timeout: the turn's deadline (default: the client's call timeout).
+            sampling: the sampling policy the harness's model calls should use (a
+                trainer's policy, for loop-owning training), sent with the message as
+                ``sampling``; a server that does not know the field ignores it.
 
         Raises:
             HarnessProtocolError: the server rejected the message (recoverable).
@@ -232,7 +240,10 @@ class HarnessClient:
         self._busy = True
         try:
             async with deadline(seconds, HARNESS_TURN):
-                await conn.send(json.dumps({"type": "message", "content": content}))
+                message: dict[str, Any] = {"type": "message", "content": content}
+                if sampling is not None:
+                    message["sampling"] = dict(sampling)
+                await conn.send(json.dumps(message))
                 while True:
                     frame = _decode(await conn.recv())
                     kind = frame.get("type")
@@ -270,14 +281,15 @@ class HarnessClient:
                 None if isinstance(error, GeneratorExit) else error, None, None,
                 self.session_id, endpoint.host, endpoint.port), token)
 
-    async def turn(self, content: str, *,
-                   timeout: float | UnsetType | None = UNSET) -> list[HarnessEvent]:
+    async def turn(self, content: str, *, timeout: float | UnsetType | None = UNSET,
+                   sampling: Mapping[str, Any] | None = None) -> list[HarnessEvent]:
         """Run one turn and return all its events (the last one is ``turn_complete``).
 
         Raises:
             As :meth:`send`.
         """
-        return [event async for event in self.send(content, timeout=timeout)]
+        return [event async for event in self.send(content, timeout=timeout,
+                                                   sampling=sampling)]
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

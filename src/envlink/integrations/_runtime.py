@@ -15,8 +15,8 @@ import contextlib
 import dataclasses
 import threading
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, StepResult
@@ -34,10 +34,13 @@ from envlink._sansio.retry import Retry
 __all__ = [
     "DEFAULT_CLIENT_OPTIONS",
     "Lease",
+    "retry_until_ready",
     "reset_until_ready",
     "shared_bridge",
     "transient",
 ]
+
+T = TypeVar("T")
 
 #: Every lease not yet released: closed at exit, before the bridge's own exit hook.
 #: What the adapters' clients do unless told otherwise: recover a lost session (resume
@@ -88,18 +91,38 @@ async def reset_until_ready(client: EnvClient[Any, Any, Any], kwargs: Mapping[st
         RetryBudgetExhaustedError: the shared budget refused a retry.
         EnvlinkError: the last failure, when it is not transient.
     """
-    base = policy or client.reconnect_policy
-    waiting = dataclasses.replace(base, max_attempts=1_000_000, max_elapsed=deadline)
+    async def attempt(remaining: float) -> StepResult[Any]:
+        return await client.reset(timeout=remaining, **dict(kwargs))
+
+    return await retry_until_ready(attempt, deadline=deadline,
+                                   policy=policy or client.reconnect_policy,
+                                   operation="reset", retry_on=retry_on)
+
+
+async def retry_until_ready(attempt: Callable[[float], Awaitable[T]], *, deadline: float,
+                            policy: ReconnectPolicy, operation: str,
+                            retry_on: Callable[[BaseException], bool] = transient) -> T:
+    """``attempt(remaining_seconds)``, tried again while it fails transiently, within ``deadline``.
+
+    The waiting behind :func:`reset_until_ready` for any idempotent opening step (a
+    harness session's connect, for one): ``policy``'s backoff and retry budget, the
+    attempt cap lifted, the elapsed cap set to ``deadline``.
+
+    Raises:
+        CallTimeoutError: the deadline expired during a try.
+        RetryBudgetExhaustedError: the shared budget refused a retry.
+        EnvlinkError: the last failure, when it is not transient.
+    """
+    waiting = dataclasses.replace(policy, max_attempts=1_000_000, max_elapsed=deadline)
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
 
-    async def attempt(_: int) -> StepResult[Any]:
-        remaining = max(0.001, end - loop.time())
-        return await client.reset(timeout=remaining, **dict(kwargs))
+    async def run(_: int) -> T:
+        return await attempt(max(0.001, end - loop.time()))
 
-    retry = Retry(waiting, operation="reset", sleep=asyncio.sleep, clock=loop.time,
+    retry = Retry(waiting, operation=operation, sleep=asyncio.sleep, clock=loop.time,
                   retry_on=retry_on)
-    return await retry.run(attempt)
+    return await retry.run(run)
 
 
 class Lease:

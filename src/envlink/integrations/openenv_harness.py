@@ -9,6 +9,16 @@ resets through envlink's retry primitive: a refused connection, a dropped one or
 full server is tried again with backoff, under the shared retry budget and a deadline,
 and a session that could not be made leaves nothing open on the server.
 
+Loop-owning training (TRL's ``HarnessRolloutWorker`` without a ``harness_adapter``):
+the agent runs its own loop inside the environment and the trainer reads back what
+it sampled. The factory is then built with ``sampling=`` (the trainer's policy) and
+makes :class:`EnvlinkHarnessSession` objects on the server's ``/harness`` stream,
+which are OpenEnv ``TrainableSession`` objects (``wait_for_completion()``,
+``fetch_training_trace()``) when the server advertises training captures
+(``training_trace`` in ``session_started``, envlink's extension of the stream). A
+server that gives none is refused at ``create`` with
+:class:`TrainingTraceUnavailableError`, never mid-run.
+
 OpenEnv is not required: when it is installed the results are its own
 ``ToolResult``, ``VerifyResult`` and ``Tool`` types (imported on first use, never at
 import); otherwise look-alike dataclasses with the same fields.
@@ -17,6 +27,7 @@ import); otherwise look-alike dataclasses with the same fields.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -25,28 +36,55 @@ from typing import Any
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
-from envlink._errors import ClientClosedError, ToolCallError
+from envlink._client.harness import HarnessClient, HarnessEvent, HarnessEventType
+from envlink._deadlines import deadline
+from envlink._errors import (
+    ClientClosedError,
+    EnvlinkError,
+    HandshakeRejectedError,
+    ToolCallError,
+)
 from envlink._sansio.policies import ReconnectPolicy
 from envlink.integrations._runtime import (
     DEFAULT_CLIENT_OPTIONS,
     Lease,
     reset_until_ready,
+    retry_until_ready,
     shared_bridge,
 )
 
 __all__ = [
     "RESERVED_TOOL_NAMES",
+    "EnvlinkHarnessSession",
     "EnvlinkResourceSession",
     "EnvlinkSessionFactory",
     "HarnessTool",
     "HarnessToolResult",
     "HarnessVerifyResult",
+    "TrainingTraceUnavailableError",
 ]
 
 #: Tool names a harness session never forwards (OpenEnv's orchestration controls).
 RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
 
 Message = dict[str, Any]
+
+#: The ``HarnessClient`` options a factory's ``client_options`` may carry over to the
+#: ``/harness`` sessions of loop-owning training (the rest are the step client's own).
+_HARNESS_OPTIONS = ("timeout", "headers", "transport", "hooks", "tracer_provider",
+                    "meter_provider")
+
+
+class TrainingTraceUnavailableError(EnvlinkError):
+    """Loop-owning training needs a training trace the server cannot give.
+
+    Raised by :meth:`EnvlinkSessionFactory.create` when the server has no ``/harness``
+    or its ``session_started`` does not advertise ``training_trace``: train with the
+    trainer's own sampling instead (TRL: pass ``harness_adapter=``), which uses the
+    server's step sessions.
+    """
+
+    error_type = "training_trace_unavailable"
 
 
 @dataclass
@@ -246,6 +284,214 @@ class EnvlinkResourceSession:
         self.close()
 
 
+def _task_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last user message (the agent's task), text parts of a list joined."""
+    for message in reversed(messages):
+        if message.get("role", "user") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, Sequence):
+            return "".join(str(part.get("text", "")) for part in content
+                           if isinstance(part, Mapping) and part.get("type") == "text")
+    return ""
+
+
+class EnvlinkHarnessSession:
+    """One loop-owning rollout on the server's ``/harness``: OpenEnv's ``TrainableSession``.
+
+    Made (and started) by :meth:`EnvlinkSessionFactory.create` in loop-owning mode: the
+    task's text is sent as one harness turn, with the factory's ``sampling``, and the
+    agent runs its own loop on the server while the turn's events are collected.
+    :meth:`wait_for_completion` waits for ``turn_complete``;
+    :meth:`fetch_training_trace` returns the captured model calls as OpenEnv's
+    ``TrainingTrace``; :meth:`verify` scores the run. The turn is reported as a
+    ``harness_turn`` call (a span) by the harness client's hooks.
+
+    The trainer does not call tools itself in this mode: :meth:`list_tools` is empty
+    and :meth:`call_tool` raises.
+    """
+
+    def __init__(self, factory: EnvlinkSessionFactory, harness: HarnessClient,
+                 bridge: Bridge, task: Any) -> None:
+        self._factory = factory
+        self._harness = harness
+        self._bridge = bridge
+        self._task = task
+        self._messages = list(factory.initial_messages(None, task))  # type: ignore[arg-type]
+        self._events: list[HarnessEvent] = []
+        self._run: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def session_id(self) -> str | None:
+        """The server's id of the harness session."""
+        return self._harness.session_id
+
+    @property
+    def events(self) -> list[HarnessEvent]:
+        """The run's events so far (a copy)."""
+        return list(self._events)
+
+    def _start(self) -> None:
+        content = _task_text(self._messages)
+
+        async def drive() -> None:
+            async for event in self._harness.send(content, timeout=self._factory.run_timeout,
+                                                  sampling=self._factory.sampling):
+                self._events.append(event)
+
+        async def start() -> None:
+            self._run = asyncio.get_running_loop().create_task(drive())
+
+        self._bridge.call(start, timeout=5.0, method="harness.start")
+
+    def initial_messages(self) -> list[Message]:
+        """The prompt messages of the rollout (built from the task)."""
+        return list(self._messages)
+
+    def list_tools(self) -> list[Any]:
+        """Nothing: the agent calls the environment's tools itself in this mode."""
+        return []
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        """Refused: the agent owns the loop.
+
+        Raises:
+            EnvlinkError: always.
+        """
+        raise EnvlinkError(f"cannot call {name!r}: in a loop-owning harness session the "
+                           "agent calls the tools (use a harness_adapter to drive them)")
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        """Wait for the agent's run to complete.
+
+        Args:
+            timeout_s: seconds to wait (default: until the run's own ``run_timeout``).
+                On expiry the run goes on; call again, or close.
+
+        Returns:
+            0 (the run ended with ``turn_complete``).
+
+        Raises:
+            TimeoutError: ``timeout_s`` passed, or the run exceeded ``run_timeout``
+                (a ``CallTimeoutError``; the harness session is then over). The calls
+                captured so far stay readable.
+            HarnessTurnError: the agent's run failed (a terminal ``error`` event).
+            ConnectionLostError: the connection dropped (a harness run cannot be
+                resumed: the rollout is lost, never half-scored).
+            ClientClosedError: the session was closed.
+        """
+        run = self._run
+        if run is None or self._closed:
+            raise ClientClosedError("the harness session is closed")
+
+        async def wait() -> None:
+            await asyncio.wait_for(asyncio.shield(run), timeout_s)
+
+        try:
+            self._bridge.call(wait, timeout=None, method="harness.wait")
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, EnvlinkError):
+                raise
+            raise TimeoutError(f"the harness run did not complete in {timeout_s} s") from None
+        return 0
+
+    def training_turns(self) -> list[dict[str, Any]]:
+        """The captured model calls so far, as ``TrainingTurn`` field dicts.
+
+        Raises:
+            ValueError: a call was sampled under another policy than the factory's
+                ``sampling`` (its tokens are off-policy and must not be trained on).
+        """
+        wanted = self._factory.sampling
+        turns = []
+        for event in self._events:
+            turn = event.data.get("training_turn")
+            if event.type is not HarnessEventType.LLM_RESPONSE or not isinstance(turn, Mapping):
+                continue
+            turn = dict(turn)
+            metadata = dict(turn.get("metadata") or {})
+            used = metadata.get("sampling")
+            if wanted is not None and used is not None and dict(used) != wanted:
+                raise ValueError(f"model call {turn.get('node_id')!r} was sampled with {used}, "
+                                 f"not the trainer's policy {wanted}")
+            metadata.setdefault("envlink_session_id", self.session_id)
+            turn["metadata"] = metadata
+            turn["per_token_logps"] = [float(x) for x in turn.get("per_token_logps") or []]
+            turns.append(turn)
+        return turns
+
+    def fetch_training_trace(self) -> Any:
+        """The captured model calls as OpenEnv's ``TrainingTrace`` (needs ``openenv``).
+
+        Raises:
+            ValueError: a malformed or off-policy capture (OpenEnv's validation).
+            ImportError: OpenEnv is not installed.
+        """
+        from openenv.core.harness import TrainingTrace
+
+        return TrainingTrace.model_validate({"turns": self.training_turns()})
+
+    def _completion(self) -> HarnessEvent | None:
+        for event in reversed(self._events):
+            if event.type is HarnessEventType.TURN_COMPLETE:
+                return event
+        return None
+
+    def verify(self, transcript: list[Message], final_state: Any | None = None) -> Any:
+        """Score the run.
+
+        Returns:
+            a ``VerifyResult``: the factory's ``reward(session, transcript)``, else the
+            environment's ``reward`` in ``turn_complete`` (``None``, unscored, when it
+            gave none), ``done``, and ``metrics`` with the run's model and tool calls.
+        """
+        verify_cls = _openenv_types()[2]
+        complete = self._completion()
+        data = complete.data if complete is not None else {}
+        if self._factory.reward is not None:
+            reward = self._factory.reward(self, transcript)  # type: ignore[arg-type]
+        else:
+            raw = data.get("reward")
+            reward = float(raw) if isinstance(raw, (int, float)) and not isinstance(
+                raw, bool) else None
+        kinds = [event.type for event in self._events]
+        return verify_cls(
+            env_reward=reward, done=bool(data.get("done", False)),
+            metrics={"model_calls": kinds.count(HarnessEventType.LLM_RESPONSE),
+                     "tool_calls": kinds.count(HarnessEventType.TOOL_CALL),
+                     "completed": complete is not None},
+            artifacts={"transcript_length": len(transcript)},
+        )
+
+    def close(self) -> None:
+        """Stop the run if it is still going and end the harness session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        run = self._run
+
+        async def stop() -> None:
+            if run is not None:
+                if not run.done():
+                    run.cancel()
+                # Retrieved here, so that a run nobody waited for logs no warning.
+                with contextlib.suppress(BaseException):
+                    await run
+            await self._harness.close()
+
+        with contextlib.suppress(Exception):
+            self._bridge.call(stop, timeout=10.0, method="harness.close")
+
+    def __enter__(self) -> EnvlinkHarnessSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class EnvlinkSessionFactory:
     """An OpenEnv ``ResourceSessionFactory`` on envlink: one server session per rollout.
 
@@ -273,8 +519,15 @@ class EnvlinkSessionFactory:
             :meth:`EnvlinkResourceSession.verify` (e.g. from ``session.client.state()``);
             default: the last step's reward.
         bridge: the loop thread to run on (default: the process's default bridge).
-        sampling: accepted and kept (TRL's loop-owning worker passes its sampling
-            settings to the factory); unused by envlink.
+        sampling: the trainer's sampling policy, for loop-owning training (TRL's
+            ``HarnessRolloutWorker`` without an adapter passes it): sent with each
+            harness run, and every captured model call must report the same policy.
+        loop_owning: make :class:`EnvlinkHarnessSession` objects on ``/harness`` (the
+            agent owns the loop) instead of step sessions; default: when ``sampling``
+            is given, as TRL's worker does in that mode only.
+        run_timeout: seconds one loop-owning run (the agent's whole turn) may take;
+            past it ``wait_for_completion`` raises ``TimeoutError`` and the captured
+            calls so far stay readable.
 
     Raises:
         ValueError: an unknown ``tool_transport``.
@@ -294,10 +547,14 @@ class EnvlinkSessionFactory:
         reset_kwargs: Callable[[Any, int | None, str | None], dict[str, Any]] | None = None,
         reward: Callable[[EnvlinkResourceSession, list[Message]], float | None] | None = None,
         bridge: Bridge | None = None,
-        sampling: Any = None,
+        sampling: Mapping[str, Any] | None = None,
+        loop_owning: bool | None = None,
+        run_timeout: float | None = 600.0,
     ) -> None:
         if tool_transport not in ("step", "mcp"):
             raise ValueError(f"tool_transport must be 'step' or 'mcp', got {tool_transport!r}")
+        if sampling is not None and not isinstance(sampling, Mapping):
+            raise TypeError(f"sampling must be a mapping, got {type(sampling).__name__}")
         self.base_url = base_url
         self.client_class = client_class
         self.client_options = {**DEFAULT_CLIENT_OPTIONS, **dict(client_options or {})}
@@ -309,7 +566,10 @@ class EnvlinkSessionFactory:
         self._reset_kwargs = reset_kwargs
         self.reward = reward
         self._bridge = bridge
-        self.sampling = sampling
+        self.sampling = None if sampling is None else dict(sampling)
+        #: Whether :meth:`create` makes loop-owning ``/harness`` sessions.
+        self.loop_owning = sampling is not None if loop_owning is None else bool(loop_owning)
+        self.run_timeout = run_timeout
         self._lock = threading.Lock()
         #: Sessions made and sessions that could not be made, for operators.
         self.created = 0
@@ -325,9 +585,12 @@ class EnvlinkSessionFactory:
             kwargs["episode_id"] = episode_id
         return kwargs
 
-    def create(self, task: Any, seed: int | None = None,
-               episode_id: str | None = None) -> EnvlinkResourceSession:
+    def create(self, task: Any, seed: int | None = None, episode_id: str | None = None
+               ) -> EnvlinkResourceSession | EnvlinkHarnessSession:
         """Open, reset and return one session, retrying until :attr:`create_timeout`.
+
+        In loop-owning mode (:attr:`loop_owning`) the session is a ``/harness`` run
+        of the task, already started: an :class:`EnvlinkHarnessSession`.
 
         Args:
             task: the rollout's task (a prompt, messages, or a dataset row).
@@ -335,10 +598,14 @@ class EnvlinkSessionFactory:
             episode_id: the episode id to give the server.
 
         Raises:
+            TrainingTraceUnavailableError: loop-owning mode, and the server has no
+                ``/harness`` or its harness gives no training trace.
             EnvlinkError: the session could not be made in time (the last failure, a
                 ``CallTimeoutError`` or ``RetryBudgetExhaustedError``); nothing is left
                 open on the server.
         """
+        if self.loop_owning:
+            return self._create_run(task)
         bridge = self._bridge or shared_bridge()
         lease = Lease()
         client = self.client_class(self.base_url, **self.client_options).sync(bridge)
@@ -357,8 +624,49 @@ class EnvlinkSessionFactory:
             self.created += 1
         return EnvlinkResourceSession(self, lease, task, result)
 
-    async def acreate(self, task: Any, seed: int | None = None,
-                      episode_id: str | None = None) -> EnvlinkResourceSession:
+    def _create_run(self, task: Any) -> EnvlinkHarnessSession:
+        bridge = self._bridge or shared_bridge()
+        options = {k: v for k, v in self.client_options.items() if k in _HARNESS_OPTIONS}
+        harness = HarnessClient(self.base_url, **options)
+        policy = self.reconnect or ReconnectPolicy()
+
+        async def connect(remaining: float) -> HarnessClient:
+            async with deadline(remaining, "harness.create"):
+                return await harness.connect()
+
+        try:
+            try:
+                bridge.call(retry_until_ready, connect, deadline=self.create_timeout,
+                            policy=policy, operation="harness.connect",
+                            timeout=self.create_timeout + 5.0, method="harness.create")
+            except HandshakeRejectedError as exc:
+                if exc.status != 404:
+                    raise
+                raise TrainingTraceUnavailableError(
+                    f"{harness._endpoint.display} has no /harness: loop-owning training "
+                    "needs one; train with the trainer's own sampling instead (TRL: pass "
+                    "harness_adapter=)") from exc
+            if not harness.training_trace:
+                raise TrainingTraceUnavailableError(
+                    f"the /harness of {harness._endpoint.display} (harness "
+                    f"{harness.harness!r}) gives no training trace (its session_started "
+                    "does not advertise training_trace): loop-owning training cannot "
+                    "train on it; train with the trainer's own sampling instead (TRL: "
+                    "pass harness_adapter=)")
+            session = EnvlinkHarnessSession(self, harness, bridge, task)
+            session._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                bridge.call(harness.close, timeout=5.0)
+            with self._lock:
+                self.failed += 1
+            raise
+        with self._lock:
+            self.created += 1
+        return session
+
+    async def acreate(self, task: Any, seed: int | None = None, episode_id: str | None = None
+                      ) -> EnvlinkResourceSession | EnvlinkHarnessSession:
         """:meth:`create`, awaitable on any event loop (the wait does not block it).
 
         Raises:

@@ -162,6 +162,9 @@ class EnvServer(Observable):
         self._connection_class = capped_connection(HttpAwareConnection, max_connections)
         self.extensions = extensions
         self.faults = faults if faults is not None else Faults()
+        #: Whether ``/harness`` turns carry training captures (advertised in
+        #: ``session_started``); tests turn it off to play a server that has none.
+        self.harness_training_trace = True
         self._counters = AwaitableCounters()
         self._registry = SessionRegistry(
             factory, resume_grace=resume_grace, counters=self._counters,
@@ -324,7 +327,8 @@ class EnvServer(Observable):
                 if session is not None:
                     handle.session_id = session.id
                     self._counters.incr("connection.opened")
-                    await serve_harness(connection, session.id)
+                    await serve_harness(connection, session.id,
+                                        training_trace=self.harness_training_trace)
                     destroy = True
                     return
             elif plan.attach is not None:
