@@ -7,8 +7,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from envlink import ConnectError, ReconnectPolicy, RetryBudget, RetryBudgetExhaustedError
-from envlink.integrations.openenv_harness import EnvlinkSessionFactory, HarnessToolResult
+from envlink import (
+    ConnectError,
+    ConnectionLostError,
+    HarnessTurnError,
+    ReconnectPolicy,
+    RetryBudget,
+    RetryBudgetExhaustedError,
+)
+from envlink.integrations.openenv_harness import (
+    EnvlinkHarnessSession,
+    EnvlinkSessionFactory,
+    HarnessToolResult,
+)
+from envlink.server import ServerThread
 
 from .._processes import ServerProcess
 
@@ -99,3 +111,49 @@ async def test_acreate_does_not_block_the_loop(one_session_server: ServerProcess
     assert result.data == {"message": "abc", "length": 3}
     await session.aclose()
     assert one_session_server.health()["sessions"] == 0
+
+
+def test_loop_owning_create_retries_a_refusal_and_waits_for_capacity() -> None:
+    """Loop-owning create on /harness: a refused upgrade is retried, a full server is waited
+    for (the second run gets the slot once the first closes), and each run is a started
+    harness run whose captures report the trainer's sampling."""
+    with ServerThread(env="echo", ping_interval=None, max_sessions=1) as st:
+        st.call(lambda s: setattr(s.faults, "refuse", 1))
+        factory = EnvlinkSessionFactory(st.url, sampling={"temperature": 0.5},
+                                        create_timeout=30)
+        first = factory.create({"prompt": "one"})
+        assert isinstance(first, EnvlinkHarnessSession)
+        created: list[EnvlinkHarnessSession] = []
+        waiter = threading.Thread(target=lambda: created.append(factory.create("two")))
+        waiter.start()
+        # The waiter's try reached the full server (and was refused): free the slot.
+        st.call(lambda s: s._counters.wait("connection.opened", 2), timeout=30)
+        assert first.wait_for_completion(30) == 0
+        assert [t["metadata"]["sampling"] for t in first.training_turns()] == [
+            {"temperature": 0.5}] * 2
+        first.close()
+        waiter.join(30)
+        (second,) = created
+        assert second.wait_for_completion(30) == 0
+        assert second.verify([]).env_reward == 1.0
+        second.close()
+        seen = st.call(lambda s: s._counters.snapshot())
+        assert seen["refused"] == 1
+        assert (factory.created, factory.failed) == (2, 0)
+
+
+@pytest.mark.parametrize(("content", "error"), [("!drop", ConnectionLostError),
+                                                ("!fail", HarnessTurnError)])
+def test_a_lost_or_failed_run_raises_from_wait(content: str, error: type[Exception]) -> None:
+    """A harness run cut by a dropped connection, or ended by the agent's terminal error,
+    raises its typed error from wait_for_completion (the trainer scores it unscorable);
+    what was captured before stays readable, and close leaves nothing open."""
+    with ServerThread(env="echo", ping_interval=None) as st:
+        run = EnvlinkSessionFactory(st.url, loop_owning=True).create(content)
+        with pytest.raises(error):
+            run.wait_for_completion(30)
+        assert run.training_turns() == []
+        assert run.verify([]).env_reward is None
+        run.close()
+        st.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)
+        assert st.call(lambda s: len(s._registry)) == 0

@@ -1,11 +1,9 @@
 """TRL's other ``environment_factory`` shapes under the real ``GRPOTrainer``, each through a
 dropped connection: a dict of factories routed by the dataset's ``environment`` column,
-``reset()`` returning text or ``None``, ``get_reward`` sync and async; and a run without
-a dataset, where ``reset()`` supplies the prompt.
-
-A ``reset()`` returning a list (multimodal content parts) is not run here: TRL merges it
-into the prompt, but only a vision model's chat template renders content parts (the
-text template of this tiny model raises in jinja), so it needs a VLM.
+``reset()`` returning text or ``None``, ``get_reward`` sync and async; a run without a
+dataset, where ``reset()`` supplies the prompt; and ``reset()`` returning a list of
+content parts (multimodal), rendered by a chat template that takes content parts (the
+tiny model's own text template cannot; a vision model's can).
 
 A tiny random model from a config (no warm-up: these runs exercise the environment
 calls TRL makes, not tool calling). Needs TRL (``bash .ci/trl.sh``); elsewhere skipped.
@@ -40,6 +38,27 @@ pytestmark = pytest.mark.timeout(300)
 
 #: What each environment's reset returned, in this process (what TRL was given).
 OBSERVED: dict[str, list[Any]] = {}
+#: (environment column, last prompt message content) of every scored rollout.
+PROMPTS: list[tuple[Any, Any]] = []
+
+#: Qwen's turn markers around content that is text or a list of text parts (and tool
+#: calls, which TRL requires an environment's template to render).
+CONTENT_PARTS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.content is string %}{{ m.content }}{% elif m.content %}"
+    "{% for part in m.content %}{{ part.text }}{% endfor %}{% endif %}"
+    "{% for call in m.tool_calls or [] %}<tool_call>{{ call.function.name }} "
+    "{{ call.function.arguments | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def record_prompts(prompts: list[Any], environment: list[Any] | None = None,
+                   **kwargs: Any) -> list[float | None]:
+    """A reward function that records the prompts TRL built and scores nothing."""
+    names = environment or [None] * len(prompts)
+    PROMPTS.extend((name, prompt[-1]["content"]) for name, prompt in zip(
+        names, prompts, strict=True))
+    return [None] * len(prompts)
 
 
 class Routed(EnvlinkEnvironment):
@@ -91,6 +110,17 @@ class SilentEnv(Routed):
         return 100.0
 
 
+class PartsEnv(EnvlinkEnvironment):
+    """reset() returns a list of content parts (a multimodal observation); no tools."""
+
+    def _observation(self, result: Any, row: Any) -> list[dict[str, str]]:
+        return [{"type": "text", "text": f" [{result.observation['echoed_message']}]"}]
+
+    def get_reward(self) -> float:
+        """1 + the episode's steps on the server."""
+        return 1.0 + float(self.client.state()["step_count"])
+
+
 class PromptFromReset(EnvlinkEnvironment):
     """No dataset: the environment's reset answer is the prompt."""
 
@@ -130,12 +160,13 @@ def rewards(trainer: GRPOTrainer, name: str) -> list[float]:
             if log.get(f"rewards/{name}/mean") is not None]
 
 
-def no_session_left_but_the_dropped_one(server: ServerProcess) -> None:
-    """Every session TRL used is released; the one whose connection dropped under a reset
-    is left detached on the server until its resume grace ends (the retried reset opened
-    a new session instead of resuming it)."""
+def no_session_left(server: ServerProcess) -> None:
+    """Every session TRL used is released. The one whose connection dropped under a reset
+    stays detached on the server until its resume grace ends: the client sends the reset
+    again on a new session and does not end the old one (a client gap, see
+    docs/training.md)."""
     health = server.health()
-    assert health["sessions"] == health["counters"].get("session.detached", 0) == 1, health
+    assert health["sessions"] == health["counters"]["session.detached"] == 1, health
 
 
 def dropping_server() -> ServerProcess:
@@ -150,6 +181,7 @@ def test_a_dict_of_factories_with_every_reset_and_reward_shape(tmp_path: Any) ->
     connection; each environment's reward column is its own; no session is left."""
     server = dropping_server()
     OBSERVED.clear()
+    PROMPTS.clear()
     try:
         for cls in (TextEnv, AsyncEnv, SilentEnv):
             cls.base_url = server.url
@@ -158,7 +190,7 @@ def test_a_dict_of_factories_with_every_reset_and_reward_shape(tmp_path: Any) ->
         rows = [{"prompt": prompt, "environment": name} for name in ("text", "async", "silent")]
         trainer = GRPOTrainer(
             model=model, processing_class=tokenizer, args=config(tmp_path),
-            train_dataset=Dataset.from_list(rows * 2),
+            train_dataset=Dataset.from_list(rows * 2), reward_funcs=[record_prompts],
             environment_factory={"text": TextEnv, "async": AsyncEnv, "silent": SilentEnv})
         trainer.train()
 
@@ -172,11 +204,15 @@ def test_a_dict_of_factories_with_every_reset_and_reward_shape(tmp_path: Any) ->
         for name in ("TextEnv", "AsyncEnv"):
             assert set(OBSERVED[name]) == {" [Echo environment ready!]"}
         assert set(map(repr, OBSERVED["SilentEnv"])) == {"None"}
-        # Every row reached its own environment: 6 rows a step, two steps.
+        # Every row reached its own environment: 6 rows a step, two steps; text was
+        # appended to the prompt, None left it as it was.
         assert sum(map(len, OBSERVED.values())) == 12
+        assert dict(PROMPTS) == {"text": "Say hello. [Echo environment ready!]",
+                                 "async": "Say hello. [Echo environment ready!]",
+                                 "silent": "Say hello."}
         del trainer
         gc.collect()
-        no_session_left_but_the_dropped_one(server)
+        no_session_left(server)
     finally:
         server.stop()
 
@@ -202,6 +238,34 @@ def test_no_dataset_reset_supplies_the_prompt(tmp_path: Any) -> None:
         assert server.health()["counters"]["applied.reset"] >= 6
         del trainer
         gc.collect()
-        no_session_left_but_the_dropped_one(server)
+        no_session_left(server)
+    finally:
+        server.stop()
+
+
+def test_a_list_observation_becomes_content_parts(tmp_path: Any) -> None:
+    """reset() returning content parts: TRL turns the prompt into parts and appends them, the
+    model trains on it, and a dropped connection under a reset is recovered."""
+    server = dropping_server()
+    PROMPTS.clear()
+    try:
+        PartsEnv.base_url = server.url
+        tokenizer, model = tiny([])
+        tokenizer.chat_template = CONTENT_PARTS_TEMPLATE
+        prompt = [{"role": "user", "content": "Say hello."}]
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config(tmp_path),
+                              train_dataset=Dataset.from_list([{"prompt": prompt}] * 6),
+                              reward_funcs=[record_prompts], environment_factory=PartsEnv)
+        trainer.train()
+
+        assert trainer.state.global_step == 2
+        assert server.health()["counters"].get("drop") == 1
+        assert {repr(content) for _, content in PROMPTS} == {repr([
+            {"type": "text", "text": "Say hello."},
+            {"type": "text", "text": " [Echo environment ready!]"}])}
+        assert len(rewards(trainer, "PartsEnv")) == 2
+        del trainer
+        gc.collect()
+        no_session_left(server)
     finally:
         server.stop()

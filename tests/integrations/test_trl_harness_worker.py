@@ -41,6 +41,7 @@ from datasets import Dataset  # noqa: E402
 from openenv.core.harness import MCPHarnessAdapter, TrainableSession  # noqa: E402
 from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker  # noqa: E402
 
+from envlink import ConnectionLostError  # noqa: E402
 from envlink.integrations.openenv_harness import (  # noqa: E402
     EnvlinkHarnessSession,
     EnvlinkSessionFactory,
@@ -264,3 +265,17 @@ def test_sessions_are_trainable_only_in_loop_owning_mode(server: ServerThread) -
         run.close()
     with EnvlinkSessionFactory(server.url).create(PROMPT) as step_session:
         assert not isinstance(step_session, TrainableSession)
+
+
+def test_a_run_cut_by_a_dropped_connection_is_unscorable(
+        server: ServerThread, tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Loop-owning mode, the harness connection cut mid-run: TRL's _run_session gets the
+    typed ConnectionLostError from wait_for_completion and scores the rollout unscorable
+    (never a CaptureContractError, which would stop the worker); the session is closed."""
+    loop = build_loop(tokenizer, functools.partial(EnvlinkSessionFactory, server.url))
+    with caplog.at_level(logging.WARNING):
+        result, metrics = loop._run_session([{"role": "user", "content": "!drop"}], 0)
+    assert result == loop._EMPTY_ROLLOUT and metrics is None
+    failures = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert failures and isinstance(failures[0], ConnectionLostError)
+    no_sessions_left(server, 1)

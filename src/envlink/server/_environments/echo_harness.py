@@ -7,7 +7,8 @@ answers each ``{"type": "message", "content": ...}`` frame with one turn of even
 that is not valid JSON or not a message gets a recoverable ``protocol_error`` (no
 turn starts, the connection stays usable); a failed turn gets a terminal ``error``
 event and the session ends, as OpenEnv's server does. Content ``"!fail"`` makes the
-turn fail, so that clients can test the terminal path.
+turn fail, so that clients can test the terminal path; ``"!drop"`` cuts the connection
+mid-turn (after the first event), as a network failure would.
 
 Training captures (envlink's extension of the stream, for loop-owning training): the
 server advertises ``training_trace: true`` in ``session_started``; each model call's
@@ -30,11 +31,13 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-__all__ = ["HARNESS_NAME", "FAIL_CONTENT", "serve_harness"]
+__all__ = ["DROP_CONTENT", "FAIL_CONTENT", "HARNESS_NAME", "serve_harness"]
 
 HARNESS_NAME = "envlink-echo"
 #: A message that makes the echo harness's turn fail (terminal ``error``).
 FAIL_CONTENT = "!fail"
+#: A message whose turn is cut mid-stream: the connection is aborted, no close frame.
+DROP_CONTENT = "!drop"
 
 
 def _event(kind: str, **data: Any) -> str:
@@ -134,6 +137,10 @@ async def serve_harness(connection: ServerConnection, session_id: str, *,
                 await connection.send(_event("error", message="harness turn failed",
                                              recoverable=False))
                 break
+            if message["content"] == DROP_CONTENT:
+                await connection.send(_turn(DROP_CONTENT)[0])
+                connection.transport.abort()
+                return
             sampling = message.get("sampling")
             turns += 1
             for frame in _turn(message["content"], node=f"{session_id}.{turns}",

@@ -107,10 +107,7 @@ class Handshake:
         if path == "/mcp":
             return rpc_response(connection, server._registry, server.max_sessions,
                                 server._counters, detached=server.detached_sessions)
-        if path == "/harness":
-            self._plans[connection] = Plan(harness=True)
-            return None
-        if path != "/ws":
+        if path not in ("/ws", "/harness"):
             return _plain_http(connection, server, path)
         faults = server.faults
         if faults.take_refusal():
@@ -119,6 +116,8 @@ class Handshake:
             if faults.retry_after is not None:
                 response.headers["Retry-After"] = format_seconds(faults.retry_after)
             return response
+        if path == "/harness":
+            self._plans[connection] = Plan(harness=True)
         return None
 
     def process_response(self, connection: ServerConnection, request: Request,
