@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from envlink import (
+    ClientClosedError,
     ConnectError,
     ConnectionLostError,
     HarnessTurnError,
@@ -155,5 +156,31 @@ def test_a_lost_or_failed_run_raises_from_wait(content: str, error: type[Excepti
         assert run.training_turns() == []
         assert run.verify([]).env_reward is None
         run.close()
+        st.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)
+        assert st.call(lambda s: len(s._registry)) == 0
+
+
+def test_a_stuck_run_times_out_and_a_close_wakes_its_waiter() -> None:
+    """A run that does not complete: wait_for_completion(timeout) raises a TimeoutError and
+    the run goes on; close() from another thread (as TRL does on stop) wakes a waiter
+    with ClientClosedError, never a bare cancellation; the session ends."""
+    with ServerThread(env="echo", ping_interval=None) as st:
+        run = EnvlinkSessionFactory(st.url, loop_owning=True).create("!hang")
+        with pytest.raises(TimeoutError, match="did not complete"):
+            run.wait_for_completion(0.2)
+        assert [e.type.value for e in run.events] == ["llm_request"]
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                run.wait_for_completion()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        run.close()
+        waiter.join(30)
+        assert len(errors) == 1 and isinstance(errors[0], ClientClosedError), errors
         st.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)
         assert st.call(lambda s: len(s._registry)) == 0

@@ -381,14 +381,23 @@ class EnvlinkHarnessSession:
             HarnessTurnError: the agent's run failed (a terminal ``error`` event).
             ConnectionLostError: the connection dropped (a harness run cannot be
                 resumed: the rollout is lost, never half-scored).
-            ClientClosedError: the session was closed.
+            ClientClosedError: the session was closed, before or during the wait.
         """
         run = self._run
         if run is None or self._closed:
             raise ClientClosedError("the harness session is closed")
 
         async def wait() -> None:
-            await asyncio.wait_for(asyncio.shield(run), timeout_s)
+            try:
+                await asyncio.wait_for(asyncio.shield(run), timeout_s)
+            except asyncio.CancelledError:
+                if not run.cancelled():
+                    raise
+                # close() from another thread (TRL closes live sessions on stop): a
+                # typed error for the waiter, never a bare cancellation out of a pool
+                # thread, which a trainer's ``except Exception`` would not catch.
+                raise ClientClosedError("the harness session was closed while its run "
+                                        "was awaited") from None
 
         try:
             self._bridge.call(wait, timeout=None, method="harness.wait")

@@ -8,7 +8,8 @@ that is not valid JSON or not a message gets a recoverable ``protocol_error`` (n
 turn starts, the connection stays usable); a failed turn gets a terminal ``error``
 event and the session ends, as OpenEnv's server does. Content ``"!fail"`` makes the
 turn fail, so that clients can test the terminal path; ``"!drop"`` cuts the connection
-mid-turn (after the first event), as a network failure would.
+mid-turn (after the first event), as a network failure would; ``"!hang"`` starts a
+turn that never completes (until the client goes), as a stuck agent's.
 
 Training captures (envlink's extension of the stream, for loop-owning training): the
 server advertises ``training_trace: true`` in ``session_started``; each model call's
@@ -31,13 +32,15 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-__all__ = ["DROP_CONTENT", "FAIL_CONTENT", "HARNESS_NAME", "serve_harness"]
+__all__ = ["DROP_CONTENT", "FAIL_CONTENT", "HANG_CONTENT", "HARNESS_NAME", "serve_harness"]
 
 HARNESS_NAME = "envlink-echo"
 #: A message that makes the echo harness's turn fail (terminal ``error``).
 FAIL_CONTENT = "!fail"
 #: A message whose turn is cut mid-stream: the connection is aborted, no close frame.
 DROP_CONTENT = "!drop"
+#: A message whose turn never completes: its first event, then nothing.
+HANG_CONTENT = "!hang"
 
 
 def _event(kind: str, **data: Any) -> str:
@@ -137,6 +140,9 @@ async def serve_harness(connection: ServerConnection, session_id: str, *,
                 await connection.send(_event("error", message="harness turn failed",
                                              recoverable=False))
                 break
+            if message["content"] == HANG_CONTENT:
+                await connection.send(_turn(HANG_CONTENT)[0])
+                continue
             if message["content"] == DROP_CONTENT:
                 await connection.send(_turn(DROP_CONTENT)[0])
                 connection.transport.abort()
