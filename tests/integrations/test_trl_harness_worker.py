@@ -279,3 +279,34 @@ def test_a_run_cut_by_a_dropped_connection_is_unscorable(
     failures = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert failures and isinstance(failures[0], ConnectionLostError)
     no_sessions_left(server, 1)
+
+
+def test_the_real_worker_spawns_its_child_and_trains_loop_owning(
+        server: ServerThread, tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HarnessRolloutWorker itself, in its default mode: it pickles the factory partial into
+    a spawned child, whose rollout loop calls it with the sampling policy and trains on
+    the harness captures; the samples come back through the worker's queue, the child
+    stays healthy, and stop() leaves no session open. (Its vLLM check is bypassed: in this
+    mode nothing calls vLLM.)"""
+    import trl.experimental.async_grpo.async_rollout_worker as rollout_worker
+
+    monkeypatch.setattr(rollout_worker, "is_vllm_available", lambda: True)
+    PartialState()  # the trainer holding the worker has set up accelerate (TRL logs with it)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}]}] * 4)
+    worker = HarnessRolloutWorker(
+        harness_session_factory=functools.partial(EnvlinkSessionFactory, server.url),
+        model_name="tiny", dataset=dataset, reward_funcs=[], processing_class=tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id], num_generations=2, max_inflight_tasks=2,
+        max_tokens=64, temperature=0.7, child_ready_timeout=120)
+    worker.start()
+    try:
+        samples = [worker.rollout_buffer.get(timeout=90) for _ in range(2)]
+        worker.check_health(stale_after_s=120)
+    finally:
+        worker.stop()
+    for sample in samples:
+        assert sample.metrics["rewards/harness_reward"] == 1.0
+        assert sample.old_log_probs[sample.completion_mask == 1].tolist() == pytest.approx(
+            [ECHO_LOGP] * int(sample.completion_mask.sum()))
+    created = server.call(lambda s: s._counters.snapshot())["session.created"]
+    no_sessions_left(server, created)
