@@ -41,7 +41,7 @@ from datasets import Dataset  # noqa: E402
 from openenv.core.harness import MCPHarnessAdapter, TrainableSession  # noqa: E402
 from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker  # noqa: E402
 
-from envlink import ConnectionLostError  # noqa: E402
+from envlink import ConnectionLostError, HandshakeRejectedError  # noqa: E402
 from envlink.integrations.openenv_harness import (  # noqa: E402
     EnvlinkHarnessSession,
     EnvlinkSessionFactory,
@@ -248,6 +248,22 @@ def test_openenv_servers_harness_is_refused_at_create(tmp_path: Any) -> None:
             with pytest.raises(TrainingTraceUnavailableError, match="interop-scripted"):
                 factory.create(PROMPT)
         assert (factory.created, factory.failed) == (0, 2)
+    finally:
+        server.stop()
+
+
+def test_an_openenv_server_without_harness_is_refused_at_create(tmp_path: Any) -> None:
+    """A real OpenEnv 0.10 app with no /harness route (its upgrade answered 403): create
+    raises the typed error at once, the rejected upgrade chained as its cause."""
+    server = openenv_server("echo", sys.executable, tmp_path)
+    server.start()
+    try:
+        factory = EnvlinkSessionFactory(server.base_url, sampling={"temperature": 1.0},
+                                        create_timeout=30)
+        with pytest.raises(TrainingTraceUnavailableError, match="no /harness") as info:
+            factory.create(PROMPT)
+        assert isinstance(info.value.__cause__, HandshakeRejectedError)
+        assert info.value.__cause__.status == 403
     finally:
         server.stop()
 

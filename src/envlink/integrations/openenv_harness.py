@@ -649,12 +649,15 @@ class EnvlinkSessionFactory:
                             policy=policy, operation="harness.connect",
                             timeout=self.create_timeout + 5.0, method="harness.create")
             except HandshakeRejectedError as exc:
-                if exc.status != 404:
+                # No such route: 404, or 403 from Starlette (OpenEnv's servers without
+                # a harness environment).
+                if exc.status not in (403, 404):
                     raise
                 raise TrainingTraceUnavailableError(
-                    f"{harness._endpoint.display} has no /harness: loop-owning training "
-                    "needs one; train with the trainer's own sampling instead (TRL: pass "
-                    "harness_adapter=)") from exc
+                    f"{harness._endpoint.display} refused the /harness upgrade (HTTP "
+                    f"{exc.status}): the server has no /harness (or refuses it to this "
+                    "client), and loop-owning training needs one; train with the "
+                    "trainer's own sampling instead (TRL: pass harness_adapter=)") from exc
             if not harness.training_trace:
                 raise TrainingTraceUnavailableError(
                     f"the /harness of {harness._endpoint.display} (harness "
