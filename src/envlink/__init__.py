@@ -74,6 +74,7 @@ from envlink._sansio.state import State
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from envlink._client.adopt import adopt
     from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._client.handles import SessionHandle
@@ -141,6 +142,7 @@ _LAZY = {
     "HarnessTurnError": "envlink._client.harness",
     "default_bridge": "envlink._client.default_bridge",
     "SessionHandle": "envlink._client.handles",
+    "adopt": "envlink._client.adopt",
     "configure": "envlink.telemetry",
 }
 
@@ -249,6 +251,7 @@ __all__ = [
     "ToolError",
     "ToolErrorType",
     "__version__",
+    "adopt",
     "configure",
     "default_bridge",
     "get_limits",
