@@ -18,7 +18,7 @@ EXPECTED = {
     "CallToolAction", "ListToolsAction", "EchoObservation",
     "MCPClientBase", "MCPToolClient", "MCPObservation", "Tool", "ToolError", "ToolErrorType",
     # existing environment packages: their OpenEnv clients, adopted
-    "adopt",
+    "adopt", "AutoEnv", "AutoAction", "GenericAction",
     # configuration and policies
     "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from envlink._client.adopt import adopt
+    from envlink._client.auto import AutoAction, AutoEnv, GenericAction
     from envlink._client.default_bridge import default_bridge
     from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._client.handles import SessionHandle
@@ -143,6 +144,9 @@ _LAZY = {
     "default_bridge": "envlink._client.default_bridge",
     "SessionHandle": "envlink._client.handles",
     "adopt": "envlink._client.adopt",
+    "AutoAction": "envlink._client.auto",
+    "AutoEnv": "envlink._client.auto",
+    "GenericAction": "envlink._client.auto",
     "configure": "envlink.telemetry",
 }
 
@@ -168,6 +172,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "UNSET",
+    "AutoAction",
+    "AutoEnv",
     "AutoresetMode",
     "Batch",
     "Bootstrap",
@@ -198,6 +204,7 @@ __all__ = [
     "EpisodeJournal",
     "ErrorCode",
     "ExecutionModeError",
+    "GenericAction",
     "GenericEnvClient",
     "FactoryError",
     "HandshakeRejectedError",
