@@ -6,7 +6,10 @@ skipped with the reason (how to create the virtualenv), and with
 ``ENVLINK_REQUIRE_OPENENV=1`` (set by ``.ci/interop.sh``) each of those skips is a failure.
 
 With it, every test must really run: a skipped or xfailed interop test is
-reported as a failure, so a green run means every check passed.
+reported as a failure, so a green run means every check passed. One exception: a
+strict xfail whose reason starts with ``issue NN:`` (:data:`PENDING_PREFIX`) stays
+an xfail; it marks a parity case that waits for another part of that issue, and
+turns into a failure (an unexpected pass) when that part lands.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from ._proxy import CuttingProxy
 
 #: Set to 1 where the suite must run (CI): a missing openenv virtualenv is then a failure.
 REQUIRE_VAR = "ENVLINK_REQUIRE_OPENENV"
+#: The reason of a strict xfail that waits for another part of an open issue.
+PENDING_PREFIX = "issue "
 MISSING = (f"the interop suite needs the openenv virtualenv: set {OPENENV_PYTHON_VAR} to its "
            "python, or run `bash .ci/interop.sh`, which creates it and runs this suite")
 
@@ -58,8 +63,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and HERE in Path(str(item.path)).parents and _must_run():
         # A check that did not run must not look like one that passed.
         reason = getattr(report, "wasxfail", None) or str(report.longrepr)
+        if _pending(item, reason):
+            return
         report.outcome = "failed"
         report.longrepr = f"interop tests must all run, but this one was skipped/xfailed: {reason}"
+
+
+def _pending(item: pytest.Item, reason: str) -> bool:
+    """A strict xfail waiting for another part of an open issue (see the module)."""
+    marker = item.get_closest_marker("xfail")
+    return (marker is not None and bool(marker.kwargs.get("strict"))
+            and reason.startswith(PENDING_PREFIX) and ":" in reason)
 
 
 # ----------------------------------------------------------------------- fixtures

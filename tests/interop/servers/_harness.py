@@ -50,9 +50,29 @@ def parse_args(description: str,
     parser.add_argument("--session-timeout", type=float, default=None,
                         help="OpenEnv's session_timeout: idle seconds before its reaper "
                              "destroys a session (default: never)")
+    parser.add_argument("--require-header", default=None, metavar="NAME=VALUE",
+                        help="refuse HTTP requests (401) and WebSocket upgrades (close "
+                             "1008) without this header, as a private Space does")
     if configure is not None:
         configure(parser)
     return parser.parse_args()
+
+
+def require_header(app: ASGIApp, spec: str) -> ASGIApp:
+    """``app`` behind a check of one request header (``NAME=VALUE``), like a private Space."""
+    name, _, value = spec.partition("=")
+    wanted = (name.strip().lower().encode(), value.encode())
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or wanted in [tuple(h) for h in scope["headers"]]:
+            await app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    return guarded
 
 
 def concurrency(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,6 +204,8 @@ class _AnnouncingServer(uvicorn.Server):
 
 def serve(app: ASGIApp, args: argparse.Namespace) -> None:
     """Serve ``app`` on 127.0.0.1 until killed."""
+    if args.require_header:
+        app = require_header(app, args.require_header)
     if args.frame_log:
         app = FrameRecorder(app, args.frame_log)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
