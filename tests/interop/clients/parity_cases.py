@@ -299,6 +299,43 @@ def from_docker_image_awaited_gives_a_connected_client() -> Any:
 
 
 @case
+def factory_handle_runs_under_asyncio_run() -> Any:
+    provider = RecordingProvider()
+    handle = GenericEnvClient.from_docker_image("coding-env:latest", provider=provider)
+    check(asyncio.iscoroutine(handle), "the handle is not a coroutine")
+    client = asyncio.run(handle)
+    check(isinstance(client, GenericEnvClient))
+    client.close()  # plain code after asyncio.run: the call blocks
+    return [len(provider.starts), provider.stops]
+
+
+@case
+def factory_handle_is_single_use() -> Any:
+    provider = RecordingProvider()
+    handle = GenericEnvClient.from_docker_image("coding-env:latest", provider=provider)
+    client = handle.sync()
+    try:
+        message = str(raises(RuntimeError, handle.sync))
+        check("already" in message and "resolved" in message, message)
+    finally:
+        client.close()
+    return [len(provider.starts), provider.stops]
+
+
+@case
+def invalid_mode_leaves_no_container_running() -> Any:
+    provider = RecordingProvider()
+    os.environ["OPENENV_CLIENT_MODE"] = "not-a-valid-mode"
+    try:
+        raises(ValueError, lambda: GenericEnvClient.from_env(
+            "user/my-env", use_docker=True, provider=provider).sync())
+    finally:
+        del os.environ["OPENENV_CLIENT_MODE"]
+    check(len(provider.starts) == provider.stops, f"{provider.starts} {provider.stops}")
+    return True
+
+
+@case
 def from_env_runs_the_spaces_registry_image() -> Any:
     provider = RecordingProvider()
     client = GenericEnvClient.from_env("user/my-env", use_docker=True, provider=provider).sync()
