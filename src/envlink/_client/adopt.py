@@ -229,7 +229,20 @@ def _mcp_adapter(cls: type) -> type:
         for name in HOOKS if name in vars(base)}
     namespace.update(_openenv_mcp=types.MappingProxyType(models), __module__=__name__,
                      __qualname__=cls.__qualname__, __doc__=McpToolAdapter.__doc__)
-    return type(cls.__name__, (McpToolAdapter,), namespace)
+    return type(cls.__name__, (McpToolAdapter, *_envlink_mcp_bases()), namespace)
+
+
+def _envlink_mcp_bases() -> tuple[type, ...]:
+    """envlink's own ``MCPToolClient``, where this version has one, as a second base: an
+    adopted MCP client is then one of them too (the adapter's surface still comes first,
+    so its answers stay OpenEnv's)."""
+    import envlink
+
+    own = getattr(envlink, "MCPToolClient", None)
+    if isinstance(own, type) and issubclass(own, EnvClient) and \
+            not issubclass(McpToolAdapter, own):
+        return (own,)
+    return ()
 
 
 def _rebuild(cls: type, internals: frozenset[str]) -> type:
