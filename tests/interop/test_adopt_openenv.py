@@ -117,13 +117,12 @@ def test_mcp_tool_client_package_matches_openenv(openenv_py: str, openenv_site: 
 
 @pytest.mark.parametrize("when", ["before_forward", "after_forward", "after_answer"])
 def test_typed_package_client_survives_a_dropped_connection(
-        when: When, openenv_py: str, openenv_site: str,
-        spawn_openenv: Callable[..., RecordingServer],
+        when: When, openenv_py: str, openenv_site: str, counter_server: RecordingServer,
         cutting_proxy: Callable[[int], CuttingProxy], tag: str) -> None:
     """The counter package's typed client, adopted, under on_session_lost="resume": the
     connection is cut at its third step (before the server, racing it, or after it applied
     and answered); the session is resumed and the server applies each action exactly once."""
-    server = spawn_openenv("counter", max_sessions=4)
+    server = counter_server  # shared: this test's connections carry its tag
     proxy = cutting_proxy(server.port)
     armed = proxy.arm(Cut(when, nth=3))
     out = _drive("counter", proxy.base_url, openenv_py, openenv_site, PACKAGES,
