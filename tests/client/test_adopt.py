@@ -128,3 +128,32 @@ def test_adopted_mcp_client_lists_and_calls_tools(standin: dict[str, ModuleType]
     assert isinstance(parsed.observation, mcp.CallToolObservation)
     tool = env._tool({"name": "echo", "inputSchema": {"type": "object"}})
     assert isinstance(tool, mcp.Tool) and tool.input_schema == {"type": "object"}
+
+
+def test_adopted_client_in_a_pool_and_the_trl_adapter(
+        standin: dict[str, ModuleType], server_thread: ServerThread) -> None:
+    """An adopted class is a client class like any other: EnvPool builds its sessions from
+    it, and the TRL adapter steps through it, with the package's models."""
+    from envlink.integrations.trl import EnvlinkEnvironment
+
+    tally = standin["tally_env"]
+    TallyEnv = envlink.adopt(tally.TallyEnv)
+    with envlink.EnvPool(server_thread.url, 2, client=TallyEnv).sync() as pool:
+        pool.reset()
+        batch = pool.step([tally.TallyAction(message="a"), tally.TallyAction(message="bc")])
+        assert [r.observation.echoed_message for r in batch.results()] == ["A", "BC"]
+
+    class Shout(EnvlinkEnvironment):
+        client_class = TallyEnv
+
+        def shout(self, message: str) -> str:
+            """Shout a message.
+
+            Args:
+                message: what to shout.
+            """
+            return str(self._step(tally.TallyAction(message=message)).observation.echoed_message)
+
+    tool = Shout(base_url=server_thread.url, session_mode="release")
+    tool.reset()
+    assert tool.shout("trl") == "TRL"
