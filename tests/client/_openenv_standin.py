@@ -214,6 +214,10 @@ class EchoToolsEnv(MCPToolClient):
 }
 
 
+#: The top-level packages the stand-in (and the tests' installed packages) provide.
+STANDIN_PACKAGES = frozenset({"openenv", "tally_env", "echo_tools_env", "plain_env"})
+
+
 def write_standin(root: Path) -> Path:
     """Write the stand-in OpenEnv and its packages under ``root``; return ``root``."""
     for relative, text in STANDIN.items():

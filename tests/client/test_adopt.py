@@ -19,7 +19,7 @@ import pytest
 import envlink
 from envlink.server import EnvServer, ServerThread
 
-from ._openenv_standin import write_standin
+from ._openenv_standin import STANDIN_PACKAGES, write_standin
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,7 +34,8 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
 
     yield {"tally_env": tally_env, "echo_tools_env": echo_tools_env}
     for name in set(sys.modules) - before:
-        del sys.modules[name]
+        if name.split(".")[0] in STANDIN_PACKAGES:  # envlink's own stay loaded
+            del sys.modules[name]
 
 
 def test_adopted_class_keeps_name_hooks_models_and_methods(

@@ -26,7 +26,7 @@ from envlink._launch.lifecycle import override_space_urls
 from envlink.server import ServerThread
 
 from .._ports import restartable_port
-from ._openenv_standin import STANDIN, write_standin
+from ._openenv_standin import STANDIN, STANDIN_PACKAGES, write_standin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,7 +88,8 @@ def installed(site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleTyp
 
     yield tally_env.models
     for name in set(sys.modules) - before:
-        del sys.modules[name]
+        if name.split(".")[0] in STANDIN_PACKAGES:  # envlink's own stay loaded
+            del sys.modules[name]
 
 
 def test_short_names_resolve_to_the_adopted_client_and_its_action(
