@@ -118,6 +118,7 @@ def test_adopted_mcp_client_lists_and_calls_tools(standin: dict[str, ModuleType]
     """An MCPToolClient subclass gets OpenEnv's MCP surface on envlink: production mode
     by default (simulation refused, as OpenEnv does), Tool objects and OpenEnv's hooks."""
     EchoTools = envlink.adopt(standin["echo_tools_env"].EchoToolsEnv)
+    assert issubclass(EchoTools, envlink.MCPToolClient)
     env = EchoTools(base_url="http://127.0.0.1:9")
     assert env.mode == "production"
     for name in ("list_tools", "call_tool", "get_tool", "has_tool"):

@@ -69,28 +69,19 @@ CASES = [
     "autoaction_skip_install_gives_generic_action",
 ]
 
-_MCP = "issue 33: MCPToolClient surface (list_tools/get_tool/has_tool/call_tool, production)"
 #: Cases envlink fails until another part of issue 33 lands, and that part.
 PENDING = {
     "sync_close_leaves_no_loop_thread":
         "issue 33: bridge thread ends when its last client closes",
-    "client_without_url_or_provider_is_value_error":
-        "issue 33: exception bases (a client built with no arguments is a ValueError)",
     "sync_locked_client_inside_a_running_loop_returns_the_result":
         "issue 33: a client locked to blocking use returns real results inside a running loop",
     "provider_start_error_keeps_its_type":
         "issue 33: exception bases (a provider's own exception keeps its type)",
     "failed_provider_stop_is_raised_by_close":
         "issue 33: provider stop retried, then raised",
-    "capacity_refusal_is_a_runtime_error":
-        "issue 33: exception bases (server error frames are RuntimeError)",
-    "refused_upgrade_is_a_connection_error":
-        "issue 33: exception bases (connect failures are ConnectionError)",
-    "mcp_tool_client_sends_headers": _MCP,
-    "mcp_tool_client_is_production_only": _MCP,
-    "mcp_tools_listed_cached_found_and_called": _MCP,
-    "mcp_tool_error_is_a_runtime_error": _MCP,
-    "mcp_sync_close_releases_the_session": _MCP,
+    "mcp_tool_client_is_production_only":
+        "issue 33: MCPToolClient surface (use_production_mode; mode='simulation' refused "
+        "with ValueError, as OpenEnv's MCP clients refuse it)",
 }
 
 

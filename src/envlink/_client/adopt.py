@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from envlink._client.client import EnvClient, GenericEnvClient
 from envlink._client.dispatch import dispatched
+from envlink._client.mcp_client import MCPToolClient
 
 __all__ = ["McpToolAdapter", "adopt", "is_openenv_client"]
 
@@ -70,8 +71,11 @@ def is_openenv_client(cls: object) -> bool:
 # ------------------------------------------------------------------ the MCP tool client
 
 
-class McpToolAdapter(EnvClient[Any, Any, Any]):
-    """OpenEnv's ``MCPToolClient`` surface on envlink's client, for adopted MCP clients.
+class McpToolAdapter(MCPToolClient[Any]):
+    """OpenEnv's ``MCPToolClient`` surface on envlink's, for adopted MCP clients.
+
+    An adopted MCP client is an :class:`~envlink.MCPToolClient`, answering as the
+    package's OpenEnv would.
 
     The hooks (``_step_payload``, ``_parse_result``, ``_parse_state``) are OpenEnv's
     own, copied from the package's OpenEnv, so observations are its
@@ -121,7 +125,7 @@ class McpToolAdapter(EnvClient[Any, Any, Any]):
         return tools
 
     @dispatched
-    async def call_tool(self, name: str, **kwargs: Any) -> Any:
+    async def call_tool(self, name: str, /, **kwargs: Any) -> Any:
         """Call a tool by name and return its value (not a step).
 
         Raises:
@@ -229,20 +233,7 @@ def _mcp_adapter(cls: type) -> type:
         for name in HOOKS if name in vars(base)}
     namespace.update(_openenv_mcp=types.MappingProxyType(models), __module__=__name__,
                      __qualname__=cls.__qualname__, __doc__=McpToolAdapter.__doc__)
-    return type(cls.__name__, (McpToolAdapter, *_envlink_mcp_bases()), namespace)
-
-
-def _envlink_mcp_bases() -> tuple[type, ...]:
-    """envlink's own ``MCPToolClient``, where this version has one, as a second base: an
-    adopted MCP client is then one of them too (the adapter's surface still comes first,
-    so its answers stay OpenEnv's)."""
-    import envlink
-
-    own = getattr(envlink, "MCPToolClient", None)
-    if isinstance(own, type) and issubclass(own, EnvClient) and \
-            not issubclass(McpToolAdapter, own):
-        return (own,)
-    return ()
+    return type(cls.__name__, (McpToolAdapter,), namespace)
 
 
 def _rebuild(cls: type, internals: frozenset[str]) -> type:

@@ -37,18 +37,15 @@ if LIB == "openenv":
     from openenv.core.generic_client import GenericAction
     from openenv.core.mcp_client import MCPToolClient
 else:
-    import envlink
     from envlink import (
         AutoAction,
         AutoEnv,
         GenericAction,
         GenericEnvClient,
+        MCPToolClient,
         StepResult,
         SyncEnvClient,
     )
-
-    # issue 33 item 1: envlink's own MCPToolClient (another change adds it).
-    MCPToolClient = getattr(envlink, "MCPToolClient", None)
 
 CASES: dict[str, Callable[[], Any]] = {}
 RESET = {"seed": 7, "start": 0, "target": 100}
