@@ -20,7 +20,7 @@ EXPECTED = {
     # existing environment packages: their OpenEnv clients, adopted
     "adopt", "AutoEnv", "AutoAction", "GenericAction",
     # configuration and policies
-    "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
+    "ClientConfig", "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
     "Limits", "set_limits", "get_limits", "SessionHandle",
     # testing without a server; observing a client

@@ -22,6 +22,7 @@ from envlink._bridge import (
     set_default_hooks,
 )
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.configuration import ClientConfig
 from envlink._client.events import (
     CallFinished,
     CallStarted,
@@ -187,6 +188,7 @@ __all__ = [
     "CallToolAction",
     "CapacityReachedError",
     "ClientClosedError",
+    "ClientConfig",
     "ClientEvent",
     "ClientHook",
     "ConnectError",

@@ -162,10 +162,11 @@ _DEFAULT_CALL = 60.0
 _DEFAULT_CLOSE = 5.0
 _DEFAULT_PROBE = 2.0
 _DEFAULT_RELEASE = 5.0
+_TIMEOUT_FIELDS = ("connect", "call", "close", "probe", "release")
 
 
 class Timeout:
-    """Deadlines per phase, httpx-style: one default plus per-phase overrides.
+    """Deadlines per phase, httpx-style: one default plus per-phase overrides. Immutable.
 
     ``Timeout(5.0)`` sets every call phase to 5 s; ``Timeout(5.0, connect=10.0)``
     overrides one phase; ``None`` means no limit. Call phases:
@@ -192,6 +193,11 @@ class Timeout:
     """
 
     __slots__ = ("call", "close", "connect", "probe", "release")
+    connect: float | None
+    call: float | None
+    close: float | None
+    probe: float
+    release: float
 
     def __init__(
         self,
@@ -212,14 +218,11 @@ class Timeout:
                 chosen = fallback
             return check_timeout(chosen, "timeout")
 
-        self.connect: float | None = pick(connect, _DEFAULT_CONNECT)
-        self.call: float | None = pick(call, _DEFAULT_CALL)
-        self.close: float | None = pick(close, _DEFAULT_CLOSE)
         for name, wait in (("probe", probe), ("release", release)):
             check_number(wait, name, above=0, mistyped=ValueError,
                          expected="a positive number of seconds")
-        self.probe: float = float(probe)
-        self.release: float = float(release)
+        self.__setstate__((pick(connect, _DEFAULT_CONNECT), pick(call, _DEFAULT_CALL),
+                           pick(close, _DEFAULT_CLOSE), float(probe), float(release)))
 
     @classmethod
     def coerce(cls, value: TimeoutTypes) -> Timeout:
@@ -230,6 +233,20 @@ class Timeout:
 
     def _key(self) -> tuple[float | None, ...]:
         return (self.connect, self.call, self.close, self.probe, self.release)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # A value, as ClientConfig that holds it: clients built from one share it.
+        raise AttributeError(f"Timeout is immutable: build another (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Timeout is immutable (cannot delete {name!r})")
+
+    def __getstate__(self) -> tuple[float | None, ...]:
+        return self._key()
+
+    def __setstate__(self, state: tuple[float | None, ...]) -> None:
+        for name, value in zip(_TIMEOUT_FIELDS, state, strict=True):
+            object.__setattr__(self, name, value)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Timeout) and self._key() == other._key()
@@ -290,6 +307,8 @@ class ConnectionOptions:
     last_frame_wait: float = 0.05
 
     def __post_init__(self) -> None:
+        check_timeout(self.ping_interval, "ping_interval")
+        check_timeout(self.ping_timeout, "ping_timeout")
         check_number(self.close_timeout, "close_timeout", above=0)
         check_number(self.last_frame_wait, "last_frame_wait", minimum=0)
         if self.compression not in (None, "deflate"):

@@ -9,9 +9,10 @@ and never a step applied twice.
 from __future__ import annotations
 
 import asyncio
-import inspect
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 
 from envlink._client import handles, mcp
 from envlink._client.capacity import CapacityGate, CapacityMode
+from envlink._client.configuration import ClientConfig, changed_fields, check_policy
 from envlink._client.connector import Connector
 from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver, Turn
@@ -31,7 +33,6 @@ from envlink._config import (
     Timeout,
     TimeoutTypes,
     UnsetType,
-    check_count,
     check_timeout,
 )
 from envlink._errors import (
@@ -46,7 +47,6 @@ from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import (
     ReconnectPolicy,
     RecoveryMechanism,
-    RecoveryPolicy,
     SessionLostPolicy,
 )
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from envlink._bridge import Bridge
     from envlink._client.sync_client import SyncEnvClient
 
-__all__ = ["EnvClient", "GenericEnvClient", "StepResult"]
+__all__ = ["EnvClient", "GenericEnvClient", "StepResult", "configured_client"]
 
 ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
@@ -163,9 +163,14 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider``, started on
             connect (without ``base_url``), stopped on close, shared with children.
         token: a Space's Hugging Face token (default: ``HF_TOKEN``, the token file).
+        config: the whole configuration as one :class:`ClientConfig`, instead of the
+            keyword arguments above from ``timeout`` to ``on_capacity`` (which must
+            then be left out); ``client.config`` is it. The keyword arguments build
+            one with :meth:`ClientConfig.from_keywords`.
 
     Raises:
-        ValueError: for a malformed URL or option.
+        ValueError: for a malformed URL or option, or ``config`` with keyword
+            arguments that set the configuration too.
         InvalidArgumentError: neither ``base_url`` nor ``provider`` (a ``ValueError``).
         TypeError: ``base_url`` is not a string.
         ProviderError: ``provider`` is not a provider.
@@ -206,84 +211,88 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         limits: Limits | None = None, on_capacity: CapacityMode = "raise",
         provider: Any = None,
         token: str | None = None,
+        config: ClientConfig | None = None,
     ) -> None:
-        # The arguments as given: new_session() opens a sibling session with them.
-        self._arguments: dict[str, Any] = dict(
-            base_url=base_url, timeout=timeout, headers=headers, reconnect=reconnect,
-            on_session_lost=on_session_lost, replay_verify=replay_verify,
-            max_journal_steps=max_journal_steps, ping_interval=ping_interval,
-            ping_timeout=ping_timeout, max_message_size=max_message_size,
-            compression=compression, ssl=ssl, proxy=proxy, extensions=extensions,
-            tracer_provider=tracer_provider, meter_provider=meter_provider,
-            connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
-            max_message_size_mb=max_message_size_mb,
-            websocket_ping_interval_s=websocket_ping_interval_s,
-            websocket_ping_timeout_s=websocket_ping_timeout_s, transport=transport,
-            options=options, hooks=hooks, mode=mode, limits=limits, on_capacity=on_capacity,
-            provider=provider, token=token)
-        _check_policy(on_session_lost)
-        self._mode = mcp.client_mode(mode, self._default_mode)
-        self._target = lifecycle.Target.resolve(base_url, provider, headers, token)
-        base_url, headers = self._target.base_url, self._target.headers
+        inherited = _INHERITED.get()
+        if inherited is not None and inherited[0] is type(self):
+            # Built by configured_client() (new_session(), a pool, an adapter): the
+            # configuration is given whole, whatever this class's own __init__ passed.
+            _INHERITED.set(None)
+            _cls, config, provider, token = inherited
+        else:
+            given = ClientConfig.from_keywords(
+                timeout=timeout, headers=headers, reconnect=reconnect,
+                on_session_lost=on_session_lost, replay_verify=replay_verify,
+                max_journal_steps=max_journal_steps, ping_interval=ping_interval,
+                ping_timeout=ping_timeout, max_message_size=max_message_size,
+                compression=compression, ssl=ssl, proxy=proxy, extensions=extensions,
+                tracer_provider=tracer_provider, meter_provider=meter_provider,
+                connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
+                max_message_size_mb=max_message_size_mb,
+                websocket_ping_interval_s=websocket_ping_interval_s,
+                websocket_ping_timeout_s=websocket_ping_timeout_s, transport=transport,
+                options=options, hooks=hooks, mode=mode, limits=limits,
+                on_capacity=on_capacity)
+            if config is None:
+                config = given
+            elif not isinstance(config, ClientConfig):
+                raise TypeError(f"config must be a ClientConfig or None, "
+                                f"got {type(config).__name__}")
+            else:
+                conflicting = changed_fields(given)
+                if conflicting:
+                    raise ValueError(
+                        f"pass the configuration either as config= or as keyword arguments, "
+                        f"not both (the keyword arguments set {', '.join(conflicting)})")
+        self._config: ClientConfig = config
+        self._mode = mcp.client_mode(config.mode, self._default_mode)
+        wanted = dict(config.options.headers) or None
+        self._target = lifecycle.Target.resolve(base_url, provider, wanted, token)
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
-        self._endpoint = parse_endpoint(base_url)
-        base = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
-        self.timeouts: Timeout = Timeout(
-            connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
-            call=message_timeout_s if message_timeout_s is not None else base.call,
-            close=base.close, probe=base.probe, release=base.release,
-        )
-        if max_message_size_mb is not None:
-            max_message_size = int(max_message_size_mb * 1024 * 1024)
-        if websocket_ping_interval_s is not UNSET:
-            ping_interval = websocket_ping_interval_s
-        if websocket_ping_timeout_s is not UNSET:
-            ping_timeout = websocket_ping_timeout_s
-        ping_interval = check_timeout(ping_interval, "ping_interval")
-        ping_timeout = check_timeout(ping_timeout, "ping_timeout")
-        max_journal_steps = check_count(max_journal_steps, "max_journal_steps")
-        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
-            raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
-                            f"got {type(reconnect).__name__}")
-        built = ConnectionOptions(
-            headers=tuple((headers or {}).items()),
-            ping_interval=ping_interval,
-            ping_timeout=ping_timeout,
-            max_message_size=max_message_size,
-            compression=compression,
-            ssl=ssl,
-            proxy=proxy,
-        )
-        if options is not None:
-            if built != ConnectionOptions():
-                raise ValueError("pass connection options either as options= or as keyword "
-                                 "arguments (headers, ping_interval, ...), not both")
-            built = options
-        _check_tls(self._endpoint, built)
-        self._options: ConnectionOptions = built
-        self._transport: Transport = transport if transport is not None else _websocket()
-        policy = reconnect or ReconnectPolicy()
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
-        if hooks is None:
-            hook = _telemetry_hook(tracer_provider, meter_provider, self._endpoint.display)
+        self._endpoint = parse_endpoint(self._target.base_url)
+        self.timeouts: Timeout = config.timeout
+        connection = config.options
+        if self._target.headers is not wanted:
+            # A Space's token, for that host only: not part of the configuration.
+            connection = dataclasses.replace(
+                connection, headers=tuple((self._target.headers or {}).items()))
+        _check_tls(self._endpoint, connection)
+        self._options: ConnectionOptions = connection
+        self._transport: Transport = (config.transport if config.transport is not None
+                                      else _websocket())
+        policy = config.reconnect
+        self.tracer_provider = config.tracer_provider
+        self.meter_provider = config.meter_provider
+        if config.hooks is None:
+            hook = _telemetry_hook(config.tracer_provider, config.meter_provider,
+                                   self._endpoint.display)
         else:
-            hook = combine_client_hooks(list(hooks))
-        self._core = SessionCore(policy=policy, on_session_lost=on_session_lost,
-                                 max_journal_steps=max_journal_steps)
+            hook = combine_client_hooks(list(config.hooks))
+        self._core = SessionCore(policy=policy, on_session_lost=config.on_session_lost,
+                                 max_journal_steps=config.max_journal_steps)
         self._core.production = self._mode == "production"
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
-                              policy, extensions, self._core, hook)
+                              policy, config.extensions, self._core, hook)
         self._driver: SessionDriver = SessionDriver(
             self._core, connector, hook, self._options, self.timeouts,
-            replay_verify or _same_answer)
+            config.replay_verify or _same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
-        gate = CapacityGate(self._endpoint.ws_url, limits, on_capacity, self._core)
+        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity,
+                            self._core)
         self._driver.capacity = gate if self._target.started else None
         connector.prepare = self._prepare_server
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self) -> ClientConfig:
+        """The :class:`ClientConfig` this client runs with (a frozen value).
+
+        The one given as ``config=``, or the one the keyword arguments built; the
+        ``reconnect_policy`` and ``on_session_lost`` setters replace it.
+        """
+        return self._config
 
     @property
     def reconnect_policy(self) -> ReconnectPolicy:
@@ -296,6 +305,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             raise TypeError(f"reconnect_policy must be a ReconnectPolicy, "
                             f"got {type(policy).__name__}")
         self._core.policy = self._driver.connector.policy = policy
+        if policy is not self._config.reconnect:
+            self._config = dataclasses.replace(self._config, reconnect=policy)
 
     @property
     def on_session_lost(self) -> SessionLostPolicy:
@@ -304,7 +315,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     @on_session_lost.setter
     def on_session_lost(self, policy: SessionLostPolicy) -> None:
-        self._core.on_session_lost = _check_policy(policy)
+        self._core.on_session_lost = checked = check_policy(policy)
+        if checked.value != self._config.on_session_lost:
+            self._config = dataclasses.replace(self._config, on_session_lost=checked.value)
 
     @property
     def recovery(self) -> str:
@@ -578,12 +591,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         """
         if self.closed:
             raise ClientClosedError("the client is closed")
-        signature = inspect.signature(type(self))
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
-                        for p in signature.parameters.values())
-        kwargs = {k: v for k, v in self._arguments.items()
-                  if takes_any or k in signature.parameters}
-        child = type(self)(**kwargs)
+        target = self._target
+        child = configured_client(type(self), target.requested, self._config,
+                                  provider=target.provider, token=target.token)
         try:
             await child.connect()
         except BaseException:
@@ -688,7 +698,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         Args:
             handle: the :class:`SessionHandle`.
             **options: keyword arguments of the client (``headers=``, ``timeout=``...);
-                ``on_session_lost`` defaults to ``"resume"``.
+                ``on_session_lost`` defaults to ``"resume"``. Or ``config=`` a
+                :class:`ClientConfig` alone (its ``"raise"``, which could never
+                re-attach, becomes ``"resume"``).
 
         Raises:
             SessionGoneError: the server no longer has the session (with the journal).
@@ -908,13 +920,32 @@ def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
     return recorded == actual
 
 
-def _check_policy(policy: object) -> RecoveryPolicy:
+_C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")
+#: The configuration (and server) of the client configured_client() is building.
+_INHERITED: ContextVar[tuple[type, ClientConfig, Any, str | None] | None] = ContextVar(
+    "envlink_configured_client", default=None)
+
+
+def configured_client(cls: type[_C], base_url: str | None, config: ClientConfig, *,
+                      provider: Any = None, token: str | None = None) -> _C:
+    """A client of class ``cls`` on ``base_url`` that runs with exactly ``config``.
+
+    Whatever ``cls``'s own ``__init__`` takes (a typed client may have one that passes
+    keywords of its own to ``EnvClient``), it is called as ``cls(base_url=base_url)``
+    and the ``EnvClient`` it builds takes ``config`` (and ``provider``, ``token``)
+    whole, not the keywords: how ``new_session()``, the pools and the training
+    adapters build clients, without replaying a constructor's arguments.
+
+    Raises:
+        TypeError: ``config`` is not a :class:`ClientConfig`.
+    """
+    if not isinstance(config, ClientConfig):
+        raise TypeError(f"config must be a ClientConfig, got {type(config).__name__}")
+    mark = _INHERITED.set((cls, config, provider, token))
     try:
-        return RecoveryPolicy(policy)
-    except ValueError:
-        *others, last = (repr(p.value) for p in RecoveryPolicy)
-        raise ValueError(f"on_session_lost must be {', '.join(others)} or {last}, "
-                         f"got {policy!r}") from None
+        return cls(base_url=base_url)
+    finally:
+        _INHERITED.reset(mark)
 
 
 class GenericEnvClient(EnvClient[dict[str, Any], dict[str, Any], dict[str, Any]]):

@@ -16,11 +16,13 @@ so a step is never applied twice. A session the server no longer has raises
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from envlink._client.configuration import ClientConfig
 from envlink._config import UNSET, UnsetType, is_int
 from envlink._errors import (
     ConnectError,
@@ -164,8 +166,19 @@ class SessionHandle:
 def _client_for(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> _C:
     if not isinstance(handle, SessionHandle):
         raise TypeError(f"attach() needs a SessionHandle, got {type(handle).__name__}")
-    options.setdefault("on_session_lost", "resume")
-    return cls(handle.base_url, **options)
+    config = options.pop("config", None)
+    if config is None:
+        options.setdefault("on_session_lost", "resume")
+        return cls(handle.base_url, **options)
+    if options:
+        raise ValueError(f"pass the configuration either as config= or as keyword "
+                         f"arguments, not both (got {', '.join(sorted(options))})")
+    from envlink._client.client import configured_client
+
+    if isinstance(config, ClientConfig) and config.on_session_lost == "raise":
+        # A client that raises on a lost session could never re-attach.
+        config = dataclasses.replace(config, on_session_lost="resume")
+    return configured_client(cls, handle.base_url, config)
 
 
 async def _resume(client: EnvClient[Any, Any, Any], handle: SessionHandle,

@@ -219,7 +219,7 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
         offers HTTP MCP sessions and answers tool calls there), not through ``step()``."""
         if self.mode != "production":
             return False
-        if self._arguments.get("mode") is not None:
+        if self.config.mode is not None:
             return True  # asked for: a server without HTTP MCP sessions is an error
         if self._tools_on_step:
             return False
@@ -234,7 +234,7 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
         try:
             return await self.mcp_request(method, params)
         except McpError as exc:
-            if exc.rpc_code != _METHOD_NOT_FOUND or self._arguments.get("mode") is not None:
+            if exc.rpc_code != _METHOD_NOT_FOUND or self.config.mode is not None:
                 raise
             self._tools_on_step = True
             return _ON_STEP

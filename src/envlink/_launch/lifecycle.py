@@ -79,6 +79,10 @@ class Target:
     def __init__(self, base_url: str, headers: Mapping[str, str] | None,
                  lease: ProviderLease | None, space: str | None, started: bool) -> None:
         self.base_url = base_url
+        #: The ``base_url`` and ``token`` as the client was given them (another
+        #: session on the same server resolves them again).
+        self.requested: str | None = base_url
+        self.token: str | None = None
         self.headers = headers
         self.lease = lease
         self.space = space
@@ -103,6 +107,13 @@ class Target:
                 ``ValueError``, as OpenEnv raises).
             ProviderError: ``provider`` is not a provider.
         """
+        target = cls._resolve(base_url, provider, headers, token)
+        target.requested, target.token = base_url, token
+        return target
+
+    @classmethod
+    def _resolve(cls, base_url: str | None, provider: Any,
+                 headers: Mapping[str, str] | None, token: str | None) -> Target:
         if base_url is None and provider is None:
             # OpenEnv raises ValueError here: an OpenEnv-era `except ValueError` catches it.
             raise InvalidArgumentError(

@@ -1,0 +1,269 @@
+"""A client's configuration as one value: :class:`ClientConfig`.
+
+Everything that says how a client behaves (its deadlines, how it connects, retries
+and recovers, its limits, what it reports to) is one frozen value, as httpx's
+``Timeout`` and ``Limits`` are. ``EnvClient(url, config=...)`` keeps it as it is;
+the keyword constructor (OpenEnv's names included) builds one with
+:meth:`ClientConfig.from_keywords`, the one place where OpenEnv's aliases are
+resolved. A session opened with ``new_session()``, a pool's clients, a Ray shard's
+and the training adapters' are built from such a value, never by replaying a
+constructor's arguments.
+
+Where the server is (``base_url``, a provider, a Space's token) is not
+configuration: it stays an argument of the client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from envlink._client.capacity import CapacityMode, check_mode
+from envlink._client.mcp import client_mode
+from envlink._config import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    UNSET,
+    ConnectionOptions,
+    Timeout,
+    TimeoutTypes,
+    UnsetType,
+    check_count,
+)
+from envlink._sansio.policies import ReconnectPolicy, RecoveryPolicy, SessionLostPolicy
+from envlink._sansio.session_limits import Limits
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from envlink._client.events import ClientHook
+    from envlink._transports.base import Transport
+
+__all__ = ["ClientConfig", "ReplayVerify", "changed_fields", "check_policy"]
+
+#: Compares a recorded answer with the replayed one (``recorded, actual -> same``).
+ReplayVerify = Callable[[dict[str, Any], dict[str, Any]], bool]
+
+#: Fields that hold objects of the process that made the config: never pickled.
+_PROCESS_BOUND = ("tracer_provider", "meter_provider")
+
+
+def check_policy(policy: object) -> RecoveryPolicy:
+    """Validate ``on_session_lost``.
+
+    Raises:
+        ValueError: not one of the recovery policies.
+    """
+    try:
+        return RecoveryPolicy(policy)
+    except ValueError:
+        *others, last = (repr(p.value) for p in RecoveryPolicy)
+        raise ValueError(f"on_session_lost must be {', '.join(others)} or {last}, "
+                         f"got {policy!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """How a client behaves, as one frozen value: ``EnvClient(url, config=cfg)``.
+
+    Two clients with equal configs behave alike; ``client.config`` is the value the
+    client runs with (its ``reconnect_policy`` and ``on_session_lost`` setters
+    replace it). Assigning a field raises; build another with
+    ``dataclasses.replace(cfg, ...)``. The keyword constructor builds one with
+    :meth:`from_keywords`.
+
+    Picklable (``pickle.loads(pickle.dumps(cfg)) == cfg``) when its parts are:
+    timeouts, connection options without an ``ssl`` context, policies and limits
+    always are; ``replay_verify``, ``hooks`` and ``transport`` are the user's
+    objects and pickle as those do (a module-level function does, a lambda only
+    with cloudpickle, as Ray uses); a config with ``tracer_provider`` or
+    ``meter_provider`` refuses to be pickled, as providers belong to their process.
+    ``hooks`` and ``transport`` compare by identity unless their classes say
+    otherwise, and a ``RetryBudget`` is not compared (as in ``ReconnectPolicy``).
+
+    Attributes:
+        timeout: the deadlines of each phase (:class:`~envlink.Timeout`).
+        options: how each connection is opened and kept (:class:`~envlink.ConnectionOptions`).
+        reconnect: backoff, attempts and retry budget of every retry
+            (:class:`~envlink.ReconnectPolicy`).
+        on_session_lost: ``"raise"`` (default), ``"replay"``, ``"resume"`` or
+            ``"auto"`` (resume when the server can, else replay).
+        replay_verify: compares a recorded answer with the replayed one during
+            ``replay`` (default: equality of the whole ``data`` object).
+        max_journal_steps: bound on the steps recorded for ``replay``.
+        extensions: offer envlink's protocol extensions to the server.
+        mode: OpenEnv's ``"simulation"`` or ``"production"``; ``None`` (default):
+            ``OPENENV_CLIENT_MODE`` when the client is made, else ``"simulation"``.
+        limits: sessions per endpoint shared by the process's clients (``None``:
+            the process-wide :func:`~envlink.set_limits`).
+        on_capacity: ``"raise"`` (default) or ``"wait"`` when the endpoint is full.
+        hooks: observers of the client (:class:`~envlink.ClientHook`); ``None``
+            (default): envlink's OpenTelemetry and structlog emitter. Given, they
+            replace it.
+        tracer_provider: the emitter's tracer provider (default: the global one).
+        meter_provider: the emitter's meter provider (default: the global one).
+        transport: how connections are opened (default: ``websockets``); a
+            :class:`~envlink.MockTransport` to test code without a server.
+
+    Raises:
+        TypeError: a part of the wrong type.
+        ValueError: a policy, mode or count out of its range.
+    """
+
+    timeout: Timeout = field(default_factory=Timeout)
+    options: ConnectionOptions = field(default_factory=ConnectionOptions)
+    reconnect: ReconnectPolicy = field(default_factory=ReconnectPolicy)
+    on_session_lost: SessionLostPolicy = "raise"
+    replay_verify: ReplayVerify | None = None
+    max_journal_steps: int = 10_000
+    extensions: bool = True
+    mode: str | None = None
+    limits: Limits | None = None
+    on_capacity: CapacityMode = "raise"
+    hooks: tuple[ClientHook, ...] | None = None
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
+    transport: Transport | None = None
+
+    def __post_init__(self) -> None:
+        policy = check_policy(self.on_session_lost)
+        object.__setattr__(self, "on_session_lost", policy.value)
+        if self.mode is not None:
+            client_mode(self.mode)
+        _check_type(self.timeout, Timeout, "timeout")
+        _check_type(self.options, ConnectionOptions, "options")
+        _check_type(self.reconnect, ReconnectPolicy, "reconnect")
+        if self.replay_verify is not None and not callable(self.replay_verify):
+            raise TypeError(f"replay_verify must be callable or None, "
+                            f"got {type(self.replay_verify).__name__}")
+        object.__setattr__(self, "max_journal_steps",
+                           check_count(self.max_journal_steps, "max_journal_steps"))
+        if self.limits is not None and not isinstance(self.limits, Limits):
+            raise TypeError(f"limits must be an envlink.Limits or None, "
+                            f"got {type(self.limits).__name__}")
+        check_mode(self.on_capacity)
+        if self.hooks is not None:
+            if isinstance(self.hooks, (str, bytes, Mapping)) or not isinstance(
+                    self.hooks, Sequence):
+                raise TypeError(f"hooks must be a sequence of ClientHook or None, "
+                                f"got {type(self.hooks).__name__}")
+            object.__setattr__(self, "hooks", tuple(self.hooks))
+
+    def __reduce__(self) -> tuple[type[ClientConfig], tuple[Any, ...]]:
+        bound = [name for name in _PROCESS_BOUND if getattr(self, name) is not None]
+        if bound:
+            raise TypeError(
+                f"a ClientConfig with {' and '.join(bound)} cannot be pickled: providers "
+                "belong to their process; leave them out and give them where the config "
+                "is used (a pool's tracer_provider=, a Ray shard's ShardTelemetry)")
+        return (ClientConfig, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+    def __repr__(self) -> str:
+        # Only what differs from the defaults: a config is read in logs and errors.
+        shown = [f"{name}={getattr(self, name)!r}" for name in changed_fields(self)]
+        return f"ClientConfig({', '.join(shown)})"
+
+    @classmethod
+    def from_keywords(
+        cls,
+        *,
+        timeout: TimeoutTypes | UnsetType = UNSET,
+        headers: Mapping[str, str] | None = None,
+        reconnect: ReconnectPolicy | None = None,
+        on_session_lost: SessionLostPolicy = "raise",
+        replay_verify: ReplayVerify | None = None,
+        max_journal_steps: int = 10_000,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        compression: str | None = None,
+        ssl: Any = None,
+        proxy: str | bool | None = True,
+        extensions: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        connect_timeout_s: float | None = None,
+        message_timeout_s: float | None = None,
+        max_message_size_mb: float | None = None,
+        websocket_ping_interval_s: float | UnsetType | None = UNSET,
+        websocket_ping_timeout_s: float | UnsetType | None = UNSET,
+        transport: Transport | None = None,
+        options: ConnectionOptions | None = None,
+        hooks: Sequence[ClientHook] | None = None,
+        mode: str | None = None,
+        limits: Limits | None = None,
+        on_capacity: CapacityMode = "raise",
+    ) -> ClientConfig:
+        """The config of ``EnvClient``'s keyword arguments, OpenEnv's names included.
+
+        This is where OpenEnv's aliases are resolved, and only here:
+        ``connect_timeout_s`` and ``message_timeout_s`` set ``Timeout``'s
+        ``connect`` and ``call``; ``max_message_size_mb`` sets ``max_message_size``;
+        ``websocket_ping_interval_s`` and ``websocket_ping_timeout_s`` set
+        ``ping_interval`` and ``ping_timeout``. The connection keywords
+        (``headers``, ``ping_interval``, ... ``proxy``) build the
+        :class:`~envlink.ConnectionOptions`, or ``options=`` gives it whole.
+
+        Args:
+            timeout: a :class:`~envlink.Timeout`, a number for every phase, or
+                ``None`` for none.
+            options: every connection option at once, instead of ``headers``,
+                ``ping_interval``, ... (which must then be left out).
+            **others: as :class:`EnvClient` and the attributes of this class.
+
+        Raises:
+            ValueError: ``options`` with connection keywords, or a bad value.
+            TypeError: a value of the wrong type.
+        """
+        recovery = check_policy(on_session_lost)  # checked first, as it always was
+        base = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
+        if connect_timeout_s is not None or message_timeout_s is not None:
+            base = Timeout(
+                connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
+                call=message_timeout_s if message_timeout_s is not None else base.call,
+                close=base.close, probe=base.probe, release=base.release)
+        if max_message_size_mb is not None:
+            max_message_size = int(max_message_size_mb * 1024 * 1024)
+        if websocket_ping_interval_s is not UNSET:
+            ping_interval = websocket_ping_interval_s
+        if websocket_ping_timeout_s is not UNSET:
+            ping_timeout = websocket_ping_timeout_s
+        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+            raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
+                            f"got {type(reconnect).__name__}")
+        built = ConnectionOptions(
+            headers=tuple((headers or {}).items()), ping_interval=ping_interval,
+            ping_timeout=ping_timeout, max_message_size=max_message_size,
+            compression=compression, ssl=ssl, proxy=proxy)
+        if options is not None:
+            if built != _DEFAULTS.options:
+                raise ValueError("pass connection options either as options= or as keyword "
+                                 "arguments (headers, ping_interval, ...), not both")
+            built = options
+        return cls(
+            timeout=base, options=built,
+            reconnect=reconnect if reconnect is not None else _DEFAULTS.reconnect,
+            on_session_lost=recovery.value, replay_verify=replay_verify,
+            max_journal_steps=max_journal_steps, extensions=extensions, mode=mode,
+            limits=limits, on_capacity=on_capacity,
+            hooks=None if hooks is None else tuple(hooks),
+            tracer_provider=tracer_provider, meter_provider=meter_provider,
+            transport=transport)
+
+
+
+def changed_fields(config: ClientConfig) -> list[str]:
+    """The names of the fields of ``config`` that differ from the defaults."""
+    return [f.name for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(_DEFAULTS, f.name)]
+
+
+def _check_type(value: object, kind: type, name: str) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+
+
+#: The defaults, for comparisons (what a keyword left out leaves).
+_DEFAULTS = ClientConfig()
