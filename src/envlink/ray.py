@@ -64,9 +64,6 @@ from envlink.names import RAY_RESTART_DIED, RAY_RESTART_UNRESPONSIVE
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
-    from typing_extensions import Unpack
-
-    from envlink._pool import PoolArguments
 
 __all__ = ["RayEnvPool", "ShardTelemetry"]
 
@@ -129,12 +126,14 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         client: as :class:`~envlink.EnvPool`.
         tracer_provider, meter_provider: the driver's providers (default: global).
         **options: the other options of :class:`~envlink.EnvPool`, with its defaults
-            (``client_options``, ``on_session_lost``, ``autoreset``,
+            (``client_config``, ``on_session_lost``, ``autoreset``,
             ``autoreset_kwargs``, ``batch_timeout``, ``max_inflight``, ``capacity``,
             ``breaker_threshold``, ``breaker_reset_timeout``, ``replay_verify``);
             ``max_inflight`` and ``capacity`` apply per shard. They are pickled to the
             actors with ``client``, so the client class and callables must be
-            importable there.
+            importable there, and the ``client_config`` picklable (no providers:
+            each shard's come from ``telemetry``). ``client_options`` (a mapping,
+            deprecated) is turned into a ``client_config`` once, on the driver.
 
     Raises:
         ValueError: a bad endpoint, size, shard count, mode or option.
@@ -155,7 +154,7 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         shard_timeout_margin: float = 30.0,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
-        **options: Unpack[PoolArguments],
+        **options: Any,
     ) -> None:
         check_number(shards, "shards", integer=True, minimum=1, mistyped=ValueError,
                      expected="a positive integer")

@@ -41,7 +41,14 @@ if TYPE_CHECKING:
     from envlink._client.events import ClientHook
     from envlink._transports.base import Transport
 
-__all__ = ["ClientConfig", "ReplayVerify", "changed_fields", "check_policy"]
+__all__ = [
+    "CONFIG_KEYWORDS",
+    "ClientConfig",
+    "ReplayVerify",
+    "changed_fields",
+    "check_policy",
+    "config_from_options",
+]
 
 #: Compares a recorded answer with the replayed one (``recorded, actual -> same``).
 ReplayVerify = Callable[[dict[str, Any], dict[str, Any]], bool]
@@ -267,3 +274,28 @@ def _check_type(value: object, kind: type, name: str) -> None:
 
 #: The defaults, for comparisons (what a keyword left out leaves).
 _DEFAULTS = ClientConfig()
+#: The names :meth:`ClientConfig.from_keywords` takes.
+CONFIG_KEYWORDS: frozenset[str] = frozenset(
+    getattr(ClientConfig.from_keywords, "__kwdefaults__", None) or ())
+
+
+def config_from_options(options: Mapping[str, Any], name: str = "client_options"
+                        ) -> ClientConfig:
+    """The config of a mapping of client keyword arguments (the deprecated
+    ``client_options`` of the pools and the training adapters), made once.
+
+    Raises:
+        TypeError: ``options`` is not a mapping, or has a key that is not client
+            configuration (an argument of a client class of one's own, ``provider``,
+            ``token``...).
+        ValueError: as :meth:`ClientConfig.from_keywords`.
+    """
+    if not isinstance(options, Mapping):
+        raise TypeError(f"{name} must be a mapping, got {type(options).__name__}")
+    unknown = sorted(set(options) - CONFIG_KEYWORDS)
+    if unknown:
+        raise TypeError(
+            f"{name} has keys that are not client configuration: {', '.join(unknown)}; "
+            f"for arguments of your own client class, pass a factory such as "
+            f"functools.partial(YourClient, ...)")
+    return ClientConfig.from_keywords(**options)

@@ -8,7 +8,7 @@ batch helpers both use.
 from envlink._pool.batch import recv_want, seed_list, single_result, slot_mask
 from envlink._pool.interface import AsyncPool
 from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
-from envlink._pool.options import AutoresetMode, PoolArguments, PoolOptions
+from envlink._pool.options import AutoresetMode, PoolOptions
 from envlink._pool.pool import EnvPool, pool_telemetry_hook
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord, SlotResult
 from envlink._pool.shard import (
@@ -29,7 +29,6 @@ __all__ = [
     "DriverSlot",
     "EndpointView",
     "EnvPool",
-    "PoolArguments",
     "PoolHook",
     "PoolOptions",
     "PoolView",

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from envlink._client.client import EnvClient, GenericEnvClient
+from envlink._client.client import EnvClient, GenericEnvClient, configured_client
+from envlink._client.configuration import ClientConfig, config_from_options
 from envlink._config import UNSET, UnsetType, check_number
 from envlink._pool.breaker import CircuitBreaker
 from envlink._pool.placement import parse_endpoints
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["DEFAULT_CAPACITY_POLICY", "AutoresetMode", "PoolArguments", "PoolOptions"]
+__all__ = ["DEFAULT_CAPACITY_POLICY", "AutoresetMode", "PoolOptions"]
 
 AutoresetMode = Literal["next_step", "same_step", "disabled"]
 _AUTORESET = ("next_step", "same_step", "disabled")
@@ -43,41 +44,35 @@ ClientSpec = type[EnvClient[Any, Any, Any]] | Callable[[str], EnvClient[Any, Any
 Verify = Callable[[dict[str, Any], dict[str, Any]], bool]
 
 
-class PoolArguments(TypedDict, total=False):
-    """The keyword arguments a pool passes on to its sessions' pools (see :class:`PoolOptions`).
-
-    ``RayEnvPool`` takes them as ``**options``: they are the in-process pool's,
-    with the same defaults, checked by :class:`PoolOptions`.
-    """
-
-    client_options: Mapping[str, Any] | None
-    on_session_lost: PoolSessionLostPolicy
-    autoreset: AutoresetMode
-    autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None
-    batch_timeout: float | None
-    max_inflight: int | None
-    capacity: ReconnectPolicy | None
-    breaker_threshold: int
-    breaker_reset_timeout: float
-    replay_verify: Verify | None
-
-
 @dataclass(frozen=True)
 class PoolOptions:
-    """What a pool is built from, checked when it is made (the arguments of ``EnvPool``).
+    """What a pool is built from, checked when it is made: the arguments of ``EnvPool``
+    and ``RayEnvPool``, declared here and nowhere else (both pools take them as
+    keyword arguments and pass them here).
 
-    Picklable when its callables are (Ray sends it to the shard actors).
+    Picklable when its callables and its client config are (Ray sends it to the
+    shard actors).
+
+    Attributes:
+        client_config: the :class:`~envlink.ClientConfig` of every session's client
+            (when ``client`` is a class), given to it exactly, except that the pool
+            sets ``on_session_lost`` (which must be left at ``"raise"`` here) and
+            fills in the pool's tracer and meter providers where it has none.
+        client_options: deprecated, the same as keyword arguments of the client
+            (``{"timeout": ...}``), turned into ``client_config`` once here.
 
     Raises:
         ValueError: a bad endpoint, size, mode or option.
-        TypeError: ``client`` is neither an EnvClient class nor a callable, or an
-            endpoint is not a string.
+        TypeError: ``client`` is neither an EnvClient class nor a callable, an
+            endpoint is not a string, or ``client_options`` has a key that is not
+            client configuration.
     """
 
     endpoints: str | Sequence[str]
     size: int
     client: ClientSpec = GenericEnvClient
-    client_options: Mapping[str, Any] | None = None
+    client_config: ClientConfig | None = None
+    client_options: InitVar[Mapping[str, Any] | None] = None
     on_session_lost: PoolSessionLostPolicy = "raise"
     autoreset: AutoresetMode = "next_step"
     autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None
@@ -90,7 +85,7 @@ class PoolOptions:
     #: ``(url, host, port)`` of each endpoint, in order (from ``endpoints``).
     parsed: tuple[tuple[str, str, int], ...] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, client_options: Mapping[str, Any] | None) -> None:
         size = self.size
         check_number(size, "size", integer=True, minimum=1, mistyped=ValueError,
                      expected="a positive integer")
@@ -104,10 +99,8 @@ class PoolOptions:
         check_number(self.batch_timeout, "batch_timeout", above=0, optional=True)
         check_number(self.max_inflight, "max_inflight", integer=True, minimum=1, optional=True,
                      mistyped=ValueError, expected="a positive integer or None")
-        options = dict(self.client_options or {})
-        if "on_session_lost" in options:
-            raise ValueError("pass on_session_lost to EnvPool, not in client_options")
-        object.__setattr__(self, "client_options", options)
+        object.__setattr__(self, "client_config",
+                           _client_config(self.client_config, client_options))
         object.__setattr__(self, "parsed", tuple(parse_endpoints(self.endpoints)))
         _check_client(self.client)
         CircuitBreaker(self.breaker_threshold, self.breaker_reset_timeout)  # its own checks
@@ -141,14 +134,30 @@ class PoolOptions:
         policy: SessionLostPolicy = "resume" if self.on_session_lost == "resume" else "raise"
         client = self.client
         if isinstance(client, type):
-            options = dict(self.client_options or {})
-            options.setdefault("tracer_provider", tracer_provider)
-            options.setdefault("meter_provider", meter_provider)
             cls = client
+            config = self.client_config
+            if config is None:
+                def build_default(url: str) -> EnvClient[Any, Any, Any]:
+                    built: EnvClient[Any, Any, Any] = cls(
+                        url, on_session_lost=policy, tracer_provider=tracer_provider,
+                        meter_provider=meter_provider)
+                    return built
+
+                return build_default
+            # Worked out once for every client of the pool.
+            changes: dict[str, Any] = {}
+            if config.on_session_lost != policy:
+                changes["on_session_lost"] = policy
+            if config.tracer_provider is None and tracer_provider is not None:
+                changes["tracer_provider"] = tracer_provider
+            if config.meter_provider is None and meter_provider is not None:
+                changes["meter_provider"] = meter_provider
+            if changes:
+                config = dataclasses.replace(config, **changes)
+            chosen = config
 
             def build(url: str) -> EnvClient[Any, Any, Any]:
-                built: EnvClient[Any, Any, Any] = cls(url, on_session_lost=policy, **options)
-                return built
+                return configured_client(cls, url, chosen)
 
             return build
 
@@ -199,6 +208,26 @@ class PoolOptions:
         seconds = self.batch_timeout if timeout is UNSET else timeout
         check_number(seconds, "timeout", above=0, optional=True)
         return seconds
+
+
+def _client_config(config: ClientConfig | None,
+                   options: Mapping[str, Any] | None) -> ClientConfig | None:
+    """The pool's client config, from ``client_config`` or the deprecated ``client_options``."""
+    if options is not None:
+        if config is not None:
+            raise ValueError("pass client_config or client_options (deprecated), not both")
+        if "on_session_lost" in options:
+            raise ValueError("pass on_session_lost to EnvPool, not in client_options")
+        return config_from_options(options)
+    if config is None:
+        return None
+    if not isinstance(config, ClientConfig):
+        raise TypeError(f"client_config must be a ClientConfig or None, "
+                        f"got {type(config).__name__}")
+    if config.on_session_lost != "raise":
+        raise ValueError("pass on_session_lost to EnvPool, not in client_config (the pool "
+                         "rebuilds lost episodes itself)")
+    return config
 
 
 def _check_client(client: object) -> None:

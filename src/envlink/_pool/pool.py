@@ -25,7 +25,6 @@ from envlink._pool.placement import Placement
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord
 from envlink._pool.slot import Slot, SlotEngine, SlotState, same_answer
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.policies import PoolSessionLostPolicy, ReconnectPolicy
 from envlink._sansio.redact import redact_url
 
 if TYPE_CHECKING:
@@ -78,8 +77,12 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         size: number of sessions (slots).
         client: an :class:`~envlink.EnvClient` subclass (default
             :class:`~envlink.GenericEnvClient`), or a callable ``url -> client``.
-        client_options: keyword arguments for each client (``timeout``,
-            ``reconnect``, ``headers``, ...), when ``client`` is a class.
+        client_config: the :class:`~envlink.ClientConfig` of each client, when
+            ``client`` is a class: each gets exactly it, with the pool's
+            ``on_session_lost`` (leave the config's at ``"raise"``) and the pool's
+            providers where the config has none. Default: the class's own defaults.
+        client_options: deprecated: the client's keyword arguments as a mapping
+            (``{"timeout": ...}``), turned into a ``client_config`` once.
         on_session_lost: ``"raise"`` (default: that slot's answer is
             :class:`~envlink.SessionLostError`), ``"replay"`` (the episode is rebuilt
             on the least-loaded endpoint from its journal, each replayed answer
@@ -106,9 +109,13 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
 
+    The options after ``client`` are those of the pool's ``PoolOptions``, where they
+    are declared and checked once for this pool and ``envlink.ray``'s.
+
     Raises:
         ValueError: a bad endpoint, size, mode or option.
-        TypeError: ``client`` is neither an EnvClient class nor a callable.
+        TypeError: ``client`` is neither an EnvClient class nor a callable, or an
+            unknown option.
     """
 
     def __init__(
@@ -118,39 +125,26 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         *,
         client: type[EnvClient[ActT, ObsT, Any]] | Callable[[str], EnvClient[ActT, ObsT, Any]]
         = GenericEnvClient,  # type: ignore[assignment]
-        client_options: Mapping[str, Any] | None = None,
-        on_session_lost: PoolSessionLostPolicy = "raise",
-        autoreset: AutoresetMode = "next_step",
-        autoreset_kwargs: Callable[[int, int], Mapping[str, Any]] | None = None,
-        batch_timeout: float | None = None,
-        max_inflight: int | None = None,
-        capacity: ReconnectPolicy | None = None,
-        breaker_threshold: int = 3,
-        breaker_reset_timeout: float = 5.0,
-        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        **options: Any,
     ) -> None:
-        options = PoolOptions(
-            endpoints, size, client=client, client_options=client_options,
-            on_session_lost=on_session_lost, autoreset=autoreset,
-            autoreset_kwargs=autoreset_kwargs, batch_timeout=batch_timeout,
-            max_inflight=max_inflight, capacity=capacity, breaker_threshold=breaker_threshold,
-            breaker_reset_timeout=breaker_reset_timeout, replay_verify=replay_verify)
-        self._options = options
+        # The options are PoolOptions' fields, declared and checked there only.
+        pool = PoolOptions(endpoints, size, client=client, **options)
+        self._options = pool
         self.size = size
-        self.on_session_lost = on_session_lost
-        self.autoreset = autoreset
-        self.batch_timeout = batch_timeout
+        self.on_session_lost = pool.on_session_lost
+        self.autoreset = pool.autoreset
+        self.batch_timeout = pool.batch_timeout
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self._hook = pool_telemetry_hook(tracer_provider, meter_provider)
-        self._factory = options.client_factory(tracer_provider, meter_provider)
+        self._factory = pool.client_factory(tracer_provider, meter_provider)
         self._engine: SlotEngine | None = None
-        self._verify = replay_verify or same_answer
+        self._verify = pool.replay_verify or same_answer
         self._slots = [Slot(i) for i in range(size)]
         self._batches: BatchRunner[ObsT] = BatchRunner(
-            size, self._hook, max_inflight,
+            size, self._hook, pool.max_inflight,
             cut_after_send=lambda i: self._slots[i].cut_after_send)
         self._closed = False
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, StepResult
+from envlink._client.configuration import ClientConfig, config_from_options
 from envlink._client.default_bridge import default_bridge
 from envlink._errors import (
     CallTimeoutError,
@@ -32,7 +33,9 @@ from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Retry
 
 __all__ = [
+    "DEFAULT_CLIENT_CONFIG",
     "DEFAULT_CLIENT_OPTIONS",
+    "adapter_config",
     "Lease",
     "retry_until_ready",
     "reset_until_ready",
@@ -42,12 +45,36 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Every lease not yet released: closed at exit, before the bridge's own exit hook.
 #: What the adapters' clients do unless told otherwise: recover a lost session (resume
 #: where the server can, else replay) and wait for a full endpoint instead of failing.
 DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {"on_session_lost": "auto", "on_capacity": "wait"}
+#: The same, as the config the adapters' clients get when given none.
+DEFAULT_CLIENT_CONFIG = ClientConfig(on_session_lost="auto", on_capacity="wait")
+#: Every lease not yet released: closed at exit, before the bridge's own exit hook.
 _live: weakref.WeakSet[Lease] = weakref.WeakSet()
 _tasks: set[asyncio.Task[None]] = set()
+
+
+def adapter_config(config: ClientConfig | None,
+                   options: Mapping[str, Any] | None) -> ClientConfig:
+    """An adapter's client config: ``client_config`` as given, else ``client_options``
+    (deprecated) over :data:`DEFAULT_CLIENT_OPTIONS`, made into a config once.
+
+    Raises:
+        ValueError: both are given.
+        TypeError: ``config`` is not a :class:`~envlink.ClientConfig`, or ``options``
+            has a key that is not client configuration.
+    """
+    if config is not None:
+        if options:
+            raise ValueError("pass client_config or client_options (deprecated), not both")
+        if not isinstance(config, ClientConfig):
+            raise TypeError(f"client_config must be a ClientConfig or None, "
+                            f"got {type(config).__name__}")
+        return config
+    if not options:
+        return DEFAULT_CLIENT_CONFIG
+    return config_from_options({**DEFAULT_CLIENT_OPTIONS, **options})
 
 
 def shared_bridge() -> Bridge:

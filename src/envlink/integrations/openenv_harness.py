@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envlink._bridge import Bridge
-from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
+from envlink._client.configuration import ClientConfig
 from envlink._client.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._deadlines import deadline
 from envlink._errors import (
@@ -46,14 +47,16 @@ from envlink._errors import (
 )
 from envlink._sansio.policies import ReconnectPolicy
 from envlink.integrations._runtime import (
-    DEFAULT_CLIENT_OPTIONS,
+    DEFAULT_CLIENT_CONFIG,
     Lease,
+    adapter_config,
     reset_until_ready,
     retry_until_ready,
     shared_bridge,
 )
 
 __all__ = [
+    "DEFAULT_CLIENT_CONFIG",
     "RESERVED_TOOL_NAMES",
     "EnvlinkHarnessSession",
     "EnvlinkResourceSession",
@@ -69,10 +72,14 @@ RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
 
 Message = dict[str, Any]
 
-#: The ``HarnessClient`` options a factory's ``client_options`` may carry over to the
-#: ``/harness`` sessions of loop-owning training (the rest are the step client's own).
-_HARNESS_OPTIONS = ("timeout", "headers", "transport", "hooks", "tracer_provider",
-                    "meter_provider")
+
+def _harness_options(config: ClientConfig) -> dict[str, Any]:
+    """What a factory's client config carries over to the ``/harness`` sessions of
+    loop-owning training (the rest is the step client's own)."""
+    return {"timeout": config.timeout, "headers": dict(config.options.headers),
+            "transport": config.transport, "hooks": config.hooks,
+            "tracer_provider": config.tracer_provider,
+            "meter_provider": config.meter_provider}
 
 
 class TrainingTraceUnavailableError(EnvlinkError):
@@ -513,7 +520,12 @@ class EnvlinkSessionFactory:
     Args:
         base_url: the server.
         client_class: the :class:`~envlink.EnvClient` subclass to build.
-        client_options: its keyword arguments (``on_session_lost`` defaults to ``"auto"``).
+        client_config: the :class:`~envlink.ClientConfig` of each session's client,
+            given exactly (default: :data:`DEFAULT_CLIENT_CONFIG`, which recovers a
+            lost session with ``"auto"`` and waits for a full server).
+        client_options: deprecated: the client's keyword arguments as a mapping,
+            over ``on_session_lost="auto"`` and ``on_capacity="wait"``, made into a
+            ``client_config`` once.
         create_timeout: seconds one :meth:`create` may take, all retries included.
         reconnect: backoff and retry budget of :meth:`create` (default: the client's
             policy). Give several factories one ``RetryBudget`` to share it.
@@ -539,7 +551,9 @@ class EnvlinkSessionFactory:
             calls so far stay readable.
 
     Raises:
-        ValueError: an unknown ``tool_transport``.
+        ValueError: an unknown ``tool_transport``, or both ``client_config`` and
+            ``client_options``.
+        TypeError: a ``client_options`` key that is not client configuration.
     """
 
     def __init__(
@@ -547,6 +561,7 @@ class EnvlinkSessionFactory:
         base_url: str,
         *,
         client_class: type[EnvClient[Any, Any, Any]] = GenericEnvClient,
+        client_config: ClientConfig | None = None,
         client_options: Mapping[str, Any] | None = None,
         create_timeout: float = 60.0,
         reconnect: ReconnectPolicy | None = None,
@@ -566,7 +581,7 @@ class EnvlinkSessionFactory:
             raise TypeError(f"sampling must be a mapping, got {type(sampling).__name__}")
         self.base_url = base_url
         self.client_class = client_class
-        self.client_options = {**DEFAULT_CLIENT_OPTIONS, **dict(client_options or {})}
+        self.client_config = adapter_config(client_config, client_options)
         self.create_timeout = float(create_timeout)
         self.reconnect = reconnect
         self.tools = None if tools is None else [dict(t) for t in tools]
@@ -617,7 +632,8 @@ class EnvlinkSessionFactory:
             return self._create_run(task)
         bridge = self._bridge or shared_bridge()
         lease = Lease()
-        client = self.client_class(self.base_url, **self.client_options).sync(bridge)
+        client = configured_client(self.client_class, self.base_url,
+                                   self.client_config).sync(bridge)
         lease.client = client
         try:
             result: StepResult[Any] = bridge.call(
@@ -635,8 +651,7 @@ class EnvlinkSessionFactory:
 
     def _create_run(self, task: Any) -> EnvlinkHarnessSession:
         bridge = self._bridge or shared_bridge()
-        options = {k: v for k, v in self.client_options.items() if k in _HARNESS_OPTIONS}
-        harness = HarnessClient(self.base_url, **options)
+        harness = HarnessClient(self.base_url, **_harness_options(self.client_config))
         policy = self.reconnect or ReconnectPolicy()
 
         async def connect(remaining: float) -> HarnessClient:

@@ -34,16 +34,18 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
-from envlink._client.client import EnvClient, GenericEnvClient, StepResult
+from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
+from envlink._client.configuration import ClientConfig
 from envlink._errors import ToolCallError
 from envlink.integrations._runtime import (
-    DEFAULT_CLIENT_OPTIONS,
+    DEFAULT_CLIENT_CONFIG,
     Lease,
+    adapter_config,
     reset_until_ready,
     shared_bridge,
 )
 
-__all__ = ["EnvlinkEnvironment", "SessionMode"]
+__all__ = ["DEFAULT_CLIENT_CONFIG", "EnvlinkEnvironment", "SessionMode"]
 
 #: ``"keep"``: one server session per instance, reused across episodes; ``"release"``:
 #: the session is ended after each episode's ``get_reward`` and reopened by the next reset.
@@ -87,8 +89,11 @@ class EnvlinkEnvironment:
         base_url: the server (``http(s)://`` or ``ws(s)://``); default: the
             ``ENVLINK_URL`` environment variable.
         client_class: the :class:`~envlink.EnvClient` subclass to build.
-        client_options: keyword arguments for it; ``on_session_lost`` defaults to
-            ``"auto"`` (resume where the server can, else replay) and ``on_capacity`` to ``"wait"``.
+        client_config: the :class:`~envlink.ClientConfig` of its client, given
+            exactly; default :data:`DEFAULT_CLIENT_CONFIG`: ``on_session_lost="auto"``
+            (resume where the server can, else replay) and ``on_capacity="wait"``.
+        client_options: deprecated: the client's keyword arguments as a mapping, over
+            those two defaults, made into a ``client_config`` once per client.
         reset_timeout: seconds a ``reset`` may spend waiting for capacity and
             reconnecting before it raises (default 120, or ``ENVLINK_RESET_TIMEOUT``).
         session_mode: ``"keep"`` (default, or ``ENVLINK_SESSION_MODE``) keeps one
@@ -100,6 +105,7 @@ class EnvlinkEnvironment:
 
     base_url: ClassVar[str | None] = None
     client_class: ClassVar[type[EnvClient[Any, Any, Any]]] = GenericEnvClient
+    client_config: ClassVar[ClientConfig | None] = None
     client_options: ClassVar[Mapping[str, Any]] = {}
     reset_timeout: ClassVar[float | None] = None
     session_mode: ClassVar[SessionMode | None] = None
@@ -110,8 +116,8 @@ class EnvlinkEnvironment:
 
         Args:
             **overrides: per-instance values of the class attributes above
-                (``base_url``, ``client_options``, ``reset_timeout``, ``session_mode``,
-                ``reset_columns``).
+                (``base_url``, ``client_config``, ``client_options``, ``reset_timeout``,
+                ``session_mode``, ``reset_columns``).
 
         Raises:
             TypeError: an override that is not one of those attributes.
@@ -194,8 +200,10 @@ class EnvlinkEnvironment:
         """
         lease = self._envlink_lease
         if lease.client is None:
-            options = {**DEFAULT_CLIENT_OPTIONS, **dict(self._setting("client_options"))}
-            lease.client = self.client_class(self.url, **options).sync(shared_bridge())
+            config = adapter_config(self._setting("client_config"),
+                                    self._setting("client_options"))
+            lease.client = configured_client(self.client_class, self.url, config).sync(
+                shared_bridge())
         return lease.client
 
     @property
@@ -341,8 +349,8 @@ class EnvlinkEnvironment:
         return f"<{type(self).__name__} {url} {'connected' if connected else 'idle'}>"
 
 
-_OVERRIDABLE = frozenset({"base_url", "client_options", "reset_timeout", "session_mode",
-                          "reset_columns"})
+_OVERRIDABLE = frozenset({"base_url", "client_config", "client_options", "reset_timeout",
+                          "session_mode", "reset_columns"})
 
 
 def _tool_value(name: str, observation: Any) -> Any:
