@@ -193,3 +193,25 @@ async def test_new_session_builds_the_child_from_the_config(
     finally:
         await parent.close()
     assert child.closed
+
+
+async def test_attach_builds_its_client_from_a_config() -> None:
+    """EnvClient.attach(handle, config=cfg) continues the session with cfg (its "raise",
+    which could never re-attach, made "resume"); config= with keywords is refused."""
+    from envlink.server import ServerThread
+
+    with ServerThread(env="deterministic") as st:
+        env = GenericEnvClient(st.url)
+        await env.reset(seed=1, max_steps=50)
+        await env.step({"move": 2})
+        handle = await env.detach()
+        cfg = ClientConfig(timeout=Timeout(7.0), max_journal_steps=100)
+        with pytest.raises(ValueError, match="not both"):
+            await GenericEnvClient.attach(handle, config=cfg, timeout=3.0)
+        attached = await FixedOptionsEnv.attach(handle, config=cfg)
+        try:
+            assert type(attached) is FixedOptionsEnv
+            assert attached.config == dataclasses.replace(cfg, on_session_lost="resume")
+            assert (await attached.state())["step_count"] == 1
+        finally:
+            await attached.close()
