@@ -86,7 +86,7 @@ def _action(i: int, r: int) -> dict[str, str]:
 def run_pool(urls: list[str], sessions: int, rounds: int, window: int | None = None
              ) -> dict[str, Any]:
     """The EnvPool variant, in this (fresh) process."""
-    from envlink import EnvPool, GenericEnvClient, Timeout
+    from envlink import ClientConfig, EnvPool, GenericEnvClient, Timeout
 
     latencies: list[float] = []
 
@@ -101,7 +101,7 @@ def run_pool(urls: list[str], sessions: int, rounds: int, window: int | None = N
     gc.collect()
     rss0, vm0 = _rss_kib(), _vm_kib()
     pool = EnvPool(urls, sessions, client=TimedClient, max_inflight=window,
-                   client_options={"timeout": Timeout(60.0)}).sync()
+                   client_config=ClientConfig(timeout=Timeout(60.0))).sync()
     try:
         first = pool.reset()
         errors = len(first.errors)
