@@ -89,6 +89,9 @@ class ClientConfig:
     ``meter_provider`` refuses to be pickled, as providers belong to their process.
     ``hooks`` and ``transport`` compare by identity unless their classes say
     otherwise, and a ``RetryBudget`` is not compared (as in ``ReconnectPolicy``).
+    Its ``repr`` never shows a header's value, but a pickled config carries the
+    headers (``Authorization``...): treat it as a credential. A Space's token
+    (``token=``) is the client's, never in its config.
 
     Attributes:
         timeout: the deadlines of each phase (:class:`~envlink.Timeout`).
