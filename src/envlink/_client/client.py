@@ -530,8 +530,16 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         as does every queued or later call. The server session is ended (an OpenEnv
         detached session with ``openenv/session/close``, attached or not), and so are
         the sessions opened with :meth:`new_session`.
+
+        A server started by this client's provider is stopped when its last client
+        closes; a failed stop is retried, then raised, and closing again retries it.
+
+        Raises:
+            ProviderError: the provider's server did not stop (it may still run).
         """
         if self.closed:
+            # A provider whose stop failed is stopped again (it raises if it fails still).
+            await self._target.retry_stop()
             return
         seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
         children, self._children = self._children, []

@@ -288,6 +288,7 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         Raises:
             CallTimeoutError: the client did not close in time (the bridge is
                 closed anyway when owned).
+            ProviderError: the provider's server did not stop (closing again retries).
             ReentrantCallError: called from the bridge's own loop thread.
         """
         bridge = self._envlink_bridge
@@ -302,6 +303,8 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         if not first:
             # Another thread is closing: return only once it has finished.
             self._envlink_close_done.wait()
+            # A provider whose stop failed is stopped again (raises if it fails still).
+            self._envlink_target._target.retry_stop_blocking()
             return
         try:
             if not bridge.closed:

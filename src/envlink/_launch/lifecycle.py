@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Generator, Mapping
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from envlink._errors import InvalidArgumentError, ProviderError
@@ -175,10 +174,35 @@ class Target:
         return started
 
     async def release(self) -> None:
-        """The client closed: give the provider back (stopped when no client is left)."""
+        """The client closed: give the provider back (stopped when no client is left).
+
+        Raises:
+            ProviderError: the provider did not stop (after its retries); the stop
+                stays pending: :meth:`retry_stop` or the provider's next start retries it.
+        """
         if self.lease is not None and self._held:
             self._held = False
             await self.lease.release()
+
+    async def retry_stop(self) -> None:
+        """A closed client closed again: retry the provider's pending stop, if any.
+
+        Raises:
+            ProviderError: it failed again.
+        """
+        if self.lease is not None and not self._held:
+            await self.lease.retry_stop()
+
+    def retry_stop_blocking(self) -> None:
+        """:meth:`retry_stop` from a blocking caller (no event loop needed).
+
+        Raises:
+            ProviderError: it failed again.
+        """
+        lease = self.lease
+        if (lease is not None and not self._held and lease.stop_pending
+                and lease.users == 0 and lease.base_url is None):
+            lease.stop_blocking()
 
     def __repr__(self) -> str:  # no headers: they may hold a token
         return f"Target(space={self.space!r}, provider={self.provider!r})"
@@ -208,9 +232,13 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
         client = self._consume()
         try:
             await client.connect()
-        except BaseException:
-            with suppress(Exception, asyncio.CancelledError):
+        except BaseException as exc:
+            try:
                 await client.close()
+            except asyncio.CancelledError:
+                pass
+            except Exception as failure:
+                _note_cleanup(exc, failure)
             raise
         return client
 
@@ -242,14 +270,24 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
         facade: SyncEnvClient[Any, Any, Any] = self._consume().sync()
         try:
             facade.connect()
-        except BaseException:
-            with suppress(Exception):
+        except BaseException as exc:
+            try:
                 facade.close()
+            except Exception as failure:
+                _note_cleanup(exc, failure)
             raise
         return facade
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pending (await it, or call .sync())>"
+
+
+def _note_cleanup(error: BaseException, failure: Exception) -> None:
+    """The connect failed, then closing failed too: say so on the connect's error (the
+    one raised), so that a server left running is not hidden."""
+    add = getattr(error, "add_note", None)  # Python 3.11+
+    if add is not None:
+        add(f"closing the client after the failed connect failed too: {failure}")
 
 
 def from_docker_image(cls: type[_C], image: str, provider: Any,

@@ -11,7 +11,9 @@ A :class:`ProviderLease` owns one provider's server for every client that uses i
 (a client and its ``new_session()`` children): started by the first connect (in
 a worker thread, since providers block), stopped when the last user releases it,
 and stopped at once when starting or the readiness wait fails, so nothing is left
-running. A start abandoned by a cancelled caller is stopped as soon as it ends.
+running. A start abandoned by a cancelled caller is stopped as soon as it ends. A
+failed stop is retried (:data:`STOP_ATTEMPTS` tries), then raised; it stays
+pending, and no new server starts on that provider until a retried stop succeeds.
 
 :class:`LocalServerProvider` is envlink's own runtime provider: a local server
 command (``envlink serve``, or any OpenEnv app under uvicorn) on a free loopback
@@ -41,8 +43,9 @@ from typing import Any
 from envlink._errors import EnvlinkError, ProviderError
 from envlink._launch.provider_errors import provider_error, provider_error_class
 
-__all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "bound_container",
-           "docker_run_command", "lease_for", "start_provider", "stop_provider"]
+__all__ = ["STOP_ATTEMPTS", "DockerProvider", "LocalServerProvider", "ProviderLease",
+           "bound_container", "docker_run_command", "lease_for", "provider_failure",
+           "start_provider", "stop_provider", "stop_with_retries"]
 
 #: What envlink's own providers raise: also a RuntimeError, as OpenEnv's providers raise
 #: when docker or the server command fails.
@@ -88,10 +91,14 @@ def _wait_for_ready(wait: Callable[..., Any], timeout_s: float | None, *first: A
         wait(*first)
 
 
-def start_provider(provider: object, ready_timeout: float | None) -> str:
+def start_provider(provider: object, ready_timeout: float | None,
+                   lease: ProviderLease | None = None) -> str:
     """Start ``provider`` and wait for its server (blocking); return its base URL.
 
-    On any failure, whatever was started is stopped before the error is raised.
+    On any failure, whatever was started is stopped (with retries) before the error
+    is raised. If that stop fails too, the start's error is raised still, with the
+    stop's failure noted on it, and ``lease`` (when given) records the stop as
+    pending: nothing starts again until it succeeds.
 
     Raises:
         ProviderError: the provider is not one, cannot start without arguments, or
@@ -117,25 +124,92 @@ def start_provider(provider: object, ready_timeout: float | None) -> str:
         if not isinstance(url, str) or not url:
             raise ProviderError(f"{name} returned {url!r} instead of a base URL")
     except BaseException as exc:
-        stop_provider(provider)
-        # Also an instance of the provider's own exception's class, which OpenEnv
-        # lets through unchanged: an OpenEnv-era `except RuntimeError` still catches it.
-        if isinstance(exc, EnvlinkError) and not isinstance(exc, ProviderError):
-            raise provider_error(f"{name} did not start: {exc}", exc) from exc
+        note: str | None = None
+        try:
+            if lease is not None:
+                lease.stop_blocking()
+            else:
+                stop_with_retries(provider)
+        except Exception as stop_failure:
+            # The start's error is the one to report; the stop's is noted on it.
+            cause = stop_failure.__cause__ if isinstance(stop_failure, ProviderError) else None
+            note = (f"stopping {name} after the failed start failed too "
+                    f"({_describe(cause or stop_failure)}): it may still be running, and "
+                    "nothing starts again on this provider until a retried stop succeeds")
         if isinstance(exc, Exception) and not isinstance(exc, ProviderError):
-            raise provider_error(f"{name} did not start: {type(exc).__name__}: {exc}",
-                                 exc) from exc
+            error = provider_failure(name, "did not start", exc)
+            if note is not None:
+                _note(error, note)
+            raise error from exc
+        if note is not None:
+            _note(exc, note)
         raise
     return url
 
 
+def provider_failure(name: str, what: str, exc: BaseException) -> ProviderError:
+    """The :class:`ProviderError` for a provider's own failure ``exc`` (chain it).
+
+    Also an instance of ``exc``'s class, which OpenEnv lets through unchanged: an
+    OpenEnv-era ``except RuntimeError`` still catches it.
+    """
+    return provider_error(f"{name} {what}: {_describe(exc)}", exc)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, EnvlinkError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _note(exc: BaseException, note: str) -> None:
+    add = getattr(exc, "add_note", None)  # Python 3.11+
+    if add is not None:
+        add(note)
+
+
+#: Tries of one stop of a provider, the first included, before its failure is raised.
+STOP_ATTEMPTS = 3
+#: Backoff between those tries: exponential from this many seconds, capped at 2 s.
+STOP_BACKOFF = 0.25
+
+
+def stop_with_retries(provider: object) -> None:
+    """Stop ``provider``'s server (blocking), retrying a failed stop; raise the last failure.
+
+    ``stop_container()`` (a container provider) or ``stop()`` (a runtime provider)
+    is tried up to :data:`STOP_ATTEMPTS` times with exponential backoff (none under
+    :func:`~envlink.set_testing`). A provider with neither has nothing to stop.
+
+    Raises:
+        Exception: the provider's own failure, from the last try.
+    """
+    stop = getattr(provider, "stop_container", None)
+    if not callable(stop):
+        stop = getattr(provider, "stop", None)
+    if not callable(stop):
+        return
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+    from envlink._sansio.policies import testing_enabled
+
+    def pause(seconds: float) -> None:
+        if not testing_enabled():
+            time.sleep(seconds)
+
+    for attempt in Retrying(stop=stop_after_attempt(STOP_ATTEMPTS),
+                            wait=wait_exponential(multiplier=STOP_BACKOFF, max=2.0),
+                            retry=retry_if_exception_type(Exception), sleep=pause,
+                            reraise=True):
+        with attempt:
+            stop()
+
+
 def stop_provider(provider: object) -> BaseException | None:
-    """Stop ``provider``'s server (blocking); return the failure instead of raising it."""
+    """Stop ``provider``'s server (blocking, with retries); return the failure instead of
+    raising it."""
     try:
-        if callable(getattr(provider, "stop_container", None)):
-            provider.stop_container()  # type: ignore[attr-defined]
-        elif callable(getattr(provider, "stop", None)):
-            provider.stop()  # type: ignore[attr-defined]
+        stop_with_retries(provider)
     except Exception as exc:
         return exc
     return None
@@ -143,6 +217,11 @@ def stop_provider(provider: object) -> BaseException | None:
 
 class ProviderLease:
     """One provider's server, shared by the clients that use it.
+
+    A stop that fails (after its retries) leaves the stop *pending*: the server may
+    still run, so nothing starts again on this provider until a retried stop
+    succeeds (the next connect, or ``close()`` again, retries it and raises if it
+    fails still).
 
     Args:
         provider: the provider.
@@ -155,13 +234,21 @@ class ProviderLease:
         self.provider = provider
         self.base_url = base_url
         self.users = 0
+        #: The last stop's failure while it is pending (its server may still run).
+        self.stop_failure: BaseException | None = None
         self._starting: asyncio.Future[str] | None = None
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether the last stop failed, so that the server may still be running."""
+        return self.stop_failure is not None
 
     async def acquire(self, ready_timeout: float | None) -> str:
         """Count one more user; start the server if it is not running. Returns its URL.
 
         Raises:
-            ProviderError: starting failed (the server was stopped again).
+            ProviderError: starting failed (the server was stopped again), or a
+                previous server could not be stopped (nothing new was started).
         """
         self.users += 1
         try:
@@ -175,10 +262,35 @@ class ProviderLease:
             return self.base_url
         if self._starting is None:
             loop = asyncio.get_running_loop()
-            starting = loop.run_in_executor(None, start_provider, self.provider, ready_timeout)
+            starting = loop.run_in_executor(None, self._start_blocking, ready_timeout)
             self._starting = starting
             starting.add_done_callback(self._started)
         return await asyncio.shield(self._starting)
+
+    def _start_blocking(self, ready_timeout: float | None) -> str:
+        if self.stop_failure is not None:
+            # The previous server may still run: stop it first, or start nothing.
+            self.stop_blocking()
+        return start_provider(self.provider, ready_timeout, self)
+
+    def stop_blocking(self) -> None:
+        """Stop the server now (blocking, with retries); record or clear a pending stop.
+
+        Raises:
+            ProviderError: the stop failed on every try (the provider's error chained).
+        """
+        try:
+            stop_with_retries(self.provider)
+        except Exception as exc:
+            self.stop_failure = exc
+            raise self._stop_error(exc) from exc
+        self.stop_failure = None
+
+    def _stop_error(self, exc: BaseException) -> ProviderError:
+        return provider_failure(
+            type(self.provider).__name__,
+            f"did not stop after {STOP_ATTEMPTS} tries, so its server may still be running "
+            "(nothing new starts until it stops: close() again to retry)", exc)
 
     def _started(self, future: asyncio.Future[str]) -> None:
         self._starting = None
@@ -186,20 +298,41 @@ class ProviderLease:
             return
         self.base_url = future.result()
         if self.users == 0:
-            # Every caller gave up (cancelled) while it started: stop it now.
+            # Every caller gave up (cancelled) while it started: stop it now. A failure
+            # is recorded as pending (no caller is left to raise it to).
             self.base_url = None
-            asyncio.get_running_loop().run_in_executor(None, stop_provider, self.provider)
+            stopping = asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
+            stopping.add_done_callback(_consume_failure)
 
     async def release(self) -> None:
-        """Count one user less; stop the server when none is left."""
+        """Count one user less; stop the server when none is left.
+
+        Raises:
+            ProviderError: the stop failed on every try (pending: retried by the next
+                start, or by :meth:`retry_stop`).
+        """
         self.users = max(0, self.users - 1)
         if self.users == 0 and self.base_url is not None:
             self.base_url = None
-            await asyncio.get_running_loop().run_in_executor(None, stop_provider, self.provider)
+            await asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
+
+    async def retry_stop(self) -> None:
+        """Retry a pending stop (nothing to do if none is pending, or the server is used).
+
+        Raises:
+            ProviderError: it failed again.
+        """
+        if self.stop_failure is not None and self.users == 0 and self.base_url is None:
+            await asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
 
     def __repr__(self) -> str:
         return (f"ProviderLease({type(self.provider).__name__}, users={self.users}, "
-                f"running={self.base_url is not None})")
+                f"running={self.base_url is not None}, stop_pending={self.stop_pending})")
+
+
+def _consume_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # recorded on the lease; retrieved, so asyncio does not log it
 
 
 def lease_for(provider: object, base_url: str | None) -> ProviderLease:
@@ -558,11 +691,25 @@ class DockerProvider:
             ReconnectPolicy(initial_delay=0.1, max_delay=1.0), timeout_s, attempt_timeout=2.0))
 
     def stop_container(self) -> None:
-        """Stop and remove the container. Idempotent."""
-        container, self.container_id, self.base_url = self.container_id, None, None
+        """Stop and remove the container. Idempotent; a failure can be retried.
+
+        Raises:
+            ProviderError: ``docker rm -f`` failed (the container is kept, to retry).
+        """
+        container = self.container_id
         if container is None:
             return
         docker = self._executable()
-        for action in (["stop", container], ["rm", "-f", container]):
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run([docker, *action], capture_output=True, timeout=30, check=False)
+        # A graceful stop first; the removal below also kills whatever it left running.
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run([docker, "stop", container], capture_output=True, timeout=30,
+                           check=False)
+        try:
+            done = subprocess.run([docker, "rm", "-f", container], capture_output=True,
+                                  text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise _RuntimeProviderError(f"docker rm -f {container} failed: {exc}") from exc
+        if done.returncode != 0 and "no such container" not in done.stderr.lower():
+            raise _RuntimeProviderError(f"docker rm -f {container} failed with exit code "
+                                        f"{done.returncode}: {done.stderr.strip()[-500:]}")
+        self.container_id = self.base_url = None

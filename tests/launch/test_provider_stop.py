@@ -1,0 +1,169 @@
+"""A provider that fails to stop: the stop is retried, then raised, and nothing new starts."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+import pytest
+
+from envlink import DockerProvider, GenericEnvClient, ProviderError, Timeout
+from envlink._launch.providers import STOP_ATTEMPTS
+from envlink.server import EnvServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class StuckContainer(RuntimeError):
+    """The provider's own stop failure (what OpenEnv's providers raise)."""
+
+
+class Ledger:
+    """A container provider whose servers are a real reference server; its stop fails
+    ``stop_failures`` times (``-1``: always), and a start while one runs is recorded."""
+
+    def __init__(self, url: str, *, stop_failures: int = 0, start_error: Exception | None = None,
+                 runtime: bool = False) -> None:
+        self.url = url
+        self.stop_failures = stop_failures
+        self.start_error = start_error
+        self.events: list[tuple[str, int]] = []
+        self.live: set[int] = set()
+        self.current = 0
+        if runtime:  # an OpenEnv RuntimeProvider: start() / stop()
+            self.start, self.stop = self._start, self._stop
+        else:
+            self.start_container, self.stop_container = self._start, self._stop
+
+    def _start(self) -> str:
+        self.current += 1
+        self.live.add(self.current)
+        self.events.append(("start", self.current))
+        if self.start_error is not None:
+            raise self.start_error  # a provider may hold a resource before it fails
+        return self.url
+
+    def wait_for_ready(self, *args: Any, **kwargs: Any) -> None:
+        self.events.append(("ready", self.current))
+
+    def _stop(self) -> None:
+        self.events.append(("stop", self.current))
+        if self.stop_failures:
+            self.stop_failures -= 1
+            raise StuckContainer(f"container {self.current} is still running")
+        self.live.discard(self.current)
+
+
+@pytest.fixture(params=["container", "runtime"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_a_stop_that_fails_once_is_retried_and_close_succeeds(
+        server: EnvServer, kind: str) -> None:
+    """One failed stop_container()/stop(): retried at once, close() succeeds, nothing left."""
+    provider = Ledger(server.url, stop_failures=1, runtime=kind == "runtime")
+    client = GenericEnvClient(provider=provider, timeout=Timeout(20))
+    await client.step({"message": "x"})
+    await client.close()
+    assert provider.events == [("start", 1), ("ready", 1), ("stop", 1), ("stop", 1)]
+    assert provider.live == set()
+
+
+async def test_a_stop_that_always_fails_is_raised_and_blocks_a_new_start(
+        server: EnvServer, kind: str) -> None:
+    """A stop failing every try: close() raises ProviderError (the provider's error as its
+    cause); no new server starts on that provider until a retried stop succeeds."""
+    provider = Ledger(server.url, stop_failures=-1, runtime=kind == "runtime")
+    client = GenericEnvClient(provider=provider, timeout=Timeout(20))
+    await client.connect()
+    with pytest.raises(ProviderError) as info:
+        await client.close()
+    error = info.value
+    assert isinstance(error.__cause__, StuckContainer)
+    assert isinstance(error, StuckContainer)  # an OpenEnv-era `except` of its class catches
+    assert f"did not stop after {STOP_ATTEMPTS} tries" in str(error)
+    assert "still be running" in str(error) and "close() again" in str(error)
+    assert provider.events.count(("stop", 1)) == STOP_ATTEMPTS
+    assert provider.live == {1}
+
+    # Another client of the same provider: its stop is retried first, and fails: no start.
+    again = GenericEnvClient(provider=provider, timeout=Timeout(20))
+    before = list(provider.events)
+    with pytest.raises(ProviderError, match="did not stop") as info:
+        await again.connect()
+    assert isinstance(info.value.__cause__, StuckContainer)
+    assert provider.events == before + [("stop", 1)] * STOP_ATTEMPTS
+    assert provider.live == {1}
+
+    # close() again retries the stop; once it succeeds, a new server may start.
+    provider.stop_failures = 0
+    await client.close()
+    assert provider.live == set()
+    await again.step({"message": "y"})
+    assert provider.events[-2:] == [("start", 2), ("ready", 2)]
+    await again.close()
+    assert provider.live == set()
+
+
+async def test_a_failed_start_whose_stop_fails_keeps_the_start_error(server: EnvServer) -> None:
+    """start fails and so does its cleanup: the start's error is raised (the stop's noted),
+    and the next connect retries the stop before it would start anything."""
+    provider = Ledger(server.url, stop_failures=-1, start_error=ValueError("no GPU"))
+    client = GenericEnvClient(provider=provider, timeout=Timeout(20))
+    with pytest.raises(ProviderError, match="did not start: ValueError: no GPU") as info:
+        await client.connect()
+    assert isinstance(info.value.__cause__, ValueError)
+    if hasattr(info.value, "__notes__"):
+        assert "may still be running" in info.value.__notes__[0]
+    assert provider.events == [("start", 1)] + [("stop", 1)] * STOP_ATTEMPTS
+
+    provider.start_error = None
+    before = list(provider.events)
+    with pytest.raises(ProviderError, match="did not stop"):
+        await client.connect()
+    assert provider.events == before + [("stop", 1)] * STOP_ATTEMPTS  # no ("start", 2)
+
+    provider.stop_failures = 0
+    await client.connect()
+    assert provider.events[-3:] == [("stop", 1), ("start", 2), ("ready", 2)]
+    assert provider.live == {2}
+    await client.close()
+    assert provider.live == set()
+
+
+def test_the_blocking_client_raises_the_failed_stop_and_retries_it(
+        server_thread: Any) -> None:
+    """Plain code: close() raises the failed stop; close() again retries it."""
+    provider = Ledger(server_thread.url, stop_failures=STOP_ATTEMPTS + 1)
+    env = GenericEnvClient(provider=provider, timeout=Timeout(20))
+    env.reset()
+    with pytest.raises(ProviderError, match="did not stop"):
+        env.close()
+    assert provider.live == {1}
+    env.close()  # the next try succeeds
+    assert provider.live == set()
+    assert provider.events.count(("stop", 1)) == STOP_ATTEMPTS + 2
+
+
+def test_docker_provider_raises_a_failed_removal_and_can_retry(tmp_path: Any) -> None:
+    """DockerProvider.stop_container(): a failing `docker rm -f` is a ProviderError and the
+    container is kept, so that a retry removes it."""
+    script = tmp_path / "docker"
+    log = tmp_path / "calls"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        'if [ "$1" = rm ] && [ -e "$0.fail" ]; then echo "daemon busy" >&2; exit 1; fi\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "docker.fail").write_text("")
+    provider = DockerProvider(docker=str(script))
+    provider.container_id = "abc123"
+    with pytest.raises(ProviderError, match=r"docker rm -f abc123 failed.*daemon busy"):
+        provider.stop_container()
+    assert provider.container_id == "abc123"
+    os.remove(tmp_path / "docker.fail")
+    provider.stop_container()
+    assert provider.container_id is None
+    assert log.read_text().splitlines() == ["stop abc123", "rm -f abc123"] * 2
