@@ -13,7 +13,7 @@ from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME
 
 def envlink_threads() -> set[threading.Thread]:
     """Live threads started by envlink, except the process-wide default bridge's (which
-    outlives the facades on it by design)."""
+    serves every facade open on it, of this test or not)."""
     return {t for t in threading.enumerate()
             if t.name.startswith("envlink") and not t.name.startswith(DEFAULT_BRIDGE_NAME)}
 

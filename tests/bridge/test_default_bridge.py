@@ -52,7 +52,7 @@ def server() -> Iterator[ServerThread]:
 
 def test_256_trl_style_instances_share_one_loop_thread(server: ServerThread) -> None:
     """256 instances, each holding its own EnvClient(...).sync(), run their sessions on one
-    loop thread (the default bridge's), and closing them leaves that bridge running."""
+    loop thread (the default bridge's), which runs until the last of them closes."""
     TrlStyleEnv.url = server.url
     envs = [TrlStyleEnv() for _ in range(INSTANCES)]
     try:
@@ -64,11 +64,14 @@ def test_256_trl_style_instances_share_one_loop_thread(server: ServerThread) -> 
         assert {env.client.bridge for env in envs} == {default_bridge()}
         assert server.call(lambda srv: len(srv.sessions())) == INSTANCES
     finally:
-        for env in envs:
+        for env in envs[:-1]:
             env.client.close()
+    assert threads[0].is_alive() and envs[-1].echo("last") == "last"
+    envs[-1].client.close()
     assert all(env.client.async_client.closed for env in envs)
-    assert not default_bridge().closed
-    assert default_bridge().thread is threads[0]
+    threads[0].join(timeout=10)
+    assert not threads[0].is_alive() and _bridge_threads() == []
+    assert not default_bridge().closed and default_bridge().thread is None
     server.call(lambda srv: srv.wait_for("session.destroyed", INSTANCES), timeout=20)
     assert server.call(lambda srv: len(srv.sessions())) == 0
 
@@ -133,3 +136,75 @@ def test_default_bridge_is_closed_at_exit_and_fresh_after_fork() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_last_close_leaves_no_envlink_thread_on_every_blocking_path() -> None:
+    """Plain calls, `with`, .sync() and pool.sync() share the default bridge's one thread,
+    and after the last close() no envlink thread is left (seed's examples, README)."""
+    script = textwrap.dedent("""
+        import threading
+        import envlink
+        from envlink import EchoEnv, EnvPool, GenericEnvClient
+        from envlink.server import ServerThread
+
+        def envlink_threads():
+            return [t for t in threading.enumerate()
+                    if t.name.startswith("envlink") and t not in before]
+
+        with ServerThread(env="echo", max_sessions=8) as st:
+            before = set(threading.enumerate())
+            plain = GenericEnvClient(st.url)
+            plain.reset()
+            facade = GenericEnvClient(st.url).sync()
+            facade.reset()
+            pool = EnvPool([st.url], 2).sync()
+            pool.reset()
+            with EchoEnv(base_url=st.url) as env:
+                env.reset()
+                names = [t.name for t in envlink_threads()]
+                assert len(names) == 1 and names[0].startswith("envlink-bridge-default"), names
+            thread = envlink_threads()[0]
+            plain.close()
+            facade.close()
+            assert thread.is_alive()  # the pool is still open on it
+            pool.close()
+            thread.join(timeout=10)
+            assert envlink_threads() == [], envlink_threads()
+            # The next client starts a new thread, which its close() ends again.
+            again = GenericEnvClient(st.url)
+            again.reset()
+            assert [t.name for t in envlink_threads()] != [thread.name]
+            again.close()
+            assert envlink_threads() == [], envlink_threads()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_facades_opened_while_the_bridge_stops_get_a_live_one() -> None:
+    """Threads opening and closing facades at once (the default bridge stopping and starting
+    under them): every call of every facade runs, none meets a closed loop."""
+    from .test_sync_client import FakeClient
+
+    workers, rounds = 6, 25
+    start = threading.Barrier(workers)
+    failures: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            start.wait(timeout=10)
+            for i in range(rounds):
+                fake = FakeClient()
+                with fake.sync() as env:
+                    assert env.step((n, i))["observation"] == (n, i)
+        except BaseException as exc:  # reported below, in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=50)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []

@@ -192,21 +192,30 @@ def test_context_manager_connects_and_closes_owned_bridge() -> None:
         env.reset()
 
 
-def test_context_manager_on_the_default_bridge_leaves_it_open() -> None:
-    """`with client.sync() as env` runs on the process-wide default bridge; exit closes the
-    client but not that bridge, whose one thread keeps serving the next facade."""
-    fake = FakeClient()
-    with fake.sync() as env:
+def test_context_manager_on_the_default_bridge_ends_its_thread_with_the_last_facade() -> None:
+    """`with client.sync() as env` runs on the process-wide default bridge: its one thread
+    serves every open facade, ends when the last one closes, and starts again after."""
+    before = set(threading.enumerate())
+    fake, other = FakeClient(), FakeClient()
+    with fake.sync() as env, other.sync() as env2:
         env.reset()
-        assert env.bridge is default_bridge()
-    assert fake.closed
-    assert not default_bridge().closed
+        env2.step(1)
+        assert env.bridge is env2.bridge is default_bridge()
+        thread = default_bridge().thread
+        assert thread is not None
+    assert fake.closed and other.closed
+    assert fake.loop_threads == other.loop_threads == {thread.ident}
+    thread.join(timeout=10)
+    assert not thread.is_alive()
     with pytest.raises(ClientClosedError):
         env.reset()
-    other = FakeClient()
-    with other.sync() as env2:
-        env2.step(1)
-    assert fake.loop_threads == other.loop_threads == {default_bridge().thread.ident}  # type: ignore[union-attr]
+    third = FakeClient()
+    with third.sync() as env3:
+        env3.step(2)
+        assert env3.bridge is default_bridge() and env3.bridge is not env.bridge
+        assert env3.bridge.thread is not None and env3.bridge.thread is not thread
+    assert third.loop_threads and not any(
+        t.name.startswith("envlink") for t in threading.enumerate() if t not in before)
 
 
 def test_close_is_idempotent() -> None:

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import Bridge, Invoke, SyncProxy, blocking_wrapper
-from envlink._client.default_bridge import default_bridge
+from envlink._client.default_bridge import lease_bridge
 from envlink._client.dispatch import raw_method
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
@@ -102,7 +102,8 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
         bridge: a bridge to share with other clients (one thread for many
             sessions); :meth:`close` then leaves it open. By default the facade
             runs on the process-wide :func:`~envlink.default_bridge` (one loop
-            thread for every such client), which :meth:`close` leaves open too.
+            thread for every such client), whose thread ends when the last
+            facade on it closes (and starts again with the next one).
             A client with its own tracer or meter provider, or ``nested_spans``,
             gets a bridge of its own on those providers instead, closed by
             :meth:`close`. (A shared bridge traces with its own hooks:
@@ -123,16 +124,16 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
             raise TypeError("timeout_margin must be a number of seconds, not None")
         timeout_margin = margin
         owns = False
-        if bridge is None:
-            if (client.tracer_provider is None and client.meter_provider is None
-                    and not nested_spans):
-                bridge = default_bridge()
-            else:
-                # The bridge's telemetry goes where the client's goes.
-                owns = True
-                bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
-                                                           client.meter_provider,
-                                                           nested=bool(nested_spans))])
+        if bridge is None and (client.tracer_provider is not None
+                               or client.meter_provider is not None or nested_spans):
+            # The bridge's telemetry goes where the client's goes.
+            owns = True
+            bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
+                                                       client.meter_provider,
+                                                       nested=bool(nested_spans))])
+        # On the default bridge, the facade holds a lease until it closes: the bridge's
+        # thread ends when the last facade on it closes.
+        bridge, self._envlink_release = lease_bridge(bridge, self)
         deadline = client.call_deadline("call")
         super().__init__(client, bridge,
                          timeout=None if deadline is None else deadline + timeout_margin)
@@ -278,8 +279,9 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
     def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
         """Close the client, and the bridge if this facade owns it. Idempotent.
 
-        Afterwards, with an owned bridge, no envlink thread is left running. A shared
-        bridge (the process-wide default included) stays open.
+        Afterwards, with an owned bridge, no envlink thread is left running; nor with
+        the process-wide default bridge once no other facade is open on it (its
+        thread is joined). A bridge given to :meth:`EnvClient.sync` stays open.
 
         Args:
             timeout: deadline in seconds for the client's close (default: the
@@ -304,7 +306,9 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
             # Another thread is closing: return only once it has finished.
             self._envlink_close_done.wait()
             # A provider whose stop failed is stopped again (raises if it fails still).
-            self._envlink_target._target.retry_stop_blocking()
+            target = getattr(self._envlink_target, "_target", None)
+            if target is not None:
+                target.retry_stop_blocking()
             return
         try:
             if not bridge.closed:
@@ -315,6 +319,8 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
             try:
                 if self._envlink_owns_bridge:
                     bridge.close()
+                elif self._envlink_release is not None:
+                    self._envlink_release()  # the last facade closes the default bridge
             finally:
                 self._envlink_close_done.set()
 

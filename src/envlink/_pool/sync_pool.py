@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy
-from envlink._client.default_bridge import default_bridge
+from envlink._client.default_bridge import lease_bridge
 from envlink._client.sync_client import TIMEOUT_MARGIN
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError, ReentrantCallError
@@ -48,7 +48,8 @@ class SyncEnvPool(SyncProxy["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
     Args:
         pool: the async pool (either pool: anything that is an ``AsyncPool``).
         bridge: a bridge to share (left open on :meth:`close`); by default the
-            process-wide :func:`~envlink.default_bridge` (left open too), or, for a
+            process-wide :func:`~envlink.default_bridge` (its thread ends when the
+            last facade on it closes), or, for a
             pool with its own tracer or meter provider, a bridge of its own on
             them, closed by :meth:`close`.
         timeout_margin: seconds the bridge waits beyond the batch deadline.
@@ -57,14 +58,14 @@ class SyncEnvPool(SyncProxy["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
     def __init__(self, pool: AsyncPool[ActT, ObsT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN) -> None:
         owns = False
-        if bridge is None:
-            if pool.tracer_provider is None and pool.meter_provider is None:
-                bridge = default_bridge()
-            else:
-                # The bridge's spans and metrics go where the pool's go.
-                owns = True
-                bridge = Bridge(name="envlink-pool", tracer_provider=pool.tracer_provider,
-                                meter_provider=pool.meter_provider)
+        if bridge is None and (pool.tracer_provider is not None
+                               or pool.meter_provider is not None):
+            # The bridge's spans and metrics go where the pool's go.
+            owns = True
+            bridge = Bridge(name="envlink-pool", tracer_provider=pool.tracer_provider,
+                            meter_provider=pool.meter_provider)
+        # On the default bridge, a lease until close(): the last facade on it ends its thread.
+        bridge, self._envlink_release = lease_bridge(bridge, self)
         super().__init__(pool, bridge, timeout=None)
         self._envlink_owns_bridge = owns
         self._envlink_margin = float(timeout_margin)
@@ -157,6 +158,8 @@ class SyncEnvPool(SyncProxy["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
         finally:
             if self._envlink_owns_bridge:
                 bridge.close()
+            elif self._envlink_release is not None:
+                self._envlink_release()
 
     def __enter__(self) -> SyncEnvPool[ActT, ObsT]:
         return self
