@@ -208,3 +208,20 @@ def test_facades_opened_while_the_bridge_stops_get_a_live_one() -> None:
         t.join(timeout=50)
     assert not any(t.is_alive() for t in threads)
     assert failures == []
+
+
+def test_a_default_bridge_fetched_before_it_stopped_is_replaced_for_a_new_facade() -> None:
+    """Integrations fetch default_bridge() and pass it to .sync(bridge): if its last facade
+    closed it in between, the new facade runs on the current default bridge."""
+    from .test_sync_client import FakeClient
+
+    holder = FakeClient().sync()
+    fetched = default_bridge()
+    assert holder.bridge is fetched
+    holder.close()  # the last facade on it, unless another test left one open
+    late = FakeClient().sync(bridge=fetched)
+    try:
+        assert late.step(1)["observation"] == 1
+        assert late.bridge is default_bridge() and not late.bridge.closed
+    finally:
+        late.close()

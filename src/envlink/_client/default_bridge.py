@@ -44,6 +44,8 @@ _lock = threading.RLock()
 _bridge: Bridge | None = None
 #: Leases held on ``_bridge``: facades open on it.
 _users = 0
+#: Every default bridge of this process, current or closed.
+_defaults: weakref.WeakSet[Bridge] = weakref.WeakSet()
 
 
 def default_bridge() -> Bridge:
@@ -74,6 +76,7 @@ def _current() -> Bridge:
     global _bridge, _users
     if _bridge is None or _bridge.closed:
         _bridge = Bridge(name=DEFAULT_BRIDGE_NAME, hooks=[BridgeTelemetryHook(nested=False)])
+        _defaults.add(_bridge)
         _users = 0
     return _bridge
 
@@ -83,7 +86,9 @@ def lease_bridge(bridge: Bridge | None, owner: object
     """The bridge a new facade ``owner`` runs on, and how it gives its lease back.
 
     Args:
-        bridge: the bridge the facade was given; ``None`` for the default one.
+        bridge: the bridge the facade was given; ``None`` for the default one. A
+            default bridge closed since it was fetched (by its last facade) is
+            replaced by the current one: a facade never starts on a dead loop.
         owner: the facade; collected unclosed, it gives its lease back then.
 
     Returns:
@@ -92,9 +97,10 @@ def lease_bridge(bridge: Bridge | None, owner: object
     """
     global _users
     with _lock:
-        if bridge is None:
+        if bridge is None or (bridge in _defaults and bridge is not _bridge):
+            # A default bridge fetched before its last facade closed it: the current one.
             bridge = _current()
-        elif bridge is not _bridge or bridge.closed:
+        elif bridge is not _bridge:
             return bridge, None  # a bridge of the caller's own: not leased
         _users += 1
     release = weakref.finalize(owner, _release, bridge)
