@@ -253,14 +253,52 @@ def test_typed_client_overrides_dispatch_too(server_thread: ServerThread) -> Non
     asyncio.run(main())
 
 
-def test_sync_facade_unchanged(server_thread: ServerThread) -> None:
-    """.sync() keeps working beside the dispatch (and leaves the client's mode unclaimed)."""
+def test_sync_facade_claims_blocking_use(server_thread: ServerThread) -> None:
+    """.sync() keeps working beside the dispatch; its first call locks the client to
+    blocking use (as OpenEnv's facade does), not creating the facade alone."""
     client = EchoEnv(base_url=server_thread.url)
-    with client.sync() as env:
+    facade = client.sync()
+    assert client._execution_mode is None
+    with facade as env:
         env.reset()
+        assert client._execution_mode == "sync"
         assert env.call_tool("echo_message", message="x") == "x"
         assert env.list_tools()
-    assert client._execution_mode is None
+
+
+@pytest.mark.parametrize("locked_by", ["plain call", "sync facade"])
+def test_a_blocking_client_inside_a_running_loop_returns_real_results(
+        server_thread: ServerThread, locked_by: str) -> None:
+    """A client locked to blocking use, called without await inside a running loop (a
+    notebook, sync library code under async code), blocks and returns the StepResult
+    itself; the work runs on the bridge's thread, so the caller's loop cannot deadlock."""
+    client = GenericEnvClient(base_url=server_thread.url)
+    facade = client.sync()
+    if locked_by == "plain call":
+        client.reset()
+    else:
+        facade.reset()
+
+    async def main() -> tuple[Any, Any, Any]:
+        ticks = 0
+
+        async def tick() -> None:  # the caller's loop: blocked during the call, not broken
+            nonlocal ticks
+            ticks += 1
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = client.step({"message": "in a loop"})
+            state = client.state()
+        await tick()
+        return result, state, ticks
+
+    result, state, ticks = asyncio.run(main())
+    assert type(result) is StepResult and isinstance(result, StepResult)
+    assert result.observation["echoed_message"] == "in a loop"
+    assert isinstance(state, dict) and state["step_count"] >= 1 and ticks == 1
+    client.close()
+    facade.close()
 
 
 def test_awaited_path_makes_no_dispatch_objects(server_thread: ServerThread) -> None:

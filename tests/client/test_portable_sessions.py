@@ -107,6 +107,24 @@ async def test_attach_in_the_same_process_and_the_handles_forms(server: ServerTh
         await attached.close()
 
 
+def test_detach_and_attach_in_plain_code_block_and_return(server: ServerThread) -> None:
+    """Without await, detach() returns the handle and EnvClient.attach(handle) the attached
+    client (blocking, as every other method), which goes on with plain calls."""
+    env = GenericEnvClient(server.url)
+    env.reset(seed=1, max_steps=50)
+    env.step({"move": 3})
+    handle = env.detach()
+    assert isinstance(handle, SessionHandle) and env.closed
+    attached = GenericEnvClient.attach(handle)
+    try:
+        assert isinstance(attached, GenericEnvClient)
+        assert attached.session_id == handle.session_id
+        assert attached.step({"move": 1}).observation["step"] == 2
+        assert attached.state()["step_count"] == 2
+    finally:
+        attached.close()
+
+
 async def test_detach_needs_an_episode_and_a_resumable_session() -> None:
     """detach() before a reset, or on a server offering no resumption, is a typed error and
     leaves the client usable; junk handles are refused."""

@@ -576,12 +576,18 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 ``close`` or any other coroutine method (bounded by the call deadline).
             timeout: the ``timeout=`` the call gets; ``UNSET`` for the default.
         """
-        if method in ("disconnect", "close"):
+        if method in ("disconnect", "close", "detach"):
             seconds = self.timeouts.close if timeout is UNSET else timeout
-            # close() waits for the call in flight, then for the closing handshake.
-            if method == "close" and seconds is not None:
-                return 2 * seconds
+            # close() waits for the call in flight, then for the closing handshake;
+            # detach() ends the connection, then closes.
+            if method in ("close", "detach") and seconds is not None:
+                return (2 if method == "close" else 3) * seconds
             return seconds
+        if method == "attach":
+            # The resuming state call, then closing the client if the session is gone.
+            call = self.timeouts.call if timeout is UNSET else timeout
+            close = self.timeouts.close
+            return None if call is None or close is None else call + 2 * close
         # connect() is bounded by the call deadline too (the connect phase bounds each
         # attempt within it).
         return self.timeouts.call if timeout is UNSET else timeout
@@ -695,26 +701,33 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         await self.close(timeout=timeout)
         return handle
 
-    @classmethod
-    async def attach(cls, handle: SessionHandle, **options: Any) -> Self:
-        """Continue a detached session (from :meth:`detach`, in any process).
+    if TYPE_CHECKING:
+        @classmethod
+        async def attach(cls, handle: SessionHandle, **options: Any) -> Self: ...
+    else:
+        @classmethod
+        def attach(cls, handle, **options):
+            """Continue a detached session (from :meth:`detach`, in any process).
 
-        The client re-attaches to the same server session at once and settles steps
-        of unknown outcome from the server's ``step_count``: a step is never applied
-        twice. The session's state call is that check.
+            In plain code it blocks and returns the client, in blocking use; in async
+            code it is awaited, as every method of the client.
 
-        Args:
-            handle: the :class:`SessionHandle`.
-            **options: keyword arguments of the client (``headers=``, ``timeout=``...);
-                ``on_session_lost`` defaults to ``"resume"``. Or ``config=`` a
-                :class:`ClientConfig` alone (its ``"raise"``, which could never
-                re-attach, becomes ``"resume"``).
+            The client re-attaches to the same server session at once and settles steps
+            of unknown outcome from the server's ``step_count``: a step is never applied
+            twice. The session's state call is that check.
 
-        Raises:
-            SessionGoneError: the server no longer has the session (with the journal).
-            TypeError: ``handle`` is not a :class:`SessionHandle`.
-        """
-        return await handles.attach(cls, handle, dict(options))
+            Args:
+                handle: the :class:`SessionHandle`.
+                **options: keyword arguments of the client (``headers=``, ``timeout=``...);
+                    ``on_session_lost`` defaults to ``"resume"``. Or ``config=`` a
+                    :class:`ClientConfig` alone (its ``"raise"``, which could never
+                    re-attach, becomes ``"resume"``).
+
+            Raises:
+                SessionGoneError: the server no longer has the session (with the journal).
+                TypeError: ``handle`` is not a :class:`SessionHandle`.
+            """
+            return handles.attach(cls, handle, dict(options))
 
     # ------------------------------------------------------ the server, over plain HTTP
 

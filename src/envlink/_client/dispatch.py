@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from envlink._client.client import EnvClient
     from envlink._client.sync_client import SyncEnvClient
 
-__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "claim", "dispatched", "raw_method",
-           "run_blocking"]
+__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "claim", "dispatch_call", "dispatched",
+           "raw_method", "run_blocking"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _D = TypeVar("_D", bound="AutoDispatch")
@@ -59,7 +59,7 @@ _COROUTINE_ATTRS = frozenset({
 
 #: The client's own dispatched methods (see AutoDispatch.__init_subclass__).
 _CLIENT_METHODS = frozenset({
-    "connect", "reset", "step", "state", "disconnect", "close", "new_session",
+    "connect", "reset", "step", "state", "disconnect", "close", "new_session", "detach",
     "mcp_request", "mcp_list_tools", "mcp_call_tool", "wait_until_ready", "health", "schema",
     "metadata", "list_environments", "splits", "num_tasks", "tasks", "task", "task_range"})
 
@@ -83,6 +83,15 @@ def raw_method(attr: Any) -> Any:
     """The coroutine method behind a dispatched bound method (``attr`` itself otherwise)."""
     raw = getattr(getattr(attr, "__func__", None), "_envlink_raw", None)
     return attr if raw is None else raw.__get__(attr.__self__)
+
+
+def dispatch_call(client: Any, fn: Callable[..., Any], name: str,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call ``fn(client, *args, **kwargs)`` by the rule above, for a call that is not a
+    dispatched method (a classmethod that makes its client: ``attach``)."""
+    if client._execution_mode is ASYNC and _get_running_loop() is not None:
+        return fn(client, *args, **kwargs)
+    return _dispatch(client, fn, name, args, kwargs)
 
 
 def _dispatch(client: Any, fn: Callable[..., Any], name: str,

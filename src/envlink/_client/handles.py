@@ -272,13 +272,23 @@ async def detach(client: EnvClient[Any, Any, Any], seconds: float | None) -> Ses
     return await driver.call("detach", seconds, run)
 
 
-async def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> _C:
+def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> Any:
     """A client of class ``cls`` on the handle's session, re-attached now.
+
+    Dispatched as the client's methods are: in plain code it blocks and returns the
+    client (in blocking use, on the default bridge); in async code it is awaited.
 
     Raises:
         SessionGoneError: the server no longer has the session (with the journal).
         TypeError: ``handle`` is not a :class:`SessionHandle`.
     """
+    from envlink._client.dispatch import dispatch_call
+
     client = _client_for(cls, handle, options)
-    await _resume(client, handle)
+    return dispatch_call(client, _attached, "attach", (handle,), {})
+
+
+async def _attached(client: _C, handle: SessionHandle,
+                    timeout: float | UnsetType | None = UNSET) -> _C:
+    await _resume(client, handle, timeout)
     return client

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from envlink._bridge import Bridge, Invoke, SyncProxy, blocking_wrapper
 from envlink._client.default_bridge import lease_bridge
-from envlink._client.dispatch import raw_method
+from envlink._client.dispatch import SYNC, AutoDispatch, claim, raw_method
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
@@ -139,9 +139,12 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
                          timeout=None if deadline is None else deadline + timeout_margin)
         self._envlink_owns_bridge = owns
         self._envlink_margin = float(timeout_margin)
-        #: The client's step coroutine method, looked up once (the hot call).
+        #: The client's step coroutine method, looked up once (the hot call); set once the
+        #: first call claimed the client's blocking mode (until then, steps take the
+        #: general path, which claims it).
         step = getattr(client, "step", None)
-        self._envlink_step = None if step is None else raw_method(step)
+        self._envlink_step_raw = None if step is None else raw_method(step)
+        self._envlink_step: Callable[..., Any] | None = None
         self._envlink_close_lock = threading.Lock()
         self._envlink_closed = False
         self._envlink_close_done = threading.Event()
@@ -156,14 +159,31 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
     def _envlink_run(self, method: str, fn: Callable[..., Any], args: tuple[Any, ...],
                      kwargs: dict[str, Any], timeout: Any) -> Any:
         """Run the client's coroutine method ``fn`` (named ``method``) on the bridge."""
+        if self._envlink_step is None and method != "close":
+            self._envlink_claim()
         return _bridged(self._envlink_bridge, self._envlink_target, self._envlink_margin,
                         method, fn, args, kwargs, timeout)
+
+    def _envlink_claim(self) -> None:
+        """The facade's first call locks the client to blocking use, as OpenEnv's facade
+        does: its own plain calls then block and return results, inside a running event
+        loop too (not an :class:`~envlink.AutoResult`).
+
+        Raises:
+            ExecutionModeError: the client is in use with ``await`` on a live loop.
+        """
+        client = self._envlink_target
+        if isinstance(client, AutoDispatch):
+            claim(client, SYNC, handoff=True)
+        self._envlink_step = self._envlink_step_raw
 
     def _envlink_wrap(self, name: str, attr: Any) -> Callable[..., Any] | None:
         # The client's dispatched methods are bridged as the coroutine methods they wrap.
         return blocking_wrapper(self, name, raw_method(attr))
 
     def _envlink_invoke(self) -> Invoke:
+        if self._envlink_step is None:
+            self._envlink_claim()  # a first call through another method claims too
         # Captured by value: no reference cycle through the facade.
         return functools.partial(_bridged, self._envlink_bridge, self._envlink_target,
                                  self._envlink_margin)
