@@ -188,20 +188,57 @@ async def test_redirect_loops_end_in_a_protocol_error(
 # ------------------------------------------------------------------ one proxy rule
 
 
-@pytest.mark.parametrize("env", [{"HTTPS_PROXY": "http://p:1"}, {"HTTP_PROXY": "http://p:1"}])
-def test_each_scheme_takes_its_own_variable(monkeypatch: pytest.MonkeyPatch,
-                                            env: dict[str, str]) -> None:
-    """ws:// and http:// use HTTP_PROXY, wss:// and https:// HTTPS_PROXY: the same pairs."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy",
-                 "https_proxy", "all_proxy", "no_proxy"):
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "WS_PROXY", "WSS_PROXY",
+                   "SOCKS_PROXY")
+
+
+def _clear_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+@pytest.mark.parametrize(("env", "plain", "secure"), [
+    # websockets' order (RFC 6455: SOCKS, then the HTTPS proxy), for ws:// and http:// alike.
+    ({"HTTPS_PROXY": "http://s:1"}, "http://s:1", "http://s:1"),
+    ({"HTTP_PROXY": "http://p:1"}, "http://p:1", None),
+    ({"HTTP_PROXY": "http://p:1", "HTTPS_PROXY": "http://s:1"}, "http://s:1", "http://s:1"),
+    ({"WS_PROXY": "http://w:1", "WSS_PROXY": "http://ws:1", "HTTPS_PROXY": "http://s:1"},
+     "http://w:1", "http://ws:1"),
+    ({"SOCKS_PROXY": "http://k:1080", "HTTPS_PROXY": "http://s:1"},
+     "socks5h://k:1080", "socks5h://k:1080"),
+    ({"socks_proxy": "k:1080"}, "socks5h://k:1080", "socks5h://k:1080"),
+    ({"ALL_PROXY": "http://a:1"}, "http://a:1", "http://a:1"),
+])
+def test_websocket_targets_take_the_proxy_websockets_takes(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], plain: str | None,
+        secure: str | None) -> None:
+    """The variables websockets reads, in its order; an HTTP request to the same host
+    (POST /mcp, /health) takes the WebSocket's route."""
+    _clear_proxy_variables(monkeypatch)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    secure = "HTTPS_PROXY" in env
-    assert resolve_proxy("wss://h/ws", True) == (env.get("HTTPS_PROXY") if secure else None)
-    assert resolve_proxy("https://h/mcp", True) == resolve_proxy("wss://h/ws", True)
-    assert resolve_proxy("ws://h/ws", True) == resolve_proxy("http://h/mcp", True)
-    assert resolve_proxy("ws://h/ws", True) == (None if secure else "http://p:1")
+    assert resolve_proxy("ws://h/ws", True) == resolve_proxy("http://h/mcp", True) == plain
+    assert resolve_proxy("wss://h/ws", True) == resolve_proxy("https://h/mcp", True) == secure
+
+
+def test_the_rule_matches_websockets_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where websockets' get_proxy() picks a proxy for a remote ws:// or wss:// URL,
+    resolve_proxy picks the same one (NO_PROXY included)."""
+    from websockets.proxy import get_proxy
+    from websockets.uri import parse_uri
+
+    cases = [{"HTTPS_PROXY": "http://s:1"}, {"HTTP_PROXY": "http://p:1"},
+             {"HTTP_PROXY": "http://p:1", "HTTPS_PROXY": "http://s:1"},
+             {"WSS_PROXY": "http://ws:1", "HTTPS_PROXY": "http://s:1"},
+             {"HTTPS_PROXY": "http://s:1", "NO_PROXY": "h.example"},
+             {"HTTPS_PROXY": "http://s:1", "NO_PROXY": ".example"}]
+    for env in cases:
+        _clear_proxy_variables(monkeypatch)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        for url in ("ws://h.example:8000/ws", "wss://h.example/ws"):
+            assert resolve_proxy(url, True) == get_proxy(parse_uri(url)), (env, url)
 
 
 def test_all_proxy_no_proxy_and_loopback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,13 +2,22 @@
 
 The same rule for both paths, so a request never leaves through a route its sibling
 does not take: an explicit proxy URL is used as given; ``True`` reads the
-environment (``HTTP_PROXY`` for ``http``/``ws``, ``HTTPS_PROXY`` for
-``https``/``wss``, then ``ALL_PROXY``; lower-case names win, as in curl and the
-standard library), honours ``NO_PROXY`` (host names, domain suffixes, ``host:port``,
-IP addresses and networks, ``*``), and never proxies the machine itself
-(``localhost`` and loopback addresses); ``None``/``False`` means no proxy. The
-resolved URL is handed to websockets and httpx explicitly: neither applies a rule
-of its own.
+environment as websockets does for a WebSocket (and so OpenEnv's client), after RFC
+6455's advice to prefer a SOCKS proxy, then the HTTPS one:
+
+- ``ws``/``http``: ``WS_PROXY``, ``SOCKS_PROXY``, ``HTTPS_PROXY``, ``HTTP_PROXY``;
+- ``wss``/``https``: ``WSS_PROXY``, ``SOCKS_PROXY``, ``HTTPS_PROXY``;
+
+then ``ALL_PROXY`` (as curl). Lower-case names win, as in curl and the standard
+library; a ``SOCKS_PROXY`` given as ``http://`` or without a scheme means
+``socks5h://``, as websockets reads it. The client's HTTP requests (``POST /mcp``,
+``/health``...) go to the same host as its WebSocket and take the same route: an
+``http://`` server reached through ``HTTPS_PROXY`` by its WebSocket is reached
+through it by ``POST /mcp`` too. ``NO_PROXY`` is honoured (host names, domain
+suffixes, ``host:port``, IP addresses and networks, ``*``), and the machine itself
+(``localhost`` and loopback addresses) is never proxied, as OpenEnv's client never
+proxies it; ``None``/``False`` means no proxy. The resolved URL is handed to
+websockets and httpx explicitly: neither applies a rule of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ __all__ = ["SUPPORTED_PROXY_SCHEMES", "check_proxy_url", "is_loopback", "resolve
 #: The proxy schemes both paths support (SOCKS needs the ``socks`` extra).
 SUPPORTED_PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 
-_ENV_FOR = {"http": "http", "ws": "http", "https": "https", "wss": "https"}
+#: The variables read for a target, in order (websockets' order), before ``ALL_PROXY``.
+_PLAIN_VARIABLES = ("ws_proxy", "socks_proxy", "https_proxy", "http_proxy")
+_SECURE_VARIABLES = ("wss_proxy", "socks_proxy", "https_proxy")
 
 
 def is_loopback(host: str) -> bool:
@@ -122,8 +133,16 @@ def resolve_proxy(url: str, proxy: str | bool | None) -> str | None:
     no_proxy = _env("no_proxy")
     if no_proxy is not None and _bypassed(host, port, no_proxy):
         return None
-    env_name = _ENV_FOR.get(scheme, "http")
-    found = _env(f"{env_name}_proxy") or _env("all_proxy")
+    found: str | None = None
+    for name in (*(_SECURE_VARIABLES if secure else _PLAIN_VARIABLES), "all_proxy"):
+        found = _env(name)
+        if found is None:
+            continue
+        if name == "socks_proxy":
+            # websockets' reading: a SOCKS proxy given as http:// is SOCKS 5, named by host.
+            address = found.split("://", 1)[1] if found.startswith("http://") else found
+            found = address if "://" in address else "socks5h://" + address
+        break
     if found is None:
         return None
     if "://" not in found:  # "proxy:3128", as curl accepts it
