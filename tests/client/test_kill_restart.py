@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from envlink import GenericEnvClient, ReconnectPolicy, SessionLostError, Timeout, set_testing
+from envlink import (
+    ClientHook,
+    GenericEnvClient,
+    PhaseFinished,
+    ReconnectPolicy,
+    SessionGoneError,
+    SessionLostError,
+    Timeout,
+    set_testing,
+)
+from envlink.telemetry import ClientTelemetryHook
 
 from .._processes import ServerProcess
 
@@ -119,3 +131,73 @@ async def test_resume_reattaches_after_restart_without_replay(servers: list[Serv
             assert counters["resume"] == 1
         finally:
             await env.close()
+
+
+class _FailedConnects(ClientHook):
+    """Sets ``failed`` once a connection attempt failed (the client saw the server down)."""
+
+    def __init__(self) -> None:
+        self.failed = threading.Event()
+
+    def phase_finished(self, phase: PhaseFinished, token: Any) -> None:
+        if phase.phase.phase == "connect" and phase.error is not None:
+            self.failed.set()
+
+
+async def _step_across_a_restart(servers: list[ServerProcess], env: GenericEnvClient,
+                                 hook: _FailedConnects, *, seen_down: bool) -> Any:
+    """Reset and step, kill the server, restart it on its port (without a session store),
+    and step again; with ``seen_down``, the client tries while the server is down."""
+    first = servers[-1]
+    await env.reset(seed=11, max_steps=50)
+    await env.step({"move": MOVES[0]})
+    first.kill()
+    if not seen_down:  # back before the client calls: it never sees the server down
+        servers.append(ServerProcess(port=first.port))
+        return await env.step({"move": MOVES[1]})
+    task = asyncio.ensure_future(env.step({"move": MOVES[1]}))
+    assert await asyncio.to_thread(hook.failed.wait, 20)
+    servers.append(await asyncio.to_thread(ServerProcess, port=first.port))
+    return await task
+
+
+@pytest.mark.parametrize(("seen_down", "reason"), [(True, "server_restarted"),
+                                                   (False, "session_unknown")])
+async def test_resume_on_a_restarted_server_raises_session_gone_with_its_reason(
+        servers: list[ServerProcess], seen_down: bool, reason: str) -> None:
+    """'resume' against envlink serve restarted without a session store: SessionGoneError
+    with the README's reason (server_restarted once the client saw it down, else
+    session_unknown) and the journal."""
+    servers.append(ServerProcess())
+    hook = _FailedConnects()
+    with set_testing(False):
+        env = GenericEnvClient(servers[0].url, timeout=Timeout(15.0), reconnect=policy(),
+                               on_session_lost="resume", hooks=[hook])
+        try:
+            with pytest.raises(SessionGoneError) as info:
+                await _step_across_a_restart(servers, env, hook, seen_down=seen_down)
+            assert info.value.reason == reason
+            assert info.value.journal is not None and info.value.journal.step_count == 1
+        finally:
+            await env.close()
+
+
+async def test_auto_replays_on_a_restarted_server_and_logs_the_fallback(
+        servers: list[ServerProcess]) -> None:
+    """'auto' against envlink serve restarted without a session store: the episode is
+    replayed there, and the documented envlink.recovery_fallback warning says why."""
+    servers.append(ServerProcess())
+    hook = _FailedConnects()
+    with set_testing(False), capture_logs() as logs:
+        env = GenericEnvClient(servers[0].url, timeout=Timeout(15.0), reconnect=policy(),
+                               on_session_lost="auto", hooks=[ClientTelemetryHook(), hook])
+        try:
+            result = await _step_across_a_restart(servers, env, hook, seen_down=True)
+            assert result.observation == (await control_run())[2]
+        finally:
+            await env.close()
+    fallbacks = [e for e in logs if e["event"] == "envlink.recovery_fallback"]
+    assert len(fallbacks) == 1, logs
+    assert fallbacks[0]["log_level"] == "warning"
+    assert (fallbacks[0]["mechanism"], fallbacks[0]["next"], fallbacks[0]["reason"]) == (
+        "envlink-resume", "replay", "server_restarted")

@@ -16,6 +16,7 @@ from envlink import (
     ReplayDivergedError,
     RetryBudget,
     RetryBudgetExhaustedError,
+    SessionGoneError,
     SessionLostError,
 )
 from envlink._config import ConnectionOptions
@@ -141,14 +142,16 @@ async def test_resume_resends_with_the_same_request_id_and_never_applies_twice()
 
 
 async def test_resume_when_the_server_forgot_the_session_raises_with_the_journal() -> None:
-    """Grace window over: SessionLostError says so; the episode is lost until reset()."""
+    """Grace window over: SessionGoneError (session_unknown: the server stayed reachable)
+    says so; the episode is lost until reset()."""
     srv = Server(keep_sessions=False)
     env = GenericEnvClient("http://env.test", transport=srv, on_session_lost="resume")
     await env.reset()
     await env.step({"a": 1})
     srv.drop_next_step = 1
-    with pytest.raises(SessionLostError, match="no longer has the session") as info:
+    with pytest.raises(SessionGoneError, match="no longer knows the session") as info:
         await env.step({"a": 2})
+    assert info.value.reason == "session_unknown"
     assert info.value.journal is not None and info.value.journal.step_count == 1
     with pytest.raises(SessionLostError, match="call reset"):
         await env.state()

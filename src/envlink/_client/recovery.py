@@ -136,7 +136,11 @@ class ResumeStrategy:
         async def round_(number: int) -> Frame | None:
             conn = await ctx.connector.open("recover", reason="resume", resume_token=token)
             if not conn.extensions.resumed:
-                return None  # the server no longer has the session (grace window over)
+                # The server no longer has the session: restarted without a session
+                # store, or its resume grace window is over.
+                raise _gone(ctx, "it restarted (a restarted envlink server without "
+                                 "--session-store has lost every session)",
+                            "its resume grace window is over, or it was ended")
             with _LostMeansAgain(ctx.connector):
                 frame = await ctx.exchange(conn, method, data, rid, call=call)
             if core.journal.unknown_steps:
@@ -223,19 +227,27 @@ async def _attach(ctx: RecoveryContext, *, reason: str) -> tuple[Connection, int
         conn = await connector.open("recover", reason=reason)
     except DetachedSessionGone as exc:
         core.detached_id = None
-        restarted = connector.saw_unreachable
-        journal = core.journal
-        what = ("the server was unreachable, then no longer knew the session: it "
-                "restarted (a restarted OpenEnv server has lost every session)"
-                if restarted else
-                "the server no longer knows the session: its idle reaper destroyed it "
-                "(OpenEnv's session_timeout) or it was closed (openenv/session/close); "
-                "a stock OpenEnv server does not say which")
-        raise SessionGoneError(
-            f"cannot resume the episode after {journal.step_count} steps: {what}",
-            reason="server_restarted" if restarted else "session_unknown",
-            journal=journal.snapshot()) from exc
+        raise _gone(ctx, "it restarted (a restarted OpenEnv server has lost every "
+                         "session)",
+                    "its idle reaper destroyed it (OpenEnv's session_timeout) or it was "
+                    "closed (openenv/session/close); a stock OpenEnv server does not say "
+                    "which") from exc
     return conn, connector.attached_count
+
+
+def _gone(ctx: RecoveryContext, restarted: str, unknown: str) -> SessionGoneError:
+    """The server was reached and no longer knows the session: ``server_restarted`` when
+    it was unreachable first (``restarted`` says why), else ``session_unknown``."""
+    journal = ctx.core.journal
+    if ctx.connector.saw_unreachable:
+        reason = "server_restarted"
+        what = f"the server was unreachable, then no longer knew the session: {restarted}"
+    else:
+        reason = "session_unknown"
+        what = f"the server no longer knows the session: {unknown}"
+    return SessionGoneError(
+        f"cannot resume the episode after {journal.step_count} steps: {what}",
+        reason=reason, journal=journal.snapshot())
 
 
 async def _rounds(ctx: RecoveryContext, operation: str,
