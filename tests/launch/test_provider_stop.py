@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from typing import Any
 
 import pytest
 
-from envlink import DockerProvider, GenericEnvClient, ProviderError, Timeout
+from envlink import DockerProvider, GenericEnvClient, LocalServerProvider, ProviderError, Timeout
 from envlink._launch.providers import STOP_ATTEMPTS
 from envlink.server import EnvServer
 
@@ -167,3 +168,19 @@ def test_docker_provider_raises_a_failed_removal_and_can_retry(tmp_path: Any) ->
     provider.stop_container()
     assert provider.container_id is None
     assert log.read_text().splitlines() == ["stop abc123", "rm -f abc123"] * 2
+
+
+def test_a_local_server_provider_leaves_no_envlink_thread_after_close() -> None:
+    """Plain code with LocalServerProvider: after close(), no envlink thread is left (the
+    bridge's, the spawning thread and the process watchers all end)."""
+    before = set(threading.enumerate())
+    provider = LocalServerProvider()
+    with GenericEnvClient(provider=provider, timeout=Timeout(30)) as env:
+        assert env.reset().observation["echoed_message"]
+        assert any(t.name.startswith("envlink-spawn") for t in threading.enumerate())
+    leftover = [t for t in threading.enumerate()
+                if t.name.startswith("envlink") and t not in before]
+    for thread in leftover:
+        thread.join(timeout=10)  # a watcher ends once it has seen its process exit
+    assert [t.name for t in leftover if t.is_alive()] == []
+    assert provider.pid is None

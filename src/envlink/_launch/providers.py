@@ -390,15 +390,43 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 _spawn_pool: concurrent.futures.ThreadPoolExecutor | None = None
+#: Server processes spawned by the pool's thread and not yet stopped.
+_spawned = 0
 
 
-def _spawner() -> concurrent.futures.ThreadPoolExecutor:
-    global _spawn_pool
+def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(argv, **kwargs)`` from the one long-lived spawning thread.
+
+    Linux sends the parent-death signal when the *thread* that forked exits, and a
+    caller's thread (a worker of an executor, say) may end long before the process
+    does; the spawning thread lives while a process it spawned runs, and ends with
+    the last one's :func:`_forget_spawned`, so that no envlink thread is left.
+    """
+    global _spawn_pool, _spawned
     with _LEASES_LOCK:
         if _spawn_pool is None:
             _spawn_pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="envlink-spawn")
-        return _spawn_pool
+        pool = _spawn_pool
+        _spawned += 1
+    try:
+        process: subprocess.Popen[bytes] = pool.submit(
+            lambda: subprocess.Popen(argv, **kwargs)).result()
+        return process
+    except BaseException:
+        _forget_spawned()
+        raise
+
+
+def _forget_spawned() -> None:
+    """A spawned process ended (or never started): the last one ends the spawning thread."""
+    global _spawn_pool, _spawned
+    with _LEASES_LOCK:
+        _spawned -= 1
+        if _spawned > 0 or _spawn_pool is None:
+            return
+        pool, _spawn_pool = _spawn_pool, None
+    pool.shutdown(wait=True)
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -494,13 +522,10 @@ class LocalServerProvider:
                     for part in self.command]
             environment = {**os.environ, **self.env_vars, **dict(env_vars or {})}
             try:
-                # Spawned from one long-lived thread: Linux sends the parent-death signal
-                # when the *thread* that forked exits, and a caller's thread (a worker of
-                # an executor, say) may end long before the process does.
-                self.process = _spawner().submit(
-                    subprocess.Popen, argv, cwd=self.cwd, env=environment,
+                self.process = _spawn(
+                    argv, cwd=self.cwd, env=environment,
                     stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
-                    start_new_session=True, preexec_fn=_parent_death_signal()).result()
+                    start_new_session=True, preexec_fn=_parent_death_signal())
             except OSError as exc:
                 raise _RuntimeProviderError(f"cannot run {argv[0]!r}: {exc}") from exc
             self.base_url = f"http://{self.host}:{chosen}"
@@ -524,14 +549,17 @@ class LocalServerProvider:
             process, self.process, self.base_url = self.process, None, None
         if process is None:
             return
-        _kill_group(process, signal.SIGTERM)
         try:
-            process.wait(self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(process, signal.SIGKILL)
-            process.wait()
-        else:
-            _kill_group(process, signal.SIGKILL)  # whatever else is left in its group
+            _kill_group(process, signal.SIGTERM)
+            try:
+                process.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(process, signal.SIGKILL)
+                process.wait()
+            else:
+                _kill_group(process, signal.SIGKILL)  # whatever else is left in its group
+        finally:
+            _forget_spawned()
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.process is not None else "stopped"
