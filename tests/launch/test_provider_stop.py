@@ -126,6 +126,12 @@ async def test_a_failed_start_whose_stop_fails_keeps_the_start_error(server: Env
         await client.connect()
     assert provider.events == before + [("stop", 1)] * STOP_ATTEMPTS  # no ("start", 2)
 
+    # close() retries the pending stop too, and raises while it fails.
+    other = GenericEnvClient(provider=provider, timeout=Timeout(20))
+    with pytest.raises(ProviderError, match="did not stop"):
+        await other.close()
+    assert provider.events[-1] == ("stop", 1) and provider.live == {1}
+
     provider.stop_failures = 0
     await client.connect()
     assert provider.events[-3:] == [("stop", 1), ("start", 2), ("ready", 2)]

@@ -180,9 +180,14 @@ class Target:
             ProviderError: the provider did not stop (after its retries); the stop
                 stays pending: :meth:`retry_stop` or the provider's next start retries it.
         """
-        if self.lease is not None and self._held:
+        if self.lease is None:
+            return
+        if self._held:
             self._held = False
             await self.lease.release()
+        else:
+            # Never started here, or the start failed and so did its stop: retry that.
+            await self.lease.retry_stop()
 
     async def retry_stop(self) -> None:
         """A closed client closed again: retry the provider's pending stop, if any.
