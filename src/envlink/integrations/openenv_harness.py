@@ -630,13 +630,14 @@ class EnvlinkSessionFactory:
         """
         if self.loop_owning:
             return self._create_run(task)
-        bridge = self._bridge or shared_bridge()
         lease = Lease()
         client = configured_client(self.client_class, self.base_url,
-                                   self.client_config).sync(bridge)
+                                   self.client_config).sync(self._bridge or shared_bridge())
         lease.client = client
         try:
-            result: StepResult[Any] = bridge.call(
+            # The facade's own bridge: a default bridge stopped since it was fetched
+            # (its last client closed) was replaced by a live one for this facade.
+            result: StepResult[Any] = client.bridge.call(
                 reset_until_ready, client.async_client, self._kwargs(task, seed, episode_id),
                 deadline=self.create_timeout, policy=self.reconnect,
                 timeout=self.create_timeout + 5.0, method="harness.create")
