@@ -827,8 +827,9 @@ def run_chaos(config: ChaosConfig) -> ChaosRun:
     stats = Stats()
     started = time.monotonic()
     ledger = Ledger()
-    # The process-wide default bridge that sync clients share outlives every episode by
-    # design: started before the baseline, its thread and fds are not leaks.
+    # The process-wide default bridge that sync clients share: started before the
+    # baseline, so that its thread and fds, if a facade elsewhere keeps it running,
+    # are not leaks (its thread ends when the last facade on it closes).
     envlink.default_bridge().call(asyncio.sleep, 0, timeout=10)
     gc.collect()
     threads_before = {t.ident for t in threading.enumerate() if t.ident is not None}
