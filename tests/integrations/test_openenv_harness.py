@@ -11,6 +11,7 @@ from envlink import (
     ClientClosedError,
     ConnectError,
     ConnectionLostError,
+    GenericEnvClient,
     HarnessTurnError,
     ReconnectPolicy,
     RetryBudget,
@@ -184,3 +185,20 @@ def test_a_stuck_run_times_out_and_a_close_wakes_its_waiter() -> None:
         assert len(errors) == 1 and isinstance(errors[0], ClientClosedError), errors
         st.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)
         assert st.call(lambda s: len(s._registry)) == 0
+
+
+def test_a_run_keeps_the_default_bridge_while_other_clients_come_and_go() -> None:
+    """A loop-owning run holds a lease on the default bridge, as a facade does: the last
+    other client closing does not end the loop thread under the run, and the run's close
+    gives the lease back (no envlink thread is left)."""
+    with ServerThread(env="echo", ping_interval=None) as st:
+        run = EnvlinkSessionFactory(st.url, loop_owning=True).create("!hang")
+        other = GenericEnvClient(st.url).sync()
+        other.reset()
+        other.close()  # before the fix, the default bridge's last lease: its thread ended
+        assert not run._bridge.closed
+        with pytest.raises(TimeoutError, match="did not complete"):
+            run.wait_for_completion(0.2)
+        run.close()
+        assert run._bridge.closed
+        st.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)

@@ -37,6 +37,7 @@ from typing import Any
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
 from envlink._client.configuration import ClientConfig
+from envlink._client.default_bridge import lease_bridge
 from envlink._client.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._deadlines import deadline
 from envlink._errors import (
@@ -321,10 +322,11 @@ class EnvlinkHarnessSession:
     """
 
     def __init__(self, factory: EnvlinkSessionFactory, harness: HarnessClient,
-                 bridge: Bridge, task: Any) -> None:
+                 bridge: Bridge, task: Any, release: Callable[[], None] | None = None) -> None:
         self._factory = factory
         self._harness = harness
         self._bridge = bridge
+        self._release = release
         self._task = task
         self._messages = list(factory.initial_messages(None, task))  # type: ignore[arg-type]
         self._events: list[HarnessEvent] = []
@@ -498,8 +500,12 @@ class EnvlinkHarnessSession:
                     await run
             await self._harness.close()
 
-        with contextlib.suppress(Exception):
-            self._bridge.call(stop, timeout=10.0, method="harness.close")
+        try:
+            with contextlib.suppress(Exception):
+                self._bridge.call(stop, timeout=10.0, method="harness.close")
+        finally:
+            if self._release is not None:
+                self._release()  # the default bridge's lease: its thread may end now
 
     def __enter__(self) -> EnvlinkHarnessSession:
         return self
@@ -651,8 +657,10 @@ class EnvlinkSessionFactory:
         return EnvlinkResourceSession(self, lease, task, result)
 
     def _create_run(self, task: Any) -> EnvlinkHarnessSession:
-        bridge = self._bridge or shared_bridge()
         harness = HarnessClient(self.base_url, **_harness_options(self.client_config))
+        # A run holds a lease on the default bridge, as a facade does: the bridge's thread
+        # must not end (with another client's close) while the run goes on.
+        bridge, release = lease_bridge(self._bridge, harness)
         policy = self.reconnect or ReconnectPolicy()
 
         async def connect(remaining: float) -> HarnessClient:
@@ -681,11 +689,13 @@ class EnvlinkSessionFactory:
                     "does not advertise training_trace): loop-owning training cannot "
                     "train on it; train with the trainer's own sampling instead (TRL: "
                     "pass harness_adapter=)")
-            session = EnvlinkHarnessSession(self, harness, bridge, task)
+            session = EnvlinkHarnessSession(self, harness, bridge, task, release)
             session._start()
         except BaseException:
             with contextlib.suppress(Exception):
                 bridge.call(harness.close, timeout=5.0)
+            if release is not None:
+                release()
             with self._lock:
                 self.failed += 1
             raise
