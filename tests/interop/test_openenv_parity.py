@@ -71,14 +71,6 @@ CASES = [
 
 #: Cases envlink fails until another part of issue 33 lands, and that part.
 PENDING = {
-    "sync_close_leaves_no_loop_thread":
-        "issue 33: bridge thread ends when its last client closes",
-    "sync_locked_client_inside_a_running_loop_returns_the_result":
-        "issue 33: a client locked to blocking use returns real results inside a running loop",
-    "provider_start_error_keeps_its_type":
-        "issue 33: exception bases (a provider's own exception keeps its type)",
-    "failed_provider_stop_is_raised_by_close":
-        "issue 33: provider stop retried, then raised",
     "mcp_tool_client_is_production_only":
         "issue 33: MCPToolClient surface (use_production_mode; mode='simulation' refused "
         "with ValueError, as OpenEnv's MCP clients refuse it)",
