@@ -44,6 +44,8 @@ def test_mcp_clients_default_to_production(monkeypatch: pytest.MonkeyPatch) -> N
     assert MCPToolClient(URL).mode == "production"
     assert EchoEnv(URL).mode == "production"
     assert EchoEnv(URL, mode="simulation").mode == "simulation"
+    assert MCPToolClient(URL).use_production_mode is True
+    assert EchoEnv(URL, mode="simulation").use_production_mode is False
     assert GenericEnvClient(URL).mode == "simulation"
     monkeypatch.delenv("OPENENV_CLIENT_MODE")
     assert GenericEnvClient(URL).mode == "simulation"

@@ -60,7 +60,7 @@ CASES = [
     "refused_upgrade_is_a_connection_error",
     "mcp_tool_client_sends_headers",
     "modes_from_argument_and_environment",
-    "mcp_tool_client_is_production_only",
+    "mcp_tool_client_defaults_to_production",
     "mcp_tools_listed_cached_found_and_called",
     "mcp_tool_error_is_a_runtime_error",
     "mcp_sync_close_releases_the_session",
@@ -70,10 +70,7 @@ CASES = [
 ]
 
 #: Cases envlink fails until another part of issue 33 lands, and that part.
-PENDING = {
-    "mcp_tool_client_is_production_only":
-        "issue 33: MCPToolClient surface (use_production_mode; mode='simulation' refused "
-        "with ValueError, as OpenEnv's MCP clients refuse it)",
+PENDING: dict[str, str] = {
 }
 
 

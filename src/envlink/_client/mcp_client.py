@@ -214,6 +214,11 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
     def _parse_state(self, payload: dict[str, Any]) -> State:
         return State.model_validate(payload)
 
+    @property
+    def use_production_mode(self) -> bool:
+        """Whether the client is in production mode (OpenEnv's attribute of that name)."""
+        return self.mode == "production"
+
     async def _tools_over_http(self) -> bool:
         """Whether tool calls go over ``POST /mcp`` (production mode on a server that
         offers HTTP MCP sessions and answers tool calls there), not through ``step()``."""
