@@ -101,7 +101,6 @@ class McpToolAdapter(MCPToolClient[Any]):
                              "Use GenericEnvClient for simulation mode.")
         super().__init__(base_url, mode=mode, **options)
         self._tools_cache: list[Any] | None = None
-        self.use_production_mode = True
 
     def _tool(self, payload: Mapping[str, Any]) -> Any:
         tool = self._openenv_mcp["Tool"]
