@@ -133,3 +133,22 @@ def test_envlink_serve_and_python_m_server_share_their_options() -> None:
     top = vars(envlink_parser().parse_args(["serve", *argv]))
     alone = vars(build_parser().parse_args(argv))
     assert {k: top[k] for k in alone} == alone
+
+
+def test_every_serve_option_has_help_text() -> None:
+    """Each option of `envlink serve --help` says what it does (no bare flag left)."""
+    parser = build_parser()
+    bare = [action.option_strings for action in parser._actions
+            if action.option_strings and not (action.help and action.help.strip())]
+    assert bare == []
+    # As printed: each option's entry carries words beyond its own invocation.
+    entries: dict[str, str] = {}
+    for line in parser.format_help().splitlines():
+        if line.startswith("  -"):
+            flag = line.split()[0].rstrip(",")
+            entries[flag] = line
+        elif line.startswith("   ") and entries:
+            entries[flag] += line
+    for flag in ("--max-sessions", "--max-message-size", "--drop-mode", "--error-code",
+                 "--corrupt-kind", "--refuse-status"):
+        assert "(default:" in entries[flag], entries[flag]

@@ -47,9 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: %(default)s)")
     p.add_argument("--env", choices=sorted(ENVIRONMENTS), default="echo",
                    help="environment to serve (default: %(default)s)")
-    p.add_argument("--max-sessions", type=_positive_int, default=64, metavar="N")
+    p.add_argument("--max-sessions", type=_positive_int, default=64, metavar="N",
+                   help="sessions open at once, detached ones included; one more is "
+                        "refused with CAPACITY_REACHED (default: %(default)s)")
     p.add_argument("--max-message-size", type=_positive_int, default=DEFAULT_MAX_MESSAGE_SIZE,
-                   metavar="BYTES")
+                   metavar="BYTES",
+                   help="largest message accepted, after inflating; a larger one closes "
+                        "the connection with 1009 (default: %(default)s)")
     p.add_argument("--max-message-values", type=_positive_int,
                    default=SERVER_MAX_MESSAGE_VALUES, metavar="N",
                    help="most JSON values in one message, counted before parsing: what "
@@ -95,20 +99,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="seconds added before every answer")
     faults.add_argument("--drop-after", type=_positive_int, metavar="N",
                         help="drop a connection when its Nth request arrives (once)")
-    faults.add_argument("--drop-mode", choices=DROP_MODES, default="before_apply")
+    faults.add_argument("--drop-mode", choices=DROP_MODES, default="before_apply",
+                        help="when --drop-after's drop happens: before_apply (the request "
+                             "is never applied), after_apply (applied, never answered), "
+                             "mid_answer (applied, the answer cut part-way) "
+                             "(default: %(default)s)")
     faults.add_argument("--stall-after", type=_positive_int, metavar="N",
                         help="stall a connection when its Nth request arrives (once)")
     faults.add_argument("--error-frames", type=_non_negative_int, default=0, metavar="N",
                         help="answer the next N requests with error frames")
-    faults.add_argument("--error-code", default="EXECUTION_ERROR", metavar="CODE")
+    faults.add_argument("--error-code", default="EXECUTION_ERROR", metavar="CODE",
+                        help="the code of --error-frames' error frames, e.g. "
+                             "CAPACITY_REACHED or SESSION_ERROR (default: %(default)s)")
     faults.add_argument("--corrupt-frames", type=_non_negative_int, default=0, metavar="N",
                         help="answer the next N requests with corrupt frames")
-    faults.add_argument("--corrupt-kind", choices=CORRUPT_KINDS, default="invalid_json")
+    faults.add_argument("--corrupt-kind", choices=CORRUPT_KINDS, default="invalid_json",
+                        help="what --corrupt-frames sends: not JSON, a JSON array, a bad "
+                             "data field, an unknown type, a missing field, a frame over "
+                             "16 MiB, or a binary frame (default: %(default)s)")
     faults.add_argument("--refuse", type=_non_negative_int, default=0, metavar="N",
                         help="refuse the next N WebSocket upgrades")
     faults.add_argument("--refuse-for", type=_non_negative_float, default=None, metavar="S",
                         help="refuse every WebSocket upgrade for S seconds after start")
-    faults.add_argument("--refuse-status", type=int, default=503, metavar="STATUS")
+    faults.add_argument("--refuse-status", type=int, default=503, metavar="STATUS",
+                        help="HTTP status of the upgrades that --refuse and --refuse-for "
+                             "refuse (default: %(default)s)")
     faults.add_argument("--retry-after", type=_non_negative_float, default=None, metavar="S",
                         help="Retry-After seconds sent with refused upgrades")
 
