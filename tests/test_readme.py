@@ -32,6 +32,16 @@ def test_quickstart_has_exactly_two_commands_and_ci_runs_the_test_one() -> None:
     assert tests in (ROOT / ".ci" / "run").read_text()
 
 
+def test_quickstart_says_the_test_run_skips_the_interop_suite_and_how_to_run_it() -> None:
+    """The README's test run skips tests/interop: the Quickstart says so, why, and names
+    the script that runs it (which exists)."""
+    section = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    after = section.split(quickstart_commands()[1], 1)[1]
+    assert "skips the interop suite" in after and "own virtualenv" in after
+    assert "bash .ci/interop.sh" in after
+    assert (ROOT / ".ci" / "interop.sh").is_file()
+
+
 def python_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)\n```", README, re.S)
 

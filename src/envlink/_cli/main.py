@@ -1,7 +1,8 @@
-"""The ``envlink`` command: ``envlink serve``, ``envlink demo`` and ``envlink version``.
+"""The ``envlink`` command: ``envlink serve``, ``demo``, ``probe`` and ``version``.
 
 One :mod:`argparse` parser with a subcommand each; the subcommands' options are
-defined next to what they run (:mod:`envlink.server._command`, :mod:`envlink._cli.demo`).
+defined next to what they run (:mod:`envlink.server._command`, :mod:`envlink._cli.demo`,
+:mod:`envlink._cli.probe`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from envlink import __version__
 from envlink._cli.demo import DESCRIPTION as DEMO_DESCRIPTION
 from envlink._cli.demo import add_arguments as add_demo_arguments
 from envlink._cli.demo import demo_from_args
+from envlink._cli.probe import DESCRIPTION as PROBE_DESCRIPTION
+from envlink._cli.probe import EPILOG as PROBE_EPILOG
+from envlink._cli.probe import add_arguments as add_probe_arguments
+from envlink._cli.probe import probe_from_args
 from envlink.server._command import DESCRIPTION as SERVE_DESCRIPTION
 from envlink.server._command import add_arguments as add_serve_arguments
 from envlink.server._command import serve_from_args
@@ -42,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
              "episode against it through the sync facade (envlink demo --help)")
     add_demo_arguments(demo)
     demo.set_defaults(run=demo_from_args, parser=demo)
+    probe = commands.add_parser(
+        "probe", description=PROBE_DESCRIPTION, epilog=PROBE_EPILOG,
+        help="look at a server: health, protocol, recovery, capacity, schema, tools, "
+             "latency (envlink probe --help)")
+    add_probe_arguments(probe)
+    probe.set_defaults(run=probe_from_args, parser=probe)
     version = commands.add_parser("version", help="print envlink's version")
     version.set_defaults(run=_version, parser=version)
     help_ = commands.add_parser("help", help="print this help")
