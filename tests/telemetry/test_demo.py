@@ -97,13 +97,36 @@ def test_demo_survives_a_dropped_connection_by_resuming() -> None:
                      r"(?:          .*\n)*"
                      r"        step \[server\] [\d.]+ ms envlink\.server\.dedup=true\n", out), out
     assert "replay [internal]" not in out
-    assert out.count("resume [internal]") == 1
+    assert out.split("what the spans are:")[0].count("resume [internal]") == 1
     # The client's own log says the same: lost once, recovered once, by resuming.
     records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
     events = [(r["event"], r.get("recovery")) for r in records
               if r["event"] in ("envlink.session_lost", "envlink.session_recovered")]
     assert events == [("envlink.session_lost", "envlink-resume"),
                       ("envlink.session_recovered", "envlink-resume")]
+
+
+def test_demo_explains_its_spans_and_logs_no_expected_absence_as_info() -> None:
+    """After the span tree, each kind of span shown is explained (the first connect's
+    detached-session question included); the server's lack of detached sessions is a
+    debug line, absent at the default level and present at --log-level debug."""
+    result = _demo("--steps", "2", "--json-logs")
+    assert result.returncode == 0, result.stderr
+    legend = result.stdout.split("what the spans are:\n", 1)[1].split("\n\n", 1)[0]
+    labels = [line.strip() for line in legend.splitlines() if not line.startswith("      ")]
+    assert labels == ["envlink demo episode [internal]", "connect [internal]",
+                      "connect [client]", "reset/step/state [client]", "<frame> [server]",
+                      "error.type=fault_injected", "resume [internal]",
+                      "connect [client] envlink.reason=resume", "envlink.server.dedup=true",
+                      "envlink.bridge close [internal]"], legend
+    assert "detached session (POST /mcp" in " ".join(legend.split())
+    assert all(len(line) <= 100 for line in legend.splitlines())
+    assert "detached_sessions_unavailable" not in result.stderr
+    debug = _demo("--steps", "1", "--no-fault", "--json-logs", "--log-level", "debug")
+    assert debug.returncode == 0, debug.stderr
+    records = [json.loads(line) for line in debug.stderr.splitlines() if line.strip()]
+    (absent,) = [r for r in records if r["event"] == "envlink.detached_sessions_unavailable"]
+    assert absent["level"] == "debug" and absent["status"] == 200
 
 
 def test_demo_no_fault_runs_without_a_drop() -> None:

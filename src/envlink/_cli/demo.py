@@ -21,6 +21,7 @@ import argparse
 import signal
 import statistics
 import sys
+import textwrap
 import threading
 import time
 from collections import defaultdict
@@ -35,6 +36,8 @@ from envlink.names import ATTR_REASON, ATTR_RECOVERY
 __all__ = ["DESCRIPTION", "add_arguments", "demo_from_args", "percentile", "run_demo"]
 
 _PROG = "envlink demo"
+#: Width of the report's wrapped explanations.
+_WIDTH = 92
 _ROOT_SPAN = "envlink demo episode"
 _KIND = {"SpanKind.INTERNAL": "internal", "SpanKind.CLIENT": "client",
          "SpanKind.SERVER": "server", "SpanKind.PRODUCER": "producer",
@@ -386,6 +389,13 @@ def _report(out: IO[str], episode: _Episode, spans: Sequence[Any]) -> None:
         out.write(f"\nspan tree (trace {trace_id:032x}, {len(tree)} spans):\n")
         for line in _span_tree(tree):
             out.write(f"  {line}\n")
+        legend = _span_legend(tree, episode.recovery.mechanism)
+        if legend:
+            out.write("\nwhat the spans are:\n")
+            for label, text in legend:
+                out.write(f"  {label}\n")
+                for line in textwrap.wrap(text, width=_WIDTH - 6):
+                    out.write(f"      {line}\n")
 
     by_method: dict[str, list[float]] = defaultdict(list)
     for s in spans:
@@ -422,6 +432,50 @@ def _report_recovery(out: IO[str], r: _Recovery, tree: Sequence[Any]) -> None:
         f"{r.steps_applied} applied")
     out.write(f"  steps:  {r.journal_steps} of {r.steps_asked} kept; the server's "
               f"step_count is {r.state_step_count} ({r.steps_asked} asked), {once}\n")
+
+
+def _span_legend(spans: Sequence[Any], mechanism: str) -> list[tuple[str, str]]:
+    """One line for each kind of span the tree shows, in the order a reader meets them."""
+    present = {(s.name, s.kind.name) for s in spans}
+    attrs = [s.attributes or {} for s in spans]
+    methods = [m for m in ("reset", "step", "state") if (m, "CLIENT") in present]
+    detached = ("asks the server for an OpenEnv detached session (POST /mcp; this server "
+                "has none, and its envlink extensions resume instead), then opens the "
+                "WebSocket" if mechanism == "envlink-resume" else
+                "asks the server for an OpenEnv detached session (POST /mcp), then opens "
+                "the WebSocket")
+    notes: list[tuple[bool, str, str]] = [
+        ((_ROOT_SPAN, "INTERNAL") in present, f"{_ROOT_SPAN} [internal]",
+         "the demo's own span around the episode: every span below is inside it"),
+        (("connect", "INTERNAL") in present, "connect [internal]",
+         "`with client.sync()` opening the session before the first call (retries "
+         "included)"),
+        (("connect", "CLIENT") in present, "connect [client]",
+         f"one connection attempt; under on_session_lost={_POLICY!r} it first {detached}"),
+        (bool(methods), f"{'/'.join(methods)} [client]",
+         "one call as the caller sees it: from the sync facade to the answer, queueing "
+         "and any recovery included"),
+        (any(k == "SERVER" for _, k in present), "<frame> [server]",
+         "the server handling that request, joined to the call by the trace context "
+         "the frame carries"),
+        (any("error.type" in a and a.get("error.type") == "fault_injected" for a in attrs),
+         "error.type=fault_injected",
+         "the request whose connection the demo had the server drop, after applying it"),
+        ((_SPAN_RESUME, "INTERNAL") in present, f"{_SPAN_RESUME} [internal]",
+         "re-attaching to the same server session after the drop (envlink.recovery: how)"),
+        (any(a.get(ATTR_REASON) == "resume" for a in attrs),
+         f"connect [client] {ATTR_REASON}=resume",
+         "the resume's new connection; the episode's last frame (close) travels on it "
+         "later, hence the server's close span under it"),
+        (any(a.get(_ATTR_SERVER_DEDUP) for a in attrs), f"{_ATTR_SERVER_DEDUP}=true",
+         "the interrupted step answered again from the server's de-duplication cache, "
+         "not applied twice"),
+        ((_SPAN_REPLAY, "INTERNAL") in present, f"{_SPAN_REPLAY} [internal]",
+         "a new session, the episode's journal replayed into it and checked"),
+        (("envlink.bridge close", "INTERNAL") in present, "envlink.bridge close [internal]",
+         "the sync facade's close() (leaving the `with` block): it sends the close frame"),
+    ]
+    return [(label, text) for shown, label, text in notes if shown]
 
 
 def _span_tree(spans: Sequence[Any]) -> list[str]:

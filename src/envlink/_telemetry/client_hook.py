@@ -98,7 +98,8 @@ _LEVELS: Mapping[str, str] = {
     "envlink.session_release_failed": "debug",
     "envlink.unknown_step_settled": "info",
     "envlink.recovery_fallback": "warning",
-    "envlink.detached_sessions_unavailable": "info",
+    # An expected absence (most servers have no detached sessions), not a fault.
+    "envlink.detached_sessions_unavailable": "debug",
 }
 _SENT = {ATTR_DIRECTION: "sent"}
 
