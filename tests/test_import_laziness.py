@@ -184,3 +184,18 @@ def test_a_bridge_still_gets_envlinks_telemetry_by_default() -> None:
             "names = [s.name for s in exporter.get_finished_spans()]\n"
             "assert names == ['envlink.bridge nothing'], names\n")
     _run_python(code)
+
+
+def test_a_first_connect_under_auto_imports_no_httpx() -> None:
+    """`on_session_lost="auto"` asks the server for a detached session before its first
+    upgrade: that direct request imports neither httpx nor structlog (its "no detached
+    sessions here" line is a debug one)."""
+    from envlink.server import ServerThread
+
+    with ServerThread(env="echo") as st:
+        loaded = loaded_after(
+            "import envlink\n"
+            f"env = envlink.GenericEnvClient({st.url!r}, on_session_lost='auto').sync()\n"
+            "env.connect()\nassert env.recovery == 'envlink-resume'\nenv.close()")
+    assert loaded["envlink._transports.websocket"]
+    assert not loaded["httpx"] and not loaded["structlog"], loaded

@@ -1,4 +1,5 @@
-"""envlink's HTTP requests (on httpx) and its one proxy rule, against loopback servers.
+"""envlink's HTTP requests (direct, or through a proxy on httpx) and its one proxy rule,
+against loopback servers.
 
 Each case is a defect of the former hand-written client or a promise of the new
 one: refused CR/LF headers, close-delimited answers read whole, huge headers
@@ -15,9 +16,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import envlink
-from envlink._errors import ConnectError, ProtocolError
+from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
 from envlink._transports.base import parse_endpoint
-from envlink._transports.http import get_json, post_json, request_json
+from envlink._transports.http import NoAnswerError, get_json, post_json, request_json
 from envlink._transports.proxy import resolve_proxy
 from envlink._transports.websocket import WebSocketTransport
 
@@ -301,3 +302,103 @@ async def test_both_paths_leave_through_the_same_proxy(
     assert len(seen) == 2
     assert seen[0] == b"CONNECT envlink-test.invalid:8000 HTTP/1.1"
     assert seen[1].startswith(b"POST http://envlink-test.invalid:8000/mcp")
+
+
+# ---------------------------------------------- direct requests (no proxy): http11
+
+
+async def _answering(http_server: Callable[[Handler], Awaitable[str]], raw: bytes,
+                     *, close: bool = True) -> str:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _head(reader)
+        writer.write(raw)
+        await writer.drain()
+        if close:
+            writer.close()
+
+    return await http_server(handler)
+
+
+async def test_a_chunked_answer_with_trailers_after_an_interim_answer_is_read_whole(
+        http_server: Callable[[Handler], Awaitable[str]]) -> None:
+    """100 Continue is skipped; a chunked body (with a trailer) is joined; headers kept."""
+    url = await _answering(http_server, (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Served-By: a\r\n\r\n"
+        b"5\r\n{\"ok\"\r\n6;ext=1\r\n: true\r\n1\r\n}\r\n0\r\nX-Trailer: t\r\n\r\n"))
+    answer = await post_json(url + "/mcp", {}, proxy=None)
+    assert (answer.status, answer.body) == (200, {"ok": True})
+    assert answer.headers["x-served-by"] == "a"
+
+
+async def test_a_server_closing_without_a_byte_is_no_answer_and_mid_answer_is_lost(
+        http_server: Callable[[Handler], Awaitable[str]]) -> None:
+    """Closed before any byte: NoAnswerError; closed inside the body: ConnectionLostError."""
+    silent = await _answering(http_server, b"")
+    with pytest.raises(NoAnswerError, match="without answering"):
+        await post_json(silent + "/mcp", {}, proxy=None)
+    cut = await _answering(http_server, b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{\"a\"")
+    with pytest.raises(ConnectionLostError, match="mid-answer") as caught:
+        await post_json(cut + "/mcp", {}, proxy=None)
+    assert not isinstance(caught.value, NoAnswerError)
+
+
+@pytest.mark.parametrize("raw", [
+    b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+    b"HTTP/1.1 2OO OK\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nBad Header Name: x\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2, 3\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+])
+async def test_an_answer_that_is_not_http_is_a_protocol_error(
+        http_server: Callable[[Handler], Awaitable[str]], raw: bytes) -> None:
+    """Not HTTP, a bad status or header line, a conflicting length, bad chunks: typed."""
+    url = await _answering(http_server, raw)
+    with pytest.raises(ProtocolError):
+        await post_json(url + "/mcp", {}, proxy=None)
+
+
+async def test_a_success_over_the_limit_is_refused_and_redirects_are_still_followed(
+        http_server: Callable[[Handler], Awaitable[str]]) -> None:
+    """A 200 over max_size is a ProtocolError; a 307 on the direct path is followed."""
+    big = await _answering(http_server, b"HTTP/1.1 200 OK\r\nContent-Length: 9999\r\n\r\n")
+    with pytest.raises(ProtocolError, match="exceeds 100 bytes"):
+        await get_json(big + "/x", proxy=None, max_size=100)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await _head(reader)
+        if b"GET /old " in head:
+            writer.write(b"HTTP/1.1 307 Moved\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n")
+        else:
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"new": 1} ')
+        await writer.drain()
+        writer.close()
+
+    url = await http_server(handler)
+    assert (await get_json(url + "/old", proxy=None)).body == {"new": 1}
+
+
+async def test_a_direct_request_sends_one_well_formed_head(
+        http_server: Callable[[Handler], Awaitable[str]]) -> None:
+    """Host with the port, the caller's headers once (its User-Agent wins), the body's
+    length, Connection: close; the restricted names are not overridden."""
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await _head(reader))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    url = await http_server(handler)
+    answer = await post_json(url + "/mcp?x=1", {"a": 1}, proxy=None, headers=[
+        ("User-Agent", "mine"), ("Authorization", "Bearer t"), ("Host", "evil"),
+        ("Content-Length", "0")])
+    assert (answer.status, answer.body) == (204, None)
+    lines = heads[0].decode().split("\r\n")
+    assert lines[0] == "POST /mcp?x=1 HTTP/1.1"
+    fields = [line.split(":", 1)[0].lower() for line in lines[1:] if line]
+    assert sorted(fields) == sorted({*fields})  # each header once
+    assert f"Host: {url.split('://')[1]}" in lines and "Connection: close" in lines
+    assert "User-Agent: mine" in lines and "Authorization: Bearer t" in lines
+    assert "Content-Length: 7" in lines

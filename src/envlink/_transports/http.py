@@ -1,13 +1,16 @@
-"""envlink's HTTP requests (OpenEnv's ``POST /mcp``, discovery GETs), on httpx.
+"""envlink's HTTP requests (OpenEnv's ``POST /mcp``, discovery GETs).
 
-One request per call, with the client's headers (``Authorization``...), its SSL
-context, the proxy chosen by :mod:`envlink._transports.proxy` (the same rule as the
-WebSocket path), a bound on the answer's size (the body is streamed and the
-request dropped past it, so a huge answer is never held), and an optional
-deadline. Redirects are not followed unless asked; when they are, a cross-origin
-hop drops every credential and ``https`` never becomes ``http``.
+A direct request (no proxy) is one HTTP/1.1 exchange on asyncio streams
+(:mod:`envlink._transports.http11`), which spares a client's first request the
+import of httpx; a request through a proxy goes through httpx. One request per
+call, with the client's headers (``Authorization``...), its SSL context, the proxy
+chosen by :mod:`envlink._transports.proxy` (the same rule as the WebSocket path), a
+bound on the answer's size (the body is read in pieces and the request dropped
+past it, so a huge answer is never held), and an optional deadline. Redirects are
+not followed unless asked; when they are, a cross-origin hop drops every credential
+and ``https`` never becomes ``http``.
 
-httpx's errors are translated in one table (:func:`_translate`): envlink's
+Both paths' errors are envlink's (httpx's translated in one table, :func:`_translate`):
 :class:`~envlink.ConnectError` when the request provably never reached the server,
 :class:`~envlink.ConnectionLostError` once it may have,
 :class:`~envlink.ProtocolError` for an answer that is not HTTP, too large, or not
@@ -26,6 +29,7 @@ from urllib.parse import urljoin, urlsplit
 from envlink._deadlines import bounded
 from envlink._errors import ConnectError, ConnectionLostError, EnvlinkError, ProtocolError
 from envlink._sansio.redact import is_sensitive_name, redact_text, redact_url
+from envlink._transports import http11
 from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]
@@ -171,8 +175,6 @@ async def request_json(method: str, url: str, body: Any = None, *,
 async def _one(method: str, url: str, payload: bytes | None, pairs: list[tuple[str, str]],
                ssl: ssl_module.SSLContext | None, proxy: str | bool | None,
                max_size: int | None) -> tuple[HttpAnswer, str | None]:
-    import httpx
-
     where = redact_url(url)
     for name, value in pairs:
         if any(c in name or c in value for c in "\r\n\0") or not name.strip():
@@ -181,17 +183,27 @@ async def _one(method: str, url: str, payload: bytes | None, pairs: list[tuple[s
     route = resolve_proxy(url, proxy)
     # identity: a compressed answer could inflate past max_size after it was counted.
     # One request per connection, as OpenEnv's clients do: nothing is kept open.
-    request_headers = {"Accept": "application/json", "Accept-Encoding": "identity",
-                       "Connection": "close", "User-Agent": "envlink"}
+    merged = {"accept": ("Accept", "application/json"),
+              "accept-encoding": ("Accept-Encoding", "identity"),
+              "connection": ("Connection", "close"), "user-agent": ("User-Agent", "envlink")}
     if payload is not None:
-        request_headers["Content-Type"] = "application/json"
-    sent = httpx.Headers(request_headers)
+        merged["content-type"] = ("Content-Type", "application/json")
     for name, value in pairs:
         if name.lower() in ("host", "content-length", "content-type", "accept",
                             "accept-encoding", "transfer-encoding", "connection"):
             continue
-        sent[name] = value
+        merged[name.lower()] = (name, value)
     limit = max_size if max_size is not None else 1 << 62
+    if route is None:
+        # Direct: no httpx (its import is most of a first request's cost).
+        status, fields, body = await http11.exchange(
+            method, url, list(merged.values()), payload, ssl=_context(ssl) if
+            urlsplit(url).scheme == "https" else None, limit=limit, where=where,
+            no_answer=NoAnswerError)
+        return _answer(status, fields, body, where)
+    import httpx
+
+    sent = httpx.Headers(list(merged.values()))
     answered = False
     try:
         client = httpx.AsyncClient(verify=_context(ssl), proxy=route, trust_env=False,
@@ -203,7 +215,6 @@ async def _one(method: str, url: str, payload: bytes | None, pairs: list[tuple[s
             answered = True
             status = r.status_code
             fields = {k.lower(): v for k, v in r.headers.items()}
-            location = fields.get("location") if 300 <= status < 400 else None
             declared = fields.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:
                 if status >= 400:
@@ -221,10 +232,19 @@ async def _one(method: str, url: str, payload: bytes | None, pairs: list[tuple[s
         raise
     except (httpx.HTTPError, httpx.InvalidURL, ImportError, OSError, ValueError) as exc:
         raise _translate(exc, where, answered=answered) from exc
+    return _answer(status, fields, bytes(data), where)
+
+
+def _answer(status: int, fields: dict[str, str], data: bytes | None,
+            where: str) -> tuple[HttpAnswer, str | None]:
+    """The answer of either path, and where a redirect points (``None`` if none)."""
+    location = fields.get("location") if 300 <= status < 400 else None
+    if data is None:  # an error status whose body was over the limit
+        return HttpAnswer(status, None, fields), None
     if fields.get("content-encoding", "identity").lower() not in ("identity", ""):
         raise ProtocolError(f"the answer of {where} is compressed ({fields['content-encoding']}),"
                             " which was not asked for")
-    return _parse(status, bytes(data), fields, where), location
+    return _parse(status, data, fields, where), location
 
 
 def _parse(status: int, data: bytes, fields: dict[str, str], where: str) -> HttpAnswer:
