@@ -37,7 +37,9 @@ NEVER_AT_IMPORT = [
     "envlink._cli.main",
     "websockets",         # the transport: imported by the first client that needs it
     "envlink._transports.websocket",
-    "httpx",              # the HTTP requests: imported by the first one
+    "httpx",              # HTTP requests through a proxy: imported by the first one
+    "h11",                # direct HTTP requests: imported by the first one
+    "envlink._transports.http11",
     "urllib.request",     # never: envlink reads the proxy variables itself
     "http.client",
     "structlog",          # only once something is logged that can be shown
@@ -197,5 +199,5 @@ def test_a_first_connect_under_auto_imports_no_httpx() -> None:
             "import envlink\n"
             f"env = envlink.GenericEnvClient({st.url!r}, on_session_lost='auto').sync()\n"
             "env.connect()\nassert env.recovery == 'envlink-resume'\nenv.close()")
-    assert loaded["envlink._transports.websocket"]
+    assert loaded["envlink._transports.websocket"] and loaded["h11"]
     assert not loaded["httpx"] and not loaded["structlog"], loaded

@@ -29,7 +29,6 @@ from urllib.parse import urljoin, urlsplit
 from envlink._deadlines import bounded
 from envlink._errors import ConnectError, ConnectionLostError, EnvlinkError, ProtocolError
 from envlink._sansio.redact import is_sensitive_name, redact_text, redact_url
-from envlink._transports import http11
 from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]
@@ -195,7 +194,10 @@ async def _one(method: str, url: str, payload: bytes | None, pairs: list[tuple[s
         merged[name.lower()] = (name, value)
     limit = max_size if max_size is not None else 1 << 62
     if route is None:
-        # Direct: no httpx (its import is most of a first request's cost).
+        # Direct: h11 on asyncio streams, no httpx (its import is most of a first
+        # request's cost); imported here, so that `import envlink` loads neither.
+        from envlink._transports import http11
+
         status, fields, body = await http11.exchange(
             method, url, list(merged.values()), payload, ssl=_context(ssl) if
             urlsplit(url).scheme == "https" else None, limit=limit, where=where,

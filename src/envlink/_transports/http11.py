@@ -1,18 +1,20 @@
-"""One HTTP/1.1 request on a direct connection, on asyncio streams (no proxy).
+"""One HTTP/1.1 request on a direct connection (no proxy): h11 driven on asyncio streams.
 
-Why a second path beside httpx: importing httpx with httpcore, h11 and anyio costs
-60-500 ms on a busy machine, and a client under ``on_session_lost="auto"`` sends
-``POST /mcp`` (``openenv/session/create``) before its first upgrade: that import was
-almost all of what its first connect cost more than a ``"raise"`` one
-(docs/performance.md). A direct request needs none of it: one TCP (or TLS)
-connection, one request with ``Connection: close``, one answer read by its framing
-(``Content-Length``, chunked, or until the server closes). A request through a proxy
-still goes through httpx (:mod:`envlink._transports.http`), which also validates the
-headers and follows redirects for both paths.
+Why a second path beside httpx: importing httpx with httpcore and anyio costs 60-500
+ms on a busy machine, and a client under ``on_session_lost="auto"`` sends ``POST
+/mcp`` (``openenv/session/create``) before its first upgrade: that import was almost
+all of what its first connect cost more than a ``"raise"`` one (docs/performance.md).
+A direct request needs only one TCP (or TLS) connection, one request with
+``Connection: close`` and one answer; the HTTP/1.1 framing and parsing are h11's (the
+sans-I/O library httpcore itself uses, about 10 ms to import), this module only moves
+the bytes. A request through a proxy still goes through httpx
+(:mod:`envlink._transports.http`), which also validates the headers and follows
+redirects for both paths.
 
 Failures are envlink's errors, as httpx's are translated there: :class:`ConnectError`
-while connecting (not retried for TLS verification), :class:`NoAnswerError` for a
-server that closed without a byte, :class:`ConnectionLostError` once the answer began,
+while connecting (not retried for TLS verification) or for a request h11 refuses to
+write, :class:`NoAnswerError` for a server that closed without a byte,
+:class:`ConnectionLostError` for one that closed or failed mid-answer,
 :class:`ProtocolError` for an answer that is not HTTP/1.x or whose head is too large.
 """
 
@@ -22,21 +24,19 @@ import asyncio
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
+import h11
+
 from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
 
-__all__ = ["MAX_HEAD", "MAX_HEADERS", "Answer", "exchange"]
+__all__ = ["MAX_HEAD", "Answer", "exchange"]
 
-#: Bounds on an answer's head, as h11's (64 KiB) and the standard library's (100 lines).
+#: Bound on an answer's head (status line and headers), as httpcore sets h11's.
 MAX_HEAD = 64 * 1024
-MAX_HEADERS = 100
+_READ = 64 * 1024
 
 #: Status, headers (names in lower case), and the body or ``None`` when it was over the
 #: limit on an error status (the status is the answer; the body is not needed).
 Answer = tuple[int, dict[str, str], bytes | None]
-
-
-class _Lost(Exception):
-    """The server closed the connection before the answer was complete."""
 
 
 async def exchange(method: str, url: str, head: list[tuple[str, str]], payload: bytes | None,
@@ -47,7 +47,7 @@ async def exchange(method: str, url: str, head: list[tuple[str, str]], payload: 
     Args:
         method: ``GET``, ``POST``...
         url: an ``http://`` or ``https://`` URL (its path and query are sent).
-        head: the request's headers, already validated (no CR/LF/NUL).
+        head: the request's headers, already checked for CR/LF/NUL.
         payload: the body, or ``None``.
         ssl: the TLS context for ``https://``.
         limit: the largest body kept, in bytes.
@@ -55,31 +55,35 @@ async def exchange(method: str, url: str, head: list[tuple[str, str]], payload: 
         no_answer: the error for a server that closed without answering.
 
     Raises:
-        ConnectError: the connection could not be made; nothing was sent.
+        ConnectError: the connection could not be made, or the request cannot be
+            written; nothing was sent.
         ConnectionLostError: the connection failed after the request was sent.
         ProtocolError: the answer is not HTTP/1.x, its head too large, or its body
             over ``limit`` on a success status.
     """
     parts = urlsplit(url)
     secure = parts.scheme == "https"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host = parts.hostname or ""
     port = parts.port or (443 if secure else 80)
     netloc = f"[{host}]" if ":" in host else host
-    lines = [f"{method} {target} HTTP/1.1",
-             f"Host: {netloc}" + ("" if port == (443 if secure else 80) else f":{port}")]
-    lines += [f"{name}: {value}" for name, value in head]
+    if port != (443 if secure else 80):
+        netloc += f":{port}"
+    headers = [("Host", netloc), *head]
     if payload is not None:
-        lines.append(f"Content-Length: {len(payload)}")
+        headers.append(("Content-Length", str(len(payload))))
+    conn = h11.Connection(our_role=h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (payload or b"")
-    except UnicodeEncodeError as exc:
-        raise ConnectError(f"a header for {where} is not Latin-1 text (refused)",
-                           retryable=False) from exc
+        request = conn.send(h11.Request(method=method, target=target, headers=headers))
+        if payload:
+            request += conn.send(h11.Data(data=payload))
+        request += conn.send(h11.EndOfMessage())
+    except (h11.LocalProtocolError, UnicodeEncodeError) as exc:
+        raise ConnectError(f"the request to {where} is malformed: {exc}",
+                           retryable=False) from None
     try:
         reader, writer = await asyncio.open_connection(
-            host, port, ssl=ssl if secure else None,
-            server_hostname=host if secure else None, limit=MAX_HEAD)
+            host, port, ssl=ssl if secure else None, server_hostname=host if secure else None)
     except ssl_module.SSLCertVerificationError as exc:
         raise ConnectError(f"TLS verification failed for {where}: {exc.verify_message}",
                            retryable=False) from exc
@@ -88,111 +92,71 @@ async def exchange(method: str, url: str, head: list[tuple[str, str]], payload: 
     except OSError as exc:
         raise ConnectError(f"cannot connect to {where}: {exc.strerror or exc}",
                            retryable=True) from exc
-    started = False
+    reading = _Reading(conn, reader, limit, where)
     try:
         writer.write(request)
         await writer.drain()
-        status, fields = await _read_head(reader)
-        started = True
-        body = await _read_body(reader, fields, status, limit, where)
-        return status, fields, body
-    except _Lost as exc:
-        if not started and not exc.args[0]:
-            raise no_answer(f"{where} closed the connection without answering") from None
-        when = "mid-answer" if started else "before answering"
-        raise ConnectionLostError(f"{where} closed the connection {when}") from None
-    except (asyncio.LimitOverrunError, ValueError) as exc:
-        if not started:
+        return await reading.answer()
+    except h11.RemoteProtocolError as exc:
+        if reading.eof:  # h11 says the server closed before the answer was complete
+            if not reading.seen:
+                raise no_answer(f"{where} closed the connection without answering") from None
+            when = "mid-answer" if reading.status is not None else "before answering"
+            raise ConnectionLostError(f"{where} closed the connection {when}") from None
+        if reading.status is None and reading.buffered > MAX_HEAD:
             raise ProtocolError(f"the HTTP answer of {where} has oversized headers "
-                                f"(over {MAX_HEAD} bytes)") from exc
-        raise ProtocolError(f"the answer of {where} is not valid chunked HTTP") from exc
+                                f"(over {MAX_HEAD} bytes)") from None
+        raise ProtocolError(f"{where} did not answer valid HTTP/1.x: {exc}") from None
     except OSError as exc:
-        when = "mid-answer" if started else "before answering"
+        when = "mid-answer" if reading.status is not None else "before answering"
         raise ConnectionLostError(f"{where} failed {when}: {exc.strerror or exc}") from exc
     finally:
         writer.transport.abort()  # the answer is read (or given up): nothing to say
 
 
-async def _line(reader: asyncio.StreamReader, seen: bool) -> bytes:
-    try:
-        return await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        raise _Lost(seen or bool(exc.partial)) from None
+class _Reading:
+    """The answer as h11 parses it from the bytes read, and how far it got."""
 
+    def __init__(self, conn: h11.Connection, reader: asyncio.StreamReader, limit: int,
+                 where: str) -> None:
+        self.conn, self.reader, self.limit, self.where = conn, reader, limit, where
+        self.status: int | None = None
+        self.seen = False  # any byte of an answer arrived
+        self.eof = False
+        self.buffered = 0  # bytes read while no answer head was complete
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    size, seen = 0, False
-    while True:
-        line = await _line(reader, seen)
-        seen = True
-        size += len(line)
-        parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (
-                len(parts[1]) == 3 and parts[1].isdigit()):
-            raise ProtocolError("the server did not answer valid HTTP/1.x "
-                                f"(status line {line[:40]!r})")
-        status = int(parts[1])
+    async def next_event(self) -> object:
+        while (event := self.conn.next_event()) is h11.NEED_DATA:
+            data = await self.reader.read(_READ)
+            self.seen = self.seen or bool(data)
+            self.eof = not data
+            if self.status is None:
+                self.buffered += len(data)
+            self.conn.receive_data(data)  # b"": the server closed its side
+        return event
+
+    async def answer(self) -> Answer:
         fields: dict[str, str] = {}
-        count = 0
         while True:
-            line = await _line(reader, True)
-            size += len(line)
-            if size > MAX_HEAD or count > MAX_HEADERS:
-                raise ProtocolError(f"the HTTP answer has oversized headers (over "
-                                    f"{MAX_HEADERS} header lines or {MAX_HEAD} bytes)")
-            text = line.decode("latin-1").rstrip("\r\n")
-            if not text:
-                break
-            name, sep, value = text.partition(":")
-            if not sep or not name or any(c in name for c in " \t"):
-                raise ProtocolError(f"the server did not answer valid HTTP/1.x "
-                                    f"(header line {text[:40]!r})")
-            count += 1
-            key = name.lower()
-            fields[key] = f"{fields[key]}, {value.strip()}" if key in fields else value.strip()
-        if not 100 <= status < 200:  # an interim answer (100 Continue...) is skipped
-            return status, fields
+            event = await self.next_event()
+            if isinstance(event, h11.Response):
+                break  # an InformationalResponse (100 Continue...) is skipped
+        self.status = status = event.status_code
+        for name, value in event.headers:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            fields[key] = f"{fields[key]}, {text}" if key in fields else text
+        declared = fields.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            return self.over(status, fields)
+        body = bytearray()
+        while not isinstance(event := await self.next_event(), h11.EndOfMessage):
+            if isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > self.limit:
+                    return self.over(status, fields)
+        return status, fields, bytes(body)
 
-
-async def _read_body(reader: asyncio.StreamReader, fields: dict[str, str], status: int,
-                     limit: int, where: str) -> bytes | None:
-    def over() -> bytes | None:
-        if status >= 400:
-            return None
-        raise ProtocolError(f"the answer of {where} exceeds {limit} bytes")
-
-    if status in (204, 304):
-        return b""
-    if "chunked" in fields.get("transfer-encoding", "").lower():
-        data = bytearray()
-        while True:
-            size = int((await _line(reader, True)).split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                for _ in range(MAX_HEADERS + 1):  # trailers, then the blank line
-                    if not (await _line(reader, True)).strip():
-                        return bytes(data)
-                raise ProtocolError(f"the answer of {where} has over {MAX_HEADERS} trailers")
-            if len(data) + size > limit:
-                return over()
-            data += await _exactly(reader, size)
-            await _exactly(reader, 2)  # the chunk's CRLF
-    declared = fields.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ProtocolError(f"the answer of {where} has a bad Content-Length")
-        if int(declared) > limit:
-            return over()
-        return await _exactly(reader, int(declared))
-    data = bytearray()
-    while chunk := await reader.read(65536):
-        data += chunk
-        if len(data) > limit:
-            return over()
-    return bytes(data)
-
-
-async def _exactly(reader: asyncio.StreamReader, n: int) -> bytes:
-    try:
-        return await reader.readexactly(n)
-    except asyncio.IncompleteReadError:
-        raise _Lost(True) from None
+    def over(self, status: int, fields: dict[str, str]) -> Answer:
+        if status >= 400:  # the status is the answer; the body is not needed
+            return status, fields, None
+        raise ProtocolError(f"the answer of {self.where} exceeds {self.limit} bytes")
