@@ -155,7 +155,9 @@ async def probe(target: str, *, wait: float | None = None, samples: int = 20,
     try:
         client = GenericEnvClient(
             target, headers=dict(headers or {}), timeout=Timeout(timeout),
-            reconnect=ReconnectPolicy(max_attempts=1), on_session_lost="auto", hooks=[])
+            # One connection attempt; a Space is given --wait (else --timeout) to wake up.
+            reconnect=ReconnectPolicy(max_attempts=1, max_elapsed=wait or timeout),
+            on_session_lost="auto", hooks=[])
     except (ValueError, TypeError) as exc:
         raise _UsageError(f"cannot probe {target!r}: {exc}") from exc
     report.url = client.base_url or target
