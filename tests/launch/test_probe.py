@@ -103,6 +103,15 @@ async def test_a_token_server_explains_401_and_opens_with_the_header() -> None:
     assert "s3cret-token" not in json.dumps([refused.as_json(), allowed.as_json()])
 
 
+async def test_a_refused_origin_is_explained_as_403() -> None:
+    """An Origin the server does not allow: the upgrade's 403 is named, with what to check."""
+    async with EnvServer(env="echo", allowed_origins=["http://good.example"]) as srv:
+        report = await probe(srv.url, samples=1, headers={"Origin": "http://evil.example"})
+    assert report.exit_code == EXIT_UNHEALTHY
+    assert report.as_json()["session"]["status"] == 403
+    assert "allowed origins" in report.problems[0]
+
+
 async def test_an_untrusted_certificate_is_explained_in_one_line() -> None:
     """TLS with a certificate from an unknown CA: exit 1, one line naming the fix."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
