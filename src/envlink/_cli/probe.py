@@ -2,9 +2,11 @@
 
 One session is opened with envlink's own client (``on_session_lost="auto"``) and
 its discovery calls (``GET /health``, ``/metadata``, ``/schema``), and closed at the
-end (an OpenEnv detached session it created is ended with it). Nothing steps an
-episode: the latency sample is ``state`` round trips, and the tools are listed with
-an ``mcp`` ``tools/list`` message, which OpenEnv answers outside ``step()``.
+end (an OpenEnv detached session it created is ended with it); no other session is
+touched. The latency sample is ``state`` round trips, which step nothing; the tools
+are listed with an ``mcp`` ``tools/list`` message, which OpenEnv answers outside
+``step()``, or, on a server without that message (envlink's reference server), with
+the environment's ``list_tools`` action on the probe's own session, after the sample.
 
 Exit status, for scripts, CI and readiness probes: ``0`` the server is healthy and
 a session opened and answered; ``1`` unreachable, unhealthy, not an environment
@@ -51,7 +53,7 @@ EXIT_USAGE = 2
 DESCRIPTION = ("Look at an environment server (envlink's or OpenEnv's, or a Hugging Face "
                "Space by name): health, protocol and mode, which recovery "
                "on_session_lost='auto' would use, capacity, schema, tools and the round-trip "
-               "latency of one session. Nothing steps an episode.")
+               "latency of one session of its own, closed at the end.")
 EPILOG = ("exit status: 0 healthy (a session opened and answered), 1 unreachable, unhealthy, "
           "not an environment server or a refused session, 2 usage error. "
           "Example readiness probe: envlink probe http://127.0.0.1:8000 --wait 30 -n 3")
@@ -129,6 +131,9 @@ def probe_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                                    timeout=args.timeout, headers=headers))
     except _UsageError as exc:
         parser.error(str(exc))
+    except KeyboardInterrupt:
+        sys.stderr.write("envlink probe: interrupted\n")
+        return 130
     if args.json:
         sys.stdout.write(json.dumps(report.as_json(), indent=2) + "\n")
     else:
@@ -193,7 +198,7 @@ async def _health(client: GenericEnvClient, report: Report, wait: float | None) 
         report.fail("health", f"GET /health answered, but not OpenEnv's health JSON ({exc})",
                     "health", {"reachable": True, "status": 200})
         return False
-    except (ConnectError, EnvlinkError) as exc:
+    except EnvlinkError as exc:
         report.fail("health", f"unreachable: {_explain(exc)}", "health",
                     {"reachable": False, "error": str(exc)})
         return False
