@@ -31,7 +31,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["MARKS_VAR", "Marks", "build_marks", "read_total", "valgrind_argv"]
+__all__ = ["MARKS_VAR", "Marks", "build_marks", "read_events", "read_total", "valgrind_argv"]
 
 #: Environment variable naming the compiled marks library.
 MARKS_VAR = "ENVLINK_CALLGRIND_MARKS"
@@ -98,10 +98,15 @@ class Marks:
         self._stop()
 
 
-def valgrind_argv(dump: Path) -> list[str]:
-    """The valgrind command line that goes before a client's ``python ...``."""
+def valgrind_argv(dump: Path, *, cache_sim: bool = False) -> list[str]:
+    """The valgrind command line that goes before a client's ``python ...``.
+
+    ``cache_sim``: also simulate the caches (first-level and last-level misses of
+    instruction fetches, reads and writes: ``I1mr``, ``D1mr``, ``DLmr``, ...).
+    """
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--fair-sched=yes",
-            "--quiet", f"--callgrind-out-file={dump}"]
+            "--quiet", f"--callgrind-out-file={dump}",
+            *(["--cache-sim=yes"] if cache_sim else [])]
 
 
 _TOTALS = re.compile(r"^totals: (\d+)", re.M)
@@ -117,3 +122,20 @@ def read_total(dump: Path) -> int:
     if match is None:
         raise RuntimeError(f"{dump}: no totals line")
     return int(match.group(1))
+
+
+_EVENTS = re.compile(r"^events: (.+)$", re.M)
+_SUMMARY = re.compile(r"^(?:summary|totals): ([\d ]+)$", re.M)
+
+
+def read_events(dump: Path) -> dict[str, int]:
+    """Every event's total in a dump (``Ir`` alone, or with the cache simulator's).
+
+    Raises:
+        RuntimeError: the file holds no events or totals line.
+    """
+    text = dump.read_text(errors="replace")
+    names, totals = _EVENTS.search(text), _SUMMARY.search(text)
+    if names is None or totals is None:
+        raise RuntimeError(f"{dump}: no events or totals line")
+    return dict(zip(names.group(1).split(), map(int, totals.group(1).split()), strict=False))

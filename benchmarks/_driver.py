@@ -1,8 +1,10 @@
 """One benchmark client process, driven by ``run.py`` over stdin/stdout.
 
 Runs under the virtualenv of the client it measures: envlink's (``--client
-envlink`` or ``floor``) or OpenEnv's (``--client openenv``, which imports
-``openenv`` and never ``envlink``). It sets up one client, then answers one JSON
+envlink`` or ``floor``) or OpenEnv's (``--client openenv`` or ``openenv-stock``,
+which import ``openenv`` and never ``envlink``; in the scale and threads modes
+``openenv`` is OpenEnv's client modules alone, see :func:`openenv_client_class`).
+``--cpu N`` pins the process to one core. It sets up one client, then answers one JSON
 line per command read from stdin:
 
 * ``{"op": "steps", "n": N}``: N sequential steps, each timed;
@@ -10,13 +12,18 @@ line per command read from stdin:
   (every thread of this process: the bridge's loop thread and the SDK's export
   threads are client CPU too);
 * ``{"op": "scale", "sessions": S, "steps": K}``: (``--mode scale``) S sessions
-  on this one event loop, K concurrent steps each; the first command per S
-  also opens the sessions and reports the memory per idle session; with
-  ``"server_pid": P``, also the CPU time process P (the server) spent per step
-  while they ran;
-* ``{"op": "count", "n": N}``: N sequential steps, untimed, with callgrind
-  counting around them (``_callgrind.Marks``; the process runs under callgrind
-  and ``ENVLINK_CALLGRIND_MARKS`` names the marks library), once per process;
+  on this one event loop (spread over the comma-separated ``--url`` servers), K
+  concurrent steps each: steps/s, CPU per step, per-step p50/p99, GC collections
+  and allocated blocks kept per step; the first command per S also opens the
+  sessions and reports the memory per idle session; with ``"server_pids": [P,
+  ...]``, also each server's CPU over the window and its busy share of one core;
+* ``{"threads": T, "steps": K}``: (``--mode threads``) T threads, each owning a
+  sync client, K steps each, the same figures;
+* ``{"op": "count", "n": N}``: N sequential steps (``--mode scale``:
+  ``"sessions": S, "steps": K``, S sessions stepped together K times), untimed,
+  with callgrind counting around them (``_callgrind.Marks``; the process runs
+  under callgrind and ``ENVLINK_CALLGRIND_MARKS`` names the marks library), once
+  per process;
 * ``{"op": "quit"}``.
 
 Nothing here prints to the protocol stream but the answers: stdout is moved to
@@ -34,7 +41,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from array import array
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 #: The step every client sends: OpenEnv's MCP echo tool, answered by both servers.
@@ -96,11 +104,12 @@ class _TelemetrySetup:
             def export(self, spans: Any) -> SpanExportResult:
                 return SpanExportResult.SUCCESS
 
-        if mode in ("sdk", "sdk-exemplars", "sdk-nested", "sdk-sampled"):
+        ratios = {"sdk-sampled": 0.1, "sdk-sampled-1pct": 0.01}
+        if mode in ("sdk", "sdk-exemplars", "sdk-nested", *ratios):
             self.handle = envlink.telemetry.configure(
                 service_name="bench", span_exporters=[DropExporter()],
                 metric_readers=[InMemoryMetricReader()],
-                trace_sample_ratio=0.1 if mode == "sdk-sampled" else None)
+                trace_sample_ratio=ratios.get(mode))
         elif mode == "prometheus":
             self.handle = envlink.telemetry.configure(service_name="bench", prometheus_port=0)
             self.prometheus_url = f"http://127.0.0.1:{self.handle.prometheus_port}/metrics"
@@ -310,39 +319,87 @@ class AsyncRunner:
         await self._close()
 
 
+def openenv_client_class(client: str) -> Any:
+    """OpenEnv 0.10's ``GenericEnvClient``: ``openenv`` imports its client modules only.
+
+    ``from openenv.core import GenericEnvClient`` (``openenv-stock``) runs
+    ``openenv/core/__init__.py``, which also imports OpenEnv's server stack (FastAPI,
+    Gradio, pandas, ...): a heap that every full collection of the process walks. A
+    training process imports what it imports; the strict comparison is OpenEnv's client
+    code alone, so ``openenv`` gives ``openenv`` and ``openenv.core`` empty package
+    modules (their real ``__path__``, not their ``__init__``) and imports the client
+    modules from them.
+    """
+    if client == "openenv-stock":
+        from openenv.core import GenericEnvClient as stock
+
+        return stock
+    import importlib.util
+    import types
+
+    for name in ("openenv", "openenv.core"):
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        assert spec is not None
+        assert spec.submodule_search_locations is not None
+        module = types.ModuleType(name)
+        module.__path__ = list(spec.submodule_search_locations)
+        module.__spec__ = spec
+        sys.modules[name] = module
+    from openenv.core.generic_client import GenericEnvClient as strict
+
+    return strict
+
+
+def _pct(values: Iterable[float]) -> dict[str, float]:
+    latencies = sorted(values)
+    n = len(latencies)
+    return {"p50_us": latencies[n // 2] * 1e6,
+            "p99_us": latencies[min(n - 1, int(n * 0.99))] * 1e6}
+
+
+def _gc_collections() -> int:
+    return sum(g["collections"] for g in gc.get_stats())
+
+
 class ScaleRunner:
-    """Many sessions of one client on this process's one event loop."""
+    """Many sessions of one client on this process's one event loop.
 
-    def __init__(self, client: str, url: str) -> None:
+    ``urls``: the servers; session ``i`` goes to ``urls[i % len(urls)]``.
+    """
+
+    def __init__(self, client: str, urls: list[str]) -> None:
         self.client = client
-        self.url = url
+        self.urls = urls
         self.sessions: dict[int, list[Any]] = {}
+        self._cls: Any = None
 
-    def _new(self) -> Any:
+    def _new(self, i: int) -> Any:
+        url = self.urls[i % len(self.urls)]
         if self.client == "envlink":
             from envlink import GenericEnvClient
 
-            return GenericEnvClient(base_url=self.url)
-        from openenv.core import GenericEnvClient as OpenEnvClient
-
-        return OpenEnvClient(base_url=self.url, message_timeout_s=120)
+            return GenericEnvClient(base_url=url)
+        if self._cls is None:
+            self._cls = openenv_client_class(self.client)
+        return self._cls(base_url=url, message_timeout_s=120)
 
     async def _open(self, count: int) -> tuple[list[Any], float]:
         gc.collect()
         before = rss_bytes()
-        clients = [self._new() for _ in range(count)]
+        clients = [self._new(i) for i in range(count)]
         # Open in batches: a thousand simultaneous handshakes would measure the
         # server's accept queue, not the client.
         for i in range(0, count, 50):
             batch = clients[i:i + 50]
-            if self.client == "openenv":
+            if self.client != "envlink":
                 await asyncio.gather(*(c.connect() for c in batch))
             await asyncio.gather(*(c.reset() for c in batch))
         gc.collect()
         return clients, (rss_bytes() - before) / count
 
-    async def scale(self, sessions: int, steps: int, server_pid: int | None = None,
-                    ) -> dict[str, Any]:
+    async def _population(self, sessions: int) -> tuple[list[Any], dict[str, Any]]:
         out: dict[str, Any] = {}
         if sessions not in self.sessions:
             for other in list(self.sessions):  # one population at a time
@@ -352,28 +409,151 @@ class ScaleRunner:
             out["idle_bytes_per_session"] = per_session
             for c in clients:  # warm up every session
                 await c.step(ACTION)
-        clients = self.sessions[sessions]
+        return self.sessions[sessions], out
+
+    async def scale(self, sessions: int, steps: int, server_pids: list[int] | None = None,
+                    ) -> dict[str, Any]:
+        clients, out = await self._population(sessions)
+        perf = time.perf_counter
+        # An array, not a list: a float kept per step would count as a block kept.
+        lat = array("d")
+        record = lat.append
+
+        async def run(c: Any) -> None:
+            for _ in range(steps):
+                s = perf()
+                await c.step(ACTION)
+                record(perf() - s)
+
+        pids = server_pids or []
+        gc.collect()
+        blocks0, gc0 = sys.getallocatedblocks(), _gc_collections()
+        server0 = [process_cpu_s(p) for p in pids]
+        cpu0, t0 = time.process_time(), perf()
+        await asyncio.gather(*(run(c) for c in clients))
+        wall, cpu = perf() - t0, time.process_time() - cpu0
+        server1 = [process_cpu_s(p) for p in pids]
+        total = sessions * steps
+        gcs = _gc_collections() - gc0
+        out.update(n=total, wall_s=wall, steps_per_s=total / wall,
+                   cpu_us_per_step=cpu / total * 1e6, **_pct(lat),
+                   gc_per_kstep=gcs / total * 1000,
+                   blocks_kept_per_step=(sys.getallocatedblocks() - blocks0) / total)
+        if pids:
+            # Each server's CPU over the same window (it serves only this client then),
+            # read in clock ticks: to about 10 ms. Busy: its share of one core.
+            spent = [b - a for a, b in zip(server0, server1, strict=True)]
+            out["server_cpu_us_per_step"] = sum(spent) / total * 1e6
+            out["server_busy"] = [s / wall for s in spent]
+        return out
+
+    async def count(self, sessions: int, steps: int, marks: Any) -> dict[str, Any]:
+        """``steps`` rounds of all sessions stepped together, counted by callgrind."""
+        clients, _ = await self._population(sessions)
 
         async def run(c: Any) -> None:
             for _ in range(steps):
                 await c.step(ACTION)
 
         gc.collect()
-        server0 = process_cpu_s(server_pid) if server_pid is not None else 0.0
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        marks.start()
         await asyncio.gather(*(run(c) for c in clients))
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        total = sessions * steps
-        out.update(n=total, steps_per_s=total / wall, cpu_us_per_step=cpu / total * 1e6)
-        if server_pid is not None:
-            # The server's CPU over the same window (it serves only this client then),
-            # read in clock ticks: to about 10 ms.
-            out["server_cpu_us_per_step"] = (process_cpu_s(server_pid) - server0) / total * 1e6
-        return out
+        marks.stop()
+        return {"n": sessions * steps, "on_valgrind": marks.on_valgrind}
 
     async def close(self) -> None:
         for clients in self.sessions.values():
             await asyncio.gather(*(c.close() for c in clients))
+
+
+class ThreadsRunner:
+    """T threads, each owning a sync client of its own (TRL's tool thread pool's shape).
+
+    envlink's sync clients share the default bridge (one loop thread); each of
+    OpenEnv's ``.sync()`` clients runs its own loop thread.
+    """
+
+    def __init__(self, client: str, urls: list[str]) -> None:
+        self.client = client
+        self.urls = urls
+        self.clients: list[Any] = []
+        self.threads = 0
+
+    def _new(self, i: int) -> Any:
+        url = self.urls[i % len(self.urls)]
+        if self.client == "envlink":
+            from envlink import GenericEnvClient
+
+            env = GenericEnvClient(base_url=url).sync()
+        else:
+            env = openenv_client_class(self.client)(base_url=url, message_timeout_s=120).sync()
+            env.__enter__()
+        env.reset()
+        return env
+
+    def _close_all(self) -> None:
+        for env in self.clients:
+            if self.client == "envlink":
+                env.close()
+            else:
+                env.__exit__(None, None, None)
+        self.clients = []
+
+    def run(self, threads: int, steps: int, server_pids: list[int] | None = None,
+            ) -> dict[str, Any]:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        out: dict[str, Any] = {}
+        if threads != self.threads:
+            self._close_all()
+            gc.collect()
+            before = rss_bytes()
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                self.clients = list(pool.map(self._new, range(threads)))
+            gc.collect()
+            out["idle_bytes_per_session"] = (rss_bytes() - before) / threads
+            self.threads = threads
+            for env in self.clients:
+                env.step(ACTION)
+        perf = time.perf_counter
+        lats = [array("d") for _ in range(threads)]
+        start = threading.Barrier(threads + 1)
+
+        def work(i: int) -> None:
+            env, lat = self.clients[i], lats[i]
+            step = env.step
+            start.wait()
+            for _ in range(steps):
+                s = perf()
+                step(ACTION)
+                lat.append(perf() - s)
+
+        workers = [threading.Thread(target=work, args=(i,), daemon=True)
+                   for i in range(threads)]
+        for w in workers:
+            w.start()
+        pids = server_pids or []
+        gc.collect()
+        server0 = [process_cpu_s(p) for p in pids]
+        cpu0, t0 = time.process_time(), perf()
+        start.wait()
+        for w in workers:
+            w.join()
+        wall, cpu = perf() - t0, time.process_time() - cpu0
+        server1 = [process_cpu_s(p) for p in pids]
+        total = threads * steps
+        out.update(n=total, wall_s=wall, steps_per_s=total / wall,
+                   cpu_us_per_step=cpu / total * 1e6,
+                   **_pct(x for lat in lats for x in lat))
+        if pids:
+            spent = [b - a for a, b in zip(server0, server1, strict=True)]
+            out["server_cpu_us_per_step"] = sum(spent) / total * 1e6
+            out["server_busy"] = [s / wall for s in spent]
+        return out
+
+    def close(self) -> None:
+        self._close_all()
 
 
 # ------------------------------------------------------------------ main
@@ -381,13 +561,17 @@ class ScaleRunner:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--client", choices=["envlink", "openenv", "floor", "bridge", "rcts"],
-                        required=True)
-    parser.add_argument("--mode", choices=["sync", "async", "scale"], required=True)
+    parser.add_argument("--client", choices=["envlink", "openenv", "openenv-stock", "floor",
+                                             "bridge", "rcts"], required=True)
+    parser.add_argument("--mode", choices=["sync", "async", "scale", "threads"], required=True)
     parser.add_argument("--telemetry", default="off")
     parser.add_argument("--otlp-endpoint", default=None)
-    parser.add_argument("--url", default="")
+    parser.add_argument("--url", default="", help="server URL (scale, threads: comma-separated)")
+    parser.add_argument("--cpu", type=int, default=None,
+                        help="pin this process (and every thread it starts) to this core")
     args = parser.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})  # before any thread: they inherit it
     marks: Any = None
     if os.environ.get("ENVLINK_CALLGRIND_MARKS"):
         from _callgrind import Marks
@@ -402,7 +586,16 @@ def main() -> int:
         out.write(json.dumps(obj) + "\n")
 
     telemetry = _TelemetrySetup(args.telemetry, args.otlp_endpoint)
-    if args.mode == "sync":
+    if args.mode == "threads":
+        threads = ThreadsRunner(args.client, args.url.split(","))
+        answer({"ready": True, "rss": rss_bytes()})
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["op"] == "quit":
+                break
+            answer(threads.run(int(cmd["threads"]), int(cmd["steps"]), cmd.get("server_pids")))
+        threads.close()
+    elif args.mode == "sync":
         runner = SyncRunner(args.client, args.url, nested=args.telemetry == "sdk-nested")
         answer({"ready": True, "rss": rss_bytes()})
         for line in sys.stdin:
@@ -424,7 +617,7 @@ def main() -> int:
                 runner = AsyncRunner(args.client, args.url)
                 await runner.setup()
             else:
-                runner = ScaleRunner(args.client, args.url)
+                runner = ScaleRunner(args.client, args.url.split(","))
             answer({"ready": True, "rss": rss_bytes()})
             while True:
                 # Reading stdin in a worker thread keeps the loop running between
@@ -438,9 +631,11 @@ def main() -> int:
                     break
                 if cmd["op"] == "count" and isinstance(runner, AsyncRunner):
                     result = await runner.count(int(cmd["n"]), marks)
+                elif cmd["op"] == "count" and isinstance(runner, ScaleRunner):
+                    result = await runner.count(int(cmd["sessions"]), int(cmd["steps"]), marks)
                 elif isinstance(runner, ScaleRunner):
                     result = await runner.scale(int(cmd["sessions"]), int(cmd["steps"]),
-                                                cmd.get("server_pid"))
+                                                cmd.get("server_pids"))
                 else:
                     result = await runner.steps(int(cmd["n"]))
                     result.update(telemetry.after_round())

@@ -29,9 +29,14 @@ Sections:
    processor and a dropping exporter plus an in-memory metric reader (also with
    the exemplar filter off); the Prometheus reader; OTLP/HTTP to a local
    receiver (a separate process that decodes the protobuf);
-5. **scale**: 1, 10, 100 and 1,000 sessions on one event loop thread: aggregate
-   steps/s, client CPU per step, the server's CPU per step and busy share (is the
-   server what sets the rate?), memory per idle session (both clients);
+5. **scale**: the client pinned to one core, echo servers one per other core; 10,
+   100 and 1,000 sessions on one event loop (OpenEnv's client modules alone and its
+   stock import, envlink, envlink with the SDK always on and 1 % sampled), and 8, 64
+   and 256 threads each owning a sync client: steps/s, client CPU per step, p50/p99,
+   memory per idle session, each server's busy share, ratios to OpenEnv's client in
+   the same round (``--only scale-count``: the same client under ``callgrind
+   --cache-sim=yes``, instructions and cache misses per step; ``--python 3.X``: on
+   another interpreter);
 6. **import time** of ``import envlink`` and of OpenEnv's client, both from bytecode.
 
 Every client is its own process (so its CPU time is its own: the bridge's loop
@@ -163,9 +168,12 @@ class Driver:
         self._stderr.close()
 
 
-def envlink_server(python: str, *, max_sessions: int, name: str) -> ServerProcess:
+def envlink_server(python: str, *, max_sessions: int, name: str,
+                   cpu: int | None = None) -> ServerProcess:
     argv = [python, "-m", "envlink.server", "--port", "0", "--env", "echo",
             "--max-sessions", str(max_sessions)]
+    if cpu is not None:  # pinned to one core from its start (its threads too)
+        argv = ["taskset", "-c", str(cpu), *argv]
     return ServerProcess(argv, name=name, log_dir=LOG_DIR)
 
 
@@ -294,54 +302,198 @@ def section_steps(server_kind: str, pythons: dict[str, str], quick: bool,
             "variants": summarise(samples, baselines), "raw": samples}
 
 
-SCALE_LEVELS = (1, 10, 100, 1000)
+SCALE_LEVELS = (10, 100, 1000)
+THREAD_LEVELS = (8, 64, 256)
+#: name: (client, telemetry). The first is the baseline of every ratio.
+SCALE_VARIANTS: dict[str, tuple[str, str]] = {
+    "openenv": ("openenv", "off"),  # OpenEnv's client modules alone (the strict comparison)
+    "openenv, stock import": ("openenv-stock", "off"),  # from openenv.core import ...
+    "envlink": ("envlink", "off"),
+    "envlink +SDK": ("envlink", "sdk"),
+    "envlink +SDK, 1% sampled": ("envlink", "sdk-sampled-1pct"),
+}
+THREAD_VARIANTS: dict[str, tuple[str, str]] = {
+    "openenv": ("openenv", "off"),
+    "envlink": ("envlink", "off"),
+}
+
+
+def scale_cores() -> tuple[int, list[int]]:
+    """The client's core and the servers' cores: one each on 2 cores, else one per core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return cores[0], cores
+    return cores[0], cores[1:]
+
+
+def _scale_entry(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    entry: dict[str, Any] = {m: med_range([r[m] for r in rows])
+                             for m in ("steps_per_s", "cpu_us_per_step", "p50_us", "p99_us",
+                                       "server_cpu_us_per_step")}
+    for m in ("gc_per_kstep", "blocks_kept_per_step"):
+        if m in rows[0]:
+            entry[m] = med_range([r[m] for r in rows])
+    # Each server's share of one core while the client stepped: well below 1, the
+    # client sets the pace (the servers wait for it).
+    entry["server_busy"] = [med_range(list(b)) for b in zip(*(r["server_busy"] for r in rows),
+                                                          strict=True)]
+    idle = [r["idle_bytes_per_session"] for r in rows if "idle_bytes_per_session" in r]
+    entry["idle_kib_per_session"] = idle[0] / 1024 if idle else None
+    return entry
+
+
+def _ratios(samples: dict[str, list[dict[str, Any]]], base: str) -> dict[str, dict[str, Any]]:
+    """Per variant, per round: CPU per step and steps/s against ``base`` in that round."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, rows in samples.items():
+        if name == base:
+            continue
+        pairs = list(zip(rows, samples[base], strict=True))
+        out[name] = {
+            "cpu_x": med_range([a["cpu_us_per_step"] / b["cpu_us_per_step"] for a, b in pairs]),
+            "steps_per_s_x": med_range([a["steps_per_s"] / b["steps_per_s"] for a, b in pairs]),
+        }
+    return out
 
 
 def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
-    log("section 5: scale (sessions on one event loop)")
-    rounds = 2
-    total_steps = 1000 if quick else 2000
-    server = envlink_server(pythons["envlink"], max_sessions=2 * max(SCALE_LEVELS) + 10,
-                            name="envlink-scale")
+    """Sessions on one loop, and threads each owning a sync client, client-bound.
+
+    The client is pinned to one core and the servers to the others (one server per
+    core), so the servers can keep up with the one core the client has: each
+    server's busy share is reported to show it.
+    """
+    log("section 5: scale (sessions on one event loop; threads with sync clients)")
+    rounds = 3 if quick else 5
+    total_steps = 3000 if quick else 10000
+    client_core, server_cores = scale_cores()
+    # Every variant keeps its sessions open between its rounds.
+    servers = [envlink_server(pythons["envlink"],
+                              max_sessions=len(SCALE_VARIANTS) * max(SCALE_LEVELS) + 50,
+                              name=f"envlink-scale-{core}", cpu=core)
+               for core in server_cores]
     drivers: dict[str, Driver] = {}
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"rounds": rounds, "steps_per_run": total_steps,
+                               "client_core": client_core, "server_cores": server_cores,
+                               "levels": {}, "threads": {}}
     try:
-        server.start()
-        assert server.proc is not None
-        pid = server.proc.pid
-        for client in ("envlink", "openenv"):
-            drivers[client] = Driver(f"scale-{client}", pythons[client],
-                                     ["--client", client, "--mode", "scale",
-                                      "--url", server.base_url])
+        for srv in servers:
+            srv.start()
+        pids = [srv.proc.pid for srv in servers if srv.proc is not None]
+        urls = ",".join(srv.base_url for srv in servers)
+        pin = ["--cpu", str(client_core)]
+        for name, (client, tel) in SCALE_VARIANTS.items():
+            python = pythons["envlink" if client == "envlink" else "openenv"]
+            drivers[name] = Driver(f"scale-{name}", python,
+                                   ["--client", client, "--mode", "scale", "--telemetry", tel,
+                                    "--url", urls, *pin])
         for level in SCALE_LEVELS:
             per = max(2, total_steps // level)
             log(f"  {level} sessions, {per} steps each")
             samples = interleave(list(drivers), rounds,
                                  lambda c, level=level, per=per: drivers[c].ask(  # type: ignore[misc]
-                                     op="scale", sessions=level, steps=per, server_pid=pid))
-            level_out: dict[str, Any] = {}
-            for client, rows in samples.items():
-                entry: dict[str, Any] = {
-                    "steps_per_s": med_range([r["steps_per_s"] for r in rows]),
-                    "cpu_us_per_step": med_range([r["cpu_us_per_step"] for r in rows]),
-                    "server_cpu_us_per_step": med_range(
-                        [r["server_cpu_us_per_step"] for r in rows]),
-                    # The server's share of one core while this client stepped: near 1,
-                    # the server sets the rate, whatever the client spends.
-                    "server_busy": med_range([r["server_cpu_us_per_step"] * r["steps_per_s"] / 1e6
-                                              for r in rows]),
-                    "idle_kib_per_session": rows[0]["idle_bytes_per_session"] / 1024,
-                }
-                level_out[client] = entry
-            level_out["envlink_cpu_x_openenv"] = med_range(
+                                     op="scale", sessions=level, steps=per, server_pids=pids))
+            level_out: dict[str, Any] = {n: _scale_entry(rows) for n, rows in samples.items()}
+            level_out["ratios"] = _ratios(samples, "openenv")
+            sdk, sampled, plain = (samples["envlink +SDK"], samples["envlink +SDK, 1% sampled"],
+                                   samples["envlink"])
+            level_out["sdk_cpu_x_envlink"] = med_range(
                 [a["cpu_us_per_step"] / b["cpu_us_per_step"]
-                 for a, b in zip(samples["envlink"], samples["openenv"], strict=True)])
-            results[str(level)] = level_out
+                 for a, b in zip(sdk, plain, strict=True)])
+            level_out["sampled_cpu_x_envlink"] = med_range(
+                [a["cpu_us_per_step"] / b["cpu_us_per_step"]
+                 for a, b in zip(sampled, plain, strict=True)])
+            results["levels"][str(level)] = level_out
+        for d in drivers.values():
+            d.stop()
+        drivers = {}
+        for name, (client, _tel) in THREAD_VARIANTS.items():
+            python = pythons["envlink" if client == "envlink" else "openenv"]
+            drivers[name] = Driver(f"threads-{name}", python,
+                                   ["--client", client, "--mode", "threads", "--url", urls, *pin])
+        for threads in THREAD_LEVELS:
+            per = max(2, (total_steps // 2) // threads)
+            log(f"  {threads} threads with a sync client each, {per} steps each")
+            samples = interleave(list(drivers), rounds,
+                                 lambda c, t=threads, per=per: drivers[c].ask(  # type: ignore[misc]
+                                     op="run", threads=t, steps=per, server_pids=pids))
+            t_out: dict[str, Any] = {n: _scale_entry(rows) for n, rows in samples.items()}
+            t_out["ratios"] = _ratios(samples, "openenv")
+            results["threads"][str(threads)] = t_out
     finally:
         for d in drivers.values():
             d.stop()
+        for srv in servers:
+            srv.stop()
+    return results
+
+
+def section_scale_count(pythons: dict[str, str], quick: bool, repeats: int) -> dict[str, Any]:
+    """Instructions and simulated cache misses per step of a client stepping many sessions.
+
+    The client runs under ``callgrind --cache-sim=yes``, about fifty times slower than
+    on its own, so the server always has every answer ready when the client's loop
+    looks: how many answers one loop iteration finds no longer follows the server's
+    pace, and the count repeats. Two windows (K1 and K2 rounds of all sessions), each
+    a process; per step = (N2 - N1) / ((K2 - K1) * sessions).
+    """
+    import shutil
+
+    from _callgrind import MARKS_VAR, build_marks, read_events, valgrind_argv
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--scale-count needs valgrind (Debian: apt-get install valgrind)")
+    log("section 5b: scale, counted under callgrind with the cache simulator")
+    marks = build_marks(ROOT / "benchmarks" / "results" / ".callgrind")
+    sessions = 100 if quick else 1000
+    windows = (1, 2) if quick else (1, 3)
+    client_core, server_cores = scale_cores()
+    server = envlink_server(pythons["envlink"], max_sessions=2 * sessions + 10,
+                            name="envlink-scale-count", cpu=server_cores[0])
+    out: dict[str, Any] = {"sessions": sessions, "windows": list(windows), "repeats": repeats,
+                           "variants": {}}
+    try:
+        server.start(deadline=600.0)
+        for rep in range(repeats):
+            for name in ("openenv", "envlink"):
+                python = pythons["envlink" if name == "envlink" else "openenv"]
+                counts = []
+                for k in windows:
+                    dump = (HERE / "results" / "callgrind" / "scale" /
+                            f"{name}-{sessions}-r{rep + 1}" / f"callgrind.out.{k}")
+                    dump.parent.mkdir(parents=True, exist_ok=True)
+                    dump.unlink(missing_ok=True)
+                    driver = Driver(f"scale-count-{name}-{k}", python,
+                                    ["--client", name, "--mode", "scale", "--url",
+                                     server.base_url, "--cpu", str(client_core)],
+                                    prefix=valgrind_argv(dump, cache_sim=True),
+                                    env={MARKS_VAR: str(marks), "PYTHONHASHSEED": "0",
+                                         "PYTHONWARNINGS": "ignore"},
+                                    deadline=INSTR_DEADLINE)
+                    try:
+                        reply = driver.ask(op="count", sessions=sessions, steps=k)
+                    finally:
+                        driver.stop()
+                    if not reply.get("on_valgrind"):
+                        raise RuntimeError(f"{name}: the client did not run under valgrind")
+                    counts.append(read_events(dump))
+                per = {ev: (counts[1][ev] - counts[0][ev]) / ((windows[1] - windows[0]) * sessions)
+                       for ev in counts[0]}
+                log(f"  {name} run {rep + 1}: {per.get('Ir', 0) / 1000:.1f} k instructions/step")
+                out["variants"].setdefault(name, []).append(per)
+    finally:
         server.stop()
-    return {"rounds": rounds, "levels": results}
+    for name, runs in out["variants"].items():
+        out.setdefault("per_step", {})[name] = {
+            ev: {"median": statistics.median(r[ev] for r in runs),
+                 "spread": (max(r[ev] for r in runs) - min(r[ev] for r in runs))
+                 / max(1.0, min(r[ev] for r in runs))}
+            for ev in runs[0]}
+    if {"openenv", "envlink"} <= set(out.get("per_step", {})):
+        e, o = out["per_step"]["envlink"], out["per_step"]["openenv"]
+        out["envlink_x_openenv"] = {ev: e[ev]["median"] / o[ev]["median"]
+                                    for ev in e if o[ev]["median"]}
+    return out
 
 
 IMPORTS = {
@@ -697,16 +849,70 @@ def versions(pythons: dict[str, str]) -> dict[str, str]:
     out = {}
     for which, pkgs in (("envlink", ("envlink", "opentelemetry-sdk", "websockets")),
                         ("openenv", ("openenv", "websockets"))):
-        code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) "
-                f"for p in {list(pkgs)!r}}}))")
+        code = ("import importlib.metadata as m, json, platform; print(json.dumps({"
+                "'python': platform.python_version(), **{p: m.version(p) "
+                f"for p in {list(pkgs)!r}}}}}))")
         got = json.loads(subprocess.run([pythons[which], "-c", code], check=True,
                                         stdout=subprocess.PIPE, text=True).stdout)
-        out.update({(f"{which}:{k}" if k == "websockets" else k): v for k, v in got.items()})
+        out.update({(f"{which}:{k}" if k in ("websockets", "python") else k): v
+                    for k, v in got.items()})
     return out
 
 
 def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+def print_scale(sc: dict[str, Any]) -> None:
+    print(f"\n5. scale: client pinned to core {sc['client_core']}, "
+          f"{len(sc['server_cores'])} envlink echo server(s) on core(s) "
+          f"{','.join(map(str, sc['server_cores']))}; {sc['rounds']} interleaved rounds of "
+          f"about {sc['steps_per_run']} steps; x: against OpenEnv's client (modules alone) "
+          "in the same round")
+    head = (f"  {'variant':<26}{'steps/s':>20}{'CPU us/step':>18}{'p50 us':>10}{'p99 us':>10}"
+            f"{'KiB/sess':>10}{'servers busy':>16}{'CPU x':>18}{'steps/s x':>18}")
+    for title, key in (("sessions on one loop", "levels"), ("threads, a sync client each",
+                                                              "threads")):
+        for level, lv in sc[key].items():
+            print(f"\n  {level} {title}")
+            print(head)
+            for name, v in lv.items():
+                if name == "ratios" or not isinstance(v, dict) or "steps_per_s" not in v:
+                    continue
+                r = lv["ratios"].get(name, {})
+                idle = v["idle_kib_per_session"]
+                idle_s = f"{idle:.1f}" if idle is not None and int(level) >= 100 else "-"
+                busy = "/".join(f"{b['median']:.2f}" for b in v["server_busy"])
+                print(f"  {name:<26}{fmt(v['steps_per_s'], 0, 20)}"
+                      f"{fmt(v['cpu_us_per_step'], 0, 18)}"
+                      f"{v['p50_us']['median']:>10.0f}{v['p99_us']['median']:>10.0f}"
+                      f"{idle_s:>10}{busy:>16}{fmt(r.get('cpu_x'), 2, 18)}"
+                      f"{fmt(r.get('steps_per_s_x'), 2, 18)}")
+            if "sdk_cpu_x_envlink" in lv:
+                print(f"  CPU per step, SDK always on / without: {fmt(lv['sdk_cpu_x_envlink'], 2)};"
+                      f" 1% sampled / without: {fmt(lv['sampled_cpu_x_envlink'], 2)}")
+            gcs = {n: v for n, v in lv.items() if isinstance(v, dict) and "gc_per_kstep" in v}
+            if gcs:
+                print("  GC collections per 1,000 steps / allocated blocks kept per step: " +
+                      "; ".join(f"{n} {v['gc_per_kstep']['median']:.1f} / "
+                                f"{v['blocks_kept_per_step']['median']:.2f}"
+                                for n, v in gcs.items()))
+
+
+def print_scale_count(sc: dict[str, Any]) -> None:
+    print(f"\n5b. {sc['sessions']} sessions on one loop under callgrind --cache-sim=yes "
+          f"(rounds {sc['windows'][0]} and {sc['windows'][1]}, {sc['repeats']} run(s) each): "
+          "per step")
+    events = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+    print(f"  {'client':<10}" + "".join(f"{ev:>16}" for ev in events))
+    for name, per in sc.get("per_step", {}).items():
+        print(f"  {name:<10}" + "".join(
+            f"{per[ev]['median']:>10.0f} {per[ev]['spread'] * 100:4.1f}%" if ev in per else
+            f"{'-':>16}" for ev in events))
+    ratio = sc.get("envlink_x_openenv")
+    if ratio:
+        print(f"  {'envlink/OE':<10}" + "".join(
+            f"{ratio[ev]:>16.3f}" if ev in ratio else f"{'-':>16}" for ev in events))
 
 
 def print_report(res: dict[str, Any]) -> None:
@@ -758,22 +964,9 @@ def print_report(res: dict[str, Any]) -> None:
                   f"{fmt(v.get(f'cpu_us_added_vs_{label}'), 0, 20)}")
 
     if "scale" in res:
-        print(f"\n5. scale: sessions on one event loop, envlink server "
-              f"({res['scale']['rounds']} rounds)")
-        print(f"  {'sessions':>8} {'client':<9}{'steps/s':>22}{'CPU us/step':>20}"
-              f"{'server CPU us/step':>22}{'server busy':>20}"
-              f"{'idle KiB/session':>18}{'CPU x OpenEnv':>20}")
-        for level, lv in res["scale"]["levels"].items():
-            for client in ("envlink", "openenv"):
-                v = lv[client]
-                # Below 100 sessions the first session's lazy imports and caches dominate.
-                idle = f"{v['idle_kib_per_session']:.1f}" if int(level) >= 100 else "-"
-                ratio = fmt(lv["envlink_cpu_x_openenv"], 2, 20) if client == "envlink" else ""
-                print(f"  {level:>8} {client:<9}{fmt(v['steps_per_s'], 0, 22)}"
-                      f"{fmt(v['cpu_us_per_step'], 0, 20)}"
-                      f"{fmt(v['server_cpu_us_per_step'], 0, 22)}"
-                      f"{fmt(v['server_busy'], 2, 20)}"
-                      f"{idle:>18}{ratio}")
+        print_scale(res["scale"])
+    if "scale_count" in res:
+        print_scale_count(res["scale_count"])
 
     if "imports" in res:
         print("\n6. import time (fresh interpreter each time)")
@@ -819,9 +1012,23 @@ def targets(res: dict[str, Any]) -> list[str]:
                    f"{verdict(on <= 1.3)}")
     sc = res.get("scale")
     if sc:
-        kib = sc["levels"][str(max(SCALE_LEVELS))]["envlink"]["idle_kib_per_session"]
-        out.append(f"memory per idle session <= 32 KiB ({max(SCALE_LEVELS)} sessions): "
-                   f"{kib:.1f} KiB {verdict(kib <= 32)}")
+        top = sc["levels"][str(max(SCALE_LEVELS))]
+        kib_e = top["envlink"]["idle_kib_per_session"]
+        kib_o = top["openenv"]["idle_kib_per_session"]
+        out.append(f"memory per idle session <= OpenEnv's ({max(SCALE_LEVELS)} sessions): "
+                   f"{kib_e:.1f} vs {kib_o:.1f} KiB {verdict(kib_e <= kib_o)}")
+        for level, limit in (("1000", 0.80), ("100", 0.80), ("10", 0.90)):
+            r = sc["levels"][level]["ratios"]["envlink"]["cpu_x"]["median"]
+            out.append(f"client CPU per step at {level} sessions <= {limit:.2f}x OpenEnv: "
+                       f"{r:.2f} {verdict(r <= limit)}")
+        r = top["sdk_cpu_x_envlink"]["median"]
+        out.append(f"SDK always on at 1000 sessions <= 1.6x without: {r:.2f} {verdict(r <= 1.6)}")
+        r = top["sampled_cpu_x_envlink"]["median"]
+        out.append(f"1% sampled at 1000 sessions <= 1.3x without: {r:.2f} {verdict(r <= 1.3)}")
+        for t, lv in sc["threads"].items():
+            r = lv["ratios"]["envlink"]["steps_per_s_x"]["median"]
+            out.append(f"{t} threads with sync clients, steps/s >= 2.5x OpenEnv: {r:.2f} "
+                       f"{verdict(r >= 2.5)}")
     im = res.get("imports")
     if im:
         t = im["import envlink"]["in_process_s"]["median"]
@@ -835,7 +1042,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=str(HERE / "results" / "latest.json"),
                         help="where to write the figures (default: %(default)s)")
     parser.add_argument("--only", default="bridge,steps,scale,imports",
-                        help="comma-separated sections: bridge, steps, scale, imports")
+                        help="comma-separated sections: bridge, steps, scale, imports, "
+                             "scale-count (not by default: under callgrind, many minutes)")
+    parser.add_argument("--python", default=None,
+                        help="run the clients and servers on this Python version (e.g. 3.12): "
+                             "virtualenvs .venv-bench-3.12 and .venv-openenv-3.12, made from "
+                             "python3.12 on the path or pyenv's")
     parser.add_argument("--envlink-venv", default=str(ROOT / ".venv-bench"))
     parser.add_argument("--openenv-venv", default=str(ROOT / ".venv-openenv"))
     parser.add_argument("--no-install", action="store_true",
@@ -849,7 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="floor,openenv,envlink,sdk,bridge",
                         help="--instructions: floor, openenv, envlink, sdk, bridge")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="--instructions: client processes per variant")
+                        help="--instructions, scale-count: client processes per variant")
     parser.add_argument("--jobs", type=int, default=2,
                         help="--instructions: client processes counted at once")
     parser.add_argument("--callgrind-dir", default=str(HERE / "results" / "callgrind"),
@@ -879,6 +1091,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     base_python = sys.executable
+    if args.python is not None:
+        found = find_pythons(args.python)
+        if args.python not in found:
+            raise SystemExit(f"--python {args.python}: no such interpreter found")
+        base_python = found[args.python]
+        if args.envlink_venv == parser.get_default("envlink_venv"):
+            args.envlink_venv = f"{args.envlink_venv}-{args.python}"
+        if args.openenv_venv == parser.get_default("openenv_venv"):
+            args.openenv_venv = f"{args.openenv_venv}-{args.python}"
     if args.no_install:
         pythons = {"envlink": str(Path(args.envlink_venv) / "bin" / "python"),
                    "openenv": str(Path(args.openenv_venv) / "bin" / "python")}
@@ -896,6 +1117,8 @@ def main(argv: list[str] | None = None) -> int:
         res["steps_openenv_server"] = section_steps("openenv", pythons, args.quick)
     if "scale" in only:
         res["scale"] = section_scale(pythons, args.quick)
+    if "scale-count" in only:
+        res["scale_count"] = section_scale_count(pythons, args.quick, max(1, args.repeats))
     if "imports" in only:
         res["imports"] = section_imports(pythons, args.quick)
     res["machine"]["loadavg_end"] = os.getloadavg()
