@@ -236,6 +236,8 @@ def check_journal(seed: int, journal: dict[str, Any], calls: Sequence[Call],
         return [f"{what}: journal of reset {journal.get('reset_kwargs')} in segment {seed}"]
     if journal.get("truncated"):
         return problems
+    if not journal.get("keep_steps", True):
+        return _check_counted_journal(journal, calls, servers, what=what, upto=upto)
     entries = _journal_moves(journal)
     moves = [m for m, _ in entries]
     by_move = {c.move: c for c in calls if c.method == "step"}
@@ -256,6 +258,37 @@ def check_journal(seed: int, journal: dict[str, Any], calls: Sequence[Call],
             if not unexplained:
                 return problems
     problems.append(f"{what}: journal {moves} matches no server session of segment {seed} "
+                    f"(applied: {[s.moves for s in servers]})")
+    return problems
+
+
+def _check_counted_journal(journal: dict[str, Any], calls: Sequence[Call],
+                           servers: Sequence[ServerSegment] | None, *, what: str,
+                           upto: float) -> list[str]:
+    """A journal that counts steps (keeps none) must count what a server session applied.
+
+    Its ``steps_applied`` covers every step whose answer the caller received, and a
+    server session of the segment applied that many steps first, then only steps whose
+    outcome was unknown.
+    """
+    applied = int(journal["steps_applied"])
+    answered = [c.move for c in calls if c.method == "step" and c.ok and c.ended <= upto]
+    problems: list[str] = []
+    if len(answered) > applied:
+        problems.append(f"{what}: counts {applied} steps, fewer than the {len(answered)} "
+                        "answered")
+    if servers is None:
+        return problems
+    by_move = {c.move: c for c in calls if c.method == "step"}
+    for server in servers:
+        if len(server.moves) < applied or not set(answered) <= set(server.moves[:applied]):
+            continue
+        unexplained = [m for m in server.moves[applied:]
+                       if m not in by_move or by_move[m].ok
+                       or by_move[m].error not in UNKNOWN_OUTCOME]
+        if not unexplained:
+            return problems
+    problems.append(f"{what}: {applied} steps counted match no server session "
                     f"(applied: {[s.moves for s in servers]})")
     return problems
 
@@ -348,7 +381,18 @@ def check_segment(seed: int, calls: Sequence[Call], servers: Sequence[ServerSegm
                 if not pos & call.move:
                     v.append(f"seed {seed}: answered step {call.move} is missing from the "
                              f"episode's final state {final_state}")
-            if final_journal is not None and not final_journal.get("truncated"):
+            if final_journal is not None and not final_journal.get("keep_steps", True):
+                # Counted, not kept: the server applied the counted steps, then some of
+                # those still of unknown outcome.
+                counted = int(final_journal["steps_applied"])
+                unknown = {int(a["move"]) for a in final_journal.get("unknown_steps", [])}
+                if not 0 <= count - counted <= len(unknown) or (
+                        servers and (len(servers[-1].moves) < counted or not set(
+                            servers[-1].moves[counted:]) <= unknown)):
+                    v.append(f"seed {seed}: client.journal counts {counted} steps (unknown: "
+                             f"{sorted(unknown)}), which does not describe what the server "
+                             f"applied (position {pos}, {count} steps)")
+            elif final_journal is not None and not final_journal.get("truncated"):
                 entries = _journal_moves(final_journal)
                 moves = [m for m, _ in entries]
                 # Steps still listed as of unknown outcome may or may not be applied.

@@ -125,6 +125,23 @@ def test_session_lost_journal_must_match_a_server_session() -> None:
     assert any("without a journal" in v for v in violations)
 
 
+def test_counting_journals_must_count_what_the_server_applied() -> None:
+    """A journal that keeps no steps must count exactly what a session applied (final and lost)."""
+    calls, server = _episode([1, 2, 4])
+    counted = {"reset_kwargs": {"seed": SEED}, "steps": [], "truncated": False,
+               "keep_steps": False}
+    assert _check(calls, [server], final_journal=counted | {"steps_applied": 3}) == []
+    for wrong in (2, 4):
+        violations = _check(calls, [server], final_journal=counted | {"steps_applied": wrong})
+        assert any("does not describe what the server applied" in v for v in violations)
+    lost = Call(4, "step", SEED, 8, 1.0, 4, 4.01, error="SessionLostError",
+                error_module="envlink", journal=counted | {"steps_applied": 2})
+    violations = _check([*calls, lost], [server], final_state=None, final_journal=None)
+    assert any("fewer than the 3 answered" in v for v in violations)
+    lost.journal = counted | {"steps_applied": 3}
+    assert _check([*calls, lost], [server], final_state=None, final_journal=None) == []
+
+
 def test_replayed_episode_must_equal_its_fault_free_run() -> None:
     """Answers that skip a step of a replay episode no longer equal the fault-free run."""
     calls, server = _episode([1, 2, 4])

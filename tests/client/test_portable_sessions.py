@@ -147,11 +147,12 @@ async def test_detach_needs_an_episode_and_a_resumable_session() -> None:
 
 async def test_attach_after_a_restart_without_the_store_raises_session_gone() -> None:
     """The server is killed and restarted without its session store: attaching the handle
-    raises SessionGoneError carrying the journal."""
+    raises SessionGoneError carrying the journal (its steps, when the client records them)."""
     first = ServerProcess()
     second: ServerProcess | None = None
     try:
         env = GenericEnvClient(first.url)
+        env.record_steps = True
         await env.reset(seed=2, max_steps=50)
         await env.step({"move": 1})
         await env.step({"move": 2})

@@ -46,7 +46,8 @@ async def det(request: pytest.FixtureRequest) -> AsyncIterator[EnvServer]:
 @pytest.mark.parametrize("mode", ["before_apply", "after_apply", "mid_answer"])
 async def test_raise_gives_the_journal_and_keeps_the_client_usable(det: EnvServer,
                                                                    mode: str) -> None:
-    """on_session_lost='raise': SessionLostError with the journal; the next reset works."""
+    """on_session_lost='raise': SessionLostError with the journal (the reset and the
+    count of steps, none of them kept); the next reset works."""
     env = GenericEnvClient(det.url)
     try:
         await env.reset(seed=3, max_steps=100)
@@ -59,8 +60,8 @@ async def test_raise_gives_the_journal_and_keeps_the_client_usable(det: EnvServe
         journal = info.value.journal
         assert journal is not None
         assert journal.reset_kwargs == {"seed": 3, "max_steps": 100}
-        assert [e.action for e in journal.entries] == [{"move": m} for m in MOVES[:3]]
-        assert journal.entries[-1].response["observation"]["step"] == 3
+        assert (journal.steps_applied, journal.step_count, journal.entries) == (3, 3, [])
+        assert not journal.replayable
         fresh = await env.reset(seed=3, max_steps=100)
         assert fresh.observation["step"] == 0
         if det.extensions:
@@ -68,6 +69,26 @@ async def test_raise_gives_the_journal_and_keeps_the_client_usable(det: EnvServe
             # whole grace window.
             await asyncio.wait_for(det.wait_for("session.destroyed", 1), 5)
             assert len(det.sessions()) == 1
+    finally:
+        await env.close()
+
+
+async def test_raise_with_record_steps_gives_every_step(det: EnvServer) -> None:
+    """Under 'raise' with record_steps set, the lost episode's journal holds every step."""
+    env = GenericEnvClient(det.url)
+    env.record_steps = True
+    try:
+        await env.reset(seed=3, max_steps=100)
+        for m in MOVES[:3]:
+            await env.step({"move": m})
+        det.faults.drop_after = 5
+        det.faults.drop_mode = "after_apply"
+        with pytest.raises(SessionLostError) as info:
+            await env.step({"move": 9})
+        journal = info.value.journal
+        assert journal is not None and journal.replayable
+        assert [e.action for e in journal.entries] == [{"move": m} for m in MOVES[:3]]
+        assert journal.entries[-1].response["observation"]["step"] == 3
     finally:
         await env.close()
 

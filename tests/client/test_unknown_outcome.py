@@ -150,7 +150,7 @@ async def test_a_step_never_sent_leaves_no_unknown_outcome(server: EnvServer) ->
         assert not info.value.outcome_unknown
         await slow
         assert env.journal.unknown_steps == []
-        assert len(env.journal.entries) == 1
+        assert env.journal.steps_applied == 1
 
 
 async def test_a_timed_out_reset_does_not_let_the_old_episode_continue(
@@ -191,8 +191,7 @@ async def test_resume_settles_a_step_the_server_never_applied_from_its_count() -
             assert srv.resumes == 1
             journal = env.journal
             assert journal.unknown_steps == []
-            assert [e.action for e in journal.entries] == [
-                {"move": m} for m in [*MOVES[:3], MOVES[4]]]
+            assert (journal.steps_applied, journal.entries) == (4, [])  # none kept, all counted
             assert (await env.state())["step_count"] == 4
         finally:
             srv.unstall_all()

@@ -392,9 +392,8 @@ async def test_restart_with_raise_policy_raises_session_lost(
         journal = lost.value.journal
         assert journal is not None
         assert journal.reset_kwargs == {"seed": 7, "start": 0, "target": 100}
-        assert [e.action for e in journal.entries] == [{"delta": 1, "label": "one"},
-                                                       {"delta": 2, "label": "two"}]
-        assert journal.entries[-1].response["observation"]["total"] == 3
+        # Under raise the journal counts the steps and keeps none (nothing to replay).
+        assert (journal.steps_applied, journal.entries) == (2, [])
         # The fresh server never saw the interrupted step (nor a replay of the others).
         steps = [f for c in read_connections(second.frame_log) for f in c.sent
                  if f["type"] == "step"]

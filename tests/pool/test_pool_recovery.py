@@ -69,7 +69,8 @@ async def test_replay_rebuilds_a_stopped_servers_sessions_elsewhere(
 
 
 async def test_raise_gives_per_slot_session_lost(det_servers: Callable[..., Any]) -> None:
-    """Under raise, only the dead server's slots answer SessionLostError; reset moves them."""
+    """Under raise, only the dead server's slots answer SessionLostError (with the journal:
+    the reset and the steps counted, none kept); reset moves them."""
     a = await det_servers()
     b = await det_servers()
     async with EnvPool([a.url, b.url], SIZE, breaker_threshold=1,
@@ -81,7 +82,9 @@ async def test_raise_gives_per_slot_session_lost(det_servers: Callable[..., Any]
         assert set(batch.errors) == on_a
         for error in batch.errors.values():
             assert isinstance(error, SessionLostError)
-            assert error.journal is not None and error.journal.replayable
+            assert error.journal is not None
+            assert error.journal.reset_kwargs["max_steps"] == 50
+            assert (error.journal.entries, error.journal.replayable) == ([], False)
         view = pool.view()
         assert [view.slots[i] for i in sorted(on_a)] == ["lost"] * len(on_a)
         assert view.endpoints[0].states == {"lost": len(on_a)}

@@ -14,6 +14,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _spec(url: str, size: int, **options: Any) -> ShardSpec:
+    # Under the pool's replay its sessions' journals keep every step.
+    options.setdefault("on_session_lost", "replay")
     return ShardSpec(shard=0, offset=10, options=PoolOptions((url,), size, **options))
 
 

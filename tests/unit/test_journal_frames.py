@@ -110,7 +110,7 @@ def test_client_journal_holds_what_was_sent_and_is_immune_to_the_caller(
             "data", {})}}}
 
     async def main() -> None:
-        client = GenericEnvClient("http://env.test",
+        client = GenericEnvClient("http://env.test", on_session_lost="replay",
                                   transport=MockTransport(handler, extensions=extensions))
         await client.reset()
         action = json.loads(json.dumps(ACTION))
@@ -121,6 +121,54 @@ def test_client_journal_holds_what_was_sent_and_is_immune_to_the_caller(
         assert "action_json" not in vars(entry)  # nothing serialised at step time
         assert entry.action == ACTION
         assert entry.response == {**DATA, "observation": {"got": ACTION}}
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_journal_without_keep_steps_counts_steps_and_keeps_none() -> None:
+    """keep_steps=False: each step is counted, none is kept, and the journal is never
+    replayable; its unknown steps still settle from a step count."""
+    journal = EpisodeJournal(keep_steps=False)
+    journal.record_reset({"seed": 1}, {"observation": {}})
+    sent, received = _frames()
+    for _ in range(1000):
+        journal.record_frames(sent, received)
+    journal.record_step({"a": 1}, {"observation": {}})
+    assert (journal.entries, journal.steps_applied, journal.step_count) == ([], 1001, 1001)
+    assert not journal.replayable and not journal.truncated
+    journal.record_unknown({"a": 2}, "r-1")
+    assert journal.settle_count(1001) and journal.unknown_steps == []
+    copy = journal.snapshot()
+    assert not copy.keep_steps and copy.steps_applied == 1001
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("raise", False), ("resume", False),
+                                              ("replay", True), ("auto", True)])
+def test_a_client_journal_keeps_steps_only_where_its_policy_replays(policy: str,
+                                                                     kept: bool) -> None:
+    """Steps are kept under replay and auto only; record_steps overrides from the next reset."""
+
+    def handler(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "close":
+            return None
+        return {"type": "observation", "data": DATA}
+
+    async def main() -> None:
+        client = GenericEnvClient("http://env.test", on_session_lost=policy,  # type: ignore[arg-type]
+                                  transport=MockTransport(handler))
+        assert client.record_steps is kept
+        await client.reset()
+        await client.step(ACTION)
+        assert (len(client.journal.entries), client.journal.steps_applied) == (int(kept), 1)
+        client.record_steps = not kept
+        await client.step(ACTION)  # the change applies from the next reset
+        assert len(client.journal.entries) == 2 * int(kept)
+        await client.reset()
+        await client.step(ACTION)
+        assert len(client.journal.entries) == int(not kept)
+        with pytest.raises(TypeError, match="record_steps"):
+            client.record_steps = 1  # type: ignore[assignment]
         await client.close()
 
     asyncio.run(main())

@@ -320,6 +320,25 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             self._config = dataclasses.replace(self._config, on_session_lost=checked.value)
 
     @property
+    def record_steps(self) -> bool:
+        """Whether :attr:`journal` keeps each step's action and answer.
+
+        By default only under ``on_session_lost="replay"`` or ``"auto"``, where
+        recovery replays them; under ``"raise"`` and ``"resume"`` the journal only
+        counts steps (``steps_applied``), so memory does not grow with an episode's
+        length. Set it to keep them anyway (to rebuild the episode from a
+        :class:`~envlink.SessionLostError`'s journal elsewhere); it takes effect from
+        the next ``reset()``.
+        """
+        return self._core.record_steps
+
+    @record_steps.setter
+    def record_steps(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"record_steps must be a bool, got {type(value).__name__}")
+        self._core.record_steps_setting = value
+
+    @property
     def recovery(self) -> str:
         """How a session lost now would be recovered (``envlink-resume``, ``openenv-resume``,
         ``replay``, ``raise``), per ``on_session_lost`` and what the server offered so far."""

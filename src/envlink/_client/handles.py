@@ -90,7 +90,7 @@ class SessionHandle:
                 "entries": [[e.action_json, e.response_json] for e in j.entries],
                 "max_steps": j.max_steps, "truncated": j.truncated,
                 "episode_id": j.episode_id, "unknown_steps": list(j.unknown_steps),
-                "steps_applied": j.steps_applied,
+                "steps_applied": j.steps_applied, "keep_steps": j.keep_steps,
             },
         }
 
@@ -116,7 +116,8 @@ class SessionHandle:
                 max_steps=int(j["max_steps"]), truncated=bool(j["truncated"]),
                 episode_id=j["episode_id"], unknown_steps=list(j["unknown_steps"]),
                 _unknown_ids=[None] * len(j["unknown_steps"]),
-                steps_applied=int(j["steps_applied"]))
+                steps_applied=int(j["steps_applied"]),
+                keep_steps=bool(j.get("keep_steps", True)))
             handle = cls(base_url=str(data["base_url"]), session_id=data["session_id"],
                          mechanism=str(data["mechanism"]), journal=journal,
                          detached_id=data["detached_id"], resume_token=data["resume_token"])

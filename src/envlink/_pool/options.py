@@ -132,6 +132,9 @@ class PoolOptions:
         report the loss; ``"resume"`` belongs to the client: it needs the same server.
         """
         policy: SessionLostPolicy = "resume" if self.on_session_lost == "resume" else "raise"
+        # Under the pool's replay its clients' journals keep every step (the pool
+        # replays them); otherwise they keep none, as their own policy says.
+        replays = self.on_session_lost == "replay"
         client = self.client
         if isinstance(client, type):
             cls = client
@@ -141,6 +144,7 @@ class PoolOptions:
                     built: EnvClient[Any, Any, Any] = cls(
                         url, on_session_lost=policy, tracer_provider=tracer_provider,
                         meter_provider=meter_provider)
+                    built.record_steps = replays
                     return built
 
                 return build_default
@@ -157,7 +161,9 @@ class PoolOptions:
             chosen = config
 
             def build(url: str) -> EnvClient[Any, Any, Any]:
-                return configured_client(cls, url, chosen)
+                built = configured_client(cls, url, chosen)
+                built.record_steps = replays
+                return built
 
             return build
 
@@ -167,6 +173,7 @@ class PoolOptions:
                 raise TypeError(f"the client factory returned {type(made).__name__}, "
                                 "not an EnvClient")
             made.on_session_lost = policy
+            made.record_steps = replays
             return made
 
         return build_custom

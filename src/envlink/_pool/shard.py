@@ -91,6 +91,7 @@ class SlotMirror:
     head: EpisodeJournal | None = None
     truncated: bool = False
     unknown_steps: tuple[str, ...] = ()
+    steps_applied: int = 0
     actions: tuple[Any, ...] | None = None
     actions_base: int = 0
     needs_reset: bool = False
@@ -152,10 +153,12 @@ class DriverSlot:
             head = m.head or EpisodeJournal(episode_id=m.episode_id)
             journal = EpisodeJournal(reset_kwargs=dict(head.reset_kwargs),
                                      reset_response_json=head.reset_response_json,
-                                     max_steps=head.max_steps, episode_id=m.episode_id)
+                                     max_steps=head.max_steps, episode_id=m.episode_id,
+                                     keep_steps=head.keep_steps)
             self.journal = journal
         journal.entries.extend(m.entries)
         journal.truncated = m.truncated
+        journal.steps_applied = m.steps_applied
         # Steps whose outcome the shard's client does not know: while any is left the
         # copy is not replayable either (a replay could silently diverge).
         journal.carry_unknown(m.unknown_steps)
@@ -323,13 +326,15 @@ class Shard:
         abase = 0 if fresh or actions is None else min(sent_actions, len(actions))
         head = (EpisodeJournal(reset_kwargs=journal.reset_kwargs,
                                reset_response_json=journal.reset_response_json,
-                               max_steps=journal.max_steps, episode_id=key)
+                               max_steps=journal.max_steps, episode_id=key,
+                               keep_steps=journal.keep_steps)
                 if fresh else None)
         self._sent[index] = (key, len(journal.entries),
                              len(actions) if actions is not None else 0)
         return SlotMirror(episode_id=key, base=base, entries=tuple(journal.entries[base:]),
                           head=head, truncated=journal.truncated,
                           unknown_steps=tuple(journal.unknown_steps),
+                          steps_applied=journal.steps_applied,
                           actions=None if actions is None else tuple(actions[abase:]),
                           actions_base=abase, needs_reset=needs_reset, episodes=episodes,
                           reset_kwargs=reset_kwargs)

@@ -129,6 +129,11 @@ _new = object.__new__
 class EpisodeJournal:
     """Reset kwargs, then each step's action and answer, in order.
 
+    Only what recovery needs: with ``keep_steps`` false (a client's journal under
+    ``on_session_lost="raise"`` or ``"resume"``, which never replay) a step is
+    counted in ``steps_applied`` and nothing of it is kept, so an episode's memory
+    does not grow with its length; such a journal is never ``replayable``.
+
     Bounded: past ``max_steps`` entries the journal is marked ``truncated`` and can
     no longer be replayed (the episode is still usable; only ``replay`` recovery is
     lost).
@@ -143,14 +148,16 @@ class EpisodeJournal:
     Attributes:
         reset_kwargs: the kwargs of the reset that began the episode.
         reset_response: the ``data`` of the reset's observation frame.
-        entries: the steps applied so far.
+        entries: the steps applied so far (none kept without ``keep_steps``).
         max_steps: the bound on ``entries``.
         truncated: whether steps were dropped because of the bound.
         episode_id: the episode id, when known.
         unknown_steps: action payloads (JSON text) of steps sent whose outcome the
             client does not know yet, in the order they were sent.
         steps_applied: steps the server applied since the reset, as far as the
-            client knows (also those dropped past ``max_steps``).
+            client knows (also those dropped past ``max_steps`` or not kept).
+        keep_steps: whether each applied step's action and answer are kept in
+            ``entries`` (what replay needs), or only counted.
     """
 
     reset_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -164,6 +171,7 @@ class EpisodeJournal:
     # late answer.
     _unknown_ids: list[str | None] = field(default_factory=list, repr=False, compare=False)
     steps_applied: int = 0
+    keep_steps: bool = True
 
     @property
     def reset_response(self) -> dict[str, Any] | None:
@@ -175,25 +183,29 @@ class EpisodeJournal:
 
     @property
     def step_count(self) -> int:
-        """Steps recorded (not counting dropped ones)."""
-        return len(self.entries)
+        """Steps recorded (not counting dropped ones); without ``keep_steps``, applied."""
+        return len(self.entries) if self.keep_steps else self.steps_applied
 
     @property
     def replayable(self) -> bool:
         """Whether the whole episode is recorded, so replay can rebuild it."""
-        return (self.reset_response_json is not None and not self.truncated
-                and not self.unknown_steps)
+        return (self.keep_steps and self.reset_response_json is not None
+                and not self.truncated and not self.unknown_steps)
 
     def __post_init__(self) -> None:
         self.max_steps = check_count(self.max_steps, "max_steps")
 
-    def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any] | str) -> None:
+    def record_reset(self, kwargs: dict[str, Any], response: dict[str, Any] | str,
+                     *, keep_steps: bool | None = None) -> None:
         """Start a new episode.
 
         Args:
             kwargs: the reset kwargs.
             response: the answer's ``data``, as a dict or as JSON text.
+            keep_steps: whether this episode's steps are kept (default: as before).
         """
+        if keep_steps is not None:
+            self.keep_steps = keep_steps
         self.reset_kwargs = copy.deepcopy(kwargs)
         self.reset_response_json = _encode(response)
         self.entries = []
@@ -262,7 +274,7 @@ class EpisodeJournal:
         """
         if self.truncated or not self.unknown_steps:
             return not self.unknown_steps
-        if applied == len(self.entries):
+        if applied == self.steps_applied:
             self.unknown_steps = []
             self._unknown_ids = []
             return True
@@ -278,7 +290,7 @@ class EpisodeJournal:
                 the step is known to be applied but its answer was lost.
         """
         self.steps_applied += 1
-        if self.truncated:
+        if self.truncated or not self.keep_steps:
             return
         if len(self.entries) >= self.max_steps:
             self.truncated = True
@@ -298,7 +310,7 @@ class EpisodeJournal:
             received: the observation frame that answered it.
         """
         self.steps_applied += 1
-        if self.truncated:
+        if self.truncated or not self.keep_steps:
             return
         entries = self.entries
         if len(entries) >= self.max_steps:
@@ -343,6 +355,7 @@ class EpisodeJournal:
             unknown_steps=list(self.unknown_steps),
             _unknown_ids=list(self._unknown_ids),
             steps_applied=self.steps_applied,
+            keep_steps=self.keep_steps,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -354,4 +367,6 @@ class EpisodeJournal:
             "steps": [{"action": e.action, "response": e.response} for e in self.entries],
             "truncated": self.truncated,
             "unknown_steps": [json.loads(a) for a in self.unknown_steps],
+            "steps_applied": self.steps_applied,
+            "keep_steps": self.keep_steps,
         }

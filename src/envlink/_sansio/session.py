@@ -226,6 +226,8 @@ class SessionCore:
             flapping).
         on_session_lost: the recovery policy.
         max_journal_steps: bound on the steps recorded for replay.
+        record_steps: whether the journal keeps each step (``None``: only where the
+            recovery policy replays; see :attr:`record_steps`).
         clock: monotonic seconds (injectable for tests).
         id_prefix: prefix of request ids (random by default).
 
@@ -250,13 +252,17 @@ class SessionCore:
         policy: ReconnectPolicy,
         on_session_lost: SessionLostPolicy | RecoveryPolicy = "raise",
         max_journal_steps: int = 10_000,
+        record_steps: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
         id_prefix: str | None = None,
     ) -> None:
         self.policy = policy
         self.on_session_lost = RecoveryPolicy(on_session_lost)
+        #: Whether the journal keeps each step, set by the caller (``None``: per policy).
+        self.record_steps_setting = record_steps
         self.clock = clock
-        self.journal = EpisodeJournal(max_steps=max_journal_steps)
+        self.journal = EpisodeJournal(max_steps=max_journal_steps,
+                                      keep_steps=self.record_steps)
         self.episode = Episode.NONE
         self.lost_journal: EpisodeJournal | None = None
         self.link = Link.NONE
@@ -278,6 +284,21 @@ class SessionCore:
         self._dropped_at = 0.0
         self._short_lived = False
         self._flap_attempts = 0
+
+    @property
+    def record_steps(self) -> bool:
+        """Whether the journal keeps each step's action and answer: what replay needs.
+
+        By default only under ``replay`` and ``auto``; under ``raise`` and ``resume``
+        nothing is kept per step (the journal counts them), so a long episode's
+        memory does not grow. A caller that replays the journal itself (a pool
+        rebuilding a lost episode elsewhere) sets it. A change applies from the next
+        reset: a journal that did not keep an episode's first steps cannot replay it.
+        """
+        setting = self.record_steps_setting
+        if setting is not None:
+            return setting
+        return self.on_session_lost in _REPLAYING
 
     # ------------------------------------------------------------------ the caller
 
@@ -470,7 +491,7 @@ class SessionCore:
         """A request was answered (not with an error): follow it in the journal (from
         ``call``'s frames as sent and received when it holds ``frame``)."""
         if method == "reset" and isinstance(frame, ObservationFrame):
-            self.journal.record_reset(data or {}, frame.raw_data)
+            self.journal.record_reset(data or {}, frame.raw_data, keep_steps=self.record_steps)
             self.journal.episode_id = episode_id or uuid.uuid4().hex
             self.episode = Episode.ACTIVE
             self.lost_journal = None
@@ -582,9 +603,13 @@ class SessionCore:
                 f"applied them), see journal.unknown_steps{since}",
                 journal=journal.snapshot())
         if policy is RecoveryPolicy.REPLAY and not journal.replayable:
+            why = (f"the journal exceeded max_journal_steps={journal.max_steps}"
+                   if journal.keep_steps else
+                   "the journal did not record this episode's steps (they are recorded "
+                   "from the reset after on_session_lost becomes 'replay')")
             return SessionLostError(
-                "the session was lost and cannot be replayed: the journal exceeded "
-                f"max_journal_steps={journal.max_steps}{since}", journal=journal.snapshot())
+                f"the session was lost and cannot be replayed: {why}{since}",
+                journal=journal.snapshot())
         if policy in _RESUMING and self.resume_token is None and self.detached_id is None:
             more = ("" if policy is RecoveryPolicy.RESUME else
                     "; the journal cannot be replayed either")
