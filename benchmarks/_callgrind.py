@@ -125,7 +125,7 @@ def read_total(dump: Path) -> int:
 
 
 _EVENTS = re.compile(r"^events: (.+)$", re.M)
-_SUMMARY = re.compile(r"^(?:summary|totals): ([\d ]+)$", re.M)
+_EVENT_TOTALS = re.compile(r"^totals: ([\d ]+)$", re.M)
 
 
 def read_events(dump: Path) -> dict[str, int]:
@@ -135,7 +135,7 @@ def read_events(dump: Path) -> dict[str, int]:
         RuntimeError: the file holds no events or totals line.
     """
     text = dump.read_text(errors="replace")
-    names, totals = _EVENTS.search(text), _SUMMARY.search(text)
+    names, totals = _EVENTS.search(text), _EVENT_TOTALS.search(text)
     if names is None or totals is None:
         raise RuntimeError(f"{dump}: no events or totals line")
     return dict(zip(names.group(1).split(), map(int, totals.group(1).split()), strict=False))
