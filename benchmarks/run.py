@@ -432,10 +432,12 @@ def section_scale_count(pythons: dict[str, str], quick: bool, repeats: int) -> d
     """Instructions and simulated cache misses per step of a client stepping many sessions.
 
     The client runs under ``callgrind --cache-sim=yes``, about fifty times slower than
-    on its own, so the server always has every answer ready when the client's loop
-    looks: how many answers one loop iteration finds no longer follows the server's
-    pace, and the count repeats. Two windows (K1 and K2 rounds of all sessions), each
-    a process; per step = (N2 - N1) / ((K2 - K1) * sessions).
+    on its own, so the server has every answer ready when the client's loop looks;
+    past the first round the sessions still interleave as their answers arrive, so
+    two runs differ by several per cent (``docs/performance.md``: where the
+    instructions and cache misses go, not small differences). Two windows (K1 and
+    K2 rounds of all sessions), each a process; per step = (N2 - N1) / ((K2 - K1) *
+    sessions).
     """
     import shutil
 
