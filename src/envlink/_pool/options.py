@@ -161,7 +161,7 @@ class PoolOptions:
             chosen = config
 
             def build(url: str) -> EnvClient[Any, Any, Any]:
-                built = configured_client(cls, url, chosen)
+                built: EnvClient[Any, Any, Any] = configured_client(cls, url, chosen)
                 built.record_steps = replays
                 return built
 
