@@ -218,3 +218,25 @@ def test_instances_share_one_loop_thread(echo_server: ServerThread) -> None:
     del envs, env
     gc.collect()
     assert sessions(echo_server, ended=32) == 0
+
+
+def test_a_release_inside_a_running_loop_closes_before_the_bridge(echo_server: ServerThread
+                                                                 ) -> None:
+    """The last instance on the default bridge, dropped inside running async code, still
+    ends its sessions on the wire: the bridge outlives the close handed to its loop."""
+    env = Echo(base_url=echo_server.url)
+    env.reset()
+    client = env.client
+    # A second session, closed with the first: the close then awaits before any frame
+    # goes out, which a loop stopped under it would never let happen.
+    client.bridge.call(client.async_client.new_session, timeout=30)
+    assert sessions(echo_server) == 2
+    del client
+
+    async def drop() -> None:
+        nonlocal env
+        del env
+        gc.collect()
+
+    asyncio.run(drop())
+    assert sessions(echo_server, ended=2) == 0

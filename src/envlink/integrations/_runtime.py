@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import threading
@@ -52,7 +53,13 @@ DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {"on_session_lost": "auto", "on_capacit
 DEFAULT_CLIENT_CONFIG = ClientConfig(on_session_lost="auto", on_capacity="wait")
 #: Every lease not yet released: closed at exit, before the bridge's own exit hook.
 _live: weakref.WeakSet[Lease] = weakref.WeakSet()
-_tasks: set[asyncio.Task[None]] = set()
+#: Closes handed to a bridge's loop (a lease released inside running async code), each
+#: with the facade it closes, held until the close has ended: the facade's lease keeps
+#: the default bridge, and its loop, open until then (the last facade to go closes it,
+#: which would cancel the close before its frame is sent); waited for at exit.
+_closing: dict[concurrent.futures.Future[None], Any] = {}
+#: How long the exit hook waits for the closes handed to a loop, in all.
+_EXIT_CLOSE_WAIT = 10.0
 
 
 def adapter_config(config: ClientConfig | None,
@@ -175,14 +182,17 @@ class Lease:
         if loop is not None and _in_running_loop():
             # A garbage collection inside running async code (the bridge's own loop, or
             # a caller's): a blocking close would stall or deadlock that loop, so the
-            # close is handed to the bridge's loop and not waited for.
-            def start_close() -> None:
-                task = loop.create_task(client.async_client.close())
-                _tasks.add(task)
-                task.add_done_callback(_tasks.discard)
-
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                loop.call_soon_threadsafe(start_close)
+            # close is handed to the bridge's loop and not waited for here. The facade
+            # is held until the close has ended (its lease keeps the bridge open), and
+            # the exit hook waits for it.
+            closing = _close(client.async_client)
+            try:
+                future = asyncio.run_coroutine_threadsafe(closing, loop)
+            except RuntimeError:  # the loop is already closed
+                closing.close()
+                return
+            _closing[future] = client
+            future.add_done_callback(_closed)
             return
         # Best effort: the session may already be gone with its server.
         with contextlib.suppress(Exception):
@@ -197,9 +207,28 @@ def _in_running_loop() -> bool:
     return True
 
 
+async def _close(client: EnvClient[Any, Any, Any]) -> None:
+    # A coroutine (the client's close may be any awaitable) for run_coroutine_threadsafe.
+    await client.close()
+
+
+def _closed(future: concurrent.futures.Future[None]) -> None:
+    # Drops the facade: the last one on the default bridge closes it (on its loop).
+    _closing.pop(future, None)
+
+
 @atexit.register
 def _release_all_at_exit() -> None:
     # Registered after envlink's bridge hook (imported above), so it runs before it:
-    # the sessions are closed on the wire while the loop thread still runs.
+    # the sessions are closed on the wire while the loop thread still runs, those
+    # released inside running async code (handed to the loop) included.
     for lease in list(_live):
         lease.release()
+    # A loop closed meanwhile never runs its close: not waited for.
+    pending = [future for future, client in list(_closing.items())
+               if not _loop_closed(client.bridge.loop)]
+    concurrent.futures.wait(pending, timeout=_EXIT_CLOSE_WAIT)
+
+
+def _loop_closed(loop: asyncio.AbstractEventLoop | None) -> bool:
+    return loop is None or loop.is_closed()
