@@ -47,11 +47,22 @@ it (``docs/migrating-from-openenv.md`` has the table).
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from envlink._sansio.journal import EpisodeJournal
+
+if sys.version_info >= (3, 11):
+    _Timeout = TimeoutError
+else:
+    # Before 3.11 asyncio's TimeoutError (what OpenEnv's client raises for a late
+    # answer, and what `except asyncio.TimeoutError:` catches) is not the builtin one.
+    from asyncio.exceptions import TimeoutError as _AsyncioTimeoutError
+
+    class _Timeout(TimeoutError, _AsyncioTimeoutError):
+        """The builtin ``TimeoutError`` and asyncio's, which differ before Python 3.11."""
 
 __all__ = [
     "OUTCOMES",
@@ -167,7 +178,7 @@ class HandshakeRejectedError(ConnectError):
         self.retry_after = retry_after
 
 
-class NotReadyError(ConnectError, TimeoutError):
+class NotReadyError(ConnectError, _Timeout):
     """The server did not answer ``GET /health`` with a healthy JSON status in time.
 
     Attributes:
@@ -246,7 +257,7 @@ class OutcomeUnknownError(ConnectionLostError):
         self.applied = applied
 
 
-class CallTimeoutError(EnvlinkError, TimeoutError):
+class CallTimeoutError(EnvlinkError, _Timeout):
     """A call's deadline expired; the client stopped waiting and cancelled its work.
 
     If the request frame may already have reached the server (``outcome_unknown``),
