@@ -8,6 +8,7 @@ import time
 import pytest
 
 from envlink import (
+    CapacityReachedError,
     ConnectError,
     GenericEnvClient,
     HandshakeRejectedError,
@@ -18,7 +19,7 @@ from envlink import (
     SessionLostError,
     set_testing,
 )
-from envlink.server import EnvServer
+from envlink.server import EnvServer, ServerThread
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,6 +102,55 @@ async def test_reset_is_retried_after_a_drop(any_server: EnvServer, mode: str) -
         reset = await env.reset()
         assert reset.observation["echoed_message"] == "Echo environment ready!"
     assert any_server.connections_opened == 2
+
+
+def _arm_drop(server: EnvServer) -> None:
+    server.faults.drop_after = 1  # the next request on the connection
+    server.faults.drop_mode = "after_apply"
+
+
+def _tally(server: EnvServer) -> dict[str, int]:
+    names = ("drop", "resume", "applied.reset", "dedup", "session.created")
+    return {"sessions": len(server.sessions()), **{n: server.counter(n) for n in names}}
+
+
+@pytest.mark.parametrize("max_sessions", [1, 8])
+@pytest.mark.parametrize("steps", [0, 1], ids=["first-reset", "mid-episode"])
+def test_a_reset_resent_after_a_drop_leaves_one_server_session(steps: int,
+                                                                max_sessions: int) -> None:
+    """A reset dropped after the server applied it is resent on the same server session."""
+    with ServerThread(env="echo", host="127.0.0.1", max_sessions=max_sessions) as st, \
+            GenericEnvClient(st.url).sync() as env:
+        if steps:
+            env.reset()
+            env.step({"message": "hi"})
+        st.call(_arm_drop)
+        assert env.reset().observation["echoed_message"] == "Echo environment ready!"
+        assert env.state()["step_count"] == 0
+        # One session, not two: the resent reset re-attached by its token and was answered
+        # from the server's de-duplication cache (applied once).
+        assert st.call(_tally) == {"sessions": 1, "drop": 1, "resume": 1,
+                                   "applied.reset": steps + 1, "dedup": 1,
+                                   "session.created": 1}
+
+
+def test_a_connection_refused_for_capacity_is_not_taken_for_a_session() -> None:
+    """The token of a connection refused at capacity names no session: the next reset gets
+    a fresh one, and nothing is left behind."""
+    with ServerThread(env="echo", host="127.0.0.1", max_sessions=1) as st:
+        holder, env = GenericEnvClient(st.url).sync(), GenericEnvClient(st.url).sync()
+        try:
+            holder.reset()
+            with pytest.raises(CapacityReachedError):
+                env.reset()
+            holder.close()
+            st.call(lambda server: server.wait_for("session.destroyed", 1), timeout=5)
+            env.reset()
+            assert st.call(_tally) == {"sessions": 1, "drop": 0, "resume": 0,
+                                       "applied.reset": 2, "dedup": 0, "session.created": 2}
+        finally:
+            env.close()
+            holder.close()
 
 
 async def test_state_is_retried_outside_an_episode(any_server: EnvServer) -> None:

@@ -216,10 +216,12 @@ def test_the_failure_that_let_the_connection_go_is_named_once() -> None:
 
 
 def test_a_suspect_connection_is_replaced_for_reset_and_dropped_if_the_probe_fails() -> None:
-    """reset never queues behind a late answer; a dead peer sends the call to a new link."""
+    """reset never queues behind a late answer (its session is given up); a dead peer
+    sends the call to a new link."""
     c = core(ext=EXTENDED)
     c.deadline_expired("step", None, c.next_request_id(), sent=True)
     assert c.preflight("reset", connection_open=True) is Preflight.REPLACE
+    assert c.release_session() == "tok" and c.resume_token is None
     c.probed(False)
     assert c.link is Link.NONE
     assert c.preflight("state", connection_open=False) is Preflight.CONNECT
@@ -327,6 +329,52 @@ def test_no_connection_mid_episode_means_recovery_before_any_send() -> None:
     c.on_dropped(DropReason.FAILED)
     assert c.preflight("step", connection_open=False) is Preflight.RECOVER
     assert c.preflight("reset", connection_open=False) is Preflight.CONNECT
+
+
+def test_a_reset_resent_after_a_drop_reattaches_to_the_session_held() -> None:
+    """A reset whose connection dropped after it was written is resent on the session the
+    client holds (its token presented), not on a second one; the old episode is lost."""
+    c = core("resume", EXTENDED, episode=True)
+    c.on_dropped(DropReason.FAILED)
+    assert c.after_failure("reset", ConnectionLostError("lost"), written=True).action \
+        is Action.RESEND
+    assert c.episode is Episode.LOST
+    assert c.preflight("reset", connection_open=False) is Preflight.REATTACH
+    assert c.resume_token == "tok"
+    c.on_connected(RESUMED)
+    assert c.session_id == "s-1" and c.resume_token == "tok"
+    reset = c.receive(obs_text("p-1"), "p-1")
+    assert not isinstance(reset, Dropped)
+    c.answered("reset", {}, reset)
+    assert c.episode is Episode.ACTIVE
+
+
+def test_a_token_the_server_does_not_know_gets_a_fresh_session() -> None:
+    """A token naming no session (its connection was refused, at capacity) is harmless:
+    the server answers with a fresh session, whose token the client then holds."""
+    c = core(ext=EXTENDED, episode=True)
+    c.on_dropped(DropReason.FAILED)
+    assert c.preflight("reset", connection_open=False) is Preflight.REATTACH
+    c.on_connected(Extensions.from_headers({
+        "envlink-protocol": "1", "envlink-session": "tok-2", "envlink-session-id": "s-2",
+        "envlink-resumed": "0"}))
+    assert (c.resume_token, c.session_id, c.episode) == ("tok-2", "s-2", Episode.LOST)
+
+
+def test_a_reset_never_written_keeps_the_episode_and_plain_sessions_connect() -> None:
+    """A reset that never left changes nothing on the server; without a token (the plain
+    protocol, or the session given up) a new connection is a new session."""
+    c = core("resume", EXTENDED, episode=True)
+    c.on_dropped(DropReason.FAILED)
+    c.after_failure("reset", ConnectionLostError("lost"), written=False)
+    assert c.episode is Episode.ACTIVE
+    assert c.preflight("state", connection_open=False) is Preflight.RECOVER
+    c.release_session()
+    assert c.preflight("reset", connection_open=False) is Preflight.CONNECT
+    plain = core(episode=True)
+    plain.on_dropped(DropReason.FAILED)
+    plain.after_failure("reset", ConnectionLostError("lost"), written=True)
+    assert plain.preflight("reset", connection_open=False) is Preflight.CONNECT
 
 
 def test_the_journal_follows_answers_only_inside_an_episode() -> None:

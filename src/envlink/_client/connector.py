@@ -164,12 +164,15 @@ class Connector:
         core.connects_made(retry.tries)
         return conn
 
-    async def open_session(self, method: str, *, reason: str) -> Connection:
+    async def open_session(self, method: str, *, reason: str,
+                           resume_token: str | None = None) -> Connection:
         """:meth:`open` for a call outside recovery: a detached session found gone is
         replaced by a new one (no episode runs on it: a call in mid-episode recovers
-        instead, and a reset starts a new episode anyway)."""
+        instead, and a reset starts a new episode anyway). With ``resume_token``, the
+        envlink session the client holds is re-attached to (the server opens a fresh
+        one where it no longer has it)."""
         try:
-            return await self.open(method, reason=reason)
+            return await self.open(method, reason=reason, resume_token=resume_token)
         except DetachedSessionGone:
             self.core.detached_id = None
             return await self.open(method, reason=reason)

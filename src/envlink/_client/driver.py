@@ -326,7 +326,7 @@ class SessionDriver:
         if todo is Preflight.REPLACE:
             # A new episode need not queue behind the old one's late answer; the old
             # session is ended rather than left holding a server slot.
-            token = core.resume_token
+            token = core.release_session()
             connector.drop(DropReason.DISTRUSTED)
             if token is not None:
                 await connector.release(token)
@@ -345,8 +345,11 @@ class SessionDriver:
         connector.conn = None
         if todo is Preflight.RECOVER:
             return None
+        # REATTACH: the session the client holds is resumed (or replaced by the server
+        # if it has none by that token) rather than left detached beside a new one.
         return await connector.open_session(
-            method, reason="connect" if number == 1 and not lost else "retry")
+            method, reason="connect" if number == 1 and not lost else "retry",
+            resume_token=core.resume_token if todo is Preflight.REATTACH else None)
 
     def expect(self, frame: Frame, kind: type[_F], method: str) -> _F:
         """The answer as ``kind``; an error frame raises ``ServerError``.

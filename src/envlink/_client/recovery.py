@@ -401,7 +401,7 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
     if token is not None and not resuming:
         # The server keeps the detached session for its grace window: end it, so it
         # does not hold a slot (replay needs one right away; "raise" does not wait).
-        core.resume_token = None
+        core.release_session()
         if policy is RecoveryPolicy.REPLAY:
             # Steps of unknown outcome are settled from the old session's own count
             # first, where it can tell (the session still exists and reports one).

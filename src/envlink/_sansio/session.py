@@ -137,6 +137,9 @@ class Preflight(enum.Enum):
     REPLACE = "replace"
     #: No connection: open one.
     CONNECT = "connect"
+    #: No connection, but the client still holds a server session (its resume token):
+    #: open one that re-attaches to it, rather than a second session beside it.
+    REATTACH = "reattach"
     #: No connection mid-episode: a new connection is a new server session, so the
     #: episode must be recovered under ``on_session_lost``.
     RECOVER = "recover"
@@ -343,9 +346,13 @@ class SessionCore:
         - ``SEND``: send on the current connection.
         - ``PROBE``: health-check the connection and call :meth:`probed`.
         - ``REPLACE``: let the connection go (:meth:`on_dropped` with
-          ``DISTRUSTED``), end its server session if :attr:`resume_token` names
+          ``DISTRUSTED``), end its server session if :meth:`release_session` names
           one, then open a new connection.
         - ``CONNECT``: open a connection and call :meth:`on_connected`.
+        - ``REATTACH``: open a connection presenting :attr:`resume_token` and call
+          :meth:`on_connected`: the server resumes the session the token names, or
+          opens a fresh one where it has none by that token (it refused that
+          connection, at capacity for one, or the grace window is over).
         - ``RECOVER``: carry the episode on with the strategies of
           :meth:`recovery_plan`.
         """
@@ -355,7 +362,10 @@ class SessionCore:
             self.link = Link.NONE
             if self.episode is Episode.ACTIVE and method != "reset":
                 return Preflight.RECOVER
-            return Preflight.CONNECT
+            # A reset (or a call outside an episode) starts over on the session the
+            # client holds: a new one beside it would leave the old one detached on
+            # the server, holding a slot until its resume grace ends.
+            return Preflight.CONNECT if self.resume_token is None else Preflight.REATTACH
         return Preflight.SEND
 
     def probed(self, alive: bool) -> None:
@@ -554,6 +564,10 @@ class SessionCore:
         with the strategies of :meth:`recovery_plan`; ``FAIL``, raise
         ``decision.error`` from the failure.
         """
+        if method == "reset" and written:
+            # The server may have started the new episode: the old one cannot go on,
+            # whichever session the resent reset then reaches.
+            self.lose_episode()
         if self.episode is Episode.ACTIVE and method != "reset":
             # A new connection is a new server session: only recovery continues the
             # episode (resume re-attaches with the same request id, de-duplicated).
@@ -683,6 +697,19 @@ class SessionCore:
         else:
             self._short_lived = False
             self._flap_attempts = 0
+
+    def release_session(self) -> str | None:
+        """The client gives up the server session it holds (to start afresh, or for a
+        recovery that does not resume it).
+
+        Returns:
+            its resume token, now forgotten; ``None`` if it holds none.
+
+        After calling this method: end the session the token names (the connector's
+        ``release``) so that it does not hold a server slot for its grace window.
+        """
+        token, self.resume_token = self.resume_token, None
+        return token
 
     def on_closed(self) -> None:
         """The client ended the session (disconnect, close, or a forked child)."""
