@@ -134,19 +134,6 @@ class McpToolAdapter(MCPToolClient[Any]):
         """
         return await self.mcp_call_tool(name, kwargs)
 
-    @dispatched
-    async def get_tool(self, name: str) -> Any:
-        """The tool ``name`` (an OpenEnv ``Tool``), or ``None``."""
-        for tool in await self.list_tools():
-            if tool.name == name:
-                return tool
-        return None
-
-    @dispatched
-    async def has_tool(self, name: str) -> bool:
-        """Whether the environment has the tool ``name``."""
-        return await self.get_tool(name) is not None
-
 
 # ------------------------------------------------------------------ rebuilding classes
 
