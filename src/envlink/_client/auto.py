@@ -192,6 +192,14 @@ def _lookup(name: str) -> EnvironmentInfo | None:
     return discover().get(_normalize(name).replace("_env", ""))
 
 
+def _installed(name: str) -> EnvironmentInfo:
+    """The installed environment ``name``; ``ValueError`` where there is none."""
+    info = _lookup(name)
+    if info is None:
+        raise ValueError(f"Unknown environment: {name}")
+    return info
+
+
 def _unknown(name: str, factory: str) -> ValueError:
     known = discover()
     if not known:
@@ -397,9 +405,7 @@ class AutoEnv:
         Raises:
             ValueError: no such environment is installed.
         """
-        info = _lookup(name)
-        if info is None:
-            raise ValueError(f"Unknown environment: {name}")
+        info = _installed(name)
         return info.get_client_class()
 
     @classmethod
@@ -409,9 +415,7 @@ class AutoEnv:
         Raises:
             ValueError: no such environment is installed.
         """
-        info = _lookup(name)
-        if info is None:
-            raise ValueError(f"Unknown environment: {name}")
+        info = _installed(name)
         return {"env_key": info.env_key, "name": info.name, "package": info.package_name,
                 "version": info.version, "description": info.description,
                 "env_class": info.client_class_name, "action_class": info.action_class_name,
@@ -476,9 +480,7 @@ class AutoAction:
         Raises:
             ValueError: no such environment is installed.
         """
-        info = _lookup(name)
-        if info is None:
-            raise ValueError(f"Unknown environment: {name}")
+        info = _installed(name)
         return {"env_key": info.env_key, "env_name": info.name, "package": info.package_name,
                 "action_class": info.action_class_name,
                 "observation_class": info.observation_class_name,
