@@ -31,7 +31,7 @@ NEVER_AT_IMPORT = [
     "envlink._pool.placement",
     "envlink._pool.breaker",
     "envlink._client.sync_client",      # the sync facade's class (client.sync() imports it)
-    "envlink._client.echo_env",      # the echo environment
+    "envlink.echo_env",      # the echo environment
     "envlink._transports.mock",      # the test transport
     "envlink._cli.demo",
     "envlink._cli.main",

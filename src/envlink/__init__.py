@@ -78,7 +78,6 @@ if TYPE_CHECKING:
     from envlink._client.adopt import adopt
     from envlink._client.auto import AutoAction, AutoEnv, GenericAction
     from envlink._client.default_bridge import default_bridge
-    from envlink._client.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink._client.handles import SessionHandle
     from envlink._client.harness import (
         HarnessClient,
@@ -100,6 +99,7 @@ if TYPE_CHECKING:
     from envlink._pool.results import Batch, EndpointView, PoolView
     from envlink._pool.sync_pool import SyncEnvPool
     from envlink._transports.mock import MockTransport
+    from envlink.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
     from envlink.telemetry import configure
 
 
@@ -119,10 +119,10 @@ set_default_hooks(_bridge_hooks)
 #: facade's class) and configure(), which lives with the OpenTelemetry SDK.
 #: tests/test_import_laziness.py pins what `import envlink` leaves unloaded.
 _LAZY = {
-    "CallToolAction": "envlink._client.echo_env",
-    "EchoEnv": "envlink._client.echo_env",
-    "EchoObservation": "envlink._client.echo_env",
-    "ListToolsAction": "envlink._client.echo_env",
+    "CallToolAction": "envlink.echo_env",
+    "EchoEnv": "envlink.echo_env",
+    "EchoObservation": "envlink.echo_env",
+    "ListToolsAction": "envlink.echo_env",
     "MCPClientBase": "envlink._client.mcp_client",
     "MCPObservation": "envlink._client.mcp_client",
     "MCPToolClient": "envlink._client.mcp_client",
