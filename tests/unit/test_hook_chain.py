@@ -19,7 +19,7 @@ from envlink import (
     PhaseStarted,
 )
 from envlink._bridge.hook_chain import HookChain, combine
-from envlink._bridge.hooks import combine_hooks
+from envlink._bridge.observers import combine_hooks
 from envlink._client.events import combine_client_hooks
 from envlink.telemetry import ClientTelemetryHook
 

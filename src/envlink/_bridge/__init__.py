@@ -43,14 +43,14 @@ from __future__ import annotations
 
 from envlink._bridge.bridge import Bridge, ForeignLoopPolicy
 from envlink._bridge.handoff import INTERRUPTED
-from envlink._bridge.hooks import (
+from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
+from envlink._bridge.loop import is_bridge_loop
+from envlink._bridge.observers import (
     BridgeCallFinished,
     BridgeCallStarted,
     BridgeHook,
     set_default_hooks,
 )
-from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
-from envlink._bridge.loop import is_bridge_loop
 from envlink._bridge.sync_proxy import DEFAULT_TIMEOUT, Invoke, SyncProxy, blocking_wrapper
 from envlink._errors import (
     OUTCOME_CANCELLED,

@@ -21,14 +21,14 @@ from envlink._bridge.handoff import (
     perf,
     request_cancel,
 )
-from envlink._bridge.hooks import (
+from envlink._bridge.loop import LoopThread
+from envlink._bridge.observers import (
     BridgeCallFinished,
     BridgeCallStarted,
     BridgeHook,
     combine_hooks,
     default_hooks,
 )
-from envlink._bridge.loop import LoopThread
 from envlink._config import check_timeout
 from envlink._errors import (
     OUTCOME_CANCELLED,

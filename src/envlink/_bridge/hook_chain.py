@@ -1,7 +1,7 @@
 """Several hooks behaving as one: the chain, and its rules, for the client and the bridge.
 
 The client (:func:`envlink._client.events.combine_client_hooks`) and the bridge
-(:func:`envlink._bridge.hooks.combine_hooks`) turn their ``hooks=`` into one hook with
+(:func:`envlink._bridge.observers.combine_hooks`) turn their ``hooks=`` into one hook with
 :func:`combine`, so both follow the same rules:
 
 - **No hooks**: the owner gets its stand-in (the client a do-nothing hook, the bridge
