@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,8 @@ pytestmark = pytest.mark.timeout(30)
 
 EXPECTED = {
     # clients and results
-    "EnvClient", "GenericEnvClient", "EchoEnv", "SyncEnvClient", "StepResult", "State",
-    "CallToolAction", "ListToolsAction", "EchoObservation",
+    "EnvClient", "GenericEnvClient", "SyncEnvClient", "StepResult", "State",
+    "CallToolAction", "ListToolsAction",
     "MCPClientBase", "MCPToolClient", "MCPObservation", "Tool", "ToolError", "ToolErrorType",
     # existing environment packages: their OpenEnv clients, adopted
     "adopt", "AutoEnv", "AutoAction", "GenericAction",
@@ -23,12 +24,10 @@ EXPECTED = {
     "ClientConfig", "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
     "Limits", "set_limits", "get_limits", "SessionHandle",
-    # testing without a server; observing a client
-    "MockTransport", "ClientHook", "CallStarted", "CallFinished", "PhaseStarted",
-    "PhaseFinished", "ClientEvent",
+    # testing without a server
+    "MockTransport",
     # the bridge
-    "Bridge", "SyncProxy", "BridgeHook", "BridgeCallStarted", "BridgeCallFinished",
-    "default_bridge",
+    "Bridge", "SyncProxy", "default_bridge",
     # many sessions
     "EnvPool", "SyncEnvPool", "Batch", "PoolView", "EndpointView", "AutoresetMode",
     # telemetry
@@ -53,12 +52,62 @@ EXPECTED = {
     "__version__",
 }
 
+#: Names public submodules own, still importable from envlink as the same objects.
+ALIASES = {
+    # observing a client or a bridge
+    "CallStarted": "envlink.hooks", "CallFinished": "envlink.hooks",
+    "PhaseStarted": "envlink.hooks", "PhaseFinished": "envlink.hooks",
+    "ClientEvent": "envlink.hooks", "ClientHook": "envlink.hooks",
+    "BridgeHook": "envlink.hooks", "BridgeCallStarted": "envlink.hooks",
+    "BridgeCallFinished": "envlink.hooks",
+    # the echo environment's client
+    "EchoEnv": "envlink.echo_env", "EchoObservation": "envlink.echo_env",
+}
+
 
 def test_top_level_exports_exactly_the_public_names() -> None:
     """envlink.__all__ is exactly the documented public surface, and each name resolves."""
     assert set(envlink.__all__) == EXPECTED
     for name in envlink.__all__:
         assert getattr(envlink, name) is not None
+
+
+def test_submodule_names_stay_importable_from_envlink() -> None:
+    """Each name a public submodule owns is listed there, is the same object at the top
+    level (and by `from envlink import`), and is left out of envlink.__all__."""
+    for name, module_name in ALIASES.items():
+        module = importlib.import_module(module_name)
+        assert name in module.__all__, (module_name, name)
+        assert getattr(envlink, name) is getattr(module, name), name
+        assert name in dir(envlink), name
+        namespace: dict[str, object] = {}
+        exec(f"from envlink import {name}", namespace)
+        assert namespace[name] is getattr(module, name), name
+    assert not set(ALIASES) & set(envlink.__all__)
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    """Constants, then classes, then functions (ruff's and isort's order for __all__)."""
+    return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+
+def test_all_is_grouped_and_sorted_within_each_group() -> None:
+    """envlink.__all__ in __init__.py is groups under a comment each, each group sorted."""
+    source = Path(envlink.__file__).read_text(encoding="utf-8")
+    body = source.split("\n__all__ = [\n", 1)[1].split("\n]", 1)[0].splitlines()
+    groups: list[list[str]] = [[]]
+    comments = 0
+    for line in (line.strip() for line in body):
+        if line.startswith("#"):
+            groups.append([])
+            comments += 1
+        elif line:
+            groups[-1].append(line.strip('",'))
+    assert groups[0] == ["__version__"]
+    assert comments >= 8 and all(groups[1:])
+    for group in groups:
+        assert group == sorted(group, key=_isort_key), group
+    assert [n for group in groups for n in group] == envlink.__all__
 
 
 def _ray_installed() -> bool:

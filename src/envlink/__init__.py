@@ -3,7 +3,9 @@
 The async client (:class:`EnvClient`) speaks the OpenEnv WebSocket protocol with
 deadlines, reconnects, retries by idempotency and session recovery; ``client.sync()``
 gives a traced blocking facade (:class:`SyncEnvClient`) on a background event-loop
-thread (:class:`Bridge`). Every error derives from :class:`EnvlinkError`.
+thread (:class:`Bridge`). Every error derives from :class:`EnvlinkError`. Hooks that
+observe a client or a bridge, and the records they receive, are in :mod:`envlink.hooks`;
+the echo environment's typed client is in :mod:`envlink.echo_env`.
 """
 
 from __future__ import annotations
@@ -13,24 +15,9 @@ __version__ = "0.1.0.dev0"
 from importlib import import_module as _import_module
 from typing import TYPE_CHECKING, Any
 
-from envlink._bridge import (
-    Bridge,
-    BridgeCallFinished,
-    BridgeCallStarted,
-    BridgeHook,
-    SyncProxy,
-    set_default_hooks,
-)
+from envlink._bridge import Bridge, SyncProxy, set_default_hooks
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._client.configuration import ClientConfig
-from envlink._client.events import (
-    CallFinished,
-    CallStarted,
-    ClientEvent,
-    ClientHook,
-    PhaseFinished,
-    PhaseStarted,
-)
 from envlink._config import UNSET, ConnectionOptions, Timeout
 from envlink._errors import (
     CallTimeoutError,
@@ -72,6 +59,17 @@ from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPo
 from envlink._sansio.session_limits import Limits, get_limits, set_limits
 from envlink._sansio.state import State
 
+# Aliases of the names public modules own (not in __all__; `X as X` re-exports them).
+from envlink.hooks import BridgeCallFinished as BridgeCallFinished
+from envlink.hooks import BridgeCallStarted as BridgeCallStarted
+from envlink.hooks import BridgeHook as BridgeHook
+from envlink.hooks import CallFinished as CallFinished
+from envlink.hooks import CallStarted as CallStarted
+from envlink.hooks import ClientEvent as ClientEvent
+from envlink.hooks import ClientHook as ClientHook
+from envlink.hooks import PhaseFinished as PhaseFinished
+from envlink.hooks import PhaseStarted as PhaseStarted
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -87,6 +85,8 @@ if TYPE_CHECKING:
         HarnessTurnError,
     )
     from envlink._client.mcp_client import (
+        CallToolAction,
+        ListToolsAction,
         MCPClientBase,
         MCPObservation,
         MCPToolClient,
@@ -99,7 +99,8 @@ if TYPE_CHECKING:
     from envlink._pool.results import Batch, EndpointView, PoolView
     from envlink._pool.sync_pool import SyncEnvPool
     from envlink._transports.mock import MockTransport
-    from envlink.echo_env import CallToolAction, EchoEnv, EchoObservation, ListToolsAction
+    from envlink.echo_env import EchoEnv as EchoEnv
+    from envlink.echo_env import EchoObservation as EchoObservation
     from envlink.telemetry import configure
 
 
@@ -119,35 +120,35 @@ set_default_hooks(_bridge_hooks)
 #: facade's class) and configure(), which lives with the OpenTelemetry SDK.
 #: tests/test_import_laziness.py pins what `import envlink` leaves unloaded.
 _LAZY = {
-    "CallToolAction": "envlink.echo_env",
-    "EchoEnv": "envlink.echo_env",
-    "EchoObservation": "envlink.echo_env",
-    "ListToolsAction": "envlink.echo_env",
+    "AutoAction": "envlink._client.auto",
+    "AutoEnv": "envlink._client.auto",
+    "GenericAction": "envlink._client.auto",
+    "adopt": "envlink._client.adopt",
+    "default_bridge": "envlink._client.default_bridge",
+    "SessionHandle": "envlink._client.handles",
+    "HarnessClient": "envlink._client.harness",
+    "HarnessEvent": "envlink._client.harness",
+    "HarnessEventType": "envlink._client.harness",
+    "HarnessProtocolError": "envlink._client.harness",
+    "HarnessTurnError": "envlink._client.harness",
+    "CallToolAction": "envlink._client.mcp_client",
+    "ListToolsAction": "envlink._client.mcp_client",
     "MCPClientBase": "envlink._client.mcp_client",
     "MCPObservation": "envlink._client.mcp_client",
     "MCPToolClient": "envlink._client.mcp_client",
     "Tool": "envlink._client.mcp_client",
     "ToolError": "envlink._client.mcp_client",
     "ToolErrorType": "envlink._client.mcp_client",
-    "MockTransport": "envlink._transports.mock",
+    "SyncEnvClient": "envlink._client.sync_client",
     "AutoresetMode": "envlink._pool.pool",
     "EnvPool": "envlink._pool.pool",
-    "SyncEnvPool": "envlink._pool.sync_pool",
     "Batch": "envlink._pool.results",
     "EndpointView": "envlink._pool.results",
     "PoolView": "envlink._pool.results",
-    "SyncEnvClient": "envlink._client.sync_client",
-    "HarnessClient": "envlink._client.harness",
-    "HarnessEvent": "envlink._client.harness",
-    "HarnessEventType": "envlink._client.harness",
-    "HarnessProtocolError": "envlink._client.harness",
-    "HarnessTurnError": "envlink._client.harness",
-    "default_bridge": "envlink._client.default_bridge",
-    "SessionHandle": "envlink._client.handles",
-    "adopt": "envlink._client.adopt",
-    "AutoAction": "envlink._client.auto",
-    "AutoEnv": "envlink._client.auto",
-    "GenericAction": "envlink._client.auto",
+    "SyncEnvPool": "envlink._pool.sync_pool",
+    "MockTransport": "envlink._transports.mock",
+    "EchoEnv": "envlink.echo_env",  # an alias: envlink.echo_env owns it
+    "EchoObservation": "envlink.echo_env",  # an alias: envlink.echo_env owns it
     "configure": "envlink.telemetry",
 }
 
@@ -168,103 +169,105 @@ if not TYPE_CHECKING:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_LAZY))
 
 
+#: Grouped by what a user does with them, sorted within each group. The hook
+#: interfaces and records (envlink.hooks) and the echo client (envlink.echo_env) are
+#: importable from here too, as aliases, but are listed by their own modules.
 __all__ = [
-    "UNSET",
+    "__version__",
+    # clients and what they return
     "AutoAction",
     "AutoEnv",
-    "AutoresetMode",
-    "Batch",
-    "Bootstrap",
-    "Bridge",
-    "BridgeCallFinished",
-    "BridgeCallStarted",
-    "BridgeHook",
-    "CallFinished",
-    "CallStarted",
-    "CallTimeoutError",
-    "CallToolAction",
-    "CapacityReachedError",
-    "ClientClosedError",
-    "ClientConfig",
-    "ClientEvent",
-    "ClientHook",
-    "ConnectError",
-    "ConnectionLostError",
-    "ConnectionOptions",
-    "DockerProvider",
-    "EchoEnv",
-    "EchoObservation",
-    "EndpointView",
     "EnvClient",
-    "EnvPool",
-    "EnvironmentMetadata",
-    "EnvironmentSchema",
-    "EnvlinkError",
-    "EpisodeJournal",
-    "ErrorCode",
-    "ExecutionModeError",
     "GenericAction",
     "GenericEnvClient",
-    "FactoryError",
-    "HandshakeRejectedError",
-    "Health",
-    "HttpStatusError",
-    "InvalidActionError",
-    "InvalidArgumentError",
-    "InvalidURLError",
-    "LocalServerProvider",
+    "SessionHandle",
+    "State",
+    "StepResult",
+    "SyncEnvClient",
+    "adopt",
+    # MCP clients, their actions and tools
+    "CallToolAction",
+    "ListToolsAction",
+    "MCPClientBase",
+    "MCPObservation",
+    "MCPToolClient",
+    "Tool",
+    "ToolError",
+    "ToolErrorType",
+    # the /harness stream
     "HarnessClient",
     "HarnessEvent",
     "HarnessEventType",
     "HarnessProtocolError",
     "HarnessTurnError",
-    "McpError",
-    "NotReadyError",
+    # configuration, policies and limits
+    "UNSET",
+    "ClientConfig",
+    "ConnectionOptions",
+    "EpisodeJournal",
     "JournalEntry",
     "Limits",
-    "ListToolsAction",
-    "MCPClientBase",
-    "MCPObservation",
-    "MCPToolClient",
+    "ReconnectPolicy",
+    "RetryBudget",
+    "SessionLostPolicy",
+    "Timeout",
+    "get_limits",
+    "set_limits",
+    # testing without a server
     "MockTransport",
-    "OutcomeUnknownError",
-    "PhaseFinished",
-    "PhaseStarted",
+    "set_testing",
+    # the sync bridge
+    "Bridge",
+    "SyncProxy",
+    "default_bridge",
+    # many sessions
+    "AutoresetMode",
+    "Batch",
+    "EndpointView",
+    "EnvPool",
     "PoolView",
+    "SyncEnvPool",
+    # where the server comes from: providers, Spaces, readiness and discovery
+    "Bootstrap",
+    "DockerProvider",
+    "EnvironmentMetadata",
+    "EnvironmentSchema",
+    "Health",
+    "LocalServerProvider",
+    "hf_space_subdomain",
+    # telemetry (the rest is in envlink.telemetry)
+    "configure",
+    # errors: EnvlinkError and what derives from it
+    "CallTimeoutError",
+    "CapacityReachedError",
+    "ClientClosedError",
+    "ConnectError",
+    "ConnectionLostError",
+    "EnvlinkError",
+    "ErrorCode",
+    "ExecutionModeError",
+    "FactoryError",
+    "HandshakeRejectedError",
+    "HttpStatusError",
+    "InvalidActionError",
+    "InvalidArgumentError",
+    "InvalidURLError",
+    "McpError",
+    "NotReadyError",
+    "OutcomeUnknownError",
     "ProtocolError",
     "ProviderError",
-    "ReconnectPolicy",
     "ReentrantCallError",
     "ReplayDivergedError",
-    "RetryBudget",
     "RetryBudgetExhaustedError",
     "ServerError",
     "ServerValidationError",
     "SessionError",
     "SessionGoneError",
-    "SessionHandle",
     "SessionLostError",
-    "SessionLostPolicy",
-    "State",
     "SpaceNotAwakeError",
-    "StepResult",
-    "SyncEnvClient",
-    "SyncEnvPool",
-    "SyncProxy",
-    "Timeout",
-    "Tool",
     "ToolCallError",
-    "ToolError",
-    "ToolErrorType",
-    "__version__",
-    "adopt",
-    "configure",
-    "default_bridge",
-    "get_limits",
-    "set_limits",
-    "hf_space_subdomain",
-    "set_testing",
 ]

@@ -1,4 +1,8 @@
-"""A typed client for the echo environment (OpenEnv's echo example), with MCP actions."""
+"""A typed client for the echo environment (OpenEnv's echo example), with its MCP actions.
+
+``from envlink.echo_env import CallToolAction, EchoEnv`` as OpenEnv's ``from echo_env import
+CallToolAction, EchoEnv``; the actions are the MCP ones (also ``envlink.CallToolAction``).
+"""
 
 from __future__ import annotations
 
