@@ -236,7 +236,7 @@ if sys.version_info >= (3, 11):
                                     method=self._method, timeout=seconds)
 
     #: A call's deadline, ``deadline(seconds, method)``: :class:`~envlink.CallTimeoutError`
-    #: when it expires inside the block. The class itself: no function frame per call.
+    #: when it expires inside the block. The class itself, as it is entered on every call.
     deadline = _Deadline
 
 else:  # pragma: no cover - exercised on Python 3.10 only

@@ -79,7 +79,7 @@ def json_scanner() -> Callable[[str, int], tuple[Any, int]] | None:
 def json_parser() -> Callable[[str], Any] | None:
     """pydantic-core's JSON parser (``from_json``), or ``None``.
 
-    It reads a frame in about two thirds of the instructions of the C scanner. Where
+    It reads a frame with fewer instructions than the C scanner (docs/performance.md). Where
     it accepts a text, it gives what ``json.loads`` gives (the tests compare them);
     it refuses some that ``json.loads`` accepts (a lone surrogate escape, nesting
     deeper than its limit), which the caller then hands to ``json.loads``.

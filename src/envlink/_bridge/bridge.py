@@ -257,7 +257,7 @@ class Bridge(LoopThread):
                 except Exception:
                     _log.warning("envlink bridge: hook %r failed", hook, exc_info=True)
         if error is None:
-            result: T = job.result  # (typing.cast would be a call per call)
+            result: T = job.result  # annotated, as typing.cast is a call at run time
             return result
         # Break the cycle exception -> traceback -> _run_job frame -> job -> exception.
         job.exc = None

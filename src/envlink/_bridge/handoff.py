@@ -69,7 +69,7 @@ class Job:
         self.ended = 0.0
 
     def wake(self) -> None:
-        try:  # noqa: SIM105 - once per call: no contextlib machinery
+        try:  # noqa: SIM105 - runs on every call (docs/performance.md, hot path)
             self.waiter.release()
         except RuntimeError:  # already released by close(): the caller is awake
             pass

@@ -491,7 +491,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         payload = self._step_payload(action)
         driver, core = self._driver, self._core
 
-        # The hot call: its turn, parse and deadline written out (no helper frames).
+        # step is the hot call, so its turn, parse and deadline are written out here.
         async def run(call: Call) -> StepResult[ObsT]:
             async with Turn(driver, call):
                 call.step_index = core.journal.step_count

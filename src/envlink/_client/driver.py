@@ -273,8 +273,8 @@ class SessionDriver:
             try:
                 if number == 1 and not self._first_phases:
                     return await self.exchange(conn, method, data, request_id, call=call)
-                # What PhaseReport does, written out: this runs once per call, and the
-                # context manager would add three Python calls to each.
+                # PhaseReport's work written out, as this runs on every call
+                # (docs/performance.md, hot path).
                 phase = PhaseStarted("attempt", method, number)
                 hook = self.hook
                 mark = hook.phase_started(phase)

@@ -92,7 +92,7 @@ def trace_carrier() -> dict[str, str]:
         carrier = {}
         propagate.inject(carrier, ctx)
         return carrier
-    # TraceContextTextMapPropagator.inject's format, without its walk; one %-format
-    # of the three fields costs half of three f-string fields.
+    # TraceContextTextMapPropagator.inject's format, written directly as it runs per request
+    # (docs/performance.md, hot path).
     return {"traceparent": _TRACEPARENT % (span_context.trace_id, span_context.span_id,
                                            span_context.trace_flags)}
