@@ -96,17 +96,6 @@ class JournalEntry:
         action_json: str = _Text()
         response_json: str | None = _Text()
 
-    @classmethod
-    def _of_frames(cls, sent: str | bytes, received: str | bytes) -> JournalEntry:
-        """An entry holding the step's request and answer frames as sent and received.
-
-        The frames are JSON text with the payload under ``data``; the fields are cut
-        out of them on first read (so a step costs no serialisation).
-        """
-        entry = _new(cls)
-        entry.__dict__.update(_action_json_frame=sent, _response_json_frame=received)
-        return entry
-
     @property
     def action(self) -> dict[str, Any]:
         """The action payload (a fresh copy each time)."""
@@ -317,7 +306,9 @@ class EpisodeJournal:
             self.truncated = True
             self.entries = []
             return
-        entry = _new(JournalEntry)  # JournalEntry._of_frames, in line: once per step
+        # Built in place rather than by a constructor, as this runs on every step
+        # (docs/performance.md, hot path).
+        entry = _new(JournalEntry)
         entry.__dict__.update(_action_json_frame=sent, _response_json_frame=received)
         entries.append(entry)
 
