@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from envlink._bridge import Bridge
+from envlink import Bridge
 from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME
 
 

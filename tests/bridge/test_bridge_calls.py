@@ -17,8 +17,7 @@ import pytest
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 
-from envlink import CallTimeoutError, ReentrantCallError
-from envlink._bridge import Bridge, SyncProxy
+from envlink import Bridge, CallTimeoutError, ReentrantCallError, SyncProxy
 
 from .._otel_support import Otel
 

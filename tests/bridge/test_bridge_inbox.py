@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from envlink import ClientClosedError
-from envlink._bridge import Bridge
+from envlink import Bridge, ClientClosedError
 from envlink._bridge.loop import Inbox
 
 pytestmark = pytest.mark.timeout(20)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from envlink import ClientClosedError
-from envlink._bridge import Bridge, SyncProxy, _close_all_at_exit
+from envlink import Bridge, ClientClosedError, SyncProxy
+from envlink._bridge import _close_all_at_exit
 
 from .conftest import envlink_threads
 
@@ -168,7 +168,7 @@ def test_process_exits_cleanly_with_a_forgotten_bridge() -> None:
     and the pending coroutine's cleanup runs."""
     script = textwrap.dedent("""
         import asyncio, threading
-        from envlink._bridge import Bridge
+        from envlink import Bridge
 
         b = Bridge()
         started = threading.Event()
@@ -197,7 +197,7 @@ def test_exit_after_the_loop_used_its_default_executor_logs_nothing() -> None:
     script = textwrap.dedent("""
         import asyncio, logging
         logging.basicConfig()
-        from envlink._bridge import Bridge
+        from envlink import Bridge
 
         async def in_executor():
             return await asyncio.get_running_loop().run_in_executor(None, int, "7")
@@ -239,7 +239,7 @@ def test_forked_child_uses_a_fresh_loop() -> None:
     loop thread and returns the right result; the parent's bridge keeps working."""
     script = textwrap.dedent("""
         import asyncio, os, sys, threading
-        from envlink._bridge import Bridge
+        from envlink import Bridge
 
         async def where(x):
             await asyncio.sleep(0)

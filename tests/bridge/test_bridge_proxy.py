@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from envlink import CallTimeoutError
-from envlink._bridge import Bridge, SyncProxy
+from envlink import Bridge, CallTimeoutError, SyncProxy
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from envlink import Bridge, CallTimeoutError, ClientClosedError
 from envlink._telemetry.bridge_hook import WAIT_SAMPLE
-from envlink._telemetry.instruments import (
+from envlink.names import (
     ATTR_BRIDGE_QUEUE_WAIT,
     ATTR_BRIDGE_RUN_TIME,
     ATTR_ERROR_TYPE,

@@ -9,9 +9,16 @@ from typing import Any
 
 import pytest
 
-from envlink import UNSET, ClientClosedError, EnvClient, ReentrantCallError, default_bridge
-from envlink._bridge import Bridge
-from envlink._client.sync_client import TIMEOUT_MARGIN, SyncEnvClient
+from envlink import (
+    UNSET,
+    Bridge,
+    ClientClosedError,
+    EnvClient,
+    ReentrantCallError,
+    SyncEnvClient,
+    default_bridge,
+)
+from envlink._client.sync_client import TIMEOUT_MARGIN
 
 from .conftest import envlink_threads
 

@@ -9,9 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from opentelemetry.trace import SpanKind
 
-from envlink import CallTimeoutError, EchoEnv, GenericEnvClient, set_testing
-from envlink._bridge import Bridge
-from envlink._telemetry.instruments import METRIC_BRIDGE_CALL_DURATION
+from envlink import Bridge, CallTimeoutError, EchoEnv, GenericEnvClient, set_testing
+from envlink.names import METRIC_BRIDGE_CALL_DURATION
 from envlink.server import ServerThread
 
 from .._otel_support import Otel

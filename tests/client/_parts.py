@@ -9,7 +9,9 @@ from typing import Any
 from envlink import ConnectionOptions, MockTransport, ReconnectPolicy, Timeout
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver
-from envlink._client.events import (
+from envlink._sansio.session import SessionCore
+from envlink._transports.base import parse_endpoint
+from envlink.hooks import (
     CallFinished,
     CallStarted,
     ClientEvent,
@@ -17,8 +19,6 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._sansio.session import SessionCore
-from envlink._transports.base import parse_endpoint
 
 __all__ = ["Parts", "Recorder", "build", "obs"]
 

@@ -24,8 +24,9 @@ from envlink import (
     GenericEnvClient,
     StepResult,
     SyncEnvClient,
+    default_bridge,
 )
-from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME, default_bridge
+from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME
 from envlink.server import ServerThread
 
 from .._otel_support import Otel

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from envlink import ConnectError, MockTransport, ReconnectPolicy
-from envlink._client.events import PhaseFinished, PhaseStarted
 from envlink._sansio.session import DropReason, Link
+from envlink.hooks import PhaseFinished, PhaseStarted
 from envlink.names import (
     HOOK_RECONNECT,
     LOG_CONNECTION_DISCARDED,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from envlink import CallTimeoutError, ClientClosedError, ConnectionOptions, ProtocolError, Timeout
-from envlink._client.events import CallFinished, CallStarted, PhaseFinished, PhaseStarted
 from envlink._sansio.protocol import ObservationFrame, StateFrame
 from envlink._sansio.session import Call
+from envlink.hooks import CallFinished, CallStarted, PhaseFinished, PhaseStarted
 from envlink.names import LOG_CLIENT_CLOSED, LOG_CONNECTION_DISCARDED
 
 from ._parts import build, obs

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from envlink import ConnectionLostError
-from envlink._client.events import PhaseStarted
 from envlink._client.recovery import RecoveryContext, ReplayStrategy, recover
 from envlink._sansio.protocol import ObservationFrame
 from envlink._sansio.session import Call, DropReason, Episode, Frame
+from envlink.hooks import PhaseStarted
 from envlink.names import HOOK_RECOVERY_FINISHED, LOG_SESSION_LOST
 
 from ._parts import Parts, build, obs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envlink._errors import ProtocolError
+from envlink import ProtocolError
 from envlink._sansio.protocol import decode_response
 
 from ._memory import MIB, self_peak_rss

@@ -82,7 +82,7 @@ async def test_an_error_status_is_not_waited_for(server: EnvServer) -> None:
 async def test_a_body_of_the_wrong_shape_is_a_protocol_error(server: EnvServer) -> None:
     """/state is JSON but not a schema: ProtocolError names the model."""
     client = GenericEnvClient(server.http_url)
-    from envlink._launch.discovery import EnvironmentSchema as Model
+    from envlink import EnvironmentSchema as Model
     from envlink._launch.discovery import fetch_model
 
     with pytest.raises(ProtocolError, match="not a EnvironmentSchema"):

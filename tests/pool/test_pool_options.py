@@ -6,12 +6,11 @@ import typing
 
 import pytest
 
-from envlink import EnvPool
+from envlink import EnvPool, SessionLostPolicy
 from envlink._sansio.policies import (
     POOL_SESSION_LOST_POLICIES,
     SESSION_LOST_POLICIES,
     PoolSessionLostPolicy,
-    SessionLostPolicy,
 )
 
 pytestmark = pytest.mark.timeout(30)

@@ -11,7 +11,7 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
-from envlink._errors import ProtocolError
+from envlink import ProtocolError
 from envlink._sansio.protocol import RESUMED_HEADER, decode_response
 from envlink.server import CORRUPT_KINDS, EnvServer, Faults
 

@@ -10,8 +10,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from envlink import telemetry
-from envlink._errors import CallTimeoutError
+from envlink import CallTimeoutError, telemetry
 from envlink._telemetry import instruments as _telemetry
 from envlink._telemetry.instruments import Telemetry, error_type_of, get_telemetry
 

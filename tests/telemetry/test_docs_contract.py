@@ -25,13 +25,13 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from envlink._telemetry.instruments import (
+from envlink._telemetry.instruments import Telemetry
+from envlink.names import (
     DURATION_BUCKETS,
     METRIC_CALL_DURATION,
     METRIC_CONNECT_DURATION,
     METRIC_NAMES,
     RPC_DURATION_BUCKETS,
-    Telemetry,
 )
 
 from .._otel_support import Otel

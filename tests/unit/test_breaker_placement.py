@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from envlink import ReconnectPolicy
 from envlink._pool.breaker import BreakerState, CircuitBreaker
 from envlink._pool.placement import Placement, parse_endpoints
-from envlink._sansio.policies import ReconnectPolicy
 
 pytestmark = pytest.mark.timeout(10)
 

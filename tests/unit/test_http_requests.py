@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import envlink
-from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
+from envlink import ConnectError, ConnectionLostError, ProtocolError
 from envlink._transports.base import parse_endpoint
 from envlink._transports.http import NoAnswerError, get_json, post_json, request_json
 from envlink._transports.proxy import resolve_proxy

@@ -11,6 +11,7 @@ import pytest
 
 from envlink import (
     ConnectionLostError,
+    ConnectionOptions,
     GenericEnvClient,
     ReconnectPolicy,
     ReplayDivergedError,
@@ -19,7 +20,6 @@ from envlink import (
     SessionGoneError,
     SessionLostError,
 )
-from envlink._config import ConnectionOptions
 from envlink._sansio.protocol import Extensions
 from envlink._transports.base import Endpoint
 

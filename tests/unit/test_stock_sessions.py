@@ -11,9 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import envlink
-from envlink._errors import ConnectError, ConnectionLostError, ProtocolError
-from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.policies import ReconnectPolicy
+from envlink import (
+    ConnectError,
+    ConnectionLostError,
+    EpisodeJournal,
+    ProtocolError,
+    ReconnectPolicy,
+)
 from envlink._sansio.protocol import ErrorFrame, McpFrame, decode_response, server_error
 from envlink._sansio.session import SessionCore
 from envlink._transports.base import parse_endpoint
