@@ -110,6 +110,17 @@ def test_all_is_grouped_and_sorted_within_each_group() -> None:
     assert [n for group in groups for n in group] == envlink.__all__
 
 
+def test_the_task_api_is_off_the_client() -> None:
+    """The Task API is client.tasks only: OpenEnv 0.10's EnvClient has none of these
+    calls, so EnvClient keeps no alias of them."""
+    client = envlink.GenericEnvClient(base_url="http://127.0.0.1:9")
+    for name in ("list_environments", "splits", "num_tasks", "task", "task_range"):
+        assert not hasattr(client, name), name
+    assert not callable(client.tasks)
+    assert {n for n in dir(client.tasks) if not n.startswith("_")} == {
+        "list_environments", "splits", "num_tasks", "list_tasks", "get_task", "get_task_range"}
+
+
 def _ray_installed() -> bool:
     spec = importlib.util.find_spec("ray")
     return spec is not None and spec.origin is not None  # not tests/ray (a namespace)

@@ -515,15 +515,33 @@ def test_the_task_api_of_an_openenv_server(counter_server: RecordingServer) -> N
     (normalised by OpenEnv), counts, one task, a range, a split; a task resets an episode;
     an index outside the split is OpenEnv's 400 as an HttpStatusError."""
     with CounterEnv(counter_server.base_url).sync() as env:
-        assert env.list_environments() == ["counter_env"]
-        assert [s["name"] for s in env.splits()] == ["train", "eval"]
-        assert env.num_tasks("train") == 6
-        assert env.task("eval", 0) == {"start": 100, "target": 101}
-        assert env.task_range("train", 4, 10) == [{"start": 4, "target": 9},
-                                                  {"start": 5, "target": 10}]
-        assert len(env.tasks("train")) == 6
-        result = env.reset(**env.task("train", 3))
+        assert env.tasks.list_environments() == ["counter_env"]
+        assert [s["name"] for s in env.tasks.splits()] == ["train", "eval"]
+        assert env.tasks.num_tasks("train") == 6
+        assert env.tasks.get_task("eval", 0) == {"start": 100, "target": 101}
+        assert env.tasks.get_task_range("train", 4, 10) == [{"start": 4, "target": 9},
+                                                            {"start": 5, "target": 10}]
+        assert len(env.tasks.list_tasks("train")) == 6
+        result = env.reset(**env.tasks.get_task("train", 3))
         assert result.observation.total == 3
         with pytest.raises(envlink.HttpStatusError) as exc:
-            env.task("eval", 5)
+            env.tasks.get_task("eval", 5)
         assert exc.value.status == 400
+
+
+def test_openenv_clients_have_no_task_api_calls_to_alias(openenv_py: str) -> None:
+    """OpenEnv 0.10's EnvClient, GenericEnvClient and SyncEnvClient have none of the Task
+    API's names (envlink's client.tasks, or its earlier client methods), so envlink's
+    EnvClient keeps no alias of them."""
+    names = sorted({n for n in dir(envlink.EnvClient(base_url="http://127.0.0.1:9").tasks)
+                    if not n.startswith("_")} | {"task", "task_range", "tasks"})
+    script = ("import json\nfrom openenv.core import EnvClient, GenericEnvClient, "
+              "SyncEnvClient\n"
+              f"names = {names!r}\n"
+              "print(json.dumps(sorted(n for c in (EnvClient, GenericEnvClient, "
+              "SyncEnvClient) for n in names if hasattr(c, n))))\n")
+    done = subprocess.run([openenv_py, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert not any(hasattr(envlink.EnvClient, n) for n in names if n != "tasks")

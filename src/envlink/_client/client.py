@@ -26,6 +26,7 @@ from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver, Turn
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
+from envlink._client.tasks import TaskAPI
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -849,73 +850,15 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         return await discovery.fetch_model(EnvironmentMetadata, self._endpoint, self._options,
                                            "/metadata", seconds)
 
-    async def list_environments(self, *,
-                                timeout: float | UnsetType | None = UNSET) -> list[str]:
-        """``GET /list_environments`` (Task API): the names of the served environments.
+    @property
+    def tasks(self) -> TaskAPI:
+        """OpenEnv 0.10's Task API of this client's server (:class:`TaskAPI`).
 
-        Raises:
-            As :meth:`health`.
+        ``await env.tasks.splits()``, ``num_tasks(split)``, ``list_tasks(split)``,
+        ``get_task(split, index)``, ``get_task_range(split, start, stop)``,
+        ``list_environments()``: plain HTTP reads, dispatched as the client's methods.
         """
-        seconds = await self._before_http(timeout)
-        return await discovery.list_environments(self._endpoint, self._options, seconds)
-
-    async def splits(self, *, env_name: str | None = None,
-                     timeout: float | UnsetType | None = UNSET) -> list[dict[str, Any]]:
-        """``GET /{env}/splits`` (Task API): the task splits, ``{"name", "type", ...}``.
-
-        Args:
-            env_name: the environment (default: the server's only one).
-            timeout: deadline in seconds (default: the client's call timeout).
-
-        Raises:
-            HttpStatusError: 501 when the environment has no tasks; as :meth:`health`.
-        """
-        seconds = await self._before_http(timeout)
-        return await discovery.splits(self._endpoint, self._options, seconds, env_name)
-
-    async def num_tasks(self, split: str = "", *, env_name: str | None = None,
-                        timeout: float | UnsetType | None = UNSET) -> int:
-        """``POST /{env}/num_tasks`` (Task API): how many tasks ``split`` has.
-
-        Raises:
-            As :meth:`splits`.
-        """
-        seconds = await self._before_http(timeout)
-        return await discovery.num_tasks(self._endpoint, self._options, split, seconds,
-                                         env_name)
-
-    async def tasks(self, split: str = "", *, env_name: str | None = None,
-                    timeout: float | UnsetType | None = UNSET) -> list[Any]:
-        """``POST /{env}/tasks`` (Task API): every task of ``split``.
-
-        Raises:
-            As :meth:`splits`.
-        """
-        seconds = await self._before_http(timeout)
-        return await discovery.tasks(self._endpoint, self._options, split, seconds, env_name)
-
-    async def task(self, split: str, index: int, *, env_name: str | None = None,
-                   timeout: float | UnsetType | None = UNSET) -> Any:
-        """``POST /{env}/task`` (Task API): task ``index`` of ``split``.
-
-        Raises:
-            HttpStatusError: 400 for an index outside the split; as :meth:`splits`.
-        """
-        seconds = await self._before_http(timeout)
-        return await discovery.task(self._endpoint, self._options, split, index, seconds,
-                                    env_name)
-
-    async def task_range(self, split: str, start: int = 0, stop: int = 20, *,
-                         env_name: str | None = None,
-                         timeout: float | UnsetType | None = UNSET) -> list[Any]:
-        """``POST /{env}/task_range`` (Task API): tasks ``start`` to ``stop`` of ``split``.
-
-        Raises:
-            As :meth:`splits`.
-        """
-        seconds = await self._before_http(timeout)
-        return await discovery.task_range(self._endpoint, self._options, split, start, stop,
-                                          seconds, env_name)
+        return TaskAPI(self)
 
     # --------------------------------------------------------------------- internals
 

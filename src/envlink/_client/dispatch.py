@@ -61,7 +61,7 @@ _COROUTINE_ATTRS = frozenset({
 _CLIENT_METHODS = frozenset({
     "connect", "reset", "step", "state", "disconnect", "close", "new_session", "detach",
     "mcp_request", "mcp_list_tools", "mcp_call_tool", "wait_until_ready", "health", "schema",
-    "metadata", "list_environments", "splits", "num_tasks", "tasks", "task", "task_range"})
+    "metadata"})
 
 
 def dispatched(fn: F) -> F:

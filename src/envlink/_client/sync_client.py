@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from envlink._bridge import Bridge, Invoke, SyncProxy, blocking_wrapper
 from envlink._client.default_bridge import lease_bridge
 from envlink._client.dispatch import SYNC, AutoDispatch, claim, raw_method
+from envlink._client.tasks import TaskAPI
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import ClientClosedError, ReentrantCallError
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
@@ -199,6 +200,12 @@ class SyncEnvClient(SyncProxy["EnvClient[ActT, ObsT, StateT]"], Generic[ActT, Ob
     def bridge(self) -> Bridge:
         """The bridge this facade runs on."""
         return self._envlink_bridge
+
+    @property
+    def tasks(self) -> Any:
+        """The client's Task API (:attr:`EnvClient.tasks`), each call blocking on this
+        facade's bridge: ``env.tasks.get_task("train", 3)``."""
+        return TaskAPI(self._envlink_target, self)
 
     # ------------------------------------------------------------------ protocol calls
 
