@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,6 +43,7 @@ from envlink._pool import (
     AsyncPool,
     Batch,
     BatchReport,
+    BatchRunner,
     BatchStarted,
     DriverSlot,
     EndpointView,
@@ -56,7 +56,6 @@ from envlink._pool import (
     SlotRestore,
     SlotResult,
     pool_telemetry_hook,
-    recv_want,
     seed_list,
 )
 from envlink.names import RAY_RESTART_DIED, RAY_RESTART_UNRESPONSIVE
@@ -163,14 +162,8 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         check_number(shard_timeout_margin, "shard_timeout_margin", above=0)
         # The same options, checked the same way, as the in-process pool of each shard.
         pool = PoolOptions(endpoints, size, client=client, **options)
-        self._options = pool
-        self.size = size
+        self._configure(pool, tracer_provider, meter_provider)
         self.shards = shards
-        self.on_session_lost = pool.on_session_lost
-        self.autoreset = pool.autoreset
-        self.batch_timeout = pool.batch_timeout
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
         self._hook = pool_telemetry_hook(tracer_provider, meter_provider)
         self._margin = float(shard_timeout_margin)
         base, extra = divmod(size, shards)
@@ -206,16 +199,12 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         #: Slots whose session went with a dead shard: their error until reset.
         self._lost: dict[int, EnvlinkError] = {}
         self._running: set[int] = set()
-        # Ready-first state: slots sent and not delivered, their actions, answers in.
-        self._inflight: dict[int, Any] = {}
+        # Ready-first: the in-process pool's state, each sent step a future the shard's
+        # collector answers; the actions are kept to send again to a new shard actor.
+        self._batches: BatchRunner[ObsT] = BatchRunner(size, self._hook, shards=shards)
+        self._sent_actions: dict[int, Any] = {}
         self._send_deadline: float | None = None
-        self._buffer: dict[int, SlotResult[ObsT]] = {}
-        self._buf_autoreset: set[int] = set()
-        self._buf_final: dict[int, StepResult[ObsT]] = {}
         self._collectors: dict[int, asyncio.Task[None]] = {}
-        self._collect_error: BaseException | None = None
-        self._waiters: set[asyncio.Event] = set()
-        self._closed = False
 
     # ------------------------------------------------------------------ properties
 
@@ -307,14 +296,14 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                                                   shards=self.shards)):
             carrier = _carrier()
             for i in chosen:
-                self._inflight[i] = actions[i]
-            ready = [i for i in chosen if i in self._lost]
-            for i in ready:
-                self._buffer[i] = self._lost[i]
+                self._sent_actions[i] = actions[i]
+            self._batches.expect(chosen)
+            for i in chosen:
+                if i in self._lost:
+                    self._batches.answer(i, self._lost[i])
             groups = self._group([i for i in chosen if i not in self._lost])
             await asyncio.gather(*(self._send_shard(s, slots, carrier)
                                    for s, slots in groups.items()))
-        self._wake()
 
     async def step_recv(self, min_ready: int | None = None, *,
                         timeout: float | None = None) -> Batch[ObsT]:
@@ -323,46 +312,9 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         Raises:
             ValueError: ``min_ready`` is not in ``1..len(in flight)``.
         """
-        pending = list(self._inflight)
-        if not pending and min_ready is None:
-            return Batch([None] * self.size)
-        if not pending:
-            raise ValueError("no step in flight: call step_send() first")
-        want = recv_want(len(pending), min_ready, timeout)
-        started = BatchStarted("recv", self.size, len(pending), min_ready=want,
-                               shards=self.shards)
-        with BatchReport(self._hook, started) as report:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                event = asyncio.Event()
-                self._waiters.add(event)
-                if self._collect_error is not None:
-                    error, self._collect_error = self._collect_error, None
-                    raise error
-                if sum(1 for i in pending if i in self._buffer) >= want:
-                    break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                try:
-                    with contextlib.suppress(TimeoutError):
-                        async with bounded(left):
-                            await event.wait()
-                finally:
-                    self._waiters.discard(event)
-            ready = [i for i in pending if i in self._buffer]
-            items: list[SlotResult[ObsT]] = [None] * self.size
-            for i in ready:
-                items[i] = self._buffer.pop(i)
-                del self._inflight[i]
-            ok = {i for i in ready if not isinstance(items[i], EnvlinkError)}
-            batch = Batch(items, ready=ready, stragglers=[i for i in pending if i not in ready],
-                          autoreset=[i for i in self._buf_autoreset if i in ok],
-                          final={i: r for i, r in self._buf_final.items() if i in ready})
-            self._buf_autoreset -= set(ready)
-            for i in ready:
-                self._buf_final.pop(i, None)
-            report.batch = batch
+        batch = await self._batches.recv(min_ready, timeout)
+        for i in batch.ready:
+            self._sent_actions.pop(i, None)
         return batch
 
     # ------------------------------------------------------------------ lifecycle
@@ -387,6 +339,8 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
             task.cancel()
         await asyncio.gather(*self._collectors.values(), return_exceptions=True)
         self._collectors.clear()
+        await self._batches.cancel_all()  # a step_recv waiting gets ClientClosedError
+        self._sent_actions.clear()
         await asyncio.gather(*(self._call(s, "close", wait=self._margin)
                                for s in range(self.shards)), return_exceptions=True)
         for actor in self._actors:
@@ -491,7 +445,7 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
     async def _send_shard(self, s: int, slots: list[int], carrier: dict[str, str]) -> None:
         seconds = self._send_deadline
         try:
-            await self._call(s, "step_send", *self._args("step", s, slots, self._inflight,
+            await self._call(s, "step_send", *self._args("step", s, slots, self._sent_actions,
                                                          seconds, {}, carrier),
                              wait=self._wait(seconds))
         except _ShardLost as lost:
@@ -507,20 +461,19 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         redo = [i for i in slots if i not in self._lost]
         for i in slots:
             if i in self._lost:
-                self._buffer[i] = self._lost[i]
+                self._batches.answer(i, self._lost[i])
         if redo:
             try:
                 await self._call(s, "step_send", *self._args(
-                    "step", s, redo, self._inflight, self._send_deadline, {}, carrier),
+                    "step", s, redo, self._sent_actions, self._send_deadline, {}, carrier),
                     wait=self._wait(self._send_deadline))
             except _ShardLost as again:
                 for i in redo:
-                    self._buffer[i] = self._lose(i, again)
-        self._wake()
+                    self._batches.answer(i, self._lose(i, again))
 
     def _pending(self, s: int) -> list[int]:
         offset, n = self._bounds[s]
-        return [i for i in self._inflight if offset <= i < offset + n and i not in self._buffer]
+        return [i for i in self._batches.pending() if offset <= i < offset + n]
 
     async def _collect(self, s: int) -> None:
         """Collect shard ``s``'s sent steps as they answer, into the driver's buffer."""
@@ -533,21 +486,17 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                     await self._redo_sent(lost, self._pending(s), _carrier())
                     continue
                 got, auto, fin = self._absorb(s, answer)
-                self._buffer.update(got)
-                self._buf_autoreset |= auto
-                self._buf_final.update(fin)
-                self._wake()
+                batches = self._batches
+                batches.sent_autoreset |= auto
+                batches.sent_final.update(fin)
+                for i, result in got.items():
+                    batches.answer(i, result)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a caller's bug raised in the shard: recv re-raises it
-            self._collect_error = exc
-            self._wake()
+            self._batches.fail(self._pending(s), exc)
         finally:
             self._collectors.pop(s, None)
-
-    def _wake(self) -> None:
-        for event in self._waiters:
-            event.set()
 
     # ------------------------------------------------------------------ shards
 
@@ -650,7 +599,7 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         return self._options.select(mask, actions, self._busy)
 
     def _busy(self, chosen: list[int]) -> list[int]:
-        return [i for i in chosen if i in self._inflight or i in self._running]
+        return [i for i in chosen if i in self._batches.inflight or i in self._running]
 
     def __repr__(self) -> str:
         return (f"<RayEnvPool size={self.size} shards={self.shards} "

@@ -13,7 +13,13 @@ import pytest  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
-from envlink import CallTimeoutError, EnvPool, SessionLostError, StepResult  # noqa: E402
+from envlink import (  # noqa: E402
+    CallTimeoutError,
+    ClientClosedError,
+    EnvPool,
+    SessionLostError,
+    StepResult,
+)
 from envlink.ray import RayEnvPool  # noqa: E402
 
 from .._processes import ServerProcess  # noqa: E402
@@ -355,3 +361,27 @@ async def test_ready_first_sees_a_step_sent_while_its_shard_waits(
         assert rest.ready == (0,)
         assert isinstance(rest[0], StepResult) and rest[0].observation["position"] == 1
         assert (await pool.step([{"move": 1}] * 2)).ok
+
+
+async def test_closing_under_a_waiting_step_recv(ray_local: Any, threads: Any) -> None:
+    """Closing the pool while step_recv waits on held steps answers ClientClosedError per
+    slot, as the in-process pool does, and leaves nothing in flight."""
+    st = threads()
+    pool = RayEnvPool([st.url], 2, shards=1)
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        before = _stall_next(st)
+        await pool.step_send([{"move": 1}] * 2)
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 2))
+        # The callback runs once step_recv first suspends, that is once it waits.
+        closing: list[asyncio.Future[None]] = []
+        asyncio.get_running_loop().call_soon(
+            lambda: closing.append(asyncio.ensure_future(pool.close())))
+        batch = await asyncio.wait_for(pool.step_recv(), 30)
+        await closing[0]
+        assert batch.ready == (0, 1)
+        assert all(isinstance(r, ClientClosedError) for r in batch)
+        assert len(await pool.step_recv()) == 2  # nothing left in flight: an empty batch
+    finally:
+        st.call(lambda s: s.unstall_all())
+        await pool.close()

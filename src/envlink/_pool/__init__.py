@@ -2,10 +2,10 @@
 
 What ``envlink.ray`` builds on is named here: the interface both pools offer, the
 options both check, the hook both report to, the shard an actor runs, and the
-batch helpers both use.
+batch runner and helpers both use (one ready-first collection).
 """
 
-from envlink._pool.batch import recv_want, seed_list, single_result, slot_mask
+from envlink._pool.batch import BatchRunner, seed_list, single_result, slot_mask
 from envlink._pool.interface import AsyncPool
 from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
 from envlink._pool.options import AutoresetMode, PoolOptions
@@ -25,6 +25,7 @@ __all__ = [
     "AutoresetMode",
     "Batch",
     "BatchReport",
+    "BatchRunner",
     "BatchStarted",
     "DriverSlot",
     "EndpointView",
@@ -40,7 +41,6 @@ __all__ = [
     "SlotRestore",
     "SlotResult",
     "pool_telemetry_hook",
-    "recv_want",
     "seed_list",
     "single_result",
     "slot_mask",

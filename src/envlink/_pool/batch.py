@@ -3,13 +3,18 @@
 Each slot's call runs as its own task under the batch deadline; an envlink error
 becomes that slot's answer, anything else (a caller's bug) propagates. Tasks are
 created inside the batch span, so each session's client spans are its children.
+
+The ready-first state (the steps sent and not yet collected, each a future by slot)
+is the same for a step that runs here (a task) and one that runs elsewhere (a Ray
+shard's, answered by :meth:`BatchRunner.answer`): both pools collect with
+:meth:`BatchRunner.recv`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from envlink._client.client import StepResult
@@ -35,18 +40,22 @@ class BatchRunner(Generic[ObsT]):
         max_inflight: most slot calls running at once (``None``: no limit).
         cut_after_send: whether slot ``i``'s call, cut by the batch deadline, had
             sent its step.
+        shards: a ``RayEnvPool``'s number of shard actors, for its batch reports.
     """
 
     def __init__(self, size: int, hook: PoolHook, max_inflight: int | None = None,
-                 cut_after_send: Callable[[int], bool] | None = None) -> None:
+                 cut_after_send: Callable[[int], bool] | None = None,
+                 shards: int | None = None) -> None:
         self.size = size
         self.hook = hook
+        self._shards = shards
         # Whether slot i's call, cut by the batch deadline, had sent its step.
         self._cut_after_send = cut_after_send
         # Created on first use, on the loop that runs the pool.
         self._max_inflight = max_inflight
         self._gate: asyncio.Semaphore | None = None
-        self.inflight: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+        # The sent steps not yet collected: tasks here, futures for steps run elsewhere.
+        self.inflight: dict[int, asyncio.Future[SlotResult[ObsT]]] = {}
         # Autoresets and terminal steps of steps sent but not yet received (same-step
         # autoresets are added by the slots' tasks as they finish).
         self.sent_autoreset: set[int] = set()
@@ -102,6 +111,37 @@ class BatchRunner(Generic[ObsT]):
             until = _until(seconds)
             for i, coro in calls.items():
                 self.inflight[i] = self._start(coro, seconds, until, i, "step")
+        self._sent()
+
+    def expect(self, slots: Iterable[int]) -> None:
+        """Count ``slots``' steps as sent, each run elsewhere and given by :meth:`answer`."""
+        loop = asyncio.get_running_loop()
+        for i in slots:
+            self.inflight[i] = loop.create_future()
+        self._sent()
+
+    def answer(self, index: int, result: SlotResult[ObsT]) -> None:
+        """Slot ``index``'s answer to a step counted by :meth:`expect` (once; later ignored)."""
+        future = self.inflight.get(index)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def fail(self, slots: Iterable[int], error: BaseException) -> None:
+        """A caller's bug instead of ``slots``' answers: the :meth:`recv` that collects
+        them raises it."""
+        for i in slots:
+            future = self.inflight.get(i)
+            if future is not None and not future.done():
+                future.set_exception(error)
+                # Retrieved here: the collecting recv raises it once, with no
+                # "exception never retrieved" log for the other slots.
+                future.exception()
+
+    def pending(self) -> list[int]:
+        """The slots whose sent step has not answered yet."""
+        return [i for i, future in self.inflight.items() if not future.done()]
+
+    def _sent(self) -> None:
         for event in self._send_waiters:
             event.set()
 
@@ -114,7 +154,8 @@ class BatchRunner(Generic[ObsT]):
             raise ValueError("no step in flight: call step_send() first")
         want = recv_want(len(pending), min_ready, timeout)
         with BatchReport(self.hook, BatchStarted("recv", self.size, len(pending),
-                                                 min_ready=want)) as report:
+                                                 min_ready=want, shards=self._shards)
+                         ) as report:
             deadline = None if timeout is None else time.monotonic() + timeout
             done = {t for t in pending.values() if t.done()}
             while len(done) < want:
@@ -140,7 +181,7 @@ class BatchRunner(Generic[ObsT]):
         if tasks:
             await asyncio.wait(tasks)
 
-    def _collect(self, tasks: Mapping[int, asyncio.Task[Any]], done: set[asyncio.Task[Any]],
+    def _collect(self, tasks: Mapping[int, asyncio.Future[Any]], done: set[asyncio.Future[Any]],
                  autoreset: set[int], final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
         items: list[SlotResult[ObsT]] = [None] * self.size
         ready, stragglers = [], []
@@ -161,7 +202,7 @@ class BatchRunner(Generic[ObsT]):
                      autoreset=[i for i in autoreset if i in ok],
                      final={i: r for i, r in final.items() if i in ready})
 
-    async def wait_first(self) -> dict[int, asyncio.Task[SlotResult[ObsT]]]:
+    async def wait_first(self) -> dict[int, asyncio.Future[SlotResult[ObsT]]]:
         """Return once a sent step has answered, or none is in flight.
 
         Steps sent while it waits count too. Returns the sent steps' tasks by slot as
@@ -170,7 +211,7 @@ class BatchRunner(Generic[ObsT]):
         """
         sent = asyncio.Event()
         self._send_waiters.add(sent)
-        tasks: dict[int, asyncio.Task[SlotResult[ObsT]]] = {}
+        tasks: dict[int, asyncio.Future[SlotResult[ObsT]]] = {}
         try:
             while True:
                 if not self.inflight:
@@ -179,7 +220,7 @@ class BatchRunner(Generic[ObsT]):
                 if any(t.done() for t in tasks.values()):
                     return tasks
                 sent.clear()
-                woken = asyncio.ensure_future(sent.wait())
+                woken: asyncio.Future[Any] = asyncio.ensure_future(sent.wait())
                 try:
                     await asyncio.wait({*tasks.values(), woken},
                                        return_when=asyncio.FIRST_COMPLETED)
@@ -188,7 +229,7 @@ class BatchRunner(Generic[ObsT]):
         finally:
             self._send_waiters.discard(sent)
 
-    def closed_batch(self, tasks: Mapping[int, asyncio.Task[SlotResult[ObsT]]]
+    def closed_batch(self, tasks: Mapping[int, asyncio.Future[SlotResult[ObsT]]]
                      ) -> Batch[ObsT]:
         """The answers of sent steps that :meth:`cancel_all` took away (the pool closed)."""
         items: list[SlotResult[ObsT]] = [None] * self.size
@@ -246,10 +287,7 @@ async def _bounded(coro: Coroutine[Any, Any, StepResult[Any]], seconds: float | 
 
 
 def recv_want(pending: int, min_ready: int | None, timeout: float | None) -> int:
-    """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``.
-
-    Shared by :class:`BatchRunner` and ``envlink.ray.RayEnvPool``.
-    """
+    """Check ``step_recv``'s arguments against ``pending`` slots in flight; return ``want``."""
     want = pending if min_ready is None else min_ready
     check_number(want, "min_ready", integer=True, minimum=1, maximum=pending,
                  mistyped=ValueError, expected=f"in 1..{pending} (the slots in flight)")

@@ -57,6 +57,18 @@ class AsyncPool(Protocol[ActT, ObsT]):
     _options: PoolOptions
     _closed: bool
 
+    def _configure(self, options: PoolOptions, tracer_provider: TracerProvider | None,
+                   meter_provider: MeterProvider | None) -> None:
+        """Take the checked options and the providers (both pools' constructors do)."""
+        self._options = options
+        self.size = options.size
+        self.on_session_lost = options.on_session_lost
+        self.autoreset = options.autoreset
+        self.batch_timeout = options.batch_timeout
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self._closed = False
+
     @property
     def endpoints(self) -> tuple[str, ...]:
         """The endpoint URLs, in the order given."""

@@ -131,13 +131,7 @@ class EnvPool(AsyncPool[ActT, ObsT]):
     ) -> None:
         # The options are PoolOptions' fields, declared and checked there only.
         pool = PoolOptions(endpoints, size, client=client, **options)
-        self._options = pool
-        self.size = size
-        self.on_session_lost = pool.on_session_lost
-        self.autoreset = pool.autoreset
-        self.batch_timeout = pool.batch_timeout
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
+        self._configure(pool, tracer_provider, meter_provider)
         self._hook = pool_telemetry_hook(tracer_provider, meter_provider)
         self._factory = pool.client_factory(tracer_provider, meter_provider)
         self._engine: SlotEngine | None = None
@@ -146,7 +140,6 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         self._batches: BatchRunner[ObsT] = BatchRunner(
             size, self._hook, pool.max_inflight,
             cut_after_send=lambda i: self._slots[i].cut_after_send)
-        self._closed = False
 
     # ------------------------------------------------------------------ properties
 
