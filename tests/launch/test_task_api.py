@@ -7,13 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from envlink import (
-    Bridge,
-    BridgeCallFinished,
-    BridgeCallStarted,
-    GenericEnvClient,
-    HttpStatusError,
-)
+from envlink import Bridge, GenericEnvClient, HttpStatusError
+from envlink.hooks import BridgeCallFinished, BridgeCallStarted
 from envlink.server import ServerThread
 
 pytestmark = pytest.mark.timeout(30)
