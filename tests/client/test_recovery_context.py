@@ -69,7 +69,7 @@ async def test_replay_runs_on_the_context_alone() -> None:
     requests.clear()
 
     ctx = parts.driver.recovery()
-    frame = await recover(ctx, Call("step"), {"move": 3}, None,
+    frame = await recover(ctx, parts.core.lost_mid_episode(), Call("step"), {"move": 3}, None,
                           cause=ConnectionLostError("cut"), strategies={"replay": ReplayStrategy()})
 
     assert isinstance(frame, ObservationFrame) and frame.data.observation == {"n": 3}
@@ -104,8 +104,8 @@ async def test_a_new_strategy_needs_nothing_but_the_context() -> None:
             conn = await ctx.connector.open("recover", reason="replay")
             return await ctx.exchange(conn, call.method, data, request_id, call=call)
 
-    frame = await recover(parts.driver.recovery(), Call("step"), {"move": 5}, None,
-                          cause=None, strategies={"replay": Fresh()})
+    frame = await recover(parts.driver.recovery(), parts.core.lost_mid_episode(), Call("step"),
+                          {"move": 5}, None, cause=None, strategies={"replay": Fresh()})
     assert isinstance(frame, ObservationFrame) and frame.data.observation == {"n": 5}
     assert len(seen) == 1 and seen[0].core is parts.core
     assert requests[-1] == ("step", {"move": 5})

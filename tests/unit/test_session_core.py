@@ -431,3 +431,85 @@ def test_a_stable_connection_or_a_quiet_spell_starts_a_new_outage() -> None:
     clock.now += 30.0  # lived longer than stable_after
     c.on_dropped(DropReason.FAILED)
     assert c.connect_attempts_used("ws://x") == 0
+
+
+# ------------------------------------------------------------ the named inputs
+
+
+@pytest.mark.parametrize(("policy", "release", "now", "count", "close"), [
+    ("raise", "tok", False, False, "det"),
+    ("replay", "tok", True, True, "det"),
+    ("resume", None, False, False, None),
+    ("auto", None, False, False, None),
+])
+def test_lost_mid_episode_decides_the_strategy_and_what_to_end(
+        policy: str, release: str | None, now: bool, count: bool, close: str | None) -> None:
+    """The loss decision names the mechanism and the server sessions the policy will not
+    resume (forgotten by the core, hidden from repr); resuming policies keep them."""
+    c = core(policy, EXTENDED, episode=True)
+    c.on_detached_created("det")
+    c.journal.record_unknown({"a": 1}, "p-9")
+    mechanism = c.mechanism
+    d = c.lost_mid_episode()
+    assert (d.action, d.strategy) == (Action.RECOVER, mechanism)
+    assert (d.release, d.release_now, d.count_released, d.close_detached) == (
+        release, now, count, close)
+    assert (c.resume_token, c.detached_id) == (("tok", "det") if release is None else (None, None))
+    assert "tok" not in repr(d) and "det" not in repr(d)
+    lost = c.after_failure("step", ConnectionLostError("x"), written=True)
+    assert (lost.action, lost.strategy) == (Action.RECOVER, c.mechanism)
+
+
+def test_restore_gives_the_core_an_episode_without_its_connection() -> None:
+    """A restored session is mid-episode with no connection: the next step recovers it."""
+    c = core("resume")
+    journal = core("resume", episode=True).journal.snapshot()
+    c.restore(journal, session_id="s-9", resume_token="tok", detached_id=None)
+    assert (c.episode, c.link, c.journal, c.session_id) == (
+        Episode.ACTIVE, Link.NONE, journal, "s-9")
+    assert c.preflight("step", connection_open=False) is Preflight.RECOVER
+    assert c.recovery_plan() == ["envlink-resume"]
+
+
+def test_detached_session_inputs() -> None:
+    """Created, unavailable and gone move the detached session's state as named."""
+    c = core("resume")
+    assert c.wants_detached
+    c.on_detached_created("det")
+    assert (c.detached_id, c.detached_offered) == ("det", True)
+    c.on_detached_gone()
+    assert (c.detached_id, c.detached_offered) == (None, True)
+    c.on_detached_unavailable()
+    assert c.detached_offered is False and not c.wants_detached
+    assert SessionCore(policy=ReconnectPolicy(), production=True).production
+
+
+def test_a_detached_drop_and_a_fork_forget_the_server_session() -> None:
+    """Handing the session off forgets its resume token and detached session; a forked
+    child loses the episode and the token, the parent's."""
+    c = core("resume", EXTENDED, episode=True)
+    c.on_detached_created("det")
+    c.on_dropped(DropReason.DETACHED)
+    assert (c.link, c.resume_token, c.detached_id) == (Link.NONE, None, None)
+    forked = core("resume", EXTENDED, episode=True)
+    forked.on_forked()
+    assert (forked.episode, forked.resume_token) == (Episode.LOST, None)
+    kept = core("resume", EXTENDED, episode=True)
+    kept.on_dropped(DropReason.INHERITED)
+    assert kept.resume_token == "tok"
+
+
+def test_the_settings_inputs() -> None:
+    """The caller's settings go in through setters: the recovery policy (checked), the
+    reconnect policy, and whether the journal keeps each step."""
+    c = core("raise")
+    assert c.set_recovery_policy("replay") == "replay" and c.record_steps
+    with pytest.raises(ValueError, match="bogus"):
+        c.set_recovery_policy("bogus")  # type: ignore[arg-type]
+    c.set_record_steps(False)
+    assert not c.record_steps
+    c.set_record_steps(None)
+    assert c.record_steps
+    policy = ReconnectPolicy(max_attempts=2)
+    c.set_reconnect_policy(policy)
+    assert c.policy is policy

@@ -271,8 +271,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         else:
             hook = combine_client_hooks(list(config.hooks))
         self._core = SessionCore(policy=policy, on_session_lost=config.on_session_lost,
-                                 max_journal_steps=config.max_journal_steps)
-        self._core.production = self._mode == "production"
+                                 max_journal_steps=config.max_journal_steps,
+                                 production=self._mode == "production")
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, config.extensions, self._core, hook)
         self._driver: SessionDriver = SessionDriver(
@@ -305,7 +305,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         if not isinstance(policy, ReconnectPolicy):
             raise TypeError(f"reconnect_policy must be a ReconnectPolicy, "
                             f"got {type(policy).__name__}")
-        self._core.policy = self._driver.connector.policy = policy
+        self._core.set_reconnect_policy(policy)
+        self._driver.connector.policy = policy
         if policy is not self._config.reconnect:
             self._config = dataclasses.replace(self._config, reconnect=policy)
 
@@ -316,7 +317,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     @on_session_lost.setter
     def on_session_lost(self, policy: SessionLostPolicy) -> None:
-        self._core.on_session_lost = checked = check_policy(policy)
+        checked = self._core.set_recovery_policy(check_policy(policy))
         if checked.value != self._config.on_session_lost:
             self._config = dataclasses.replace(self._config, on_session_lost=checked.value)
 
@@ -337,7 +338,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     def record_steps(self, value: bool) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"record_steps must be a bool, got {type(value).__name__}")
-        self._core.record_steps_setting = value
+        self._core.set_record_steps(value)
 
     @property
     def recovery(self) -> str:
@@ -398,6 +399,26 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     @property
     def _resume_token(self) -> str | None:
         return self._core.resume_token
+
+    def _restore(self, handle: SessionHandle) -> EpisodeJournal:
+        """``attach()``'s way in: this client takes ``handle``'s episode, its connection lost.
+
+        Call it on the event loop the client will run on, before its first call; the
+        next call resumes the session.
+
+        Returns:
+            the journal the client now follows (a copy of the handle's), where the
+            caller settles steps cut before the detach once the server's count is read.
+        """
+        journal = handle.journal.snapshot()
+        self._driver.restore(journal, session_id=handle.session_id,
+                             resume_token=handle.resume_token, detached_id=handle.detached_id)
+        return journal
+
+    def _serves_live_loop(self) -> bool:
+        """The dispatch's question: whether the client is connected on an event loop
+        still open (a blocking call may then not take it over from async use)."""
+        return self._driver.serves_live_loop()
 
     # ------------------------------------------------------------- typed-client hooks
 
@@ -717,7 +738,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             EnvlinkError: no episode in progress, or the session cannot be resumed.
             ClientClosedError: the client is closed.
         """
-        handle = await handles.detach(self, self.timeouts.close if timeout is UNSET else timeout)
+        handle = await handles.detach(self, self._driver,
+                                      self.timeouts.close if timeout is UNSET else timeout)
         await self.close(timeout=timeout)
         return handle
 

@@ -174,7 +174,7 @@ class Connector:
         try:
             return await self.open(method, reason=reason, resume_token=resume_token)
         except DetachedSessionGone:
-            self.core.detached_id = None
+            self.core.on_detached_gone()
             return await self.open(method, reason=reason)
 
     async def _open_once(self, method: str, attempt: int, reason: str,
@@ -260,14 +260,13 @@ class Connector:
         result = body.get("result") if isinstance(body, dict) else None
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(result, dict) and isinstance(result.get("session_id"), str):
-            core.detached_id = result["session_id"]
-            core.detached_offered = True
+            core.on_detached_created(result["session_id"])
             return
         if isinstance(error, dict) and error.get("code") != _METHOD_NOT_FOUND and (
                 answer is not None and answer.status == 200):
             raise _rpc_refusal(error)
         # No /mcp (404, 426...), no such method, or not JSON-RPC: an older server.
-        core.detached_offered = False
+        core.on_detached_unavailable()
         self.hook.event(ClientEvent(LOG_DETACHED_UNAVAILABLE, core.session_id,
                                     {"status": None if answer is None else answer.status}))
 

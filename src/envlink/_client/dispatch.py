@@ -130,7 +130,7 @@ def claim(client: AutoDispatch, mode: str, *, handoff: bool = False) -> None:
     if current is None:
         client._execution_mode = mode
         return
-    if handoff and current is ASYNC and not client._driver.serves_live_loop():
+    if handoff and current is ASYNC and not client._serves_live_loop():
         client._execution_mode = SYNC
         return
     if current is ASYNC:
@@ -190,9 +190,9 @@ class AutoDispatch:
     #: The facade that runs the client's blocking calls (made on first such call).
     _envlink_auto: SyncEnvClient[Any, Any, Any] | None = None
     if TYPE_CHECKING:
-        _driver: Any
-
         def sync(self) -> SyncEnvClient[Any, Any, Any]: ...
+
+        def _serves_live_loop(self) -> bool: ...
 
         async def connect(self) -> Any: ...
 

@@ -3,10 +3,10 @@
 One call: the client-closed check, the caller's deadline, the FIFO queue (one
 request in flight per session), then :meth:`SessionDriver.request`: ask the core
 what to do before sending (:class:`~envlink._sansio.session.Preflight`), send, read
-frames through the core, and on a lost connection follow the core's
-:class:`~envlink._sansio.session.Decision` (resend through the one retry primitive,
-recover through :mod:`envlink._client.recovery`, or fail). Everything it observes goes
-to the client's hook; it logs and measures nothing itself.
+frames through the core, and on a lost connection (or an episode found without
+one) follow the core's :class:`~envlink._sansio.session.Decision` (resend through
+the one retry primitive, recover through :mod:`envlink._client.recovery`, or fail).
+Everything it observes goes to the client's hook; it logs and measures nothing itself.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from envlink._errors import (
     EnvlinkError,
     ProtocolError,
 )
+from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.protocol import (
     ErrorFrame,
     McpFrame,
@@ -206,9 +207,7 @@ class SessionDriver:
             self._loop = None
             self._lock = None
             self.active = None
-            core = self.core
-            core.lose_episode()
-            core.resume_token = None
+            self.core.on_forked()
 
     def serves_live_loop(self) -> bool:
         """Whether the client is connected on an event loop that is still open."""
@@ -230,6 +229,31 @@ class SessionDriver:
             self.connector.drop(DropReason.INHERITED)
             self.core.lose_episode()
         return self._lock
+
+    def restore(self, journal: EpisodeJournal, *, session_id: str | None,
+                resume_token: str | None, detached_id: str | None) -> None:
+        """Give the session an episode held elsewhere (``attach()``), its connection lost.
+
+        Call it on the event loop the session will run on, before its first call:
+        binding to a loop later would lose the episode. After calling this method:
+        make a call; it resumes the session (:meth:`SessionCore.restore`).
+        """
+        self._bind_loop(asyncio.get_running_loop())
+        self.core.restore(journal, session_id=session_id, resume_token=resume_token,
+                          detached_id=detached_id)
+
+    async def hand_off(self, seconds: float | None) -> None:
+        """Let the connection go without the protocol's close request, so the server
+        keeps the session for whoever holds its handle (``detach()``).
+
+        Call it in the session's turn, once the handle holds the session's resume
+        secrets: the core forgets them. After calling this method: close the client.
+        """
+        connector = self.connector
+        conn, connector.conn = connector.conn, None
+        self.core.on_dropped(DropReason.DETACHED)
+        if conn is not None:
+            await conn.close(seconds)
 
     async def close(self, seconds: float | None) -> None:
         """Close for good: cancel the call in flight, end the session, bounded."""
@@ -266,8 +290,8 @@ class SessionDriver:
                 # Anything but a trusted open connection: ask the core what to do.
                 conn = await self._connection_for(method, number)
                 if conn is None:
-                    return await recover(self.recovery(), call, data, request_id, cause=None,
-                                         earlier=core.take_lost_by())
+                    return await recover(self.recovery(), core.lost_mid_episode(), call, data,
+                                         request_id, cause=None, earlier=core.take_lost_by())
             if request_id is None:
                 request_id = core.next_request_id()
             try:
@@ -293,7 +317,8 @@ class SessionDriver:
                 if decision.action is Action.RESEND:
                     raise Again(exc) from None
                 if decision.action is Action.RECOVER:
-                    return await recover(self.recovery(), call, data, request_id, cause=exc)
+                    return await recover(self.recovery(), decision, call, data, request_id,
+                                         cause=exc)
                 assert decision.error is not None
                 raise decision.error from exc
 

@@ -15,7 +15,6 @@ so a step is never applied twice. A session the server no longer has raises
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -33,11 +32,12 @@ from envlink._errors import (
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import RecoveryMechanism
-from envlink._sansio.session import Call, DropReason, Episode, Link
+from envlink._sansio.session import Call, Episode
 
 if TYPE_CHECKING:
     from envlink._bridge import Bridge
     from envlink._client.client import EnvClient
+    from envlink._client.driver import SessionDriver
     from envlink._client.sync_client import SyncEnvClient
 
 __all__ = ["SessionHandle", "attach", "detach"]
@@ -189,17 +189,9 @@ async def _resume(client: EnvClient[Any, Any, Any], handle: SessionHandle,
     On the loop the client will run on: a client first used on a loop starts there
     with no episode, so the episode is restored once it is bound.
     """
-    client._driver._bind_loop(asyncio.get_running_loop())
-    core = client._core
-    core.journal = handle.journal.snapshot()
-    core.episode = Episode.ACTIVE
-    core.link = Link.NONE
-    core.session_id = handle.session_id
-    core.resume_token = handle.resume_token
-    core.detached_id = handle.detached_id
+    journal = client._restore(handle)
     try:
         state = await client.state(timeout=timeout)
-        journal = core.journal
         if journal.unknown_steps:
             # Steps cut by a deadline before the detach, still unknown after the resume
             # (applied, their answers lost): the server's count says how many it applied,
@@ -229,15 +221,17 @@ def _gone(handle: SessionHandle, exc: SessionLostError) -> SessionLostError:
         journal=exc.journal or handle.journal.snapshot())
 
 
-async def detach(client: EnvClient[Any, Any, Any], seconds: float | None) -> SessionHandle:
+async def detach(client: EnvClient[Any, Any, Any], driver: SessionDriver,
+                 seconds: float | None) -> SessionHandle:
     """End ``client``'s connection without ending its server session; the handle to it.
 
-    Runs in the client's turn; the caller closes the client afterwards.
+    Runs in the turn of ``driver`` (the client's); the caller closes the client
+    afterwards.
 
     Raises:
         EnvlinkError: no episode in progress, or the session cannot be resumed.
     """
-    driver, core = client._driver, client._core
+    core = driver.core
 
     async def run(call: Call) -> SessionHandle:
         async with driver.turn(call):
@@ -260,14 +254,7 @@ async def detach(client: EnvClient[Any, Any, Any], seconds: float | None) -> Ses
                            else RecoveryMechanism.OPENENV_RESUME).value,
                 journal=core.journal.snapshot(), detached_id=detached,
                 resume_token=token)
-            # The server keeps the session when its socket closes without the
-            # protocol's close request; the client forgets what would end it.
-            core.resume_token = core.detached_id = None
-            connector = driver.connector
-            conn, connector.conn = connector.conn, None
-            core.on_dropped(DropReason.DETACHED)
-            if conn is not None:
-                await conn.close(seconds)
+            await driver.hand_off(seconds)
             return handle
 
     return await driver.call("detach", seconds, run)

@@ -32,10 +32,10 @@ from envlink._errors import (
     SessionLostError,
 )
 from envlink._sansio.journal import EpisodeJournal, JournalEntry
-from envlink._sansio.policies import RecoveryMechanism, RecoveryPolicy, idempotent_mcp
+from envlink._sansio.policies import RecoveryMechanism, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.retry import Again
-from envlink._sansio.session import Call, DropReason, Frame, SessionCore, describe
+from envlink._sansio.session import Call, Decision, DropReason, Frame, SessionCore, describe
 from envlink._transports.base import Connection
 from envlink.names import (
     HOOK_RECOVERY_FINISHED,
@@ -226,7 +226,7 @@ async def _attach(ctx: RecoveryContext, *, reason: str) -> tuple[Connection, int
     try:
         conn = await connector.open("recover", reason=reason)
     except DetachedSessionGone as exc:
-        core.detached_id = None
+        core.on_detached_gone()
         raise _gone(ctx, "it restarted (a restarted OpenEnv server has lost every "
                          "session)",
                     "its idle reaper destroyed it (OpenEnv's session_timeout) or it was "
@@ -365,14 +365,17 @@ STRATEGIES: Mapping[RecoveryMechanism, RecoveryStrategy] = {
 }
 
 
-async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
-                  request_id: str | None, *, cause: BaseException | None,
-                  earlier: BaseException | None = None,
+async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
+                  data: dict[str, Any] | None, request_id: str | None, *,
+                  cause: BaseException | None, earlier: BaseException | None = None,
                   strategies: Mapping[RecoveryMechanism, RecoveryStrategy] = STRATEGIES
                   ) -> Frame:
-    """The session was lost mid-episode: apply ``on_session_lost``, then finish the call.
+    """The session was lost mid-episode: carry out the core's decision, then finish the call.
 
     Args:
+        decision: the core's ``RECOVER`` decision
+            (:meth:`~envlink._sansio.session.SessionCore.lost_mid_episode`): the
+            mechanism to report and the abandoned server sessions to end.
         cause: the failure during this call that lost the connection (``None``: it
             was gone before the call was sent).
         earlier: the failure of an earlier call that let the connection go (a
@@ -385,27 +388,21 @@ async def recover(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
     core, connector, hook, method = ctx.core, ctx.connector, ctx.hook, call.method
     policy = core.on_session_lost
     journal = core.journal
-    mechanism = core.mechanism
+    mechanism = decision.strategy
+    assert mechanism is not None, "recover() carries out a RECOVER decision"
     hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
         "method": method, "policy": policy.value, "steps": journal.step_count,
         "error": str(cause) if cause else describe(earlier) if earlier else None,
         "mechanism": mechanism.value}))
-    token = core.resume_token
     result = "failed"
-    resuming = policy in (RecoveryPolicy.RESUME, RecoveryPolicy.AUTO)
-    detached = core.detached_id
-    if detached is not None and not resuming:
-        # An OpenEnv detached session this policy will not resume: end it.
-        core.detached_id = None
-        connector.close_detached_later(detached)
-    if token is not None and not resuming:
-        # The server keeps the detached session for its grace window: end it, so it
-        # does not hold a slot (replay needs one right away; "raise" does not wait).
-        core.release_session()
-        if policy is RecoveryPolicy.REPLAY:
+    if decision.close_detached is not None:
+        connector.close_detached_later(decision.close_detached)
+    token = decision.release
+    if token is not None:
+        if decision.release_now:
             # Steps of unknown outcome are settled from the old session's own count
             # first, where it can tell (the session still exists and reports one).
-            count = await connector.release(token, count_steps=bool(journal.unknown_steps))
+            count = await connector.release(token, count_steps=decision.count_released)
             if core.settle_count(count):
                 hook.event(ClientEvent(LOG_UNKNOWN_STEP_SETTLED, core.session_id, {
                     "applied": False, "source": "step_count"}))

@@ -7,8 +7,17 @@ OpenTelemetry, and an injectable clock. What comes in:
 - frames received (:meth:`SessionCore.receive`) and answers (:meth:`SessionCore.answered`);
 - a connection opened (:meth:`SessionCore.on_connected`) or let go
   (:meth:`SessionCore.on_dropped`), a request lost with it, written or not
-  (:meth:`SessionCore.after_failure`);
-- a deadline expired (:meth:`SessionCore.deadline_expired`).
+  (:meth:`SessionCore.after_failure`), an episode found without its connection
+  (:meth:`SessionCore.lost_mid_episode`);
+- a deadline expired (:meth:`SessionCore.deadline_expired`);
+- what the server said of its OpenEnv detached sessions
+  (:meth:`SessionCore.on_detached_created` and its siblings), a session moved in
+  from another process (:meth:`SessionCore.restore`), a fork, and the caller's
+  settings (:meth:`SessionCore.set_reconnect_policy` and its siblings).
+
+The core's fields are read by the layers above and written only by the core itself,
+through these inputs (a rule in ``tests/test_layering.py`` holds the asyncio layer
+to it).
 
 What goes out: the text to send, the frame for the caller, or a decision
 (:class:`Preflight` before a send; :class:`Decision` after a failure: resend,
@@ -26,7 +35,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from envlink._errors import (
@@ -155,20 +164,35 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """The core's answer to a failed exchange.
+    """The core's answer to a failed exchange, or to an episode without its connection.
 
     Attributes:
         action: resend the request, recover the session, or fail.
         strategy: for ``RECOVER``, the mechanism that applies (``envlink-resume``,
             ``openenv-resume``, ``replay``, or ``raise`` when nothing can rebuild the
-            episode).
+            episode), as the recovery reports it.
         error: for ``FAIL``, the error to raise instead of the original one
             (``None``: raise the original).
+        release: for ``RECOVER``, the resume token of the server session the policy
+            will not resume (the core has forgotten it): end that session, so that
+            it holds no server slot for its grace window. A secret: never shown.
+        release_now: end it before recovering (replay needs the slot right away),
+            rather than in the background.
+        count_released: read the released session's step count as it ends, and
+            settle the journal's steps of unknown outcome from it
+            (:meth:`SessionCore.settle_count`).
+        close_detached: for ``RECOVER``, the OpenEnv detached session the policy will
+            not resume (forgotten by the core): close it in the background. A
+            capability: never shown.
     """
 
     action: Action
     strategy: RecoveryMechanism | None = None
     error: EnvlinkError | None = None
+    release: str | None = field(default=None, repr=False)
+    release_now: bool = False
+    count_released: bool = False
+    close_detached: str | None = field(default=None, repr=False)
 
 
 class Dropped(NamedTuple):
@@ -231,6 +255,7 @@ class SessionCore:
         max_journal_steps: bound on the steps recorded for replay.
         record_steps: whether the journal keeps each step (``None``: only where the
             recovery policy replays; see :attr:`record_steps`).
+        production: OpenEnv's production mode (see the attribute).
         clock: monotonic seconds (injectable for tests).
         id_prefix: prefix of request ids (random by default).
 
@@ -256,6 +281,7 @@ class SessionCore:
         on_session_lost: SessionLostPolicy | RecoveryPolicy = "raise",
         max_journal_steps: int = 10_000,
         record_steps: bool | None = None,
+        production: bool = False,
         clock: Callable[[], float] = time.monotonic,
         id_prefix: str | None = None,
     ) -> None:
@@ -274,7 +300,7 @@ class SessionCore:
         self.resume_token: str | None = None
         self.detached_id: str | None = None
         self.detached_offered: bool | None = None
-        self.production = False
+        self.production = production
         #: Requests whose callers gave up while their answer may still come, by id.
         self.late: dict[str, tuple[str, dict[str, Any] | None]] = {}
         #: The failure that let the connection go mid-episode (a deadline, an interrupt,
@@ -302,6 +328,38 @@ class SessionCore:
         if setting is not None:
             return setting
         return self.on_session_lost in _REPLAYING
+
+    # --------------------------------------------------------------- the settings
+
+    def set_reconnect_policy(self, policy: ReconnectPolicy) -> None:
+        """The caller changed the reconnect policy (its flapping bounds apply from now).
+
+        After calling this method: open connections and retry under the same policy.
+        """
+        self.policy = policy
+
+    def set_recovery_policy(self, policy: SessionLostPolicy | RecoveryPolicy) -> RecoveryPolicy:
+        """The caller changed ``on_session_lost``: it decides the next loss.
+
+        Returns:
+            the policy as the core holds it.
+
+        After calling this method: nothing; whether the journal keeps each step
+        follows from the next reset (:attr:`record_steps`).
+
+        Raises:
+            ValueError: not a recovery policy.
+        """
+        self.on_session_lost = checked = RecoveryPolicy(policy)
+        return checked
+
+    def set_record_steps(self, value: bool | None) -> None:
+        """The caller decided whether the journal keeps each step (``None``: per policy).
+
+        After calling this method: nothing; it applies from the next reset
+        (:attr:`record_steps`).
+        """
+        self.record_steps_setting = value
 
     # ------------------------------------------------------------------ the caller
 
@@ -560,9 +618,9 @@ class SessionCore:
 
         Before calling this method: let the connection go (:meth:`on_dropped` with
         ``FAILED``). After, for the decision's action: ``RESEND``, send again on a
-        new connection under the retry policy; ``RECOVER``, carry the episode on
-        with the strategies of :meth:`recovery_plan`; ``FAIL``, raise
-        ``decision.error`` from the failure.
+        new connection under the retry policy; ``RECOVER``, recover as
+        :meth:`lost_mid_episode` says; ``FAIL``, raise ``decision.error`` from the
+        failure.
         """
         if method == "reset" and written:
             # The server may have started the new episode: the old one cannot go on,
@@ -571,13 +629,45 @@ class SessionCore:
         if self.episode is Episode.ACTIVE and method != "reset":
             # A new connection is a new server session: only recovery continues the
             # episode (resume re-attaches with the same request id, de-duplicated).
-            return Decision(Action.RECOVER, strategy=self.mechanism)
+            return self.lost_mid_episode()
         if not written or method in IDEMPOTENT or idempotent_mcp(method, data):
             return _RESEND
         return Decision(Action.FAIL, error=OutcomeUnknownError(
             f"connection lost after {method} was sent; the server may or may not "
             "have applied it, so it is not resent"
         ))
+
+    def lost_mid_episode(self) -> Decision:
+        """The episode's connection is gone and a call needs it: how to recover.
+
+        The one place the policy is applied to a loss: the mechanism reported, and
+        which server sessions the policy will not resume (forgotten here, named in
+        the decision for the caller to end).
+
+        Returns:
+            a ``RECOVER`` decision.
+
+        After calling this method: report the loss with ``decision.strategy``; close
+        ``decision.close_detached`` in the background; end ``decision.release`` (at
+        once when ``release_now``, reading its step count for :meth:`settle_count`
+        when ``count_released``; else in the background); then run the strategies
+        of :meth:`recovery_plan` in order (read after the settling, which may make
+        the journal replayable).
+        """
+        strategy = self.mechanism
+        resuming = self.on_session_lost in _RESUMING
+        if resuming:
+            return Decision(Action.RECOVER, strategy=strategy)
+        # The server keeps an abandoned session for its grace window (an envlink one)
+        # or until its reaper runs (an OpenEnv detached one): the caller ends them.
+        detached, self.detached_id = self.detached_id, None
+        token = self.release_session()
+        replaying = self.on_session_lost is RecoveryPolicy.REPLAY
+        return Decision(
+            Action.RECOVER, strategy=strategy, release=token,
+            release_now=replaying and token is not None,
+            count_released=replaying and token is not None and bool(self.journal.unknown_steps),
+            close_detached=detached)
 
     def call_failed(self, error: BaseException) -> None:
         """A call failed: if that let the connection go mid-episode, remember why.
@@ -686,9 +776,18 @@ class SessionCore:
 
     def on_dropped(self, reason: DropReason) -> None:
         """The connection was let go. A failure is remembered with whether the
-        connection had been stable (flapping); the client's own drops are not."""
+        connection had been stable (flapping); the client's own drops are not.
+
+        ``DETACHED``: the session was handed to another process, which now holds what
+        would end or resume it; the core forgets its resume token and detached session.
+
+        After calling this method: close or abort the connection as ``reason`` says
+        (the connector's ``drop``); the next call finds no connection.
+        """
         self.link = Link.NONE
         if reason is not DropReason.FAILED:
+            if reason is DropReason.DETACHED:
+                self.resume_token = self.detached_id = None
             return
         self._dropped_at = self.clock()
         if self._dropped_at - self._opened_at < self.policy.stable_after:
@@ -710,6 +809,40 @@ class SessionCore:
         """
         token, self.resume_token = self.resume_token, None
         return token
+
+    def on_forked(self) -> None:
+        """This process is a fork of the one that held the session: the parent keeps
+        the episode and its server session.
+
+        After calling this method: forget the parent's connection without any I/O on
+        it (:meth:`on_dropped` with ``INHERITED``); the child starts afresh, its
+        episode lost until it resets.
+        """
+        self.lose_episode()
+        self.resume_token = None
+
+    def restore(self, journal: EpisodeJournal, *, session_id: str | None,
+                resume_token: str | None, detached_id: str | None) -> None:
+        """A session held elsewhere (a detached session's handle) becomes this one:
+        its episode in progress, its connection lost.
+
+        Args:
+            journal: the episode's journal (the core keeps it: pass a copy).
+            session_id: the session's public id.
+            resume_token: envlink's resume token for it, if the server offered one.
+            detached_id: the OpenEnv detached session, if that is how it resumes.
+
+        After calling this method: make a call; it finds no connection mid-episode
+        (:meth:`preflight` says ``RECOVER``) and resumes the session under the
+        recovery policy.
+        """
+        self.journal = journal
+        self.episode = Episode.ACTIVE
+        self.lost_journal = None
+        self.link = Link.NONE
+        self.session_id = session_id
+        self.resume_token = resume_token
+        self.detached_id = detached_id
 
     def on_closed(self) -> None:
         """The client ended the session (disconnect, close, or a forked child)."""
@@ -756,11 +889,36 @@ class SessionCore:
         or to reach it over ``POST /mcp`` in production mode).
 
         Read it before opening a connection: when ``True``, create the detached
-        session (set :attr:`detached_id` and :attr:`detached_offered`) or re-attach
-        to the one held.
+        session (then call :meth:`on_detached_created` or
+        :meth:`on_detached_unavailable`) or re-attach to the one held.
         """
         return (self.production or self.on_session_lost in _RESUMING) and (
             self.detached_offered is not False)
+
+    def on_detached_created(self, detached_id: str) -> None:
+        """The server created an OpenEnv detached session for this client.
+
+        After calling this method: open the connection attached to it
+        (``/ws?session_id=``); :attr:`detached_id` holds it from now on.
+        """
+        self.detached_id = detached_id
+        self.detached_offered = True
+
+    def on_detached_unavailable(self) -> None:
+        """The server offers no detached sessions (an older or a non-OpenEnv server).
+
+        After calling this method: open a plain connection; :attr:`wants_detached`
+        is ``False`` from now on.
+        """
+        self.detached_offered = False
+
+    def on_detached_gone(self) -> None:
+        """The server no longer has the detached session the client held.
+
+        After calling this method: a call outside an episode opens a new session
+        (:attr:`wants_detached` creates another); a recovery reports the session gone.
+        """
+        self.detached_id = None
 
     def recovery_plan(self) -> list[RecoveryMechanism]:
         """The mechanisms to try now, in order: ``resume``/``auto`` use envlink's token,
