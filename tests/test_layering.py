@@ -181,3 +181,169 @@ def test_no_module_imports_another_packages_private_names() -> None:
                         and not is_module:
                     found.append(f"{name}: {node.module}.{alias.name}")
     assert found == []
+
+
+# ------------------------------------------------------- the core owns its state
+
+#: What the layers above the sans-I/O core call a session core: ``core``, ``self.core``,
+#: ``client._core``, ``ctx.core``, ``session_core``. The rule below is scoped by these
+#: names rather than by package, because the field names are common words: the
+#: server's sessions, the pool's clients (whose ``on_session_lost`` is a public
+#: setter), a connect report and Ray's mirrors have ``session_id``, ``extensions``,
+#: ``journal`` or ``on_session_lost`` of their own; the test after it holds the client
+#: layers to the naming.
+_CORE_NAME = re.compile(r"(?:.*_)?core")
+
+
+def session_core_fields() -> frozenset[str]:
+    """The state of ``SessionCore``: its slots, class annotations and ``self.x =`` fields."""
+    tree = ast.parse((SRC / "_sansio" / "session.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SessionCore")
+    found: set[str] = set()
+    for node in ast.walk(cls):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.add(node.target.id)
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+            found.update(e.value for e in ast.walk(node.value)
+                         if isinstance(e, ast.Constant) and isinstance(e.value, str))
+        for target in _targets(node):
+            for e in ast.walk(target):
+                if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) \
+                        and e.value.id == "self" and isinstance(e.ctx, ast.Store):
+                    found.add(e.attr)
+    return frozenset(found - {"__slots__"})
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    if isinstance(node, ast.Delete):
+        return list(node.targets)
+    return []
+
+
+def _names_core(expr: ast.expr, aliases: set[str]) -> bool:
+    if isinstance(expr, ast.Name):
+        return expr.id in aliases or _CORE_NAME.fullmatch(expr.id.lstrip("_")) is not None
+    if isinstance(expr, ast.Attribute):
+        return _CORE_NAME.fullmatch(expr.attr.lstrip("_")) is not None
+    return False
+
+
+def _core_aliases(scope: ast.AST) -> set[str]:
+    """Local names bound to a core in ``scope`` (``c = self._core``, ``a, c = x, ctx.core``)."""
+    aliases: set[str] = set()
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs: list[tuple[ast.expr, ast.expr]] = [(target, node.value)]
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                    and len(target.elts) == len(node.value.elts):
+                pairs = list(zip(target.elts, node.value.elts, strict=True))
+            aliases.update(t.id for t, v in pairs
+                           if isinstance(t, ast.Name) and _names_core(v, aliases))
+    return aliases
+
+
+def core_field_writes(source: str, fields: frozenset[str]) -> list[str]:
+    """Where ``source`` assigns, augments or deletes a core field on something other than
+    ``self``, or calls ``setattr``/``delattr`` on a core: ``line: code`` each."""
+    tree = ast.parse(source)
+    found: set[tuple[int, str]] = set()
+    scopes = [tree] + [n for n in ast.walk(tree)
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    for scope in scopes:
+        aliases = _core_aliases(scope)
+        for node in ast.walk(scope):
+            for target in _targets(node):
+                for e in ast.walk(target):
+                    if isinstance(e, ast.Attribute) and isinstance(e.ctx, (ast.Store, ast.Del)) \
+                            and e.attr in fields and _names_core(e.value, aliases):
+                        found.add((e.lineno, ast.unparse(e)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("setattr", "delattr") and node.args \
+                    and _names_core(node.args[0], aliases):
+                found.add((node.lineno, ast.unparse(node)))
+    return [f"{line}: {code}" for line, code in sorted(found)]
+
+
+def test_no_module_outside_the_core_assigns_its_fields() -> None:
+    """The asyncio layer changes a session only through the core's named inputs: no module
+    outside ``envlink._sansio`` assigns, augments, deletes or setattr()s a field of a
+    session core."""
+    fields = session_core_fields()
+    assert {"episode", "link", "journal", "resume_token", "detached_id", "policy"} <= fields
+    found = {name: writes for name, path in modules()
+             if not name.startswith("envlink._sansio")
+             and (writes := core_field_writes(path.read_text(), fields))}
+    assert found == {}
+
+
+def test_the_core_field_rule_catches_each_way_of_writing_one() -> None:
+    """The rule flags a field written through each name a core goes by, an alias, a tuple,
+    an augmented assignment, del and setattr, and passes the core's own writes and other
+    objects' fields of the same names."""
+    fields = session_core_fields()
+    bad = '''
+def f(self, client, ctx, driver):
+    core = self.core
+    core.link = None
+    self._core.episode = 1
+    client._core.resume_token = None
+    ctx.core.detached_id = None
+    driver.core.journal += 1
+    session_core.policy = 2
+    c = client._core
+    c.production = True
+    x, k = 1, ctx.core
+    k.session_id, y = "s", 2
+    del core.lost_by
+    setattr(core, "link", None)
+'''
+    flagged = [int(line.split(":")[0]) for line in core_field_writes(bad, fields)]
+    assert flagged == [4, 5, 6, 7, 8, 9, 11, 13, 14, 15]
+    good = '''
+class SessionCore:
+    def f(self, session, made, report):
+        self.link = None
+        session.session_id = "s"
+        made.on_session_lost = "replay"
+        report.extensions = True
+        core = self
+        core.journal.episode_id = "e"
+        setattr(made, "link", None)
+'''
+    assert core_field_writes(good, fields) == []
+
+
+def test_every_session_core_goes_by_a_core_name() -> None:
+    """Outside the core, every variable, parameter and attribute that holds a SessionCore
+    (annotated with it, or assigned ``SessionCore(...)``) is named ``core``, ``_core`` or
+    ``..._core``: the names the rule above recognises."""
+    def holds_core(annotation: ast.expr | None) -> bool:
+        return annotation is not None and "SessionCore" in ast.unparse(annotation)
+
+    def name_of(target: ast.expr) -> str:
+        return target.id if isinstance(target, ast.Name) else \
+            target.attr if isinstance(target, ast.Attribute) else ast.unparse(target)
+
+    found = []
+    for name, path in modules():
+        if name.startswith("envlink._sansio"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named: list[str] = []
+            if isinstance(node, ast.arg) and holds_core(node.annotation):
+                named.append(node.arg)
+            elif isinstance(node, ast.AnnAssign) and holds_core(node.annotation):
+                named.append(name_of(node.target))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and ast.unparse(node.value.func).endswith("SessionCore"):
+                named.extend(name_of(t) for t in node.targets)
+            found.extend(f"{name}: {n}" for n in named
+                         if _CORE_NAME.fullmatch(n.lstrip("_")) is None)
+    assert found == []
