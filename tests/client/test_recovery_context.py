@@ -9,9 +9,10 @@ import pytest
 
 from envlink import ConnectionLostError
 from envlink._client.recovery import RecoveryContext, ReplayStrategy, recover
+from envlink._sansio.policies import RecoveryMechanism
 from envlink._sansio.protocol import ObservationFrame
-from envlink._sansio.session import Call, DropReason, Episode, Frame
-from envlink.hooks import PhaseStarted
+from envlink._sansio.session import Action, Call, Decision, DropReason, Episode, Frame
+from envlink.hooks import ClientEvent, PhaseStarted
 from envlink.names import HOOK_RECOVERY_FINISHED, LOG_SESSION_LOST
 
 from ._parts import Parts, build, obs
@@ -109,4 +110,27 @@ async def test_a_new_strategy_needs_nothing_but_the_context() -> None:
     assert isinstance(frame, ObservationFrame) and frame.data.observation == {"n": 5}
     assert len(seen) == 1 and seen[0].core is parts.core
     assert requests[-1] == ("step", {"move": 5})
+    await parts.driver.close(1.0)
+
+
+async def test_recover_carries_out_the_decision_it_is_given() -> None:
+    """recover() ends exactly the server sessions the core's decision names, in the way it
+    says, and reports the decision's mechanism: it does not apply the policy again."""
+    parts = build(counter([]), on_session_lost="replay")
+    await play(parts, "reset", {"seed": 1})
+    parts.connector.drop(DropReason.FAILED)
+    released: list[str] = []
+    closed: list[str] = []
+    parts.connector.release_later = released.append  # type: ignore[method-assign]
+    parts.connector.close_detached_later = closed.append  # type: ignore[method-assign]
+    decision = Decision(Action.RECOVER, strategy=RecoveryMechanism.REPLAY, release="tok-x",
+                        close_detached="det-x")
+
+    frame = await recover(parts.driver.recovery(), decision, Call("step"), {"move": 2}, None,
+                          cause=None, strategies={"replay": ReplayStrategy()})
+
+    assert isinstance(frame, ObservationFrame) and frame.data.observation == {"n": 2}
+    assert (released, closed) == (["tok-x"], ["det-x"])
+    lost = [e for e in parts.hook.of(ClientEvent) if e.name == LOG_SESSION_LOST]
+    assert [e.fields["mechanism"] for e in lost] == ["replay"]
     await parts.driver.close(1.0)
