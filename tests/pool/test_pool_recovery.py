@@ -12,9 +12,11 @@ from envlink import (
     EnvPool,
     GenericEnvClient,
     ReplayDivergedError,
+    ServerError,
     SessionLostError,
     StepResult,
 )
+from envlink import server as envlink_server
 
 from .._processes import ServerProcess
 from .conftest import solo_run
@@ -105,6 +107,47 @@ async def test_replay_that_diverges_is_reported(det_servers: Callable[..., Any])
         (error,) = batch.errors.values()
         assert isinstance(error, ReplayDivergedError)
         assert pool.view().slots.count("lost") == 1
+
+
+async def test_replay_refused_by_the_new_endpoint_is_session_lost_not_divergence(
+        det_servers: Callable[..., Any]) -> None:
+    """A replayed step the new endpoint answers with an error frame is SessionLostError
+    caused by the ServerError (as in the client's own replay), not ReplayDivergedError."""
+    refuse = False
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def reset(self, **kwargs: Any) -> envlink_server.StepResult:
+            self.n = 0
+            return envlink_server.StepResult(observation={"n": 0})
+
+        def step(self, action: dict[str, Any]) -> envlink_server.StepResult:
+            if refuse:
+                raise RuntimeError("this environment cannot take the step again")
+            self.n += 1
+            return envlink_server.StepResult(observation={"n": self.n})
+
+        def state(self) -> dict[str, Any]:
+            return {"step_count": self.n}
+
+    servers = [await det_servers(env=Refusing), await det_servers(env=Refusing)]
+    async with EnvPool([s.url for s in servers], 1, on_session_lost="replay",
+                       breaker_threshold=1, breaker_reset_timeout=60) as pool:
+        await pool.reset(seeds=0)
+        await pool.step([{}])
+        (holder,) = [s for s in servers if s.url == pool.view().slot_endpoints[0]]
+        refuse = True
+        await holder.stop()
+        batch = await pool.step([{}])
+        (error,) = batch.errors.values()
+        assert isinstance(error, SessionLostError), error
+        assert not isinstance(error, ReplayDivergedError), error
+        assert isinstance(error.__cause__, ServerError), repr(error.__cause__)
+        assert "replay of step 0 failed on the server" in str(error)
+        assert error.journal is not None and error.journal.step_count == 1
+        assert pool.view().slots == ("lost",)
 
 
 async def test_kill_9_mid_step_replays_on_the_others(

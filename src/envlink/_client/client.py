@@ -51,6 +51,7 @@ from envlink._sansio.policies import (
     SessionLostPolicy,
 )
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
+from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
@@ -277,7 +278,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                               policy, config.extensions, self._core, hook)
         self._driver: SessionDriver = SessionDriver(
             self._core, connector, hook, self._options, self.timeouts,
-            config.replay_verify or _same_answer)
+            config.replay_verify or same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
         gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity,
                             self._core)
@@ -919,10 +920,6 @@ def _parse(hook: Callable[[dict[str, Any]], _R], data: dict[str, Any], what: str
 
 def _parse_failed(what: str, exc: Exception) -> ProtocolError:
     return ProtocolError(f"could not parse the server's {what}: {exc}")
-
-
-def _same_answer(recorded: dict[str, Any], actual: dict[str, Any]) -> bool:
-    return recorded == actual
 
 
 _C = TypeVar("_C", bound="EnvClient[Any, Any, Any]")

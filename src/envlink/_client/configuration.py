@@ -16,7 +16,7 @@ configuration: it stays an argument of the client.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from envlink._config import (
     check_count,
 )
 from envlink._sansio.policies import ReconnectPolicy, RecoveryPolicy, SessionLostPolicy
+from envlink._sansio.replay import ReplayVerify
 from envlink._sansio.session_limits import Limits
 
 if TYPE_CHECKING:
@@ -49,9 +50,6 @@ __all__ = [
     "check_policy",
     "config_from_options",
 ]
-
-#: Compares a recorded answer with the replayed one (``recorded, actual -> same``).
-ReplayVerify = Callable[[dict[str, Any], dict[str, Any]], bool]
 
 #: Fields that hold objects of the process that made the config: never pickled.
 _PROCESS_BOUND = ("tracer_provider", "meter_provider")

@@ -14,7 +14,6 @@ client.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,9 +30,10 @@ from envlink._errors import (
     SessionGoneError,
     SessionLostError,
 )
-from envlink._sansio.journal import EpisodeJournal, JournalEntry
+from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import RecoveryMechanism, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
+from envlink._sansio.replay import RESET, JournalReplay, ReplayVerify
 from envlink._sansio.retry import Again
 from envlink._sansio.session import Call, Decision, DropReason, Frame, SessionCore, describe
 from envlink._transports.base import Connection
@@ -88,7 +88,7 @@ class RecoveryContext:
     connector: Connector
     hook: ClientHook
     exchange: Exchange
-    replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool]
+    replay_verify: ReplayVerify
 
 
 class RecoveryStrategy(Protocol):
@@ -308,37 +308,23 @@ class ReplayStrategy:
 
 
 async def _replay(ctx: RecoveryContext, conn: Connection, journal: EpisodeJournal) -> None:
+    """Reset a new session and resend the journal's steps, each answer checked."""
     core, exchange = ctx.core, ctx.exchange
+    replay = JournalReplay(journal, ctx.replay_verify)
 
-    def check(index: int, recorded: dict[str, Any] | None, frame: Frame) -> None:
-        if isinstance(frame, ErrorFrame):
-            # The server refused to rebuild the episode (capacity, a failing env...):
-            # the episode is lost, but nothing diverged.
-            what = "reset" if index < 0 else f"step {index}"
-            raise SessionLostError(
-                f"replay of {what} failed on the server: [{frame.data.code}] "
-                f"{frame.data.message}", journal=journal.snapshot(),
-            ) from server_error(frame)
-        actual = frame.raw_data if isinstance(frame, ObservationFrame) else frame.data
-        if recorded is None or not ctx.replay_verify(recorded, actual):
+    def check(index: int, frame: Frame) -> None:
+        answer = (server_error(frame) if isinstance(frame, ErrorFrame)
+                  else frame.raw_data if isinstance(frame, ObservationFrame) else frame.data)
+        try:
+            replay.check(index, answer)
+        except ReplayDivergedError:
             ctx.hook.event(ClientEvent(LOG_REPLAY_DIVERGED, core.session_id,
-                                          {"index": index}))
-            raise ReplayDivergedError(
-                f"replay diverged at {'reset' if index < 0 else f'step {index}'}: the server "
-                "answered differently than it did originally", index=index,
-                expected=recorded, actual=actual, journal=journal.snapshot())
+                                       {"index": index}))
+            raise
 
-    check(-1, journal.reset_response,
-          await exchange(conn, "reset", journal.reset_kwargs, core.next_request_id()))
-    for index, entry in enumerate(journal.entries):
-        frame = await exchange(conn, "step", entry.action, core.next_request_id())
-        if entry.response_json is None and isinstance(frame, ObservationFrame):
-            # Applied on the old session, its answer lost: nothing to compare; the
-            # journal takes the answer the rebuilt session gave.
-            journal.entries[index] = JournalEntry(entry.action_json,
-                                                  json.dumps(frame.raw_data))
-            continue
-        check(index, entry.response, frame)
+    check(RESET, await exchange(conn, "reset", replay.reset_kwargs, core.next_request_id()))
+    for index, entry in enumerate(replay.entries):
+        check(index, await exchange(conn, "step", entry.action, core.next_request_id()))
     core.recovered()
 
 

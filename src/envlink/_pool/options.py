@@ -26,6 +26,7 @@ from envlink._sansio.policies import (
     ReconnectPolicy,
     SessionLostPolicy,
 )
+from envlink._sansio.replay import ReplayVerify
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -41,7 +42,6 @@ DEFAULT_CAPACITY_POLICY = ReconnectPolicy(max_attempts=120, initial_delay=0.05,
                                           max_delay=1.0, max_elapsed=120.0)
 
 ClientSpec = type[EnvClient[Any, Any, Any]] | Callable[[str], EnvClient[Any, Any, Any]]
-Verify = Callable[[dict[str, Any], dict[str, Any]], bool]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class PoolOptions:
     capacity: ReconnectPolicy | None = None
     breaker_threshold: int = 3
     breaker_reset_timeout: float = 5.0
-    replay_verify: Verify | None = None
+    replay_verify: ReplayVerify | None = None
     #: ``(url, host, port)`` of each endpoint, in order (from ``endpoints``).
     parsed: tuple[tuple[str, str, int], ...] = field(init=False, repr=False, compare=False)
 

@@ -23,9 +23,10 @@ from envlink._pool.observer import PoolHook
 from envlink._pool.options import DEFAULT_CAPACITY_POLICY, AutoresetMode, PoolOptions
 from envlink._pool.placement import Placement
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord
-from envlink._pool.slot import Slot, SlotEngine, SlotState, same_answer
+from envlink._pool.slot import Slot, SlotEngine, SlotState
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.redact import redact_url
+from envlink._sansio.replay import same_answer
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

@@ -14,7 +14,7 @@ import contextlib
 import enum
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from envlink._client.client import EnvClient, StepResult
@@ -35,9 +35,10 @@ from envlink._pool.observer import BreakerChange, PoolEvent, PoolHook
 from envlink._pool.placement import Placement, PoolServer
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled
+from envlink._sansio.replay import RESET, JournalReplay, ReplayVerify
 from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED
 
-__all__ = ["Slot", "SlotEngine", "SlotState", "same_answer"]
+__all__ = ["Slot", "SlotEngine", "SlotState"]
 
 # One connection attempt per endpoint while placing: the other endpoints and the
 # breaker take the place of the client's own reconnect loop.
@@ -82,7 +83,6 @@ class Slot:
 
 
 ClientFactory = Callable[[str], EnvClient[Any, Any, Any]]
-Verify = Callable[[dict[str, Any], dict[str, Any]], bool]
 
 
 class SlotEngine:
@@ -99,7 +99,7 @@ class SlotEngine:
     """
 
     def __init__(self, placement: Placement, factory: ClientFactory, *,
-                 on_session_lost: str, capacity: ReconnectPolicy, verify: Verify,
+                 on_session_lost: str, capacity: ReconnectPolicy, verify: ReplayVerify,
                  hook: PoolHook) -> None:
         self.placement = placement
         self.factory = factory
@@ -410,50 +410,35 @@ class SlotEngine:
     async def _replay_onto(self, slot: Slot, journal: EpisodeJournal,
                            actions: list[Any] | None) -> EnvClient[Any, Any, Any]:
         """Place a session for the slot, reset it and replay the journal, checked."""
-        await self._place(slot, journal.reset_kwargs)
+        replay = JournalReplay(journal, self.verify)
+        try:
+            await self._place(slot, replay.reset_kwargs)
+        except ServerError as exc:
+            replay.check(RESET, exc)
         client = slot.client
         assert client is not None
         steps: list[Any] = (list(actions) if actions is not None
-                            else [e.action for e in journal.entries])
-        for index, step_action in enumerate(steps):
+                            else [e.action for e in replay.entries])
+        refused: ServerError | None = None
+        for step_action in steps:
             try:
                 await client.step(step_action)
             except ServerError as exc:
-                raise ReplayDivergedError(
-                    f"replay of step {index} failed on the new endpoint: {exc}",
-                    index=index, expected=journal.entries[index].response,
-                    actual=None, journal=journal) from exc
-        self._check_replay(client.journal, journal)
+                refused = exc
+                break
+        # The new client's journal holds the answers it got (one copy, not one per step).
+        replayed = client.journal
+        replay.check(RESET, replayed.reset_response_json)
+        for index, entry in enumerate(replayed.entries):
+            replay.check(index, entry.response_json)
+        if refused is not None:
+            replay.check(len(replayed.entries), refused)
         if slot.actions is not None:
             slot.actions = list(steps)
         return client
-
-    def _check_replay(self, replayed: EpisodeJournal, recorded: EpisodeJournal) -> None:
-        expected_reset = recorded.reset_response
-        actual_reset = replayed.reset_response
-        if expected_reset is None or actual_reset is None or not self.verify(
-                expected_reset, actual_reset):
-            raise ReplayDivergedError(
-                "replay diverged at reset on the new endpoint", index=-1,
-                expected=expected_reset, actual=actual_reset, journal=recorded)
-        for index, (want, got) in enumerate(
-                zip(recorded.entries, replayed.entries, strict=False)):
-            if want.response_json == got.response_json:
-                continue
-            expected, actual = want.response, got.response
-            if expected is None:
-                continue  # applied, its answer lost (settled from a step count): nothing to compare
-            if actual is None or not self.verify(expected, actual):
-                raise ReplayDivergedError(
-                    f"replay diverged at step {index} on the new endpoint", index=index,
-                    expected=want.response, actual=got.response, journal=recorded)
 
 
 def _custom_payload(client: EnvClient[Any, Any, Any]) -> bool:
     """Whether the client turns actions into payloads its own way (a typed client)."""
     return type(client)._step_payload is not EnvClient._step_payload
 
-
-def same_answer(recorded: Mapping[str, Any], actual: Mapping[str, Any]) -> bool:
-    """The default replay check: the whole answer is equal."""
-    return recorded == actual

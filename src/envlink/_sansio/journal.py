@@ -13,10 +13,15 @@ from pydantic_core import PydanticSerializationError, to_json
 from envlink._config import check_count
 from envlink._errors import ProtocolError
 
-__all__ = ["EpisodeJournal", "JournalEntry"]
+__all__ = ["EpisodeJournal", "JournalEntry", "encode_payload"]
 
 
-def _encode(value: dict[str, Any] | str) -> str:
+def encode_payload(value: dict[str, Any] | str) -> str:
+    """A payload as the journal keeps it: compact JSON text (text is kept as it is).
+
+    Raises:
+        ProtocolError: the payload cannot be serialised.
+    """
     # Actions and answers are kept as JSON text, which is immutable and cheaper than a
     # deep copy. Nothing the caller does to an action or an observation can change the
     # record, nor what replay resends. pydantic's encoder is used because it is one C
@@ -75,7 +80,7 @@ class _Text:
 
 def _frame_data(frame: str | bytes) -> str:
     """The ``data`` of a frame's JSON text, as compact JSON text."""
-    return _encode(json.loads(frame)["data"])
+    return encode_payload(json.loads(frame)["data"])
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,7 @@ class EpisodeJournal:
         if keep_steps is not None:
             self.keep_steps = keep_steps
         self.reset_kwargs = copy.deepcopy(kwargs)
-        self.reset_response_json = _encode(response)
+        self.reset_response_json = encode_payload(response)
         self.entries = []
         self.truncated = False
         self.unknown_steps = []
@@ -210,7 +215,7 @@ class EpisodeJournal:
             action: the action payload sent.
             request_id: its request id, to recognise its late answer (``None``: none).
         """
-        self.unknown_steps.append(_encode(action))
+        self.unknown_steps.append(encode_payload(action))
         self._unknown_ids.append(request_id)
 
     def carry_unknown(self, payloads: Iterable[str]) -> None:
@@ -285,8 +290,8 @@ class EpisodeJournal:
             self.truncated = True
             self.entries = []
             return
-        self.entries.append(JournalEntry(_encode(action),
-                                         None if response is None else _encode(response)))
+        self.entries.append(JournalEntry(
+            encode_payload(action), None if response is None else encode_payload(response)))
 
     def record_frames(self, sent: str | bytes, received: str | bytes) -> None:
         """Append one applied step from its request and answer frames, as on the wire.
