@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import pickle
 import threading
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -172,3 +174,33 @@ def test_a_client_journal_keeps_steps_only_where_its_policy_replays(policy: str,
         await client.close()
 
     asyncio.run(main())
+
+
+def test_a_kept_step_costs_one_small_object_beside_its_frames() -> None:
+    """An entry recorded from frames is one slotted object (no instance dictionary):
+    under 100 bytes per step beside the frames (the list's slot included), not 250."""
+    sent, received = _frames()
+    journal = EpisodeJournal(max_steps=5_000)
+    journal.record_reset({}, {"observation": {}})
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(2_000):
+            journal.record_frames(sent, received)
+        per_step = (tracemalloc.get_traced_memory()[0] - before) / 2_000
+    finally:
+        tracemalloc.stop()
+    assert per_step < 100, per_step
+    assert vars(journal.entries[0]) == {}  # nothing serialised at step time
+
+
+def test_an_entry_read_then_copied_keeps_its_texts() -> None:
+    """A read entry holds the texts: pickling and copying carry them, equal to the original."""
+    sent, received = _frames()
+    journal = EpisodeJournal()
+    journal.record_frames(sent, received)
+    entry = journal.entries[0]
+    assert entry.action == ACTION
+    assert set(vars(entry)) == {"action_json", "response_json"}
+    for other in (pickle.loads(pickle.dumps(entry)), copy.copy(entry), copy.deepcopy(entry)):
+        assert other == entry and vars(other) == vars(entry)

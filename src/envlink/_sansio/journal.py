@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Iterable
@@ -39,17 +40,22 @@ def encode_payload(value: dict[str, Any] | str) -> str:
 
 
 class _Text:
-    """A :class:`JournalEntry` field: JSON text, extracted from a frame on first read.
+    """A :class:`JournalEntry` field: JSON text, cut out of the entry's frames on first read.
 
     An entry recorded by the client holds the request frame it sent and the answer
-    frame it received, as they were on the wire; the payload's JSON text is cut out of
-    them only when someone reads it (replay, an error's journal, ``to_dict``). A step
-    thus costs the journal one object, not two serialisations.
+    frame it received, as they were on the wire; the payloads' JSON text is cut out of
+    them only when someone reads a field (replay, an error's journal, ``to_dict``). A
+    step thus costs the journal one small object, not two serialisations.
     """
+
+    __slots__ = ("index", "name")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
-        self.frame = f"_{name}_frame"
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> NoReturn: ...
@@ -59,23 +65,7 @@ class _Text:
     def __get__(self, obj: JournalEntry | None, owner: type | None = None) -> str | None:
         if obj is None:
             raise AttributeError(self.name)  # no default (dataclass field protocol)
-        values = obj.__dict__
-        try:
-            value: str | None = values[self.name]
-            return value
-        except KeyError:
-            pass
-        frame = values.get(self.frame)
-        if frame is None:  # another thread extracted it just now
-            value = values[self.name]
-            return value
-        value = _frame_data(frame)
-        values[self.name] = value
-        del values[self.frame]
-        return value
-
-    def __set__(self, obj: JournalEntry, value: str | None) -> None:
-        obj.__dict__[self.name] = value
+        return _texts(obj)[self.index]
 
 
 def _frame_data(frame: str | bytes) -> str:
@@ -83,7 +73,28 @@ def _frame_data(frame: str | bytes) -> str:
     return encode_payload(json.loads(frame)["data"])
 
 
-@dataclass(frozen=True)
+def _texts(entry: JournalEntry) -> tuple[str, str | None]:
+    """The entry's two fields, cut out of its frames (once) if it still holds them."""
+    try:
+        texts: tuple[str, str | None] = _TEXTS.__get__(entry)
+        return texts
+    except AttributeError:
+        pass
+    try:
+        sent, received = _SENT.__get__(entry), _RECEIVED.__get__(entry)
+    except AttributeError:  # another thread cut them just now
+        texts = _TEXTS.__get__(entry)
+        return texts
+    texts = (_frame_data(sent), _frame_data(received))
+    _TEXTS.__set__(entry, texts)
+    # The texts are what is kept from now on; another thread may have dropped the frames.
+    with contextlib.suppress(AttributeError):
+        _SENT.__delete__(entry)
+        _RECEIVED.__delete__(entry)
+    return texts
+
+
+@dataclass(frozen=True, init=False)
 class JournalEntry:
     """One applied step: the action payload sent and the ``data`` the server answered.
 
@@ -94,12 +105,47 @@ class JournalEntry:
             a resumed session's ``step_count``).
     """
 
+    # Slots, not a __dict__: a long episode keeps one entry per step (56 bytes each,
+    # where an instance dictionary took 240). The client's entries hold the frames
+    # (_sent, _received) until a field is read; then the fields' texts (_texts).
+    __slots__ = ("_received", "_sent", "_texts")
+
     if TYPE_CHECKING:  # plain required fields, as far as type checkers go
         action_json: str
         response_json: str | None
     else:
-        action_json: str = _Text()
-        response_json: str | None = _Text()
+        action_json: str = _Text(0)
+        response_json: str | None = _Text(1)
+
+    def __init__(self, action_json: str, response_json: str | None) -> None:
+        _TEXTS.__set__(self, (action_json, response_json))
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        """The fields serialised so far: none while the entry still holds its frames."""
+        try:
+            action_json, response_json = _TEXTS.__get__(self)
+        except AttributeError:
+            return {}
+        return {"action_json": action_json, "response_json": response_json}
+
+    def __getstate__(self) -> tuple[str | bytes, str | bytes | None, bool]:
+        try:
+            action_json, response_json = _TEXTS.__get__(self)
+        except AttributeError:
+            try:  # still the frames: they travel as they are
+                return _SENT.__get__(self), _RECEIVED.__get__(self), True
+            except AttributeError:  # another thread cut them just now
+                action_json, response_json = _TEXTS.__get__(self)
+        return action_json, response_json, False
+
+    def __setstate__(self, state: tuple[str | bytes, str | bytes | None, bool]) -> None:
+        first, second, frames = state
+        if frames:
+            _SENT.__set__(self, first)
+            _RECEIVED.__set__(self, second)
+        else:
+            _TEXTS.__set__(self, (first, second))
 
     @property
     def action(self) -> dict[str, Any]:
@@ -116,7 +162,13 @@ class JournalEntry:
         return data
 
 
+# The slots' own descriptors: the frozen dataclass refuses ordinary assignment.
+_TEXTS: Any = vars(JournalEntry)["_texts"]
+_SENT: Any = vars(JournalEntry)["_sent"]
+_RECEIVED: Any = vars(JournalEntry)["_received"]
 _new = object.__new__
+_set_sent = _SENT.__set__
+_set_received = _RECEIVED.__set__
 
 
 @dataclass
@@ -311,10 +363,10 @@ class EpisodeJournal:
             self.truncated = True
             self.entries = []
             return
-        # Built in place rather than by a constructor, as this runs on every step
-        # (docs/performance.md, hot path).
+        # Built in place rather than by a constructor, as this runs on every step.
         entry = _new(JournalEntry)
-        entry.__dict__.update(_action_json_frame=sent, _response_json_frame=received)
+        _set_sent(entry, sent)
+        _set_received(entry, received)
         entries.append(entry)
 
     def settle_applied(self, count: int) -> int | None:
