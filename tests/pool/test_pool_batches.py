@@ -141,6 +141,29 @@ async def test_min_ready_returns_early_and_reports_stragglers(
         assert _obs(rest)[2]["step"] == 1
 
 
+async def test_a_callers_bug_in_step_recv_leaves_no_stale_autoreset(
+        det_servers: Callable[..., Any]) -> None:
+    """A step_recv that raises a caller's bug still settles the slots it collected: a
+    slot's pending autoreset is not reported again by its next step."""
+    srv = await det_servers()
+    async with EnvPool(srv.url, 2) as pool:
+        await pool.reset(seeds=0, max_steps=1)
+        assert all(r.done for r in (await pool.step([{"move": 1}] * 2)).results())
+        await pool.reset(seeds=0, mask=[False, True])
+        await pool.step_send([{"move": 1}, 3])  # slot 0 autoresets; 3 is no action
+        with pytest.raises(TypeError, match="action must be"):
+            await pool.step_recv()
+        await pool.step_send([{"move": 1}, None], mask=[True, False])
+        batch = await pool.step_recv()
+        assert batch.ready == (0,) and batch.autoreset == ()
+        first: dict[int, Exception] = {}
+        await pool.step_send([None, 3], mask=[False, True])
+        answer = await pool.step_recv_first(bugs=first)
+        assert answer.ready == (1,) and answer[1] is None
+        assert set(first) == {1} and isinstance(first[1], TypeError)
+        assert (await pool.step([{"move": 1}] * 2)).ok
+
+
 async def test_recv_timeout_returns_what_is_ready(det_servers: Callable[..., Any]) -> None:
     """A step_recv timeout returns the answers so far; the straggler stays in flight."""
     srv = await det_servers()

@@ -102,7 +102,10 @@ class BatchRunner(Generic[ObsT]):
             finally:
                 for i in tasks:
                     self.running.pop(i, None)
-            batch = report.batch = self._collect(tasks, set(tasks.values()), autoreset, final)
+            bugs: dict[int, Exception] = {}
+            batch = self._collect(tasks, set(tasks.values()), autoreset, final, bugs)
+            _raise_first(bugs)
+            report.batch = batch
         return batch
 
     def send(self, calls: Calls, seconds: float | None) -> None:
@@ -145,8 +148,14 @@ class BatchRunner(Generic[ObsT]):
         for event in self._send_waiters:
             event.set()
 
-    async def recv(self, min_ready: int | None, timeout: float | None) -> Batch[ObsT]:
-        """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them."""
+    async def recv(self, min_ready: int | None, timeout: float | None,
+                   bugs: dict[int, Exception] | None = None) -> Batch[ObsT]:
+        """Wait until ``min_ready`` sent steps answered (or ``timeout``); collect them.
+
+        A caller's bug raised by a collected step is raised (the first collected), or
+        put in ``bugs`` by slot when it is given (its slot answers ``None``); either
+        way every collected slot leaves the in-flight set.
+        """
         pending = dict(self.inflight)
         if not pending and min_ready is None:
             return Batch([None] * self.size)  # nothing left to collect
@@ -165,11 +174,14 @@ class BatchRunner(Generic[ObsT]):
                 more, _ = await asyncio.wait(set(pending.values()) - done, timeout=left,
                                              return_when=asyncio.FIRST_COMPLETED)
                 done |= more
-            batch = report.batch = self._collect(pending, done, self.sent_autoreset,
-                                                 self.sent_final)
-        self.sent_autoreset -= set(batch.ready)
-        for i in batch.ready:
-            self.sent_final.pop(i, None)
+            found: dict[int, Exception] = {} if bugs is None else bugs
+            batch = self._collect(pending, done, self.sent_autoreset, self.sent_final, found)
+            self.sent_autoreset -= set(batch.ready)
+            for i in batch.ready:
+                self.sent_final.pop(i, None)
+            if bugs is None:
+                _raise_first(found)
+            report.batch = batch
         return batch
 
     async def cancel_all(self) -> None:
@@ -182,7 +194,9 @@ class BatchRunner(Generic[ObsT]):
             await asyncio.wait(tasks)
 
     def _collect(self, tasks: Mapping[int, asyncio.Future[Any]], done: set[asyncio.Future[Any]],
-                 autoreset: set[int], final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
+                 autoreset: set[int], final: dict[int, StepResult[ObsT]],
+                 bugs: dict[int, Exception]) -> Batch[ObsT]:
+        """The batch of the ``done`` tasks; a caller's bug (TypeError...) goes to ``bugs``."""
         items: list[SlotResult[ObsT]] = [None] * self.size
         ready, stragglers = [], []
         for i, task in tasks.items():
@@ -196,11 +210,16 @@ class BatchRunner(Generic[ObsT]):
             if task.cancelled():
                 items[i] = ClientClosedError("the pool was closed during the call")
             else:
-                items[i] = task.result()  # re-raises a caller's bug (TypeError...) as is
+                try:
+                    items[i] = task.result()
+                except Exception as exc:  # an envlink error is an answer, not raised
+                    bugs[i] = exc
         ok = {i for i in ready if not isinstance(items[i], EnvlinkError)}
+        if bugs:
+            ok.difference_update(bugs)
         return Batch(items, ready=ready, stragglers=stragglers,
                      autoreset=[i for i in autoreset if i in ok],
-                     final={i: r for i, r in final.items() if i in ready})
+                     final={i: r for i, r in final.items() if i in ready and i not in bugs})
 
     async def wait_first(self) -> dict[int, asyncio.Future[SlotResult[ObsT]]]:
         """Return once a sent step has answered, or none is in flight.
@@ -237,6 +256,12 @@ class BatchRunner(Generic[ObsT]):
             items[i] = (task.result() if task.done() and not task.cancelled()
                         else ClientClosedError("the pool was closed during the call"))
         return Batch(items, ready=sorted(tasks))
+
+
+def _raise_first(bugs: Mapping[int, Exception]) -> None:
+    """Raise the first caller's bug of a batch as is (a pool call raises it)."""
+    for exc in bugs.values():
+        raise exc
 
 
 async def _gated(coro: Coroutine[Any, Any, StepResult[Any]],

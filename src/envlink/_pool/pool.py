@@ -333,7 +333,8 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         slot.episodes = episodes
         slot.reset_kwargs = dict(reset_kwargs or {})
 
-    async def step_recv_first(self) -> Batch[ObsT]:
+    async def step_recv_first(self, *, bugs: dict[int, Exception] | None = None
+                              ) -> Batch[ObsT]:
         """Collect every sent step that has answered, once at least one has.
 
         Unlike :meth:`step_recv`, steps sent by :meth:`step_send` while it waits count
@@ -341,13 +342,19 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         send while a receive waits). If the pool is closed during the wait, each
         waited-for step answers :class:`~envlink.ClientClosedError`.
 
+        Args:
+            bugs: where to put, by slot, a caller's bug (an exception that is not an
+                envlink error: a bad action, a hook or parser that raised) instead of
+                raising it as :meth:`step_recv` does; such a slot answers ``None``
+                and, as with :meth:`step_recv`, is no longer in flight.
+
         Raises:
             ValueError: no step in flight.
         """
         waited = await self._batches.wait_first()
         if waited and self._closed and not self._batches.inflight:
             return self._batches.closed_batch(waited)  # as step_recv at close
-        return await self._batches.recv(1, 0)
+        return await self._batches.recv(1, 0, bugs)
 
     # ------------------------------------------------------------------ internals
 
