@@ -312,7 +312,14 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         Raises:
             ValueError: ``min_ready`` is not in ``1..len(in flight)``.
         """
-        batch = await self._batches.recv(min_ready, timeout)
+        try:
+            batch = await self._batches.recv(min_ready, timeout)
+        except BaseException:
+            # A caller's bug (or a cancel): the slots it collected are no longer in flight.
+            inflight = self._batches.inflight
+            for i in [i for i in self._sent_actions if i not in inflight]:
+                del self._sent_actions[i]
+            raise
         for i in batch.ready:
             self._sent_actions.pop(i, None)
         return batch
@@ -436,7 +443,7 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
             self._mirrors[offset + j].absorb(mirror)
         if answer.view is not None:
             self._views[s] = answer.view
-        got = {offset + j: answer.items[j] for j in answer.ready}
+        got = {offset + j: answer.items[j] for j in answer.ready if j not in answer.bugs}
         return (got, {offset + j for j in answer.autoreset},
                 {offset + j: r for j, r in answer.final.items()})
 
@@ -491,9 +498,12 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                 batches.sent_final.update(fin)
                 for i, result in got.items():
                     batches.answer(i, result)
+                offset = self._bounds[s][0]
+                for j, bug in answer.bugs.items():  # raised by recv for its own slot only
+                    batches.fail([offset + j], bug)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # a caller's bug raised in the shard: recv re-raises it
+        except BaseException as exc:  # the shard's own call raised: recv re-raises it
             self._batches.fail(self._pending(s), exc)
         finally:
             self._collectors.pop(s, None)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 from typing import Any
 
 import pytest
 
-from envlink import ClientClosedError, ReplayDivergedError, StepResult
+from envlink import ClientClosedError, GenericEnvClient, ReplayDivergedError, StepResult
 from envlink._pool import DriverSlot, PoolOptions, Shard, ShardSpec, SlotRestore
 
 pytestmark = pytest.mark.timeout(30)
@@ -145,4 +146,64 @@ async def test_a_waiting_recv_answers_closed_when_the_pool_closes(det_servers: A
         assert all(isinstance(r, ClientClosedError) for r in answer.items)
     finally:
         server.unstall_all()
+        await shard.close()
+
+
+async def test_a_callers_bug_in_a_recv_is_answered_for_its_slot(det_servers: Any) -> None:
+    """A shard's step_recv answers a step's caller's bug in ``bugs`` for that slot (mirrored,
+    out of flight) instead of raising it; the held slot stays in flight and answers later."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        client = shard.pool.clients()[0]
+        assert client is not None
+        (held,) = [h for h in server.connections if h.session_id == client.session_id]
+        held.faults.stall_after = held.requests + 1  # slot 0's next step goes unanswered
+        await shard.step_send([{"move": 1}, 3], [True, True], None)  # 3 is no action
+        answer = await shard.step_recv()
+        assert answer.ready == (1,) and answer.stragglers == (0,)
+        assert answer.items[1] is None and set(answer.mirrors) == {1}
+        assert set(answer.bugs) == {1} and isinstance(answer.bugs[1], TypeError)
+        again = await shard.step([None, {"move": 2}], [False, True], None)
+        assert isinstance(again.items[1], StepResult) and again.bugs == {}
+        held.unstall()
+        rest = await shard.step_recv()
+        assert rest.ready == (0,) and rest.bugs == {}
+        assert isinstance(rest.items[0], StepResult) and rest.items[0].observation["position"] == 1
+    finally:
+        server.unstall_all()
+        await shard.close()
+
+
+class _TwoArgBug(Exception):
+    """An exception that pickles but cannot be unpickled (its __init__ takes two args)."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+class _BuggyPayload(GenericEnvClient):
+    def _step_payload(self, action: Any) -> dict[str, Any]:
+        if action == "bug":
+            raise _TwoArgBug("payload", "a bug of the caller's client")
+        return super()._step_payload(action)
+
+
+async def test_a_bug_that_cannot_cross_to_the_driver_is_sent_as_its_text(
+        det_servers: Any) -> None:
+    """A caller's bug that would not unpickle on the driver is answered as a RuntimeError
+    with its type and text, so that it never passes for a dead shard."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 1, client=_BuggyPayload))
+    try:
+        await shard.reset([0], [True], None, {})
+        await shard.step_send(["bug"], [True], None)
+        answer = await shard.step_recv()
+        bug = answer.bugs[0]
+        assert type(bug) is RuntimeError
+        assert "_TwoArgBug: payload: a bug of the caller's client" in str(bug)
+        assert pickle.loads(pickle.dumps(bug)).args == bug.args
+        assert isinstance((await shard.step([{"move": 1}], [True], None)).items[0], StepResult)
+    finally:
         await shard.close()

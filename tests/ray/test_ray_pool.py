@@ -385,3 +385,40 @@ async def test_closing_under_a_waiting_step_recv(ray_local: Any, threads: Any) -
     finally:
         st.call(lambda s: s.unstall_all())
         await pool.close()
+
+
+@pytest.mark.parametrize("kind", ["in_process", "ray"])
+async def test_a_callers_bug_in_a_ready_first_receive(
+        ray_local: Any, threads: Any, kind: str) -> None:
+    """A bad action raised while its shard collects ready-first is raised for that slot
+    alone, as in-process: the slot steps again, the held slot stays in flight and answers."""
+    st = threads()
+    pool: Any = (EnvPool([st.url], 2) if kind == "in_process"
+                 else RayEnvPool([st.url], 2, shards=1))
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        before = _stall_next(st)
+        await pool.step_send([{"move": 1}, 3])  # slot 0 held at the server; 3 is no action
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
+
+        def release_others(server: Any) -> None:
+            for handle in server.connections:
+                if not handle.stalled:
+                    handle.faults.stall_after = None
+
+        st.call(release_others)
+        with pytest.raises(TypeError, match="action must be"):
+            await pool.step_recv(min_ready=1, timeout=30)
+        again = await pool.step([None, {"move": 2}], mask=[False, True])
+        assert isinstance(again[1], StepResult) and again[1].observation["position"] == 2
+        with pytest.raises(ValueError, match=r"slots \[0\] still have a call in flight"):
+            await pool.step([{"move": 1}, None], mask=[True, False])
+        st.call(lambda s: s.unstall_all())
+        rest = await asyncio.wait_for(pool.step_recv(), 30)
+        assert rest.ready == (0,) and rest.stragglers == ()
+        assert isinstance(rest[0], StepResult) and rest[0].observation["position"] == 1
+        batch = await pool.step([{"move": 1}] * 2)
+        assert [r.observation["position"] for r in batch.results()] == [2, 3]
+    finally:
+        st.call(lambda s: s.unstall_all())
+        await pool.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -101,7 +102,11 @@ class SlotMirror:
 
 @dataclass(frozen=True)
 class ShardAnswer:
-    """A shard's batch, in local slot numbers, with the mirrors of its answered slots."""
+    """A shard's batch, in local slot numbers, with the mirrors of its answered slots.
+
+    ``bugs``: the ready slots whose step raised a caller's bug (a ready-first receive
+    collects them per slot, so the driver raises each for its own slot).
+    """
 
     items: list[SlotResult[Any]]
     ready: tuple[int, ...]
@@ -110,6 +115,7 @@ class ShardAnswer:
     final: dict[int, Any]
     mirrors: dict[int, SlotMirror]
     view: PoolView | None = None
+    bugs: dict[int, Exception] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -263,11 +269,14 @@ class Shard:
         """Wait until at least one sent step answered; collect every answered one.
 
         Steps sent while it waits count too: the first answer of any of them ends the
-        wait (not only the answers of the steps in flight when the wait began).
+        wait (not only the answers of the steps in flight when the wait began). A
+        step that raised a caller's bug is answered in ``bugs``, not raised, so that
+        the other slots' answers and mirrors still reach the driver.
         """
+        bugs: dict[int, Exception] = {}
         with self._span("recv", carrier, 1):
-            batch = await self.pool.step_recv_first()
-        return self._answer(batch)
+            batch = await self.pool.step_recv_first(bugs=bugs)
+        return self._answer(batch, bugs)
 
     async def restore(self, slots: Mapping[int, SlotRestore],
                       carrier: Mapping[str, str] | None = None
@@ -302,11 +311,13 @@ class Shard:
             if self._handle is not None:
                 self._handle.shutdown(10.0)
 
-    def _answer(self, batch: Batch[Any]) -> ShardAnswer:
+    def _answer(self, batch: Batch[Any], bugs: dict[int, Exception] | None = None
+                ) -> ShardAnswer:
         mirrors = {i: self._mirror(i) for i in batch.ready}
         return ShardAnswer(items=list(batch), ready=batch.ready, stragglers=batch.stragglers,
                            autoreset=batch.autoreset, final=dict(batch.final),
-                           mirrors=mirrors, view=self.pool.view())
+                           mirrors=mirrors, view=self.pool.view(),
+                           bugs={i: _portable(exc) for i, exc in (bugs or {}).items()})
 
     def _mirror(self, index: int) -> SlotMirror:
         slot = self.pool.slot_record(index)
@@ -338,3 +349,15 @@ class Shard:
                           actions=None if actions is None else tuple(actions[abase:]),
                           actions_base=abase, needs_reset=needs_reset, episodes=episodes,
                           reset_kwargs=reset_kwargs)
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling to the driver, else a RuntimeError with its text
+    (an answer Ray cannot pickle fails the shard's whole receive, one it cannot unpickle
+    on the driver passes for a dead shard)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__qualname__}: {exc} (raised in a shard actor; "
+                            "it could not be pickled to the driver)")
+    return exc
