@@ -374,17 +374,27 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
             groups = self._group([i for i in chosen if items[i] is None])
             self._running.update(*groups.values())
             try:
+                # Every shard answers before a caller's bug is raised, as every slot of
+                # an EnvPool does: no slot is left running, every answer is kept.
                 outcomes = await asyncio.gather(*(
                     self._shard_batch(method, s, slots, per_slot, seconds, kwargs, carrier)
-                    for s, slots in groups.items()))
+                    for s, slots in groups.items()), return_exceptions=True)
             finally:
                 for slots in groups.values():
                     self._running.difference_update(slots)
-            for answers, auto, fin in outcomes:
+            raised: BaseException | None = None
+            for outcome in outcomes:  # shard order is slot order: the first is EnvPool's
+                if isinstance(outcome, BaseException):
+                    raised = raised or outcome
+                    continue
+                answers, auto, fin, bug = outcome
+                raised = raised or bug
                 for i, r in answers.items():
                     items[i] = r
                 autoreset |= auto
                 final.update(fin)
+            if raised is not None:
+                raise raised
             ok = {i for i in chosen if not isinstance(items[i], EnvlinkError)}
             batch: Batch[ObsT] = Batch(items, ready=chosen, autoreset=autoreset & ok,
                                        final=final)
@@ -395,7 +405,9 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                            seconds: float | None, kwargs: dict[str, Any],
                            carrier: dict[str, str]
                            ) -> tuple[dict[int, SlotResult[ObsT]], set[int],
-                                      dict[int, StepResult[ObsT]]]:
+                                      dict[int, StepResult[ObsT]], Exception | None]:
+        """Shard ``s``'s part of a batch: its answers, autoresets, terminal steps, and
+        the caller's bug it raised once its slots had answered (their mirrors kept)."""
         answers: dict[int, SlotResult[ObsT]] = {}
         try:
             answer = await self._call(s, method, *self._args(method, s, slots, per_slot,
@@ -409,7 +421,7 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
             answers = {i: self._lost[i] for i in slots if i in self._lost}
             redo = [i for i in slots if i not in self._lost]
             if not redo:
-                return answers, set(), {}
+                return answers, set(), {}, None
             try:
                 answer = await self._call(s, method, *self._args(method, s, redo, per_slot,
                                                                  seconds, kwargs, carrier),
@@ -417,10 +429,10 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
             except _ShardLost as again:
                 for i in redo:
                     answers[i] = self._lose(i, again)
-                return answers, set(), {}
+                return answers, set(), {}, None
         got, auto, fin = self._absorb(s, answer)
         answers.update(got)
-        return answers, auto, fin
+        return answers, auto, fin, answer.raised
 
     def _args(self, method: str, s: int, slots: list[int],
               per_slot: Sequence[Any] | Mapping[int, Any],

@@ -12,7 +12,7 @@ import pytest
 
 import envlink._pool.pool
 from envlink import ClientClosedError, EnvPool, ReconnectPolicy, StepResult
-from envlink._pool import AsyncPool, PoolHook, PoolOptions
+from envlink._pool import AsyncPool, BatchRunner, PoolHook, PoolOptions
 from envlink._pool.observer import EVENTS, BatchFinished, BatchStarted, BreakerChange, PoolEvent
 
 pytestmark = pytest.mark.timeout(30)
@@ -153,6 +153,24 @@ async def test_a_shard_style_recv_sees_a_closed_pool(det_servers: Callable[..., 
         await pool.close()
     with pytest.raises(ClientClosedError):
         await pool.step_send([{"move": 1}])
+
+
+async def test_a_closed_batch_answers_a_callers_bug_per_slot() -> None:
+    """Sent steps collected after the pool closed: one that had ended with a caller's bug
+    goes to ``bugs`` for its slot when asked (the others answer ClientClosedError), and
+    is raised otherwise, as a receive does."""
+    runner: BatchRunner[Any] = BatchRunner(2, PoolHook())
+    runner.expect([0, 1])
+    runner.fail([0], TypeError("action must be a dict"))
+    sent = dict(runner.inflight)
+    await runner.cancel_all()  # the pool closed before the bug was collected
+    bugs: dict[int, Exception] = {}
+    batch = runner.closed_batch(sent, bugs)
+    assert batch.ready == (0, 1) and batch[0] is None
+    assert isinstance(batch[1], ClientClosedError)
+    assert set(bugs) == {0} and isinstance(bugs[0], TypeError)
+    with pytest.raises(TypeError, match="action must be a dict"):
+        runner.closed_batch(sent)
 
 
 def _pool_layer() -> list[Path]:

@@ -176,6 +176,33 @@ async def test_a_callers_bug_in_a_recv_is_answered_for_its_slot(det_servers: Any
         await shard.close()
 
 
+async def test_a_callers_bug_in_a_whole_batch_call_is_answered_with_every_mirror(
+        det_servers: Any) -> None:
+    """A shard's step or reset that raises a caller's bug answers it in ``raised``, with
+    the mirror of every slot of the call (the other slot's step was applied and kept)."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2))
+    kept = [DriverSlot(), DriverSlot()]
+    try:
+        for i, m in (await shard.reset([0, 1], [True, True], None, {})).mirrors.items():
+            kept[i].absorb(m)
+        answer = await shard.step([3, {"move": 1}], [True, True], None)  # 3 is no action
+        assert isinstance(answer.raised, TypeError) and "action must be" in str(answer.raised)
+        assert answer.ready == () and set(answer.mirrors) == {0, 1}
+        assert len(answer.mirrors[1].entries) == 1 and answer.mirrors[0].entries == ()
+        for i, m in answer.mirrors.items():
+            kept[i].absorb(m)
+        assert kept[1].journal is not None and kept[1].journal.step_count == 1
+        assert kept[0].journal is not None and kept[0].journal.step_count == 0
+        again = await shard.step([None, {"move": 2}], [False, True], None)
+        assert again.raised is None and isinstance(again.items[1], StepResult)
+        assert again.items[1].observation["position"] == 3
+        refused = await shard.reset([0, 1], [True, True], -1.0, {})  # no such deadline
+        assert isinstance(refused.raised, ValueError) and set(refused.mirrors) == {0, 1}
+    finally:
+        await shard.close()
+
+
 class _TwoArgBug(Exception):
     """An exception that pickles but cannot be unpickled (its __init__ takes two args)."""
 
@@ -204,6 +231,8 @@ async def test_a_bug_that_cannot_cross_to_the_driver_is_sent_as_its_text(
         assert type(bug) is RuntimeError
         assert "_TwoArgBug: payload: a bug of the caller's client" in str(bug)
         assert pickle.loads(pickle.dumps(bug)).args == bug.args
+        raised = (await shard.step(["bug"], [True], None)).raised  # a whole-batch step
+        assert type(raised) is RuntimeError and "_TwoArgBug: payload" in str(raised)
         assert isinstance((await shard.step([{"move": 1}], [True], None)).items[0], StepResult)
     finally:
         await shard.close()

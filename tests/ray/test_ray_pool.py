@@ -422,3 +422,43 @@ async def test_a_callers_bug_in_a_ready_first_receive(
     finally:
         st.call(lambda s: s.unstall_all())
         await pool.close()
+
+
+@pytest.mark.parametrize("kind", ["in_process", "ray"])
+async def test_a_callers_bug_in_a_whole_batch_step_waits_for_every_slot(
+        ray_local: Any, threads: Any, kind: str) -> None:
+    """A bad action in one shard's slot is raised, as in-process, only once every slot of
+    the step answered (the other shard's included): nothing is left running, and a step
+    of a slot still running is refused with the driver's slot number."""
+    st = threads()
+    pool: Any = (EnvPool([st.url], 2) if kind == "in_process"
+                 else RayEnvPool([st.url], 2, shards=2))
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        before = _stall_next(st)
+        task = asyncio.ensure_future(pool.step([3, {"move": 1}]))  # 3 is no action
+        # Slot 1's step is held at the server; slot 0's bad action never left its client.
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
+
+        def release_others(server: Any) -> None:
+            for handle in server.connections:
+                if not handle.stalled:
+                    handle.faults.stall_after = None
+
+        st.call(release_others)
+        # A bound, not a synchronisation: the step cannot end while slot 1 is held.
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        assert not done  # the bug waits for slot 1's answer
+        with pytest.raises(ValueError, match=r"slots \[1\] still have a call in flight"):
+            await pool.step([None, {"move": 2}], mask=[False, True])
+        st.call(lambda s: s.unstall_all())
+        with pytest.raises(TypeError, match="action must be a dict or a pydantic model"):
+            await asyncio.wait_for(task, 30)
+        # Slot 1's step was applied and settled: it steps again at once.
+        again = await pool.step([None, {"move": 2}], mask=[False, True])
+        assert isinstance(again[1], StepResult) and again[1].observation["position"] == 3
+        batch = await pool.step([{"move": 1}] * 2)
+        assert [r.observation["position"] for r in batch.results()] == [1, 4]
+    finally:
+        st.call(lambda s: s.unstall_all())
+        await pool.close()

@@ -248,13 +248,25 @@ class BatchRunner(Generic[ObsT]):
         finally:
             self._send_waiters.discard(sent)
 
-    def closed_batch(self, tasks: Mapping[int, asyncio.Future[SlotResult[ObsT]]]
-                     ) -> Batch[ObsT]:
-        """The answers of sent steps that :meth:`cancel_all` took away (the pool closed)."""
+    def closed_batch(self, tasks: Mapping[int, asyncio.Future[SlotResult[ObsT]]],
+                     bugs: dict[int, Exception] | None = None) -> Batch[ObsT]:
+        """The answers of sent steps that :meth:`cancel_all` took away (the pool closed).
+
+        A step that had ended with a caller's bug is raised, or put in ``bugs`` when it
+        is given, as :meth:`recv` does.
+        """
         items: list[SlotResult[ObsT]] = [None] * self.size
+        found: dict[int, Exception] = {} if bugs is None else bugs
         for i, task in tasks.items():
-            items[i] = (task.result() if task.done() and not task.cancelled()
-                        else ClientClosedError("the pool was closed during the call"))
+            if not task.done() or task.cancelled():
+                items[i] = ClientClosedError("the pool was closed during the call")
+                continue
+            try:
+                items[i] = task.result()
+            except Exception as exc:  # an envlink error is an answer, not raised
+                found[i] = exc
+        if bugs is None:
+            _raise_first(found)
         return Batch(items, ready=sorted(tasks))
 
 

@@ -353,7 +353,7 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         """
         waited = await self._batches.wait_first()
         if waited and self._closed and not self._batches.inflight:
-            return self._batches.closed_batch(waited)  # as step_recv at close
+            return self._batches.closed_batch(waited, bugs)  # as step_recv at close
         return await self._batches.recv(1, 0, bugs)
 
     # ------------------------------------------------------------------ internals

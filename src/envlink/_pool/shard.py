@@ -105,7 +105,10 @@ class ShardAnswer:
     """A shard's batch, in local slot numbers, with the mirrors of its answered slots.
 
     ``bugs``: the ready slots whose step raised a caller's bug (a ready-first receive
-    collects them per slot, so the driver raises each for its own slot).
+    collects them per slot, so the driver raises each for its own slot). ``raised``:
+    what a whole-batch call (``reset``, ``step``) raised once each of its slots had
+    answered (a caller's bug); ``mirrors`` still hold every slot of the call, so the
+    driver keeps them before it raises it.
     """
 
     items: list[SlotResult[Any]]
@@ -116,6 +119,7 @@ class ShardAnswer:
     mirrors: dict[int, SlotMirror]
     view: PoolView | None = None
     bugs: dict[int, Exception] = field(default_factory=dict)
+    raised: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -244,18 +248,26 @@ class Shard:
     async def reset(self, seeds: Sequence[int | None], mask: Sequence[bool],
                     timeout: float | None, kwargs: Mapping[str, Any],
                     carrier: Mapping[str, str] | None = None) -> ShardAnswer:
-        """The pool's ``reset`` on this shard's slots (seeds given per local slot)."""
-        with self._span("reset", carrier, sum(mask)):
-            batch = await self.pool.reset(list(seeds), mask=list(mask), timeout=timeout,
-                                          **kwargs)
+        """The pool's ``reset`` on this shard's slots (seeds given per local slot); what
+        it raises is answered in ``raised``."""
+        try:
+            with self._span("reset", carrier, sum(mask)):
+                batch = await self.pool.reset(list(seeds), mask=list(mask), timeout=timeout,
+                                              **kwargs)
+        except Exception as exc:
+            return self._raised(mask, exc)
         return self._answer(batch)
 
     async def step(self, actions: Sequence[Any], mask: Sequence[bool],
                    timeout: float | None,
                    carrier: Mapping[str, str] | None = None) -> ShardAnswer:
-        """The pool's ``step`` on this shard's slots."""
-        with self._span("step", carrier, sum(mask)):
-            batch = await self.pool.step(list(actions), list(mask), timeout=timeout)
+        """The pool's ``step`` on this shard's slots; what it raises is answered in
+        ``raised``."""
+        try:
+            with self._span("step", carrier, sum(mask)):
+                batch = await self.pool.step(list(actions), list(mask), timeout=timeout)
+        except Exception as exc:
+            return self._raised(mask, exc)
         return self._answer(batch)
 
     async def step_send(self, actions: Sequence[Any], mask: Sequence[bool],
@@ -318,6 +330,15 @@ class Shard:
                            autoreset=batch.autoreset, final=dict(batch.final),
                            mirrors=mirrors, view=self.pool.view(),
                            bugs={i: _portable(exc) for i, exc in (bugs or {}).items()})
+
+    def _raised(self, mask: Sequence[bool], exc: Exception) -> ShardAnswer:
+        """A whole-batch call that raised: the pool raises a caller's bug only once every
+        slot answered, so every slot of the call is mirrored (a driver that raises it
+        keeps their journals)."""
+        mirrors = {i: self._mirror(i) for i, chosen in enumerate(mask) if chosen}
+        return ShardAnswer(items=[None] * len(mask), ready=(), stragglers=(), autoreset=(),
+                           final={}, mirrors=mirrors, view=self.pool.view(),
+                           raised=_portable(exc))
 
     def _mirror(self, index: int) -> SlotMirror:
         slot = self.pool.slot_record(index)
