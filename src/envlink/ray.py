@@ -199,6 +199,8 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         #: Slots whose session went with a dead shard: their error until reset.
         self._lost: dict[int, EnvlinkError] = {}
         self._running: set[int] = set()
+        # Whole-batch calls cancelled on the driver that their shards still run.
+        self._cancelled: set[asyncio.Future[Any]] = set()
         # Ready-first: the in-process pool's state, each sent step a future the shard's
         # collector answers; the actions are kept to send again to a new shard actor.
         self._batches: BatchRunner[ObsT] = BatchRunner(size, self._hook, shards=shards)
@@ -353,6 +355,8 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         for actor in self._actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+        # With the actors gone, what a cancelled batch still waited for ends now.
+        await asyncio.gather(*self._cancelled, return_exceptions=True)
 
     # ------------------------------------------------------------------ batches
 
@@ -372,16 +376,26 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                     if i in self._lost:
                         items[i] = self._lost[i]
             groups = self._group([i for i in chosen if items[i] is None])
-            self._running.update(*groups.values())
+            running = [i for slots in groups.values() for i in slots]
+            self._running.update(running)
+            # Every shard answers before a caller's bug is raised, as every slot of an
+            # EnvPool does: no slot is left running, every answer is kept.
+            work = asyncio.gather(*(
+                self._shard_batch(method, s, slots, per_slot, seconds, kwargs, carrier)
+                for s, slots in groups.items()), return_exceptions=True)
             try:
-                # Every shard answers before a caller's bug is raised, as every slot of
-                # an EnvPool does: no slot is left running, every answer is kept.
-                outcomes = await asyncio.gather(*(
-                    self._shard_batch(method, s, slots, per_slot, seconds, kwargs, carrier)
-                    for s, slots in groups.items()), return_exceptions=True)
-            finally:
-                for slots in groups.values():
-                    self._running.difference_update(slots)
+                outcomes = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # A cancel does not reach the actors: the slots stay busy (and their
+                # answers are still kept) until the shards answer.
+                def answered(_: asyncio.Future[Any]) -> None:
+                    self._running.difference_update(running)
+                    self._cancelled.discard(work)
+
+                self._cancelled.add(work)
+                work.add_done_callback(answered)
+                raise
+            self._running.difference_update(running)
             raised: BaseException | None = None
             for outcome in outcomes:  # shard order is slot order: the first is EnvPool's
                 if isinstance(outcome, BaseException):
@@ -414,6 +428,9 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                                                              seconds, kwargs, carrier),
                                       wait=self._wait(seconds))
         except _ShardLost as lost:
+            if self._closed:  # close() stopped the actor under a cancelled batch
+                return {i: ClientClosedError("the pool was closed during the call")
+                        for i in slots}, set(), {}, None
             await self._recover(lost, carrier)
             if method == "reset":
                 for i in slots:

@@ -462,3 +462,39 @@ async def test_a_callers_bug_in_a_whole_batch_step_waits_for_every_slot(
     finally:
         st.call(lambda s: s.unstall_all())
         await pool.close()
+
+
+async def test_a_cancelled_batch_keeps_its_slots_busy_until_their_shard_answers(
+        ray_local: Any, threads: Any) -> None:
+    """A step cancelled on the driver still runs in its shards: its slots are refused as
+    in flight, with the driver's slot numbers, until they answer (their answers kept);
+    closing the pool under such a step ends it without replacing a shard."""
+    st = threads()
+    pool = RayEnvPool([st.url], 2, shards=2)
+
+    async def cancelled_step(move: int) -> None:
+        before = _stall_next(st)
+        task = asyncio.ensure_future(pool.step([{"move": move}] * 2))
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 2))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        actors = pool.actors()
+        await cancelled_step(1)
+        with pytest.raises(ValueError, match=r"slots \[1\] still have a call in flight"):
+            await pool.step([None, {"move": 2}], mask=[False, True])
+        st.call(lambda s: s.unstall_all())
+        # The driver's only handle on what the shards still run: wait for their answers.
+        await asyncio.wait_for(asyncio.gather(*pool._cancelled), 30)
+        batch = await pool.step([{"move": 2}] * 2)  # the cancelled step was applied
+        assert [r.observation["position"] for r in batch.results()] == [3, 3]
+        await cancelled_step(1)
+        await asyncio.wait_for(pool.close(), 60)  # the held steps end with the actors
+        assert not pool._cancelled
+        assert pool.actors() == actors  # no shard was taken for dead and replaced
+    finally:
+        st.call(lambda s: s.unstall_all())
+        await pool.close()
