@@ -12,6 +12,7 @@ import pytest
 from envlink import (
     UNSET,
     Bridge,
+    CallTimeoutError,
     ClientClosedError,
     EnvClient,
     ReentrantCallError,
@@ -333,6 +334,43 @@ def test_a_concurrent_second_close_waits_for_the_first() -> None:
     assert client.closed
     assert envlink_threads() - before == set()
     first.join(5)
+
+
+class HeldClosingClient(FakeClient):
+    """A fake whose close() waits until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = threading.Event()
+        self.finish = threading.Event()
+
+    async def close(self, *, timeout: Any = UNSET) -> None:
+        self.closing.set()
+        await asyncio.to_thread(self.finish.wait, 10)
+        self.closed = True
+
+
+def test_a_second_close_waits_no_longer_than_its_close_deadline() -> None:
+    """A second close() waits for the first only as long as a close may take (its own
+    timeout= doubled, as the client's close deadline is, plus the margin), then raises
+    CallTimeoutError; the first close still finishes."""
+    client = HeldClosingClient()
+    env = SyncEnvClient(client, timeout_margin=0.05)  # type: ignore[arg-type]
+    env.step(1)
+    first = threading.Thread(target=env.close)
+    first.start()
+    try:
+        assert client.closing.wait(5)
+        with pytest.raises(CallTimeoutError) as caught:
+            env.close(timeout=0.05)  # the second caller: 2 * 0.05 + 0.05 s
+        assert caught.value.method == "close"
+        assert caught.value.timeout == pytest.approx(0.15)
+        assert not client.closed
+    finally:
+        client.finish.set()
+        first.join(5)
+    assert client.closed
+    env.close()  # once the first has finished, a later close returns at once
 
 
 def test_close_from_the_loop_thread_raises_and_leaves_close_possible() -> None:

@@ -174,7 +174,7 @@ def run_blocking(client: AutoDispatch, fn: Callable[..., Any], name: str,
         return None
     if name == "new_session":
         return facade.new_session()
-    result = facade._envlink_run(name, fn.__get__(client), args, kwargs, timeout)
+    result = facade._envlink_call(name, fn.__get__(client), args, kwargs, timeout)
     return client if name == "connect" else result
 
 

@@ -14,7 +14,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, Timeout, UnsetType
 from envlink._pool.batch import single_result, slot_mask
 
 if TYPE_CHECKING:
@@ -78,6 +78,30 @@ class AsyncPool(Protocol[ActT, ObsT]):
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    def call_deadline(self, method: str,
+                      timeout: float | UnsetType | None = UNSET) -> float | None:
+        """Seconds a call of ``method`` with this ``timeout`` may last at most (None: no limit).
+
+        The sync facade waits this long, plus a margin, so that the pool's own deadline
+        always fires before the bridge's. A batch call (and ``view``, which waits only
+        for the loop) takes the batch deadline, ``batch_timeout`` by default;
+        ``step_recv`` takes its own ``timeout`` (by default it waits for the steps in
+        flight); ``close`` closes the sessions together, each within twice its client's
+        close deadline (as the client's ``close()``).
+
+        Args:
+            method: the pool's method.
+            timeout: the ``timeout=`` the call gets; ``UNSET`` for the default.
+        """
+        if method == "close":
+            config = self._options.client_config
+            close = (config.timeout if config is not None else Timeout()).close
+            seconds = close if timeout is UNSET else timeout
+            return None if seconds is None else 2 * seconds
+        if method == "step_recv":
+            return None if timeout is UNSET else timeout
+        return self.batch_timeout if timeout is UNSET else timeout
 
     @abstractmethod
     def view(self) -> PoolView:

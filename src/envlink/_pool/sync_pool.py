@@ -8,18 +8,12 @@ measured, and the blocking wait is bounded by the batch deadline plus a margin.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
 from collections.abc import Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from envlink._bridge import Bridge, SyncProxy
-from envlink._client.default_bridge import lease_bridge
-from envlink._client.sync_client import TIMEOUT_MARGIN
+from envlink._bridge import Bridge
+from envlink._client.facade import TIMEOUT_MARGIN, BlockingFacade
 from envlink._config import UNSET, UnsetType
-from envlink._errors import ClientClosedError, ReentrantCallError
 
 if TYPE_CHECKING:
     from envlink._client.client import StepResult
@@ -32,12 +26,15 @@ ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 
 
-class SyncEnvPool(SyncProxy["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
+class SyncEnvPool(BlockingFacade["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
     """Blocking facade of an :class:`~envlink.EnvPool` (or a ``RayEnvPool``): ``pool.sync()``.
 
     Same methods as the pool, blocking. ``timeout=`` is the batch deadline; the
     bridge waits that long plus a margin (with neither a ``timeout`` nor the pool's
-    ``batch_timeout``, it waits for the sessions' own deadlines).
+    ``batch_timeout``, it waits for the sessions' own deadlines). Each wait comes
+    from :meth:`AsyncPool.call_deadline`: ``close()`` waits the sessions' close
+    deadline, ``view()`` and ``step_send()`` the batch deadline, plus the margin.
+    ``close()`` is the client facade's: a second caller waits for the first.
 
     Example::
 
@@ -64,110 +61,74 @@ class SyncEnvPool(SyncProxy["AsyncPool[ActT, ObsT]"], Generic[ActT, ObsT]):
             owns = True
             bridge = Bridge(name="envlink-pool", tracer_provider=pool.tracer_provider,
                             meter_provider=pool.meter_provider)
-        # On the default bridge, a lease until close(): the last facade on it ends its thread.
-        bridge, self._envlink_release = lease_bridge(bridge, self)
-        super().__init__(pool, bridge, timeout=None)
-        self._envlink_owns_bridge = owns
-        self._envlink_margin = float(timeout_margin)
-        self._envlink_close_lock = threading.Lock()
-        self._envlink_closed = False
-
-    def _envlink_call(self, method: str, kwargs: dict[str, Any],
-                      timeout: float | UnsetType | None, *args: Any) -> Any:
-        pool = self._envlink_target
-        seconds = pool.batch_timeout if timeout is UNSET else timeout
-        wait = None if seconds is None else seconds + self._envlink_margin
-        if method in ("reset", "step", "step_send", "reset_at"):
-            kwargs = {**kwargs, "timeout": timeout}
-        fn = functools.partial(getattr(pool, method), *args, **kwargs)
-        return self._envlink_bridge.call(fn, timeout=wait, method=method)
+        super().__init__(pool, bridge, owns_bridge=owns, timeout_margin=timeout_margin)
 
     @property
     def async_pool(self) -> AsyncPool[ActT, ObsT]:
         """The wrapped async pool (use it only from the bridge's loop)."""
         return self._envlink_target
 
-    @property
-    def bridge(self) -> Bridge:
-        """The bridge this facade runs on."""
-        return self._envlink_bridge
-
     def reset(self, seeds: int | Sequence[int | None] | None = None, *,
               mask: Sequence[bool] | None = None,
               timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Batch[ObsT]:
         """Blocking :meth:`EnvPool.reset`."""
         result: Batch[ObsT] = self._envlink_call(
-            "reset", {"mask": mask, **kwargs}, timeout, seeds)
+            "reset", self._envlink_target.reset, (seeds,), {"mask": mask, **kwargs}, timeout)
         return result
 
     def reset_at(self, index: int, *, timeout: float | UnsetType | None = UNSET,
                  **kwargs: Any) -> StepResult[ObsT]:
         """Blocking :meth:`EnvPool.reset_at`."""
-        result: StepResult[ObsT] = self._envlink_call("reset_at", kwargs, timeout, index)
+        result: StepResult[ObsT] = self._envlink_call(
+            "reset_at", self._envlink_target.reset_at, (index,), kwargs, timeout)
         return result
 
     def step(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None, *,
              timeout: float | UnsetType | None = UNSET) -> Batch[ObsT]:
         """Blocking :meth:`EnvPool.step`."""
-        result: Batch[ObsT] = self._envlink_call("step", {"mask": mask}, timeout, actions)
+        result: Batch[ObsT] = self._envlink_call(
+            "step", self._envlink_target.step, (actions, mask), {}, timeout)
         return result
 
     def step_send(self, actions: Sequence[ActT | None], mask: Sequence[bool] | None = None,
                   *, timeout: float | UnsetType | None = UNSET) -> None:
         """Blocking :meth:`EnvPool.step_send` (returns once the steps are started)."""
-        self._envlink_bridge.call(functools.partial(
-            self._envlink_target.step_send, actions, mask, timeout=timeout),
-            timeout=self._envlink_margin + 5.0, method="step_send")
+        self._envlink_call("step_send", self._envlink_target.step_send, (actions, mask), {},
+                           timeout)
 
     def step_recv(self, min_ready: int | None = None, *,
                   timeout: float | None = None) -> Batch[ObsT]:
         """Blocking :meth:`EnvPool.step_recv`."""
-        wait = None if timeout is None else timeout + self._envlink_margin
-        result: Batch[ObsT] = self._envlink_bridge.call(functools.partial(
-            self._envlink_target.step_recv, min_ready, timeout=timeout),
-            timeout=wait, method="step_recv")
+        result: Batch[ObsT] = self._envlink_call(
+            "step_recv", self._envlink_target.step_recv, (min_ready,), {}, timeout)
         return result
 
     def view(self) -> PoolView:
         """The pool's view, read on the loop thread (consistent with its tasks)."""
-        async def read() -> PoolView:
-            return self._envlink_target.view()
+        pool = self._envlink_target
 
-        result: PoolView = self._envlink_bridge.call(read, timeout=self._envlink_margin + 5.0,
-                                                     method="view")
+        async def read() -> PoolView:
+            return pool.view()
+
+        result: PoolView = self._envlink_call("view", read, (), {}, UNSET)
         return result
 
-    def close(self) -> None:
+    def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
         """Close the pool, and the bridge if this facade owns it. Idempotent.
 
+        A second caller (another thread) waits for the first close to finish, as long
+        as a close may take (:meth:`AsyncPool.call_deadline`, plus the margin).
+
+        Args:
+            timeout: seconds to wait for the pool's close (default: twice its
+                sessions' close deadline).
+
         Raises:
+            CallTimeoutError: the pool did not close in time (the bridge is closed
+                anyway when owned), or, for a second caller, the first close did not.
             ReentrantCallError: called from the bridge's own loop thread.
         """
-        bridge = self._envlink_bridge
-        if bridge.on_loop_thread():
-            raise ReentrantCallError("SyncEnvPool.close() called from its bridge's loop "
-                                     "thread; await the pool's close() instead")
-        with self._envlink_close_lock:
-            if self._envlink_closed:
-                return
-            self._envlink_closed = True
-        try:
-            if not bridge.closed:
-                with contextlib.suppress(ClientClosedError):
-                    bridge.call(self._envlink_target.close, timeout=30.0, method="close")
-        finally:
-            if self._envlink_owns_bridge:
-                bridge.close()
-            elif self._envlink_release is not None:
-                self._envlink_release()
+        super().close(timeout=timeout)
 
     def __enter__(self) -> SyncEnvPool[ActT, ObsT]:
         return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
-        self.close()
-        return False
-
-    def __repr__(self) -> str:
-        return f"<SyncEnvPool of {self._envlink_target!r} on {self._envlink_bridge!r}>"

@@ -1,0 +1,210 @@
+"""One blocking facade over an async object on a bridge: ``client.sync()`` and ``pool.sync()``.
+
+:class:`BlockingFacade` is the part the client's facade and the pool's share: the
+bridge it runs on (leased from the process-wide default bridge, owned, or given),
+the one way into a blocking call, and ``close()``.
+
+Deadlines: the wrapped object names the deadline of each of its calls,
+``target.call_deadline(method, timeout)`` (the client's from its :class:`~envlink.Timeout`,
+the pool's from ``batch_timeout`` and its sessions' timeouts). A blocking call resolves
+that deadline once, in the caller's thread: a ``timeout=`` given is checked there, once,
+and handed to the coroutine as the call's deadline, whose expiry cleans up properly;
+the bridge waits the same deadline plus the facade's margin, which only a stuck loop
+ever reaches. No wait of a facade is a fixed number of seconds.
+
+``close()``: idempotent; the first caller closes the target (bounded by the close
+deadline plus the margin), then gives the bridge back (the default bridge's thread
+ends with its last facade) or closes its own. A caller in another thread meanwhile
+waits for that close to finish, bounded the same way (its own ``timeout=`` or the
+close deadline, plus the margin), and raises :class:`~envlink.CallTimeoutError` if it
+did not. From the bridge's own loop thread, ``close()`` raises
+:class:`~envlink.ReentrantCallError` at once and leaves the facade open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from envlink._bridge import Bridge, SyncProxy
+from envlink._client.default_bridge import lease_bridge
+from envlink._config import UNSET, UnsetType, check_timeout
+from envlink._errors import CallTimeoutError, ClientClosedError, ReentrantCallError
+
+__all__ = ["TIMEOUT_MARGIN", "BlockingFacade", "blocking_call"]
+
+T = TypeVar("T")
+
+#: Seconds the bridge waits beyond a call's own deadline, so that the call's timeout
+#: (which cleans up its connection properly) fires first.
+TIMEOUT_MARGIN = 0.5
+
+_timeout_params: dict[tuple[type, str], bool] = {}
+
+
+def _accepts_timeout(target: Any, method: str, fn: Callable[..., Any]) -> bool:
+    """Whether the coroutine method has a ``timeout`` parameter of its own (cached per class)."""
+    key = (type(target), method)
+    known = _timeout_params.get(key)
+    if known is None:
+        try:
+            param = inspect.signature(fn).parameters.get("timeout")
+        except (TypeError, ValueError):
+            param = None
+        known = param is not None and param.kind in (
+            inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        _timeout_params[key] = known
+    return known
+
+
+def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
+                  fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  timeout: Any) -> Any:
+    """The one way into a blocking call: run ``fn(*args, **kwargs)`` (the coroutine method
+    ``method`` of ``target``) on ``bridge`` under one deadline.
+
+    Without ``timeout=`` the coroutine keeps its own default and the bridge waits the
+    target's deadline for ``method`` plus ``margin``. With it, the value is checked here,
+    once (the error names the caller's value), passed on as the coroutine's deadline,
+    and the bridge waits that deadline plus ``margin``; for a method without a
+    ``timeout`` parameter it bounds the bridge's wait alone.
+
+    Raises:
+        TypeError, ValueError: ``timeout`` is not a valid number of seconds (or None).
+        Whatever the call raises; :class:`~envlink.CallTimeoutError` from the bridge
+        only if the loop itself is stuck.
+    """
+    if timeout is UNSET:
+        seconds = target.call_deadline(method)
+    else:
+        seconds = check_timeout(timeout)
+        if _accepts_timeout(target, method, fn):
+            kwargs = {**kwargs, "timeout": seconds}
+            seconds = target.call_deadline(method, seconds)
+        else:
+            margin = 0.0
+    wait = None if seconds is None else seconds + margin
+    if kwargs:
+        # The caller's arguments are bound here: Bridge.call keeps `timeout=` and
+        # `method=` for itself, and an argument of the same name must reach the target.
+        return bridge.call(functools.partial(fn, *args, **kwargs), timeout=wait, method=method)
+    if len(args) == 1:  # step(action), the hot call: a plain call, no tuple unpacked
+        return bridge.call(fn, args[0], timeout=wait, method=method)
+    return bridge.call(fn, *args, timeout=wait, method=method)
+
+
+class BlockingFacade(SyncProxy[T]):
+    """A blocking facade of an async object with ``call_deadline`` and ``close``.
+
+    Args:
+        target: the async object; it names its calls' deadlines with
+            ``call_deadline(method, timeout=UNSET)``.
+        bridge: the bridge to run on, ``None`` for the process-wide default bridge
+            (leased until :meth:`close`).
+        owns_bridge: :meth:`close` closes ``bridge`` too.
+        timeout_margin: seconds the bridge waits beyond a call's own deadline.
+
+    Raises:
+        TypeError, ValueError: ``timeout_margin`` is not a number of seconds >= 0.
+    """
+
+    def __init__(self, target: T, bridge: Bridge | None, *, owns_bridge: bool = False,
+                 timeout_margin: float = TIMEOUT_MARGIN) -> None:
+        margin = check_timeout(timeout_margin, "timeout_margin", allow_zero=True)
+        if margin is None:
+            raise TypeError("timeout_margin must be a number of seconds, not None")
+        # On the default bridge, a lease until close(): its thread ends with its last facade.
+        bridge, self._envlink_release = lease_bridge(bridge, self)
+        deadline = target.call_deadline("call")  # type: ignore[attr-defined]
+        super().__init__(target, bridge, timeout=None if deadline is None else deadline + margin)
+        self._envlink_owns_bridge = owns_bridge
+        self._envlink_margin = margin
+        #: How this facade runs one coroutine method: ``blocking_call`` with the bridge,
+        #: the target and the margin bound (no reference to the facade: no cycle through
+        #: the wrappers cached on it).
+        self._envlink_call = functools.partial(blocking_call, bridge, target, margin)
+        self._envlink_close_lock = threading.Lock()
+        self._envlink_closed = False
+        self._envlink_close_done = threading.Event()
+
+    @property
+    def bridge(self) -> Bridge:
+        """The bridge this facade runs on."""
+        return self._envlink_bridge
+
+    def _envlink_invoke(self) -> Callable[..., Any]:
+        return self._envlink_call
+
+    def _envlink_closed_again(self) -> None:
+        """A later ``close()`` once the first has finished (nothing to do by default)."""
+
+    def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+        """Close the wrapped object, and the bridge if this facade owns it. Idempotent.
+
+        Afterwards, with an owned bridge, no envlink thread is left running; nor with
+        the process-wide default bridge once no other facade is open on it (its
+        thread is joined). A bridge given to ``sync()`` stays open. A second caller
+        (another thread) waits for the first close to finish.
+
+        Args:
+            timeout: deadline in seconds of the close (default: the configured close
+                deadline); a second caller waits for the first as long.
+
+        Raises:
+            CallTimeoutError: the close did not finish in time (the bridge is closed
+                anyway when owned), or, for a second caller, the first close did not.
+            ReentrantCallError: called from the bridge's own loop thread.
+        """
+        bridge = self._envlink_bridge
+        if bridge.on_loop_thread():
+            # Checked before claiming the close, so that a proper close() can follow.
+            noun = type(self._envlink_target).__name__
+            raise ReentrantCallError(
+                f"{type(self).__name__}.close() called from its bridge's event-loop thread; "
+                f"await the {noun}'s close() instead")
+        with self._envlink_close_lock:
+            first = not self._envlink_closed
+            self._envlink_closed = True
+        if not first:
+            self._envlink_wait_for_close(timeout)
+            return
+        try:
+            if not bridge.closed:
+                # ClientClosedError: the shared bridge closed under us; nothing to do.
+                with contextlib.suppress(ClientClosedError):
+                    self._envlink_call("close", self._envlink_close_method(), (), {}, timeout)
+        finally:
+            try:
+                if self._envlink_owns_bridge:
+                    bridge.close()
+                elif self._envlink_release is not None:
+                    self._envlink_release()  # the last facade closes the default bridge
+            finally:
+                self._envlink_close_done.set()
+
+    def _envlink_close_method(self) -> Callable[..., Any]:
+        close: Callable[..., Any] = self._envlink_target.close  # type: ignore[attr-defined]
+        return close
+
+    def _envlink_wait_for_close(self, timeout: float | UnsetType | None) -> None:
+        seconds = self._envlink_target.call_deadline(  # type: ignore[attr-defined]
+            "close", UNSET if timeout is UNSET else check_timeout(timeout))
+        wait = None if seconds is None else seconds + self._envlink_margin
+        if not self._envlink_close_done.wait(wait):
+            raise CallTimeoutError(
+                f"close() in another thread did not finish within {wait:g} s",
+                method="close", timeout=wait)
+        self._envlink_closed_again()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self._envlink_target!r} on {self._envlink_bridge!r}>"
