@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -25,3 +26,16 @@ def bridge() -> Iterator[Bridge]:
         yield b
     finally:
         b.close()
+
+
+class SpyBridge(Bridge):
+    """Records the timeout the facade asks the bridge to wait for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[tuple[str | None, float | None]] = []
+
+    def call(self, fn: Any, /, *args: Any, timeout: float | None, method: str | None = None,
+             **kwargs: Any) -> Any:
+        self.waits.append((method, timeout))
+        return super().call(fn, *args, timeout=timeout, method=method, **kwargs)

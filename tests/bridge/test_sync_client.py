@@ -21,7 +21,7 @@ from envlink import (
 )
 from envlink._client.sync_client import TIMEOUT_MARGIN
 
-from .conftest import envlink_threads
+from .conftest import SpyBridge, envlink_threads
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -106,19 +106,6 @@ class DuckClient:
 
     async def close(self) -> None:
         pass
-
-
-class SpyBridge(Bridge):
-    """Records the timeout the facade asks the bridge to wait for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[tuple[str | None, float | None]] = []
-
-    def call(self, fn: Any, /, *args: Any, timeout: float | None, method: str | None = None,
-             **kwargs: Any) -> Any:
-        self.waits.append((method, timeout))
-        return super().call(fn, *args, timeout=timeout, method=method, **kwargs)
 
 
 def test_explicit_methods_forward_and_return() -> None:

@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 import pytest
 
-from envlink import Bridge, ClientConfig, EnvPool, Timeout
+from envlink import ClientConfig, EnvPool, Timeout
 
+from ..bridge.conftest import SpyBridge
 from .conftest import dead_url
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class SpyBridge(Bridge):
-    """Records the timeout the facade asks the bridge to wait for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[tuple[str | None, float | None]] = []
-
-    def call(self, fn: Any, /, *args: Any, timeout: float | None, method: str | None = None,
-             **kwargs: Any) -> Any:
-        self.waits.append((method, timeout))
-        return super().call(fn, *args, timeout=timeout, method=method, **kwargs)
 
 
 def test_the_sync_pool_waits_come_from_the_configured_timeouts() -> None:
