@@ -36,13 +36,15 @@ The bridge knows nothing about environments nor about telemetry libraries;
   bounded wait, the hooks), on the loop thread of ``loop``;
 * ``hooks``: the hook protocol and its detail records;
 * ``hook_chain``: several hooks as one, with the rules the client's hooks follow too;
-* ``sync_proxy``: :class:`SyncProxy` and its one wrapper factory.
+* ``sync_proxy``: :class:`SyncProxy` and its one wrapper factory;
+* ``lazy``: :class:`LazyCoroutine`, a call returned now that runs when awaited or used.
 """
 
 from __future__ import annotations
 
 from envlink._bridge.bridge import Bridge, ForeignLoopPolicy
 from envlink._bridge.handoff import INTERRUPTED
+from envlink._bridge.lazy import LazyCoroutine
 from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
 from envlink._bridge.loop import is_bridge_loop
 from envlink._bridge.observers import (
@@ -74,6 +76,7 @@ __all__ = [
     "BridgeHook",
     "ForeignLoopPolicy",
     "Invoke",
+    "LazyCoroutine",
     "SyncProxy",
     "blocking_wrapper",
     "is_bridge_loop",

@@ -25,11 +25,11 @@ import functools
 import inspect
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Generator, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
-from envlink._bridge import is_bridge_loop
+from envlink._bridge import LazyCoroutine, is_bridge_loop
 from envlink._config import UNSET
 from envlink._errors import ExecutionModeError
 from envlink._speedups import running_loop_getter
@@ -234,7 +234,7 @@ class AutoDispatch:
                 setattr(cls, name, dispatched(value))
 
 
-class AutoResult(Coroutine[Any, Any, Any]):
+class AutoResult(LazyCoroutine[Any]):
     """The result of a call made inside a running event loop without ``await``.
 
     Await it (the call runs as a coroutine, and the client is in async mode from
@@ -245,11 +245,12 @@ class AutoResult(Coroutine[Any, Any, Any]):
     and a warning says so.
     """
 
-    __slots__ = ("_args", "_client", "_coro", "_ctx", "_error", "_fn", "_kwargs", "_name",
+    __slots__ = ("_args", "_client", "_ctx", "_error", "_fn", "_kwargs", "_name",
                  "_resolved", "_value")
 
     def __init__(self, client: EnvClient[Any, Any, Any], fn: Callable[..., Any], name: str,
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        super().__init__()
         self._client = client
         self._fn = fn
         self._name = name
@@ -257,41 +258,23 @@ class AutoResult(Coroutine[Any, Any, Any]):
         self._kwargs = kwargs
         # The caller's context as of the call (span, baggage), for a later resolution.
         self._ctx = contextvars.copy_context()
-        self._coro: Coroutine[Any, Any, Any] | None = None
         self._resolved = False
         self._value: Any = None
         self._error: BaseException | None = None
 
     # ------------------------------------------------------------------ as awaited
 
-    def _coroutine(self) -> Coroutine[Any, Any, Any]:
-        coro = self._coro
-        if coro is None:
-            if self._resolved:
-                raise ExecutionModeError(
-                    f"the result of {self._name}() was already used without await; "
-                    "it cannot be awaited too")
-            claim(self._client, ASYNC)
-            coro = self._coro = self._fn(self._client, *self._args, **self._kwargs)
+    def _start(self) -> Coroutine[Any, Any, Any]:
+        if self._resolved:
+            raise ExecutionModeError(
+                f"the result of {self._name}() was already used without await; "
+                "it cannot be awaited too")
+        claim(self._client, ASYNC)
+        coro: Coroutine[Any, Any, Any] = self._fn(self._client, *self._args, **self._kwargs)
         return coro
 
-    def __await__(self) -> Generator[Any, None, Any]:
-        return self._coroutine().__await__()
-
-    def send(self, value: Any) -> Any:
-        """Run the call as a coroutine (what ``await`` and ``asyncio.create_task`` do)."""
-        return self._coroutine().send(value)
-
-    def throw(self, *args: Any) -> Any:
-        """Throw into the call's coroutine."""
-        return self._coroutine().throw(*args)
-
-    def close(self) -> None:
-        """Close the call's coroutine; a call never started is dropped without warning."""
-        if self._coro is not None:
-            self._coro.close()
-        else:
-            self._resolved = True
+    def _unstarted_close(self) -> None:
+        self._resolved = True
 
     # ------------------------------------------------------------------ as used
 
@@ -316,7 +299,7 @@ class AutoResult(Coroutine[Any, Any, Any]):
             if self._coro is None:
                 raise AttributeError(name)
             return getattr(self._coro, name)
-        if name in AutoResult.__slots__ or (name.startswith("__") and name.endswith("__")):
+        if name in _OWN_SLOTS or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)
         return getattr(self._result(), name)
 
@@ -355,3 +338,7 @@ class AutoResult(Coroutine[Any, Any, Any]):
                     "used, so the call did not run", RuntimeWarning, stacklevel=2)
         except AttributeError:  # __init__ did not finish
             pass
+
+
+# Never looked up on the result (an unset one during __init__ or __del__ included).
+_OWN_SLOTS = frozenset(AutoResult.__slots__) | frozenset(LazyCoroutine.__slots__)

@@ -11,9 +11,10 @@ and ``from_env``: awaited, a connected client; ``.sync()``, a connected facade.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
+from envlink._bridge import LazyCoroutine
 from envlink._errors import InvalidArgumentError, ProviderError
 from envlink._launch.discovery import wait_until_ready
 from envlink._launch.providers import (
@@ -213,7 +214,7 @@ class Target:
         return f"Target(space={self.space!r}, provider={self.provider!r})"
 
 
-class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
+class Bootstrap(LazyCoroutine[_C], Generic[_C]):
     """The handle ``from_docker_image`` / ``from_env`` return, as OpenEnv 0.10's.
 
     ``await handle`` (or ``asyncio.run(handle)``) gives the connected async client;
@@ -222,8 +223,8 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
     """
 
     def __init__(self, build: Callable[[], _C]) -> None:
+        super().__init__()
         self._build = build
-        self._coro: Coroutine[Any, Any, _C] | None = None
         self._used = False
 
     def _consume(self) -> _C:
@@ -232,6 +233,9 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
                                "factory again for another environment")
         self._used = True
         return self._build()
+
+    def _start(self) -> Coroutine[Any, Any, _C]:
+        return self._resolve()
 
     async def _resolve(self) -> _C:
         client = self._consume()
@@ -246,24 +250,6 @@ class Bootstrap(Coroutine[Any, Any, _C], Generic[_C]):
                 _note_cleanup(exc, failure)
             raise
         return client
-
-    def _coroutine(self) -> Coroutine[Any, Any, _C]:
-        if self._coro is None:
-            self._coro = self._resolve()
-        return self._coro
-
-    def __await__(self) -> Generator[Any, None, _C]:
-        return self._coroutine().__await__()
-
-    def send(self, value: Any) -> Any:
-        return self._coroutine().send(value)
-
-    def throw(self, *args: Any) -> Any:
-        return self._coroutine().throw(*args)
-
-    def close(self) -> None:
-        if self._coro is not None:
-            self._coro.close()
 
     def sync(self) -> SyncEnvClient[Any, Any, Any]:
         """Start and connect on a background loop; return the connected facade.
