@@ -355,3 +355,40 @@ def test_no_stray_async_generator_after_close_in_asyncio_run(
          server_thread.url], capture_output=True, text=True, timeout=50, check=False)
     assert done.returncode == 0, done.stderr
     assert "shutdown_asyncgens" not in done.stderr, done.stderr
+
+
+def _calls_in_this_thread(fn: Any) -> list[tuple[str, str]]:
+    """(module file, function name) of each Python function ``fn()`` calls in this thread."""
+    seen: list[tuple[str, str]] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            seen.append((code.co_filename.replace("\\", "/"), code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("how", ["sync facade", "plain call"])
+def test_a_blocking_step_with_a_timeout_visits_each_layer_once(
+        server_thread: ServerThread, how: str) -> None:
+    """A blocking step(timeout=), through client.sync() or a plain call, takes the one way
+    in: one blocking_call, one check of the timeout, one deadline (call_deadline), one
+    bridged call, in the caller's thread."""
+    client = GenericEnvClient(base_url=server_thread.url)
+    env: Any = client.sync() if how == "sync facade" else client
+    try:
+        env.reset()
+        seen = _calls_in_this_thread(lambda: env.step({"message": "hi"}, timeout=5.0))
+        names = [name for _, name in seen]
+        assert names.count("blocking_call") == 1
+        assert names.count("check_timeout") == 1
+        assert names.count("call_deadline") == 1
+        assert [n for path, n in seen if path.endswith("_bridge/bridge.py")].count("call") == 1
+    finally:
+        env.close()
