@@ -30,7 +30,7 @@ NEVER_AT_IMPORT = [
     "envlink._pool.sync_pool",
     "envlink._pool.placement",
     "envlink._pool.breaker",
-    "envlink._client.sync_client",      # the sync facade's class (client.sync() imports it)
+    "envlink._sync.sync_client",      # the sync facade's class (client.sync() imports it)
     "envlink.echo_env",      # the echo environment
     "envlink._transports.mock",      # the test transport
     "envlink._cli.demo",
@@ -93,7 +93,7 @@ def test_a_client_on_the_mock_transport_loads_no_websockets() -> None:
     included) without ever importing websockets, urllib.request or structlog; one with the
     default transport imports websockets at construction."""
     loaded = loaded_after(MOCK_STEP)
-    assert loaded["envlink._transports.mock"] and loaded["envlink._client.sync_client"]
+    assert loaded["envlink._transports.mock"] and loaded["envlink._sync.sync_client"]
     assert loaded["envlink._telemetry.client_hook"] and loaded["envlink._telemetry.bridge_hook"]
     assert not loaded["websockets"] and not loaded["urllib.request"], loaded
     assert not loaded["structlog"] and not loaded["envlink.server"], loaded

@@ -75,7 +75,6 @@ if TYPE_CHECKING:
 
     from envlink._client.adopt import adopt
     from envlink._client.auto import AutoAction, AutoEnv, GenericAction
-    from envlink._client.default_bridge import default_bridge
     from envlink._client.handles import SessionHandle
     from envlink._client.harness import (
         HarnessClient,
@@ -94,10 +93,11 @@ if TYPE_CHECKING:
         ToolError,
         ToolErrorType,
     )
-    from envlink._client.sync_client import SyncEnvClient
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
     from envlink._pool.sync_pool import SyncEnvPool
+    from envlink._sync.default_bridge import default_bridge
+    from envlink._sync.sync_client import SyncEnvClient
     from envlink._transports.mock import MockTransport
     from envlink.echo_env import EchoEnv as EchoEnv
     from envlink.echo_env import EchoObservation as EchoObservation
@@ -124,7 +124,7 @@ _LAZY = {
     "AutoEnv": "envlink._client.auto",
     "GenericAction": "envlink._client.auto",
     "adopt": "envlink._client.adopt",
-    "default_bridge": "envlink._client.default_bridge",
+    "default_bridge": "envlink._sync.default_bridge",
     "SessionHandle": "envlink._client.handles",
     "HarnessClient": "envlink._client.harness",
     "HarnessEvent": "envlink._client.harness",
@@ -139,7 +139,7 @@ _LAZY = {
     "Tool": "envlink._client.mcp_client",
     "ToolError": "envlink._client.mcp_client",
     "ToolErrorType": "envlink._client.mcp_client",
-    "SyncEnvClient": "envlink._client.sync_client",
+    "SyncEnvClient": "envlink._sync.sync_client",
     "AutoresetMode": "envlink._pool.pool",
     "EnvPool": "envlink._pool.pool",
     "Batch": "envlink._pool.results",

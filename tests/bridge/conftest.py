@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from envlink import Bridge
-from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME
+from envlink._sync.default_bridge import DEFAULT_BRIDGE_NAME
 
 
 def envlink_threads() -> set[threading.Thread]:

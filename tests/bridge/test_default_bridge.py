@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from envlink import Bridge, GenericEnvClient, default_bridge
-from envlink._client.default_bridge import DEFAULT_BRIDGE_NAME
+from envlink._sync.default_bridge import DEFAULT_BRIDGE_NAME
 from envlink.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,7 +19,7 @@ from envlink import (
     SyncEnvClient,
     default_bridge,
 )
-from envlink._client.sync_client import TIMEOUT_MARGIN
+from envlink._sync.sync_client import TIMEOUT_MARGIN
 
 from .conftest import SpyBridge, envlink_threads
 

@@ -25,7 +25,7 @@ methods become iterators, and an async context manager becomes a context
 manager.
 
 The bridge knows nothing about environments nor about telemetry libraries;
-:mod:`envlink._client.sync_client` builds the environment client's sync facade on it, and
+:mod:`envlink._sync.sync_client` builds the environment client's sync facade on it, and
 :mod:`envlink._telemetry.bridge_hook` is its OpenTelemetry hook. Modules:
 
 * ``loop``: the loop thread and its lifecycle (start, close, fork, exit);

@@ -1,3 +1,3 @@
-"""The async client: driver, connector, recovery, hooks, sync facade."""
+"""The async client: driver, connector, recovery, hooks."""
 
 __all__: list[str] = []

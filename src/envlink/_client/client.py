@@ -22,7 +22,6 @@ from envlink._client import handles, mcp
 from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.configuration import ClientConfig, changed_fields, check_policy
 from envlink._client.connector import Connector
-from envlink._client.dispatch import AutoDispatch
 from envlink._client.driver import SessionDriver, Turn
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
@@ -54,6 +53,7 @@ from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
+from envlink._sync.dispatch import AutoDispatch
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from envlink._bridge import Bridge
-    from envlink._client.sync_client import SyncEnvClient
+    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["EnvClient", "GenericEnvClient", "StepResult", "configured_client"]
 
@@ -602,7 +602,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             nested_spans: a span of the bridge's as the parent of each call's
                 client span (default: one span per call; see :class:`SyncEnvClient`).
         """
-        from envlink._client.sync_client import SyncEnvClient
+        from envlink._sync.sync_client import SyncEnvClient
 
         return SyncEnvClient(self, bridge=bridge, nested_spans=nested_spans)
 

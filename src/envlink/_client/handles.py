@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from envlink._bridge import Bridge
     from envlink._client.client import EnvClient
     from envlink._client.driver import SessionDriver
-    from envlink._client.sync_client import SyncEnvClient
+    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["SessionHandle", "attach", "detach"]
 
@@ -270,7 +270,7 @@ def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> Any
         SessionGoneError: the server no longer has the session (with the journal).
         TypeError: ``handle`` is not a :class:`SessionHandle`.
     """
-    from envlink._client.dispatch import dispatch_call
+    from envlink._sync.dispatch import dispatch_call
 
     client = _client_for(cls, handle, options)
     return dispatch_call(client, _attached, "attach", (handle,), {})

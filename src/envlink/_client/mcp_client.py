@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from envlink._client import mcp
 from envlink._client.client import EnvClient, StepResult
-from envlink._client.dispatch import dispatched
 from envlink._errors import McpError, ToolCallError
 from envlink._sansio.state import State
+from envlink._sync.dispatch import dispatched
 
 __all__ = ["CallToolAction", "ListToolsAction", "MCPClientBase", "MCPObservation",
            "MCPToolClient", "Tool", "ToolError", "ToolErrorType"]

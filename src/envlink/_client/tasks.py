@@ -18,13 +18,13 @@ from collections.abc import Callable, Coroutine
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from envlink._client.dispatch import dispatch_call
 from envlink._config import UNSET, UnsetType
 from envlink._launch import discovery
+from envlink._sync.dispatch import dispatch_call
 
 if TYPE_CHECKING:
     from envlink._client.client import EnvClient
-    from envlink._client.sync_client import SyncEnvClient
+    from envlink._sync.sync_client import SyncEnvClient
 
     _Client = EnvClient[Any, Any, Any]
 

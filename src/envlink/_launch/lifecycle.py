@@ -34,9 +34,9 @@ from envlink._launch.spaces import (
 from envlink._transports.base import parse_endpoint
 
 if TYPE_CHECKING:
-    from envlink._client.sync_client import SyncEnvClient
     from envlink._config import ConnectionOptions
     from envlink._sansio.policies import ReconnectPolicy
+    from envlink._sync.sync_client import SyncEnvClient
     from envlink._transports.base import Endpoint
 
 __all__ = ["Bootstrap", "Target", "from_docker_image", "from_env", "override_space_urls"]

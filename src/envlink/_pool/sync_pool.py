@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from envlink._bridge import Bridge
-from envlink._client.facade import TIMEOUT_MARGIN, BlockingFacade
 from envlink._config import UNSET, UnsetType
+from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade
 
 if TYPE_CHECKING:
     from envlink._client.client import StepResult

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, StepResult
 from envlink._client.configuration import ClientConfig, config_from_options
-from envlink._client.default_bridge import default_bridge
 from envlink._errors import (
     CallTimeoutError,
     CapacityReachedError,
@@ -32,6 +31,7 @@ from envlink._errors import (
 )
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Retry
+from envlink._sync.default_bridge import default_bridge
 
 __all__ = [
     "DEFAULT_CLIENT_CONFIG",

@@ -37,7 +37,6 @@ from typing import Any
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
 from envlink._client.configuration import ClientConfig
-from envlink._client.default_bridge import lease_bridge
 from envlink._client.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._deadlines import deadline
 from envlink._errors import (
@@ -47,6 +46,7 @@ from envlink._errors import (
     ToolCallError,
 )
 from envlink._sansio.policies import ReconnectPolicy
+from envlink._sync.default_bridge import lease_bridge
 from envlink.integrations._runtime import (
     DEFAULT_CLIENT_CONFIG,
     Lease,

@@ -7,7 +7,7 @@ the context of the async call, every call is traced and measured, and every
 blocking wait has a timeout.
 
 Timeouts: each method takes an optional keyword ``timeout=``, and every call takes the
-one way into a blocking call of :mod:`envlink._client.facade`: the given timeout is
+one way into a blocking call of :mod:`envlink._sync.facade`: the given timeout is
 checked once and becomes the client's own deadline for the call (with its cleanup
 semantics), and the bridge waits that deadline plus a margin. When it is not given,
 the client keeps its default deadline for that method and the bridge waits it plus the
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from envlink._bridge import Bridge, blocking_wrapper
-from envlink._client.dispatch import SYNC, AutoDispatch, claim, raw_method
-from envlink._client.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
 from envlink._client.tasks import TaskAPI
 from envlink._config import UNSET, UnsetType
+from envlink._sync.dispatch import SYNC, AutoDispatch, claim, raw_method
+from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
 
 if TYPE_CHECKING:

@@ -32,9 +32,9 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy
-from envlink._client.default_bridge import lease_bridge
 from envlink._config import UNSET, UnsetType, check_timeout
 from envlink._errors import CallTimeoutError, ClientClosedError, ReentrantCallError
+from envlink._sync.default_bridge import lease_bridge
 
 __all__ = ["TIMEOUT_MARGIN", "BlockingFacade", "blocking_call"]
 

@@ -36,7 +36,7 @@ from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
     from envlink._client.client import EnvClient
-    from envlink._client.sync_client import SyncEnvClient
+    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "claim", "dispatch_call", "dispatched",
            "raw_method", "run_blocking"]
