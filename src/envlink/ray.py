@@ -38,7 +38,12 @@ from opentelemetry import propagate
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType, check_number, is_int
 from envlink._deadlines import bounded
-from envlink._errors import ClientClosedError, EnvlinkError, SessionLostError
+from envlink._errors import (
+    ClientClosedError,
+    EnvlinkError,
+    InvalidActionError,
+    SessionLostError,
+)
 from envlink._pool import (
     AsyncPool,
     Batch,
@@ -83,6 +88,10 @@ class _ShardLost(Exception):
         self.generation = generation
         self.reason = reason
         self.kind = kind
+
+
+class _NotSent(Exception):
+    """Ray could not pickle a call's arguments: nothing reached the shard (internal)."""
 
 
 class RayEnvPool(AsyncPool[ActT, ObsT]):
@@ -199,12 +208,16 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         #: Slots whose session went with a dead shard: their error until reset.
         self._lost: dict[int, EnvlinkError] = {}
         self._running: set[int] = set()
-        # Whole-batch calls cancelled on the driver that their shards still run.
+        # Whole-batch calls cancelled on the driver that their shards still run, and
+        # sends whose caller was cancelled (each still reaches its shard or answers).
         self._cancelled: set[asyncio.Future[Any]] = set()
         # Ready-first: the in-process pool's state, each sent step a future the shard's
         # collector answers; the actions are kept to send again to a new shard actor.
         self._batches: BatchRunner[ObsT] = BatchRunner(size, self._hook, shards=shards)
         self._sent_actions: dict[int, Any] = {}
+        # The sent slots whose step went to their shard actor: the only ones its
+        # collector waits for (a send still under way is not in the actor yet).
+        self._submitted: set[int] = set()
         self._send_deadline: float | None = None
         self._collectors: dict[int, asyncio.Task[None]] = {}
 
@@ -304,8 +317,17 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                 if i in self._lost:
                     self._batches.answer(i, self._lost[i])
             groups = self._group([i for i in chosen if i not in self._lost])
-            await asyncio.gather(*(self._send_shard(s, slots, carrier)
-                                   for s, slots in groups.items()))
+            self._submitted.difference_update(chosen)
+            # Each shard's send runs to its end even if the caller is cancelled, as the
+            # whole send of an EnvPool does: every slot is then sent, or answers why not.
+            sends = asyncio.gather(*(self._send_shard(s, slots, carrier)
+                                     for s, slots in groups.items()))
+            try:
+                await asyncio.shield(sends)
+            except asyncio.CancelledError:
+                self._cancelled.add(sends)
+                sends.add_done_callback(self._cancelled.discard)
+                raise
 
     async def step_recv(self, min_ready: int | None = None, *,
                         timeout: float | None = None) -> Batch[ObsT]:
@@ -350,6 +372,7 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         self._collectors.clear()
         await self._batches.cancel_all()  # a step_recv waiting gets ClientClosedError
         self._sent_actions.clear()
+        self._submitted.clear()
         await asyncio.gather(*(self._call(s, "close", wait=self._margin)
                                for s in range(self.shards)), return_exceptions=True)
         for actor in self._actors:
@@ -424,9 +447,8 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         the caller's bug it raised once its slots had answered (their mirrors kept)."""
         answers: dict[int, SlotResult[ObsT]] = {}
         try:
-            answer = await self._call(s, method, *self._args(method, s, slots, per_slot,
-                                                             seconds, kwargs, carrier),
-                                      wait=self._wait(seconds))
+            answer = await self._call_slots(method, method, s, slots, per_slot, seconds,
+                                            kwargs, carrier, answers)
         except _ShardLost as lost:
             if self._closed:  # close() stopped the actor under a cancelled batch
                 return {i: ClientClosedError("the pool was closed during the call")
@@ -440,16 +462,55 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
             if not redo:
                 return answers, set(), {}, None
             try:
-                answer = await self._call(s, method, *self._args(method, s, redo, per_slot,
-                                                                 seconds, kwargs, carrier),
-                                          wait=self._wait(seconds))
+                answer = await self._call_slots(method, method, s, redo, per_slot, seconds,
+                                                kwargs, carrier, answers)
             except _ShardLost as again:
                 for i in redo:
                     answers[i] = self._lose(i, again)
                 return answers, set(), {}, None
+        if answer is None:  # Ray could pickle none of them: nothing was sent
+            return answers, set(), {}, None
         got, auto, fin = self._absorb(s, answer)
         answers.update(got)
         return answers, auto, fin, answer.raised
+
+    async def _call_slots(self, method: str, kind: str, s: int, slots: list[int],
+                          per_slot: Sequence[Any] | Mapping[int, Any], seconds: float | None,
+                          kwargs: dict[str, Any], carrier: dict[str, str],
+                          refused: dict[int, SlotResult[ObsT]]) -> Any:
+        """Call shard ``s`` for ``slots`` (``kind``: their values are actions or seeds).
+
+        A slot whose value Ray cannot pickle answers, in ``refused``, the
+        :class:`~envlink.InvalidActionError` an EnvPool answers for a value the wire
+        cannot carry, and the others are sent: still one call to the actor, since the
+        refused one never left the driver. ``None``: nothing could be sent.
+        """
+        try:
+            return await self._call(s, method, *self._args(kind, s, slots, per_slot, seconds,
+                                                           kwargs, carrier),
+                                    wait=self._wait(seconds))
+        except _NotSent as first:
+            reason = str(first)
+            root = "action" if kind == "step" else "reset"
+            for i in slots:
+                try:
+                    ray.cloudpickle.dumps(per_slot[i])  # type: ignore[no-untyped-call]
+                except Exception as exc:
+                    refused[i] = InvalidActionError(root, (
+                        f"slot {i}: cannot be pickled to its shard actor "
+                        f"({type(exc).__name__}: {exc})"))
+            rest = [i for i in slots if i not in refused]
+            if rest and len(rest) < len(slots):
+                try:
+                    return await self._call(s, method, *self._args(
+                        kind, s, rest, per_slot, seconds, kwargs, carrier),
+                        wait=self._wait(seconds))
+                except _NotSent as again:
+                    reason = str(again)
+            for i in rest:  # not a slot's own value: the call's shared arguments
+                refused[i] = InvalidActionError(root, (
+                    f"slot {i}: the call to its shard actor cannot be pickled ({reason})"))
+            return None
 
     def _args(self, method: str, s: int, slots: list[int],
               per_slot: Sequence[Any] | Mapping[int, Any],
@@ -479,15 +540,35 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
     # ------------------------------------------------------------------ ready-first
 
     async def _send_shard(self, s: int, slots: list[int], carrier: dict[str, str]) -> None:
+        if self._closed:  # closed before this send started: its slots are not in flight
+            return
         seconds = self._send_deadline
         try:
-            await self._call(s, "step_send", *self._args("step", s, slots, self._sent_actions,
-                                                         seconds, {}, carrier),
-                             wait=self._wait(seconds))
+            await self._submit(s, slots, seconds, carrier)
         except _ShardLost as lost:
+            if self._closed:  # close() stopped the actor; cancel_all answered the slots
+                return
             await self._redo_sent(lost, slots, carrier)
-        if s not in self._collectors:
+        if self._pending(s) and s not in self._collectors and not self._closed:
             self._collectors[s] = asyncio.ensure_future(self._collect(s))
+
+    async def _submit(self, s: int, slots: list[int], seconds: float | None,
+                      carrier: dict[str, str]) -> None:
+        """Send ``slots``' steps to shard ``s`` (one call). A slot whose action Ray cannot
+        pickle answers as in an EnvPool (see :meth:`_call_slots`); a send the shard
+        refused sent none of them: :meth:`step_recv` raises its error, naming them."""
+        self._submitted.update(slots)
+        refused: dict[int, SlotResult[ObsT]] = {}
+        try:
+            await self._call_slots("step_send", "step", s, slots, self._sent_actions, seconds,
+                                   {}, carrier, refused)
+        except _ShardLost:
+            raise
+        except Exception as exc:
+            self._batches.fail(slots, _naming(
+                exc, slots, f"their steps were not sent to shard actor {s}"))
+        for i, error in refused.items():
+            self._batches.answer(i, error)
 
     async def _redo_sent(self, lost: _ShardLost, slots: list[int],
                          carrier: dict[str, str]) -> None:
@@ -500,16 +581,16 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                 self._batches.answer(i, self._lost[i])
         if redo:
             try:
-                await self._call(s, "step_send", *self._args(
-                    "step", s, redo, self._sent_actions, self._send_deadline, {}, carrier),
-                    wait=self._wait(self._send_deadline))
+                await self._submit(s, redo, self._send_deadline, carrier)
             except _ShardLost as again:
                 for i in redo:
                     self._batches.answer(i, self._lose(i, again))
 
     def _pending(self, s: int) -> list[int]:
+        """Shard ``s``'s slots whose step it was sent and has not answered."""
         offset, n = self._bounds[s]
-        return [i for i in self._batches.pending() if offset <= i < offset + n]
+        return [i for i in self._batches.pending()
+                if offset <= i < offset + n and i in self._submitted]
 
     async def _collect(self, s: int) -> None:
         """Collect shard ``s``'s sent steps as they answer, into the driver's buffer."""
@@ -532,15 +613,21 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
                     batches.fail([offset + j], bug)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # the shard's own call raised: recv re-raises it
-            self._batches.fail(self._pending(s), exc)
+        except BaseException as exc:
+            # The shard's receive raised before it collected a step (it answers each
+            # collected one, a result that cannot cross included), so it holds none of
+            # these: recv raises it, with the driver's slot numbers.
+            pending = self._pending(s)
+            self._batches.fail(pending, _naming(
+                exc, pending, f"their shard actor ({s}) could not collect them"))
         finally:
             self._collectors.pop(s, None)
 
     # ------------------------------------------------------------------ shards
 
     def _spawn(self, s: int) -> None:
-        self._actors[s] = self._remote.options(**self._actor_options[s]).remote(self._specs[s])
+        self._actors[s] = self._remote.options(**self._actor_options[s]).remote(
+            self._specs[s], ray.cloudpickle.dumps)
         self._generation[s] += 1
 
     async def _call(self, s: int, method: str, *args: Any, wait: float | None) -> Any:
@@ -549,6 +636,9 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         expiry = None
         try:
             ref = getattr(actor, method).remote(*args)
+        except TypeError as exc:  # what Ray raises for an argument it cannot pickle
+            raise _NotSent(str(exc)) from exc
+        try:
             async with bounded(wait) as expiry:
                 return await ref
         except ray.exceptions.RayTaskError as exc:
@@ -650,6 +740,18 @@ def _carrier() -> dict[str, str]:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier
+
+
+def _naming(exc: BaseException, slots: list[int], what: str) -> BaseException:
+    """``exc`` as an error of its type whose message names the driver's ``slots``
+    (a RuntimeError with its type and text where the type takes no message)."""
+    text = f"slots {slots}: {what}: {exc}"
+    try:
+        named = type(exc)(text)
+    except Exception:
+        named = RuntimeError(f"{type(exc).__qualname__}: {text}")
+    named.__cause__ = exc
+    return named
 
 
 def _reason(exc: BaseException) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -234,5 +236,43 @@ async def test_a_bug_that_cannot_cross_to_the_driver_is_sent_as_its_text(
         raised = (await shard.step(["bug"], [True], None)).raised  # a whole-batch step
         assert type(raised) is RuntimeError and "_TwoArgBug: payload" in str(raised)
         assert isinstance((await shard.step([{"move": 1}], [True], None)).items[0], StepResult)
+    finally:
+        await shard.close()
+
+
+class _LockedObservation(GenericEnvClient):
+    async def step(self, action: Any, **kwargs: Any) -> Any:
+        result = await super().step(action, **kwargs)
+        if action == {"move": 2}:
+            return StepResult(observation={"lock": threading.Lock()}, reward=result.reward,
+                              done=result.done)
+        return result
+
+
+async def test_a_result_that_cannot_cross_to_the_driver_is_answered_for_its_slot(
+        det_servers: Any) -> None:
+    """A collected step whose result would not pickle to the driver is answered in ``bugs``
+    for that slot, naming the driver's slot number, with its mirror kept; the rest of the
+    receive's answer crosses as it is."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2, client=_LockedObservation))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        await shard.step_send([{"move": 1}, {"move": 2}], [True, True], None)
+        answer = await shard.step_recv()
+        while len(answer.ready) < 2:  # each receive returns once a step answered
+            more = await shard.step_recv()
+            answer = replace(more, ready=answer.ready + more.ready,
+                             items=[a if a is not None else b
+                                    for a, b in zip(answer.items, more.items, strict=True)],
+                             mirrors={**answer.mirrors, **more.mirrors},
+                             bugs={**answer.bugs, **more.bugs})
+        assert set(answer.bugs) == {1} and type(answer.bugs[1]) is RuntimeError
+        assert str(answer.bugs[1]).startswith("slot 11: its answer could not be sent")
+        assert "_thread.lock" in str(answer.bugs[1])
+        assert answer.items[1] is None and set(answer.mirrors) == {0, 1}
+        assert answer.mirrors[1].steps_applied == 1  # the step was applied and mirrored
+        assert isinstance(answer.items[0], StepResult)
+        pickle.loads(pickle.dumps(answer))
     finally:
         await shard.close()

@@ -7,6 +7,8 @@ from ._ray_support import require_ray
 require_ray()
 
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -17,6 +19,8 @@ from envlink import (  # noqa: E402
     CallTimeoutError,
     ClientClosedError,
     EnvPool,
+    GenericEnvClient,
+    InvalidActionError,
     SessionLostError,
     StepResult,
 )
@@ -495,6 +499,108 @@ async def test_a_cancelled_batch_keeps_its_slots_busy_until_their_shard_answers(
         await asyncio.wait_for(pool.close(), 60)  # the held steps end with the actors
         assert not pool._cancelled
         assert pool.actors() == actors  # no shard was taken for dead and replaced
+    finally:
+        st.call(lambda s: s.unstall_all())
+        await pool.close()
+
+
+@pytest.mark.parametrize("kind", ["in_process", "ray"])
+async def test_an_action_that_cannot_reach_its_shard_answers_for_its_own_slot(
+        ray_local: Any, threads: Any, kind: str) -> None:
+    """An action Ray cannot pickle to its shard answers InvalidActionError for its own slot,
+    ready-first and in a whole step, as in-process an action JSON cannot carry does:
+    nothing is left to wait on, and the other slots' steps are applied."""
+    st = threads()
+    pool: Any = (EnvPool([st.url], 4) if kind == "in_process"
+                 else RayEnvPool([st.url], 4, shards=2))
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        actions = [{"move": 1}, {"move": 1}, {"move": 1}, {"move": threading.Lock()}]
+        await asyncio.wait_for(pool.step_send(actions), 30)
+        sent = await asyncio.wait_for(pool.step_recv(), 30)
+        whole = await pool.step(actions)
+        for batch in (sent, whole):
+            assert batch.ready == (0, 1, 2, 3)
+            assert isinstance(batch[3], InvalidActionError) and batch[3].path.startswith("action")
+            if kind == "ray":
+                assert "slot 3: cannot be pickled to its shard actor" in str(batch[3])
+        assert [whole[i].observation["position"] for i in range(3)] == [2, 2, 2]
+        batch = await pool.step([{"move": 1}] * 4)
+        assert [r.observation["position"] for r in batch.results()] == [3, 3, 3, 1]
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize(("kind", "hops"), [("in_process", 1), ("ray", 1), ("ray", 2)])
+async def test_a_cancelled_step_send_still_sends_every_slot(
+        ray_local: Any, threads: Any, kind: str, hops: int) -> None:
+    """A step_send cancelled once it began (before or after its shards' calls left) still
+    sends every slot, as an in-process one (which never waits) does: step_recv collects
+    each of them, none is left to wait on nothing."""
+    st = threads()
+    pool: Any = (EnvPool([st.url], 4) if kind == "in_process"
+                 else RayEnvPool([st.url], 4, shards=2))
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(pool.step_send([{"move": 1}] * 4))
+        # The cancel lands after the send's first `hops` turns of the loop: at its first
+        # wait (no shard call has left yet), or once each shard's call has left.
+        cancel: Any = task.cancel
+        for _ in range(hops - 1):
+            cancel = (lambda inner: lambda: loop.call_soon(inner))(cancel)
+        loop.call_soon(cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        batch = await asyncio.wait_for(pool.step_recv(), 30)
+        assert batch.ready == (0, 1, 2, 3)
+        assert [r.observation["position"] for r in batch.results()] == [1] * 4
+        batch = await pool.step([{"move": 1}] * 4)
+        assert [r.observation["position"] for r in batch.results()] == [2] * 4
+    finally:
+        await pool.close()
+
+
+async def test_an_answer_that_cannot_reach_the_driver_fails_its_own_slot_only(
+        ray_local: Any, threads: Any) -> None:
+    """A collected step whose result cannot be pickled to the driver is raised for its own
+    (driver) slot; the shard's held step stays in flight, refused as such with the
+    driver's slot number, and answers once freed."""
+
+    class Unpicklable(GenericEnvClient):
+        """Answers the action "lock" without the server, with an unpicklable observation."""
+
+        async def step(self, action: Any, **kwargs: Any) -> Any:
+            if action == "lock":
+                return StepResult(observation={"lock": threading.Lock()}, reward=0.0,
+                                  done=False)
+            return await super().step(action, **kwargs)
+
+    st = threads()
+    pool = RayEnvPool([st.url], 4, shards=2, client=Unpicklable)
+    try:
+        assert (await pool.reset(seeds=0)).ok
+        before = _stall_next(st)
+        # Slot 2 is held at the server; slot 3 (the same shard) answers at once.
+        await pool.step_send([None, None, {"move": 1}, "lock"], mask=[False, False, True, True])
+        await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
+
+        def release_others(server: Any) -> None:
+            for handle in server.connections:
+                if not handle.stalled:
+                    handle.faults.stall_after = None
+
+        st.call(release_others)
+        with pytest.raises(RuntimeError, match=r"^slot 3: its answer could not be sent"):
+            await pool.step_recv(min_ready=1, timeout=30)
+        with pytest.raises(ValueError, match=r"slots \[2\] still have a call in flight"):
+            await pool.step([None, None, {"move": 1}, None], mask=[False, False, True, False])
+        st.call(lambda s: s.unstall_all())
+        rest = await asyncio.wait_for(pool.step_recv(), 30)
+        assert rest.ready == (2,) and rest.stragglers == ()
+        assert isinstance(rest[2], StepResult) and rest[2].observation["position"] == 1
+        batch = await pool.step([{"move": 1}] * 4)
+        assert [r.observation["position"] for r in batch.results()] == [1, 1, 2, 1]
     finally:
         st.call(lambda s: s.unstall_all())
         await pool.close()

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pickle
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate
@@ -213,10 +213,14 @@ class Shard:
 
     Args:
         spec: the shard's number, its slots, the pool options and telemetry.
+        dumps: how the answers are pickled to the driver (``envlink.ray`` gives Ray's
+            own), to find a receive's answer that could not cross.
     """
 
-    def __init__(self, spec: ShardSpec) -> None:
+    def __init__(self, spec: ShardSpec,
+                 dumps: Callable[[Any], bytes] = pickle.dumps) -> None:
         self.spec = spec
+        self._dumps = dumps
         self._handle: TelemetryHandle | None = None
         tracer_provider = meter_provider = None
         if spec.telemetry is not None and spec.telemetry.otlp_endpoint:
@@ -283,12 +287,13 @@ class Shard:
         Steps sent while it waits count too: the first answer of any of them ends the
         wait (not only the answers of the steps in flight when the wait began). A
         step that raised a caller's bug is answered in ``bugs``, not raised, so that
-        the other slots' answers and mirrors still reach the driver.
+        the other slots' answers and mirrors still reach the driver. So is an answer
+        that could not be pickled to the driver (its slot is collected here either way).
         """
         bugs: dict[int, Exception] = {}
         with self._span("recv", carrier, 1):
             batch = await self.pool.step_recv_first(bugs=bugs)
-        return self._answer(batch, bugs)
+        return self._deliverable(self._answer(batch, bugs))
 
     async def restore(self, slots: Mapping[int, SlotRestore],
                       carrier: Mapping[str, str] | None = None
@@ -330,6 +335,29 @@ class Shard:
                            autoreset=batch.autoreset, final=dict(batch.final),
                            mirrors=mirrors, view=self.pool.view(),
                            bugs={i: _portable(exc) for i, exc in (bugs or {}).items()})
+
+    def _deliverable(self, answer: ShardAnswer) -> ShardAnswer:
+        """``answer``, with each slot whose result cannot be pickled to the driver answered
+        as a bug instead: a receive that failed to cross would lose the slots it collected
+        while the driver could not tell them from those still in flight."""
+        try:
+            self._dumps((answer.items, answer.final))
+        except Exception:
+            pass
+        else:
+            return answer
+        items, final, bugs = list(answer.items), dict(answer.final), dict(answer.bugs)
+        for j in answer.ready:
+            try:
+                self._dumps((items[j], final.get(j)))
+            except Exception as exc:
+                bugs[j] = RuntimeError(
+                    f"slot {self.spec.offset + j}: its answer could not be sent from its "
+                    f"shard actor to the driver ({type(exc).__qualname__}: {exc})")
+                items[j] = None
+                final.pop(j, None)
+        return replace(answer, items=items, final=final, bugs=bugs,
+                       autoreset=tuple(j for j in answer.autoreset if j not in bugs))
 
     def _raised(self, mask: Sequence[bool], exc: Exception) -> ShardAnswer:
         """A whole-batch call that raised: the pool raises a caller's bug only once every
