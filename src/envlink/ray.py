@@ -637,7 +637,8 @@ class RayEnvPool(AsyncPool[ActT, ObsT]):
         try:
             ref = getattr(actor, method).remote(*args)
         except TypeError as exc:  # what Ray raises for an argument it cannot pickle
-            raise _NotSent(str(exc)) from exc
+            lines = str(exc).strip().splitlines()  # (then a long report of Ray's)
+            raise _NotSent(lines[0] if lines else type(exc).__name__) from exc
         try:
             async with bounded(wait) as expiry:
                 return await ref

@@ -508,7 +508,7 @@ async def test_a_cancelled_batch_keeps_its_slots_busy_until_their_shard_answers(
 async def test_an_action_that_cannot_reach_its_shard_answers_for_its_own_slot(
         ray_local: Any, threads: Any, kind: str) -> None:
     """An action Ray cannot pickle to its shard answers InvalidActionError for its own slot,
-    ready-first and in a whole step, as in-process an action JSON cannot carry does:
+    ready-first, in a whole step or reset, as in-process a value JSON cannot carry does:
     nothing is left to wait on, and the other slots' steps are applied."""
     st = threads()
     pool: Any = (EnvPool([st.url], 4) if kind == "in_process"
@@ -527,6 +527,14 @@ async def test_an_action_that_cannot_reach_its_shard_answers_for_its_own_slot(
         assert [whole[i].observation["position"] for i in range(3)] == [2, 2, 2]
         batch = await pool.step([{"move": 1}] * 4)
         assert [r.observation["position"] for r in batch.results()] == [3, 3, 3, 1]
+        # Reset arguments that cannot be pickled: no slot's own value, the whole call.
+        refused = await pool.reset(seeds=0, mask=[False, False, False, True],
+                                   bad=threading.Lock())
+        assert isinstance(refused[3], InvalidActionError)
+        assert refused[3].path.startswith("reset")
+        if kind == "ray":
+            assert "slot 3: the call to its shard actor cannot be pickled" in str(refused[3])
+            assert "\n" not in str(refused[3])  # Ray's first line, not its long report
     finally:
         await pool.close()
 
