@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -24,6 +25,7 @@ from envlink._sansio.protocol import (
     StepRequest,
     _describe,
     _loads,
+    _ObservationModel,
     decode_request,
     decode_response,
     encode_data_request,
@@ -270,7 +272,49 @@ def test_each_frame_is_validated_as_the_tagged_union_validates_it(
         assert str(caught.value) == f"invalid {kind!r} frame: {_describe(exc)}"
         return
     got = decode_response(json.dumps(obj))
+    _assert_same_frame(got, expected, obj)
+
+
+def _assert_same_frame(got: object, expected: BaseModel, obj: dict[str, object]) -> None:
+    if isinstance(got, ObservationFrame):  # a record of the model's id and the raw data
+        assert type(expected) is _ObservationModel
+        assert got.id == expected.id
+        assert got.raw_data == obj["data"]
+        got, expected = got.data, expected.data
     assert type(got) is type(expected)
+    assert isinstance(got, BaseModel)
     # Compared as text: a NaN field is equal only to itself, never to the other NaN.
     assert repr(got.model_dump()) == repr(expected.model_dump())
     assert got.model_fields_set == expected.model_fields_set
+
+
+@pytest.mark.parametrize("field", [
+    ("reward", 10 ** 400), ("reward", -(10 ** 400)), ("reward", sys.float_info.max),
+    ("reward", -sys.float_info.max), ("reward", 2 ** 53 + 1), ("reward", 3), ("reward", True),
+    ("reward", "0.5"), ("reward", math.nan), ("reward", math.inf), ("reward", None),
+    ("done", 0), ("done", 1), ("done", "true"), ("done", None), ("metadata", []),
+    ("metadata", None), ("metadata", {"k": 1}), ("observation", None), ("observation", []),
+    ("id", 5), ("id", None), ("id", ""), ("data", []), ("data", None), ("type", "Observation"),
+])
+def test_observation_checks_accept_and_refuse_what_the_model_does(
+        field: tuple[str, object]) -> None:
+    """The observation frame's own checks give, at each edge of each field, the model's
+    frame or the union's error."""
+    key, value = field
+    obj: dict[str, object] = {"type": "observation", "data": {
+        "observation": {"a": 1}, "reward": 0.5, "done": False, "metadata": {}, "extra": 1}}
+    if key in ("id", "data", "type"):
+        obj[key] = value
+    else:
+        obj["data"][key] = value  # type: ignore[index]
+    raw = json.dumps(obj)
+    try:
+        expected = _RESPONSE_ADAPTER.validate_python(json.loads(raw))
+    except ValidationError as exc:
+        with pytest.raises(ProtocolError) as caught:
+            decode_response(raw)
+        if key != "type":
+            assert str(caught.value) == f"invalid 'observation' frame: {_describe(exc)}"
+        return
+    got = decode_response(raw)
+    _assert_same_frame(got, expected, json.loads(raw))

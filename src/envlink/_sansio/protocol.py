@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -31,7 +32,7 @@ from pydantic_core import PydanticSerializationError, SchemaSerializer, core_sch
 
 from envlink._errors import InvalidActionError, ProtocolError, ServerError
 from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES, check_json_values
-from envlink._speedups import json_parser, json_scanner
+from envlink._speedups import json_parser, json_scanner, new_record
 
 __all__ = [
     "EXTENSION_HEADER",
@@ -468,14 +469,37 @@ class ErrorData(_Lenient):
         return None
 
 
-class ObservationFrame(_Lenient):
-    """``{"type": "observation", "data": {"observation": ..., "reward": r, "done": b}}``."""
+class _ObservationModel(_Lenient):
+    """The schema of an observation frame: what :func:`decode_response` checks, and the
+    model that words what is wrong with one (built only when a frame needs it)."""
 
     type: Literal["observation"]
     data: ObservationData
     id: str | None = None
-    #: The ``data`` object exactly as received, for ``_parse_result`` hooks.
-    raw_data: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+
+class _ObservationFields(NamedTuple):
+    id: str | None
+    raw_data: dict[str, Any]
+
+
+class ObservationFrame(_ObservationFields):
+    """``{"type": "observation", "data": {"observation": ..., "reward": r, "done": b}}``.
+
+    Attributes:
+        id: the request id the frame answers, if the server sent one.
+        raw_data: the ``data`` object exactly as received, for ``_parse_result`` hooks.
+    """
+
+    __slots__ = ()
+    # A record rather than a model: a step builds it in a fraction of a model's
+    # instructions, once the frame has passed every check of ``_ObservationModel``.
+    type: ClassVar[Literal["observation"]] = "observation"
+
+    @property
+    def data(self) -> ObservationData:
+        """``raw_data`` as the validated model (built on each read; nothing hot reads it)."""
+        return ObservationData.model_validate(self.raw_data)
 
 
 class StateFrame(_Lenient):
@@ -505,13 +529,14 @@ class McpFrame(_Lenient):
 
 
 ResponseFrame = Annotated[
-    ObservationFrame | StateFrame | ErrorFrame | McpFrame, Field(discriminator="type")
+    _ObservationModel | StateFrame | ErrorFrame | McpFrame, Field(discriminator="type")
 ]
-_RESPONSE_ADAPTER: TypeAdapter[ObservationFrame | StateFrame | ErrorFrame | McpFrame] = (
+_RESPONSE_ADAPTER: TypeAdapter[_ObservationModel | StateFrame | ErrorFrame | McpFrame] = (
     TypeAdapter(ResponseFrame, config=_DEFERRED)
 )
-_RESPONSE_MODELS: dict[str, type[ObservationFrame | StateFrame | ErrorFrame | McpFrame]] = {
-    "observation": ObservationFrame, "state": StateFrame, "error": ErrorFrame, "mcp": McpFrame}
+_RESPONSE_MODELS: dict[str, type[_ObservationModel | StateFrame | ErrorFrame | McpFrame]] = {
+    "observation": _ObservationModel, "state": StateFrame, "error": ErrorFrame,
+    "mcp": McpFrame}
 _RESPONSE_TYPES = frozenset(_RESPONSE_MODELS)
 
 
@@ -550,7 +575,23 @@ def decode_response(
             obj = _loads(raw, code="", parsed=False)
     else:
         obj = _loads(raw, code="")
-    if not isinstance(obj, dict):
+    if type(obj) is dict and obj.get("type") == "observation":
+        # The common answer, checked here field by field as _ObservationModel would
+        # check it; anything this does not accept goes to the model, which decides.
+        data = obj.get("data")
+        if type(data) is dict:
+            request_id = obj.get("id")
+            reward = data.get("reward")
+            done = data.get("done", False)
+            metadata = data.get("metadata")
+            if (type(data.get("observation")) is dict
+                    and (reward is None or ((type(reward) is float or type(reward) is int)
+                                            and -_FLOAT_MAX < reward < _FLOAT_MAX))
+                    and (done is False or done is True)
+                    and (metadata is None or type(metadata) is dict)
+                    and (request_id is None or type(request_id) is str)):
+                return new_record(ObservationFrame, (request_id, data))
+    elif not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
     kind = obj.get("type")
     if "type" not in obj:
@@ -560,7 +601,7 @@ def decode_response(
     model = _RESPONSE_MODELS[kind]
     try:
         # The frame's own model, as the tagged union would pick it, without the union.
-        frame: ObservationFrame | StateFrame | ErrorFrame | McpFrame = (
+        frame: _ObservationModel | StateFrame | ErrorFrame | McpFrame = (
             model.__pydantic_validator__.validate_python(obj))
     except ValidationError:
         try:  # the union's error, whose locations name the frame type
@@ -568,7 +609,9 @@ def decode_response(
         except ValidationError as exc:
             raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
         raise  # pragma: no cover - the union accepts nothing its member refuses
-    if model is ObservationFrame or model is ErrorFrame:
+    if isinstance(frame, _ObservationModel):
+        return new_record(ObservationFrame, (frame.id, obj["data"]))
+    if type(frame) is ErrorFrame:
         # The frame was just built and nobody else holds it: set the exact ``data``
         # object on it in place rather than copy the whole (frozen) model for one field.
         object.__setattr__(frame, "raw_data", obj["data"])
@@ -589,6 +632,7 @@ def encode_response(
 
 
 _parse: Callable[[str], Any] | None = json_parser()
+_FLOAT_MAX = sys.float_info.max
 _scan: Callable[[str, int], tuple[Any, int]] | None = json_scanner()
 
 
