@@ -76,3 +76,22 @@ async def test_no_secret_anywhere(server: EnvServer, otel: Otel) -> None:
     assert PASSWORD not in text
     assert "alice" not in text and "carol" not in text
     assert token not in text
+
+
+async def test_the_handshake_headers_are_not_kept(server: EnvServer) -> None:
+    """After the upgrade, the connection keeps neither the request's headers (the
+    Authorization header) nor the response's (the session token), once read."""
+    env = GenericEnvClient(f"ws://127.0.0.1:{server.port}", headers={"Authorization": SECRET},
+                           on_session_lost="resume")
+    try:
+        await env.reset()
+        assert env._resume_token  # read from the response before it was emptied
+        conn = env._driver.connector.conn
+        assert conn is not None
+        ws = conn._ws  # type: ignore[attr-defined]
+        assert ws.request is None
+        assert ws.response is not None and ws.response.status_code == 101
+        assert list(ws.response.headers.raw_items()) == []
+        await env.step({"message": "x"})
+    finally:
+        await env.close()

@@ -354,6 +354,9 @@ async def open_connection(
     response_headers: dict[str, str] = {}
     if ws.response is not None:
         response_headers = {k: v for k, v in ws.response.headers.raw_items()}
+        # Read once, here: emptied, the response the connection keeps no longer holds
+        # the headers' two dozen objects per session, nor the session token among them.
+        ws.response.headers.clear()
     # Nothing reads the upgrade request after the handshake: not keeping it spares each
     # session its headers (a third of an idle session's handshake memory) and keeps its
     # credentials (Authorization, the resume token) no longer than the handshake.
