@@ -27,6 +27,7 @@ __all__ = [
     "SWITCH",
     "baggage_key",
     "composite_parts",
+    "context_attacher",
     "current_context_getter",
     "json_parser",
     "json_scanner",
@@ -34,6 +35,7 @@ __all__ = [
     "meter_provider_checks",
     "new_record",
     "running_loop_getter",
+    "span_context_fields",
     "span_key",
     "task_of_loop_getter",
     "text_sender",
@@ -157,6 +159,41 @@ def current_context_getter() -> Callable[[], Any]:
             var, contextvars.ContextVar):
         return var.get
     return context.get_current
+
+
+def context_attacher() -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """``(attach, detach)``: OpenTelemetry's, or the context variable's ``set``/``reset``.
+
+    The API's functions ask the runtime context object, which asks its
+    ``ContextVar`` (and ``detach`` logs a failure instead of raising: a caller of
+    the fast path catches it itself): two Python calls each per span.
+    """
+    from opentelemetry import context
+
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if ENABLED and type(runtime).__name__ == "ContextVarsRuntimeContext" and isinstance(
+            var, contextvars.ContextVar):
+        return var.set, var.reset
+    return context.attach, context.detach
+
+
+def span_context_fields() -> bool:
+    """Whether a ``SpanContext`` is the tuple ``(trace_id, span_id, is_remote,
+    trace_flags, trace_state, is_valid)``, to be unpacked in one step instead of
+    read through four Python properties (checked on a sample)."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    if not ENABLED:
+        return False
+    state = TraceState([("k", "v")])
+    sample = SpanContext(3, 5, True, TraceFlags(1), state)
+    try:
+        fields = tuple(sample)
+    except TypeError:  # pragma: no cover - not a tuple any more
+        return False
+    return fields == (3, 5, True, 1, state, True) and fields[3] is sample.trace_flags \
+        and fields[4] is sample.trace_state and not SpanContext(0, 0, False)[5]
 
 
 def lock_fast_path() -> bool:

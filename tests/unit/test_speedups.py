@@ -125,6 +125,33 @@ def test_composite_parts_are_the_propagators_it_was_given() -> None:
     assert found is None or [type(p) for p in found] == [type(p) for p in parts]
 
 
+def test_the_context_attacher_makes_the_context_current_as_attach_does() -> None:
+    """The fast attach makes a context current and its detach restores the one before."""
+    attach, detach = _speedups.context_attacher()
+    before = otel_context.get_current()
+    ctx = otel_context.set_value("envlink-test", 1)
+    token = attach(ctx)
+    try:
+        assert otel_context.get_current() is ctx
+    finally:
+        detach(token)
+    assert otel_context.get_current() is before
+
+
+@pytest.mark.parametrize("state", [trace.DEFAULT_TRACE_STATE,
+                                   trace.TraceState([("vendor", "x")])])
+@pytest.mark.parametrize("flags", [0, 1])
+def test_span_context_fields_unpack_to_the_properties(flags: int,
+                                                      state: trace.TraceState) -> None:
+    """Where the fast path unpacks a span context, its fields are what the properties say."""
+    span_context = trace.SpanContext(0xABC, 0xDEF, False, trace.TraceFlags(flags), state)
+    if not _speedups.span_context_fields():
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH}), or the layout changed")
+    trace_id, span_id, is_remote, trace_flags, trace_state, valid = span_context
+    assert (trace_id, span_id, is_remote, valid) == (0xABC, 0xDEF, False, True)
+    assert trace_flags is span_context.trace_flags and trace_state is span_context.trace_state
+
+
 def test_the_provider_checks_agree_with_the_public_api() -> None:
     """While no global provider is set, fast and public checks both say so."""
     tracer_unset = _speedups.tracer_provider_unset_check()

@@ -20,7 +20,13 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from envlink._speedups import baggage_key, composite_parts, current_context_getter, span_key
+from envlink._speedups import (
+    baggage_key,
+    composite_parts,
+    current_context_getter,
+    span_context_fields,
+    span_key,
+)
 
 __all__ = ["trace_carrier"]
 
@@ -32,10 +38,15 @@ _checked: tuple[Any, bool, bool] = (None, False, False)
 _get_current = current_context_getter()
 _get_current_span = trace.get_current_span
 _get_global_textmap = propagate.get_global_textmap
-_INVALID = trace.INVALID_SPAN_CONTEXT
 _Span = trace.Span
+_INVALID = trace.INVALID_SPAN_CONTEXT
 _NO_STATE = trace.DEFAULT_TRACE_STATE
 _TRACEPARENT = "00-%032x-%016x-%02x"
+#: Types of spans already found to be ``trace.Span``s: one set look-up instead of the
+#: ABC's ``isinstance`` per frame (bounded: span classes are a handful).
+_SPAN_TYPES: set[type] = set()
+#: Whether a span context unpacks into its fields (see ``_speedups``).
+_UNPACK = span_context_fields()
 #: The context key of the baggage, when known; without it, the public ``baggage.get_all``.
 _BAGGAGE_KEY: Any = baggage_key()
 #: The context key of the current span, when known; without it, ``get_current_span``.
@@ -79,14 +90,21 @@ def trace_carrier() -> dict[str, str]:
         span = ctx.get(_SPAN_KEY)
         if span is None:  # no span: what get_current_span gives is the invalid one
             return {}
-        if not isinstance(span, _Span):  # as get_current_span: the invalid one
-            return {}
+        if type(span) not in _SPAN_TYPES:
+            if not isinstance(span, _Span):  # as get_current_span: the invalid one
+                return {}
+            if len(_SPAN_TYPES) < 64:
+                _SPAN_TYPES.add(type(span))
     else:
         span = _get_current_span(ctx)
     span_context = span.get_span_context()
-    if span_context == _INVALID:
+    if span_context == _INVALID:  # what the W3C propagator leaves out (not `is_valid`)
         return {}
-    state = span_context.trace_state
+    if _UNPACK:
+        trace_id, span_id, _, flags, state, _ = span_context
+    else:
+        trace_id, span_id, flags, state = (span_context.trace_id, span_context.span_id,
+                                           span_context.trace_flags, span_context.trace_state)
     # A root span's state is the shared default one: no Mapping length call for it.
     if state is not _NO_STATE and state:
         carrier = {}
@@ -94,5 +112,4 @@ def trace_carrier() -> dict[str, str]:
         return carrier
     # TraceContextTextMapPropagator.inject's format, written directly as it runs per request
     # (docs/performance.md, hot path).
-    return {"traceparent": _TRACEPARENT % (span_context.trace_id, span_context.span_id,
-                                           span_context.trace_flags)}
+    return {"traceparent": _TRACEPARENT % (trace_id, span_id, flags)}

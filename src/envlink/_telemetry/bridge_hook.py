@@ -191,26 +191,27 @@ class BridgeTelemetryHook:
         if token is None:
             return
         try:
-            tel = self._tel
             method = call.method
-            info = _method_infos.get(method) or _method_info(method)
             error = call.error
-            attrs = info.attributes(call.outcome,
-                                    None if error is None else error_type_of(error))
-            wait = call.queue_wait
-            if error is not None:
-                tel.bridge_wait_duration.record(wait, attrs)
-            else:
+            sampled = True
+            if error is None:
                 seen = self._seen
                 n = seen.get(method)
                 if n is None:  # a method's first call, or one past the bound: recorded
                     if len(seen) < _MAX_SAMPLED_METHODS:  # names come from code; bounded
                         seen[method] = 1
-                    tel.bridge_wait_duration.record(wait, attrs)
                 else:
                     seen[method] = n + 1
-                    if n % self.wait_sample == 0:
-                        tel.bridge_wait_duration.record(wait, attrs)
+                    sampled = n % self.wait_sample == 0
+                if not sampled and type(token) is BridgeHop and token.claimed:
+                    return  # the client's span covers the call and shows the wait
+            tel = self._tel
+            info = _method_infos.get(method) or _method_info(method)
+            attrs = info.attributes(call.outcome,
+                                    None if error is None else error_type_of(error))
+            wait = call.queue_wait
+            if sampled:
+                tel.bridge_wait_duration.record(wait, attrs)
             if type(token) is BridgeHop:
                 if token.claimed:
                     return  # the client's span covers the call and shows the wait

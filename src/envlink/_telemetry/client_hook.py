@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider
 
@@ -28,6 +29,7 @@ from envlink._client.events import (
 from envlink._config import check_number
 from envlink._errors import ServerError
 from envlink._sansio.policies import RecoveryMechanism
+from envlink._speedups import context_attacher, current_context_getter
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
     BRIDGE_HOP,
@@ -35,7 +37,6 @@ from envlink._telemetry.instruments import (
     end_current_span,
     error_type_of,
     get_telemetry,
-    start_current_span,
 )
 from envlink.names import (
     ATTR_ATTEMPT,
@@ -118,25 +119,67 @@ _CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
     "envlink_call_span", default=None)
 
 
-class _CallToken:
-    """A call's span, its context token, and whether it records (asked once)."""
+class _Method:
+    """What every call of one method to one endpoint shares, built once per client.
 
-    __slots__ = ("context", "recording", "reset", "rpc", "span")
+    The span's start attributes (those of the last session and episode seen, kept
+    while they stay the same, as they do for every step of an episode), the
+    successful call's duration attributes: the hot path looks up one object and
+    allocates no dict of its own.
+    """
 
-    def __init__(self, span: Span, context: object, rpc: bool) -> None:
-        self.span = span
-        self.context = context  # the token of the span's attached context; None: no span
-        self.rpc = rpc
-        self.recording = recording = span.is_recording()
-        self.reset = _CALL_SPAN.set(span) if recording else None
+    __slots__ = ("address", "base", "episode_id", "kind", "ok_attrs", "port", "rpc",
+                 "session_attrs", "session_id")
+
+    def __init__(self, method: str, address: str, port: int) -> None:
+        self.address = address
+        self.port = port
+        self.rpc = rpc = method not in _NOT_RPC
+        self.kind = _CLIENT if rpc else _INTERNAL
+        base: dict[str, Any] = {ATTR_SERVER_ADDRESS: address, ATTR_SERVER_PORT: port}
+        if rpc:
+            base[ATTR_RPC_SYSTEM] = RPC_SYSTEM
+            base[ATTR_RPC_METHOD] = method
+        self.base = base
+        #: The session and episode of ``session_attrs``.
+        self.session_id: str | None = None
+        self.episode_id: str | None = None
+        self.session_attrs = base
+        self.ok_attrs: dict[str, Any] = {
+            ATTR_RPC_SYSTEM: RPC_SYSTEM, ATTR_SERVER_ADDRESS: address,
+            ATTR_SERVER_PORT: port, ATTR_RPC_METHOD: method, ATTR_OUTCOME: OUTCOME_OK}
+
+    def start_attributes(self, session_id: str | None,
+                         episode_id: str | None) -> dict[str, Any]:
+        """The span's start attributes for this session and episode (no bridge hop)."""
+        if not self.rpc:
+            return self.base
+        if session_id != self.session_id or episode_id != self.episode_id:
+            attrs = dict(self.base)
+            if session_id is not None:
+                attrs[ATTR_SESSION_ID] = session_id
+            if episode_id is not None:
+                attrs[ATTR_EPISODE_ID] = episode_id
+            self.session_id = session_id
+            self.episode_id = episode_id
+            self.session_attrs = attrs
+        return self.session_attrs
 
 
-# Tokens of calls traced without a span (no SDK, or tracing off): shared, never allocated.
-_NO_SPAN_RPC = _CallToken(INVALID_SPAN, None, True)
-_NO_SPAN_OTHER = _CallToken(INVALID_SPAN, None, False)
+#: A call's token: its span, the token of the span's attached context (``None``: no
+#: span), its :class:`_Method`, whether the span records (asked once), the token of
+#: ``_CALL_SPAN`` (while it records) and the span's context (its measurements' context).
+#: A tuple, not an object: built per call without an ``__init__`` frame.
+_Token = tuple[Span, Any, "_Method | None", bool, Any, Any]
+#: The token of every call traced without a span (no SDK, tracing off, the SDK failed).
+_NO_SPAN: _Token = (INVALID_SPAN, None, None, False, None, None)
+
 _perf = time.perf_counter
 _CLIENT = SpanKind.CLIENT
 _INTERNAL = SpanKind.INTERNAL
+_get_current = current_context_getter()
+_attach, _detach = context_attacher()
+_set_span_in_context = trace.set_span_in_context
 
 #: Default: one message in this many (per direction) is recorded in
 #: ``envlink.client.message.size``, the first one included.
@@ -181,83 +224,106 @@ class ClientTelemetryHook(ClientHook):
         #: Calls in flight, by method; read when the SDK collects envlink.client.inflight.
         self.inflight: dict[str, int] = {}
         self.tel.add_inflight_source(self)
-        # Attribute dicts built once per client (per method), not per call.
-        self._span_attrs: dict[str, dict[str, Any]] = {}
-        self._ok_attrs: dict[str, dict[str, Any]] = {}
+        #: Per method: what its calls share (attribute dicts built once, not per call).
+        self._methods: dict[str, _Method] = {}
 
     # ------------------------------------------------------------------ calls
 
-    def call_started(self, call: CallStarted) -> _CallToken:
-        tel = self.tel
+    def _method(self, call: CallStarted | CallFinished) -> _Method:
+        """The :class:`_Method` of ``call``'s method and endpoint."""
+        info = self._methods.get(call.method)
+        if info is None or info.address != call.server_address \
+                or info.port != call.server_port:
+            info = _Method(call.method, call.server_address, call.server_port)
+            self._methods[call.method] = info
+        return info
+
+    def call_started(self, call: CallStarted) -> _Token:
         method = call.method
         rpc = method not in _NOT_RPC
         if rpc:
             inflight = self.inflight
             count = inflight.get(method)
             if count is None:  # first call of this method: its series exists from now on
-                tel.inflight_methods.add(method)
+                self.tel.inflight_methods.add(method)
                 count = 0
             inflight[method] = count + 1
         hop = BRIDGE_HOP.get()
-        if hop is not None and not hop.claim():
-            hop = None
+        if hop is not None:
+            if hop.claimed:
+                hop = None
+            else:
+                hop.claimed = True
+        tel = self.tel
         if not tel.tracing_enabled():
-            return _NO_SPAN_RPC if rpc else _NO_SPAN_OTHER
-        base = self._span_attrs.get(method)
-        if base is None or base[ATTR_SERVER_ADDRESS] != call.server_address \
-                or base[ATTR_SERVER_PORT] != call.server_port:
-            base = {ATTR_SERVER_ADDRESS: call.server_address, ATTR_SERVER_PORT: call.server_port}
-            if rpc:
-                base[ATTR_RPC_SYSTEM] = RPC_SYSTEM
-                base[ATTR_RPC_METHOD] = method
-            self._span_attrs[method] = base
-        attributes = base
-        if rpc and (call.session_id is not None or call.episode_id is not None
-                    or hop is not None):
-            attributes = dict(base)
-            if call.session_id is not None:
-                attributes[ATTR_SESSION_ID] = call.session_id
-            if call.episode_id is not None:
-                attributes[ATTR_EPISODE_ID] = call.episode_id
+            return _NO_SPAN
+        info = self._methods.get(method)
+        if info is None or info.address != call.server_address \
+                or info.port != call.server_port:
+            info = self._method(call)
+        session_id, episode_id = call.session_id, call.episode_id
+        if session_id == info.session_id and episode_id == info.episode_id and info.rpc:
+            attributes = info.session_attrs  # every step of an episode after its first
+        else:
+            attributes = info.start_attributes(session_id, episode_id)
         start_time = None
         if hop is not None:
             # A sync call: this span starts when the caller called and shows the hop.
-            if attributes is base:
-                attributes = dict(base)
+            attributes = dict(attributes)
             attributes[ATTR_BRIDGE_QUEUE_WAIT] = _perf() - hop.submitted
             start_time = hop.start_ns or None
-        started = start_current_span(tel.tracer, method, _CLIENT if rpc else _INTERNAL,
-                                     attributes, start_time)
-        if started is None:  # the SDK failed: the call goes on without its span
-            return _NO_SPAN_RPC if rpc else _NO_SPAN_OTHER
-        return _CallToken(started[0], started[1], rpc)
+        # The current context read once: the span's parent, and the context it is
+        # attached in (the SDK would otherwise read it three times).
+        try:
+            ctx = _get_current()
+            span = tel.tracer.start_span(method, ctx, info.kind, attributes, None, start_time)
+        except Exception:  # a failing span processor must never fail the call
+            return _NO_SPAN
+        try:
+            ctx = _set_span_in_context(span, ctx)
+            attached = _attach(ctx)
+        except Exception:  # pragma: no cover - the context API does not fail
+            try:  # noqa: SIM105
+                span.end()
+            except Exception:
+                pass
+            return _NO_SPAN
+        if span.is_recording():
+            return (span, attached, info, True, _CALL_SPAN.set(span), ctx)
+        return (span, attached, info, False, None, ctx)
 
-    def call_finished(self, call: CallFinished, token: _CallToken) -> None:
-        tel = self.tel
+    def call_finished(self, call: CallFinished, token: _Token) -> None:
+        span, attached, info, recording, reset, ctx = token
         error = call.error
         method = call.method
-        rpc = token.rpc
+        rpc = method not in _NOT_RPC
         if rpc:
             self.inflight[method] -= 1
-        span = token.span
-        if token.recording:
+        if recording:
             if call.queue_wait is not None:
                 span.set_attribute(ATTR_QUEUE_WAIT, call.queue_wait)
             if call.step_index is not None:
                 span.set_attribute(ATTR_STEP_INDEX, call.step_index)
-        if token.reset is not None:
-            _CALL_SPAN.reset(token.reset)
+            _CALL_SPAN.reset(reset)
+        tel = self.tel
         if error is None:
-            if token.context is not None:
-                end_current_span(span, token.context, None)
-            if rpc and tel.metrics_enabled():
-                attrs = self._ok_attrs.get(method)
-                if attrs is None or attrs[ATTR_SERVER_ADDRESS] != call.server_address \
-                        or attrs[ATTR_SERVER_PORT] != call.server_port:
-                    attrs = self._duration_attrs(call, None)
-                    self._ok_attrs[method] = attrs
+            if attached is not None:
                 try:  # noqa: SIM105 - runs on every call (docs/performance.md, hot path)
-                    tel.call_duration.record(call.duration, attrs)
+                    _detach(attached)
+                except Exception:
+                    pass
+                try:  # noqa: SIM105
+                    span.end()
+                except Exception:  # a failing span processor must never fail the call
+                    pass
+            if rpc and tel.metrics_enabled():
+                if info is None or info.address != call.server_address \
+                        or info.port != call.server_port:
+                    info = self._method(call)
+                try:  # noqa: SIM105
+                    # In the call span's context (None: the current one); an exemplar,
+                    # when they are on, then points at the call's own span.
+                    tel.call_duration.record(call.duration, info.ok_attrs, ctx)
                 except Exception:  # telemetry never raises into the caller
                     pass
             return
@@ -267,11 +333,11 @@ class ClientTelemetryHook(ClientHook):
             # never connects makes no protocol call, and the availability SLO and the
             # retry-budget alert must still see it. Failures only: a successful
             # connect is not a call, and costs nothing here.
-            tel.add(tel.errors, 1, {ATTR_RPC_METHOD: method, ATTR_ERROR_TYPE: error_type})
-            _log.info(LOG_CALL_FAILED, method=method, error_type=error_type,
+            tel.add(tel.errors, 1, {ATTR_RPC_METHOD: call.method, ATTR_ERROR_TYPE: error_type})
+            _log.info(LOG_CALL_FAILED, method=call.method, error_type=error_type,
                       error=str(error), session_id=call.session_id)
-        if token.context is not None:
-            end_current_span(span, token.context, error)
+        if attached is not None:
+            end_current_span(span, attached, error)
         if rpc:
             tel.record(tel.call_duration, call.duration, self._duration_attrs(call, error))
 
