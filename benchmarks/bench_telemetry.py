@@ -18,7 +18,17 @@ one run against a baseline (building the hooks' input records only):
 * ``SDK, merged, SDK-default exemplars``: the same with the SDK's default
   ``trace_based`` exemplar filter;
 * ``SDK, nested``: ``nested_spans=True``: the bridge's span and its
-  ``envlink.bridge.call.duration`` as well (the earlier shape, for comparison).
+  ``envlink.bridge.call.duration`` as well (the earlier shape, for comparison);
+* ``SDK, unsampled``: ``configure(trace_sample_ratio=0)``'s sampler, every trace
+  dropped (what an unsampled call costs, metrics still recorded); ``SDK, 1 %
+  sampled``: ``trace_sample_ratio=0.01``;
+* ``SDK floor``: the SDK's own work for the same span and duration record, with
+  nothing of envlink (see :func:`_sdk_floor`).
+
+``--instructions`` counts each configuration under callgrind instead (two windows
+of ``--iterations`` and three times as many calls, each a process of its own; per
+call: the difference over the difference of calls) and prints the SDK path's cost
+against the floor: (SDK, merged - no SDK) / SDK floor.
 
 ``benchmarks/run.py`` measures the same end to end (real server, real threads).
 """
@@ -37,6 +47,7 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from envlink import BridgeCallFinished, BridgeCallStarted
 from envlink._client.events import CallFinished, CallStarted, PhaseFinished, PhaseStarted
@@ -144,6 +155,40 @@ def _per_call(fn: Callable[[], None], iterations: int) -> tuple[float, float]:
             (time.thread_time() - cpu) / iterations)
 
 
+def _instructions(names: list[str], iterations: int) -> int:
+    """Count each configuration's instructions per call under callgrind; print the table."""
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from _callgrind import MARKS_VAR, build_marks, read_total, valgrind_argv
+
+    here = Path(__file__).resolve().parent
+    marks = build_marks(here / "results" / ".callgrind")
+    env = {**os.environ, MARKS_VAR: str(marks), "PYTHONHASHSEED": "0"}
+    per_call: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            totals = []
+            for calls in (iterations, 3 * iterations):
+                dump = Path(tmp) / f"callgrind.{len(per_call)}.{calls}"
+                subprocess.run([*valgrind_argv(dump), sys.executable, __file__, "--count",
+                                name, "--iterations", str(calls)], env=env, check=True)
+                totals.append(read_total(dump))
+            per_call[name] = (totals[1] - totals[0]) / (2 * iterations)
+            print(f"  {name:<40}{per_call[name] / 1000:>10.1f} k instructions per call",
+                  flush=True)
+    floor = per_call["SDK floor (the SDK's work alone)"]
+    added = per_call["SDK, merged (default)"] - per_call["no SDK"]
+    unsampled = per_call["SDK, unsampled (ratio 0)"] - per_call["no SDK"]
+    print(f"python {sys.version.split()[0]}: what the SDK path adds to a sync call "
+          f"(SDK, merged - no SDK) {added / 1000:.1f} k = {added / floor:.3f} x the SDK "
+          f"floor ({floor / 1000:.1f} k); unsampled {unsampled / 1000:.1f} k "
+          f"({unsampled / floor:.3f} x)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=5000)
@@ -151,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", default=None,
                         help="under callgrind (ENVLINK_CALLGRIND_MARKS): count --iterations "
                              "calls of one configuration (its name as printed, or 'SDK floor')")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count every configuration under callgrind (needs valgrind "
+                             "and a C compiler); --iterations: the short window's calls")
     args = parser.parse_args(argv)
 
     tp = TracerProvider()
@@ -171,7 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         "SDK, nested spans": _make_call(BridgeTelemetryHook(tp, mp, nested=True),
                                         ClientTelemetryHook(tp, mp)),
     }
+    sampled: dict[str, TracerProvider] = {}
+    for name, ratio in (("SDK, unsampled (ratio 0)", 0.0), ("SDK, 1 % sampled", 0.01)):
+        sampled[name] = provider = TracerProvider(
+            sampler=ParentBased(TraceIdRatioBased(ratio)))
+        provider.add_span_processor(BatchSpanProcessor(_Drop(), schedule_delay_millis=3_600_000))
+        variants[name] = _make_call(BridgeTelemetryHook(provider, mp, nested=False),
+                                    ClientTelemetryHook(provider, mp))
     variants["SDK floor (the SDK's work alone)"] = _sdk_floor(tp, mp)
+    if args.instructions:
+        return _instructions(list(variants), args.iterations)
     if args.count is not None:
         name = next((n for n in variants if n.startswith(args.count)), None)
         if name is None:
@@ -204,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(added_cpu):>16.1f} [{min(added_cpu):.1f}-"
               f"{max(added_cpu):.1f}]")
     tp.shutdown()
+    for provider in sampled.values():
+        provider.shutdown()
     mp.shutdown()
     mp_exemplars.shutdown()
     return 0
