@@ -552,6 +552,10 @@ INSTR_STEP_VARIANTS: dict[str, tuple[str, str, str]] = {
     "envlink sync": ("envlink", "sync", "off"),
     "envlink async": ("envlink", "async", "off"),
     "envlink sync +SDK": ("envlink", "sync", "sdk"),
+    "envlink async +SDK": ("envlink", "async", "sdk"),
+    # --clients sampled: configure(trace_sample_ratio=0.01).
+    "envlink sync +SDK 1 %": ("envlink", "sync", "sdk-sampled-1pct"),
+    "envlink async +SDK 1 %": ("envlink", "async", "sdk-sampled-1pct"),
 }
 INSTR_BRIDGE_VARIANTS: dict[str, tuple[str, str, str]] = {
     "run_coroutine_threadsafe": ("rcts", "sync", "off"),
@@ -562,6 +566,9 @@ INSTR_RATIOS: dict[str, tuple[str, str]] = {
     "envlink async / openenv async": ("envlink async", "openenv async"),
     "envlink sync / openenv sync": ("envlink sync", "openenv sync"),
     "envlink sync +SDK / envlink sync": ("envlink sync +SDK", "envlink sync"),
+    "envlink async +SDK / envlink async": ("envlink async +SDK", "envlink async"),
+    "envlink sync +SDK 1 % / envlink sync": ("envlink sync +SDK 1 %", "envlink sync"),
+    "envlink async +SDK 1 % / envlink async": ("envlink async +SDK 1 %", "envlink async"),
     "floor sync / openenv sync": ("floor sync (websockets.sync)", "openenv sync"),
     "floor async / openenv async": ("floor async (websockets.asyncio)", "openenv async"),
 }
@@ -733,7 +740,7 @@ def section_instructions(args: argparse.Namespace) -> dict[str, Any]:
             jobs: list[tuple[str, str, tuple[str, str, str], str, str]] = []
             for kind, url in urls.items():
                 for name, spec in INSTR_STEP_VARIANTS.items():
-                    wanted = "sdk" if spec[2] == "sdk" else spec[0]
+                    wanted = {"off": spec[0], "sdk": "sdk"}.get(spec[2], "sampled")
                     if wanted not in clients:
                         continue
                     python = pys["openenv"] if spec[0] == "openenv" else pys["envlink"]
@@ -1061,7 +1068,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", default="envlink,openenv",
                         help="--instructions: servers to count against")
     parser.add_argument("--clients", default="floor,openenv,envlink,sdk,bridge",
-                        help="--instructions: floor, openenv, envlink, sdk, bridge")
+                        help="--instructions: floor, openenv, envlink, sdk, bridge, "
+                             "sampled (1 %% head sampling)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="--instructions, scale-count: client processes per variant")
     parser.add_argument("--jobs", type=int, default=2,
