@@ -356,7 +356,8 @@ def _ratios(samples: dict[str, list[dict[str, Any]]], base: str) -> dict[str, di
     return out
 
 
-def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
+def section_scale(pythons: dict[str, str], quick: bool,
+                  compare_src: str | None = None) -> dict[str, Any]:
     """Sessions on one loop, and threads each owning a sync client, client-bound.
 
     The client is pinned to one core and the servers to the others (one server per
@@ -369,7 +370,7 @@ def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
     client_core, server_cores = scale_cores()
     # Every variant keeps its sessions open between its rounds.
     servers = [envlink_server(pythons["envlink"],
-                              max_sessions=len(SCALE_VARIANTS) * max(SCALE_LEVELS) + 50,
+                              max_sessions=(len(SCALE_VARIANTS) + (3 if compare_src else 0)) * max(SCALE_LEVELS) + 50,
                               name=f"envlink-scale-{core}", cpu=core)
                for core in server_cores]
     drivers: dict[str, Driver] = {}
@@ -382,11 +383,17 @@ def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
         pids = [srv.proc.pid for srv in servers if srv.proc is not None]
         urls = ",".join(srv.base_url for srv in servers)
         pin = ["--cpu", str(client_core)]
-        for name, (client, tel) in SCALE_VARIANTS.items():
+        variants: dict[str, tuple[str, str, dict[str, str] | None]] = {
+            name: (client, tel, None) for name, (client, tel) in SCALE_VARIANTS.items()}
+        if compare_src:  # envlink's rows again, with envlink imported from another tree
+            for name, (client, tel) in SCALE_VARIANTS.items():
+                if client == "envlink":
+                    variants[f"{name} [ref]"] = (client, tel, {"PYTHONPATH": compare_src})
+        for name, (client, tel, env) in variants.items():
             python = pythons["envlink" if client == "envlink" else "openenv"]
-            drivers[name] = Driver(f"scale-{name}", python,
+            drivers[name] = Driver(f"scale-{_slug(name)}", python,
                                    ["--client", client, "--mode", "scale", "--telemetry", tel,
-                                    "--url", urls, *pin])
+                                    "--url", urls, *pin], env=env)
         for level in SCALE_LEVELS:
             per = max(2, total_steps // level)
             log(f"  {level} sessions, {per} steps each")
@@ -403,6 +410,15 @@ def section_scale(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
             level_out["sampled_cpu_x_envlink"] = med_range(
                 [a["cpu_us_per_step"] / b["cpu_us_per_step"]
                  for a, b in zip(sampled, plain, strict=True)])
+            if compare_src:
+                ref = {n: samples[f"{n} [ref]"] for n in
+                       ("envlink", "envlink +SDK", "envlink +SDK, 1% sampled")}
+                level_out["ref_sdk_cpu_x_envlink"] = med_range(
+                    [a["cpu_us_per_step"] / b["cpu_us_per_step"]
+                     for a, b in zip(ref["envlink +SDK"], ref["envlink"], strict=True)])
+                level_out["ref_sampled_cpu_x_envlink"] = med_range(
+                    [a["cpu_us_per_step"] / b["cpu_us_per_step"] for a, b in
+                     zip(ref["envlink +SDK, 1% sampled"], ref["envlink"], strict=True)])
             results["levels"][str(level)] = level_out
         for d in drivers.values():
             d.stop()
@@ -900,6 +916,10 @@ def print_scale(sc: dict[str, Any]) -> None:
             if "sdk_cpu_x_envlink" in lv:
                 print(f"  CPU per step, SDK always on / without: {fmt(lv['sdk_cpu_x_envlink'], 2)};"
                       f" 1% sampled / without: {fmt(lv['sampled_cpu_x_envlink'], 2)}")
+            if "ref_sdk_cpu_x_envlink" in lv:
+                print("  [ref] CPU per step, SDK always on / without: "
+                      f"{fmt(lv['ref_sdk_cpu_x_envlink'], 2)}; 1% sampled / without: "
+                      f"{fmt(lv['ref_sampled_cpu_x_envlink'], 2)}")
             gcs = {n: v for n, v in lv.items() if isinstance(v, dict) and "gc_per_kstep" in v}
             if gcs:
                 print("  GC collections per 1,000 steps / allocated blocks kept per step: " +
@@ -1078,6 +1098,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="--instructions: where the profiles go (default: %(default)s)")
     parser.add_argument("--envlink-python", default=None,
                         help="--instructions: this Python's envlink interpreter, as it is")
+    parser.add_argument("--compare-src", default=None,
+                        help="scale: envlink's rows again, interleaved in the same rounds, "
+                             "with envlink imported from this src directory (marked [ref]): "
+                             "a before/after in one run")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     LOG_DIR.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no results/ yet
@@ -1126,7 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
         res["steps_envlink_server"] = section_steps("envlink", pythons, args.quick)
         res["steps_openenv_server"] = section_steps("openenv", pythons, args.quick)
     if "scale" in only:
-        res["scale"] = section_scale(pythons, args.quick)
+        res["scale"] = section_scale(pythons, args.quick, args.compare_src)
     if "scale-count" in only:
         res["scale_count"] = section_scale_count(pythons, args.quick, max(1, args.repeats))
     if "imports" in only:
