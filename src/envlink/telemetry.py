@@ -233,8 +233,9 @@ def configure(
             sampled parent is always kept, one inside an unsampled parent never).
             Metrics still count every call. Default: every trace, unless
             ``OTEL_TRACES_SAMPLER`` says otherwise. An unsampled call makes no
-            recording span, which removes most of the SDK's cost per call
-            (``docs/performance.md``).
+            recording span, which removes about half of the SDK's cost per call;
+            the duration record that keeps the metrics exact remains
+            (``docs/performance.md``, "The SDK path at scale").
 
     Returns:
         A :class:`TelemetryHandle`; call its ``shutdown()`` before exiting to flush.
