@@ -369,8 +369,9 @@ def section_scale(pythons: dict[str, str], quick: bool,
     total_steps = 3000 if quick else 10000
     client_core, server_cores = scale_cores()
     # Every variant keeps its sessions open between its rounds.
+    variant_count = len(SCALE_VARIANTS) + (3 if compare_src else 0)
     servers = [envlink_server(pythons["envlink"],
-                              max_sessions=(len(SCALE_VARIANTS) + (3 if compare_src else 0)) * max(SCALE_LEVELS) + 50,
+                              max_sessions=variant_count * max(SCALE_LEVELS) + 50,
                               name=f"envlink-scale-{core}", cpu=core)
                for core in server_cores]
     drivers: dict[str, Driver] = {}

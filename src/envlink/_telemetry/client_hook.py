@@ -169,7 +169,7 @@ class _Method:
 #: A call's token: its span, the token of the span's attached context (``None``: no
 #: span), its :class:`_Method`, whether the span records (asked once), the token of
 #: ``_CALL_SPAN`` (while it records) and the span's context (its measurements' context).
-#: A tuple, not an object: built per call without an ``__init__`` frame.
+#: A tuple, not an object: built on every call (docs/performance.md, hot path).
 _Token = tuple[Span, Any, "_Method | None", bool, Any, Any]
 #: The token of every call traced without a span (no SDK, tracing off, the SDK failed).
 _NO_SPAN: _Token = (INVALID_SPAN, None, None, False, None, None)
