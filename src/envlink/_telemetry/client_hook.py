@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider
 
@@ -29,7 +30,7 @@ from envlink._client.events import (
 from envlink._config import check_number
 from envlink._errors import ServerError
 from envlink._sansio.policies import RecoveryMechanism
-from envlink._speedups import context_attacher, current_context_getter
+from envlink._speedups import context_attacher, current_context_getter, span_key
 from envlink._telemetry import logs as _logging
 from envlink._telemetry.instruments import (
     BRIDGE_HOP,
@@ -180,6 +181,9 @@ _INTERNAL = SpanKind.INTERNAL
 _get_current = current_context_getter()
 _attach, _detach = context_attacher()
 _set_span_in_context = trace.set_span_in_context
+_Context = Context
+#: The context key of the current span, when known (see ``_speedups``).
+_SPAN_KEY: Any = span_key()
 
 #: Default: one message in this many (per direction) is recorded in
 #: ``envlink.client.message.size``, the first one included.
@@ -280,7 +284,9 @@ class ClientTelemetryHook(ClientHook):
         except Exception:  # a failing span processor must never fail the call
             return _NO_SPAN
         try:
-            ctx = _set_span_in_context(span, ctx)
+            # set_span_in_context's result, built in one step where the span's key is known.
+            ctx = _Context({**ctx, _SPAN_KEY: span}) if _SPAN_KEY is not None \
+                else _set_span_in_context(span, ctx)
             attached = _attach(ctx)
         except Exception:  # pragma: no cover - the context API does not fail
             try:  # noqa: SIM105
