@@ -276,3 +276,77 @@ async def test_a_result_that_cannot_cross_to_the_driver_is_answered_for_its_slot
         pickle.loads(pickle.dumps(answer))
     finally:
         await shard.close()
+
+
+async def test_a_whole_batch_result_that_cannot_cross_is_raised_with_every_mirror(
+        det_servers: Any) -> None:
+    """A whole-batch step whose result would not pickle to the driver is raised by the call
+    as a RuntimeError naming the driver's slot, every slot's mirror kept, the others'
+    results answered; the shard goes on."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2, client=_LockedObservation))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        answer = await shard.step([{"move": 1}, {"move": 2}], [True, True], None)
+        assert type(answer.raised) is RuntimeError
+        assert str(answer.raised).startswith("slot 11: its answer could not be sent")
+        assert answer.items[1] is None and isinstance(answer.items[0], StepResult)
+        assert set(answer.mirrors) == {0, 1} and answer.mirrors[1].steps_applied == 1
+        arrived = pickle.loads(pickle.dumps(answer))
+        assert str(arrived.raised) == str(answer.raised) and arrived.items[1] is None
+        assert arrived.items[0] == answer.items[0]
+        again = await shard.step([{"move": 1}, {"move": 1}], [True, True], None)
+        assert again.raised is None
+        assert [r.observation["position"] for r in again.items] == [2, 3]
+    finally:
+        await shard.close()
+
+
+class _Unloadable:
+    """Pickles, but its unpickling raises (as a class missing on the driver would)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _refuse, ()
+
+
+def _refuse() -> None:
+    raise ModuleNotFoundError("No module named 'only_on_the_actor'")
+
+
+class _UnloadableObservation(GenericEnvClient):
+    async def step(self, action: Any, **kwargs: Any) -> Any:
+        result = await super().step(action, **kwargs)
+        if action == {"move": 2}:
+            return StepResult(observation={"odd": _Unloadable()}, reward=result.reward,
+                              done=result.done)
+        return result
+
+
+async def test_a_result_that_cannot_be_unpickled_on_the_driver_fails_its_answers_slots(
+        det_servers: Any) -> None:
+    """Results that fail to unpickle where the answer arrives are answered for the slots of
+    that answer (ready-first) or raised by its whole-batch call, naming the driver's
+    slots, every mirror kept: never taken for a dead shard."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2, client=_UnloadableObservation))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        await shard.step_send([None, {"move": 2}], [False, True], None)
+        sent = await shard.step_recv()
+        assert sent.bugs == {} and sent.ready == (1,)
+        arrived = pickle.loads(pickle.dumps(sent))
+        assert set(arrived.bugs) == {1} and type(arrived.bugs[1]) is RuntimeError
+        assert str(arrived.bugs[1]).startswith("slot 11: its answer could not be unpickled")
+        assert "only_on_the_actor" in str(arrived.bugs[1])
+        assert arrived.items[1] is None and set(arrived.mirrors) == {1}
+        assert arrived.mirrors[1].steps_applied == 1
+        whole = pickle.loads(pickle.dumps(
+            await shard.step([{"move": 1}, {"move": 2}], [True, True], None)))
+        assert type(whole.raised) is RuntimeError and set(whole.mirrors) == {0, 1}
+        assert str(whole.raised).startswith("slot 10: its answer could not be unpickled")
+        assert whole.items == [None, None] and whole.mirrors[0].steps_applied == 1
+        fine = pickle.loads(pickle.dumps(
+            await shard.step([{"move": 1}, None], [True, False], None)))
+        assert fine.raised is None and fine.items[0].observation["position"] == 2
+    finally:
+        await shard.close()

@@ -573,7 +573,8 @@ async def test_an_answer_that_cannot_reach_the_driver_fails_its_own_slot_only(
         ray_local: Any, threads: Any) -> None:
     """A collected step whose result cannot be pickled to the driver is raised for its own
     (driver) slot; the shard's held step stays in flight, refused as such with the
-    driver's slot number, and answers once freed."""
+    driver's slot number, and answers once freed. In a whole-batch step it is raised once
+    every slot answered, the other slots' steps kept."""
 
     class Unpicklable(GenericEnvClient):
         """Answers the action "lock" without the server, with an unpicklable observation."""
@@ -609,6 +610,10 @@ async def test_an_answer_that_cannot_reach_the_driver_fails_its_own_slot_only(
         assert isinstance(rest[2], StepResult) and rest[2].observation["position"] == 1
         batch = await pool.step([{"move": 1}] * 4)
         assert [r.observation["position"] for r in batch.results()] == [1, 1, 2, 1]
+        with pytest.raises(RuntimeError, match=r"^slot 3: its answer could not be sent"):
+            await pool.step([{"move": 1}, {"move": 1}, {"move": 1}, "lock"])
+        batch = await pool.step([{"move": 1}] * 4)
+        assert [r.observation["position"] for r in batch.results()] == [3, 3, 4, 2]
     finally:
         st.call(lambda s: s.unstall_all())
         await pool.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -107,8 +108,10 @@ class ShardAnswer:
     ``bugs``: the ready slots whose step raised a caller's bug (a ready-first receive
     collects them per slot, so the driver raises each for its own slot). ``raised``:
     what a whole-batch call (``reset``, ``step``) raised once each of its slots had
-    answered (a caller's bug); ``mirrors`` still hold every slot of the call, so the
-    driver keeps them before it raises it.
+    answered (a caller's bug, or a result that cannot cross to the driver); ``mirrors``
+    still hold every slot of the call, so the driver keeps them before it raises it.
+    ``offset``: the driver's number of the shard's first slot (to name a slot in an
+    error raised on the driver).
     """
 
     items: list[SlotResult[Any]]
@@ -120,6 +123,19 @@ class ShardAnswer:
     view: PoolView | None = None
     bugs: dict[int, Exception] = field(default_factory=dict)
     raised: Exception | None = None
+    offset: int = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A shard's answer crosses with its results pickled by the shard (Ray then copies
+        # bytes): pickled once, the shard knows a slot that cannot cross, and a failure to
+        # unpickle them on the driver is answered for their slots, not as a dead shard.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        packed: tuple[bool, bytes] | None = self.__dict__.get("_packed")
+        if packed is None:
+            return _arrive, (fields, False, None)
+        fields["items"] = len(self.items)
+        fields["final"] = None
+        return _arrive, (fields, *packed)
 
 
 @dataclass(frozen=True)
@@ -213,8 +229,9 @@ class Shard:
 
     Args:
         spec: the shard's number, its slots, the pool options and telemetry.
-        dumps: how the answers are pickled to the driver (``envlink.ray`` gives Ray's
-            own), to find a receive's answer that could not cross.
+        dumps: what pickles an answer's results for the driver where the standard
+            pickler cannot (``envlink.ray`` gives Ray's own, which pickles by value
+            what only the actor can import).
     """
 
     def __init__(self, spec: ShardSpec,
@@ -260,7 +277,7 @@ class Shard:
                                               **kwargs)
         except Exception as exc:
             return self._raised(mask, exc)
-        return self._answer(batch)
+        return self._packed(self._answer(batch), whole=True)
 
     async def step(self, actions: Sequence[Any], mask: Sequence[bool],
                    timeout: float | None,
@@ -272,7 +289,7 @@ class Shard:
                 batch = await self.pool.step(list(actions), list(mask), timeout=timeout)
         except Exception as exc:
             return self._raised(mask, exc)
-        return self._answer(batch)
+        return self._packed(self._answer(batch), whole=True)
 
     async def step_send(self, actions: Sequence[Any], mask: Sequence[bool],
                         timeout: float | None,
@@ -288,12 +305,13 @@ class Shard:
         wait (not only the answers of the steps in flight when the wait began). A
         step that raised a caller's bug is answered in ``bugs``, not raised, so that
         the other slots' answers and mirrors still reach the driver. So is an answer
-        that could not be pickled to the driver (its slot is collected here either way).
+        that could not be pickled to the driver (its slot is collected here either way),
+        or, once there, unpickled.
         """
         bugs: dict[int, Exception] = {}
         with self._span("recv", carrier, 1):
             batch = await self.pool.step_recv_first(bugs=bugs)
-        return self._deliverable(self._answer(batch, bugs))
+        return self._packed(self._answer(batch, bugs), whole=False)
 
     async def restore(self, slots: Mapping[int, SlotRestore],
                       carrier: Mapping[str, str] | None = None
@@ -334,30 +352,32 @@ class Shard:
         return ShardAnswer(items=list(batch), ready=batch.ready, stragglers=batch.stragglers,
                            autoreset=batch.autoreset, final=dict(batch.final),
                            mirrors=mirrors, view=self.pool.view(),
-                           bugs={i: _portable(exc) for i, exc in (bugs or {}).items()})
+                           bugs={i: _portable(exc) for i, exc in (bugs or {}).items()},
+                           offset=self.spec.offset)
 
-    def _deliverable(self, answer: ShardAnswer) -> ShardAnswer:
-        """``answer``, with each slot whose result cannot be pickled to the driver answered
-        as a bug instead: a receive that failed to cross would lose the slots it collected
-        while the driver could not tell them from those still in flight."""
+    def _packed(self, answer: ShardAnswer, *, whole: bool) -> ShardAnswer:
+        """``answer`` with its results pickled once, here, for the driver.
+
+        A slot whose result cannot be pickled is answered instead as a bug for its slot
+        (a ready-first receive: one that failed to cross would lose the slots it
+        collected while the driver could not tell them from those still in flight) or,
+        in a whole-batch call, raised once its slots answered, their mirrors kept.
+        """
         try:
-            self._dumps((answer.items, answer.final))
+            blob = _dumps((answer.items, answer.final), self._dumps)
         except Exception:
-            pass
-        else:
-            return answer
-        items, final, bugs = list(answer.items), dict(answer.final), dict(answer.bugs)
-        for j in answer.ready:
-            try:
-                self._dumps((items[j], final.get(j)))
-            except Exception as exc:
-                bugs[j] = RuntimeError(
-                    f"slot {self.spec.offset + j}: its answer could not be sent from its "
-                    f"shard actor to the driver ({type(exc).__qualname__}: {exc})")
-                items[j] = None
-                final.pop(j, None)
-        return replace(answer, items=items, final=final, bugs=bugs,
-                       autoreset=tuple(j for j in answer.autoreset if j not in bugs))
+            failed: dict[int, Exception] = {}
+            for j, item in enumerate(answer.items):  # rare: find the slots at fault
+                try:
+                    _dumps((item, answer.final.get(j)), self._dumps)
+                except Exception as exc:
+                    failed[j] = RuntimeError(
+                        f"slot {self.spec.offset + j}: its answer could not be sent from "
+                        f"its shard actor to the driver ({type(exc).__qualname__}: {exc})")
+            answer = _without(answer, failed, whole=whole)
+            blob = _dumps((answer.items, answer.final), self._dumps)
+        object.__setattr__(answer, "_packed", (whole, blob))
+        return answer
 
     def _raised(self, mask: Sequence[bool], exc: Exception) -> ShardAnswer:
         """A whole-batch call that raised: the pool raises a caller's bug only once every
@@ -366,7 +386,7 @@ class Shard:
         mirrors = {i: self._mirror(i) for i, chosen in enumerate(mask) if chosen}
         return ShardAnswer(items=[None] * len(mask), ready=(), stragglers=(), autoreset=(),
                            final={}, mirrors=mirrors, view=self.pool.view(),
-                           raised=_portable(exc))
+                           raised=_portable(exc), offset=self.spec.offset)
 
     def _mirror(self, index: int) -> SlotMirror:
         slot = self.pool.slot_record(index)
@@ -398,6 +418,52 @@ class Shard:
                           actions=None if actions is None else tuple(actions[abase:]),
                           actions_base=abase, needs_reset=needs_reset, episodes=episodes,
                           reset_kwargs=reset_kwargs)
+
+
+def _without(answer: ShardAnswer, failed: Mapping[int, Exception], *,
+             whole: bool) -> ShardAnswer:
+    """``answer`` less the slots in ``failed``: each answered as a bug for its slot, or
+    (``whole``: a whole-batch call) the first raised by the call unless it raised one."""
+    if not failed:
+        return answer
+    items, final = list(answer.items), dict(answer.final)
+    for j in failed:
+        items[j] = None
+        final.pop(j, None)
+    autoreset = tuple(j for j in answer.autoreset if j not in failed)
+    if whole:
+        return replace(answer, items=items, final=final, autoreset=autoreset,
+                       raised=answer.raised or next(iter(failed.values())))
+    return replace(answer, items=items, final=final, autoreset=autoreset,
+                   bugs={**answer.bugs, **failed})
+
+
+def _dumps(value: Any, dumps: Callable[[Any], bytes]) -> bytes:
+    """``value`` pickled by the standard pickler (the fast one), else by ``dumps``
+    (Ray's, which also pickles by value what only the actor can import)."""
+    try:
+        return pickle.dumps(value, 5)
+    except Exception:
+        return dumps(value)
+
+
+def _arrive(fields: dict[str, Any], whole: bool, blob: bytes | None) -> ShardAnswer:
+    """A shard's answer where it arrives (the driver): results that fail to unpickle
+    (a class missing on the driver) are answered for their slots, as :func:`_without`
+    does, the mirrors kept."""
+    if blob is None:
+        return ShardAnswer(**fields)
+    try:
+        items, final = pickle.loads(blob)
+    except Exception as exc:
+        answer = ShardAnswer(**{**fields, "items": [None] * fields["items"], "final": {}})
+        failed: dict[int, Exception] = {
+            j: RuntimeError(
+                f"slot {answer.offset + j}: its answer could not be unpickled on the driver, "
+                f"with the others of its shard's answer ({type(exc).__qualname__}: {exc})")
+            for j in answer.ready if j not in answer.bugs}
+        return _without(answer, failed, whole=whole)
+    return ShardAnswer(**{**fields, "items": items, "final": final})
 
 
 def _portable(exc: Exception) -> Exception:
