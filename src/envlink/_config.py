@@ -13,10 +13,12 @@ from envlink._sansio.redact import redact_url
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "UNSET",
+    "CheckedTimeout",
     "ConnectionOptions",
     "Timeout",
     "TimeoutTypes",
     "UnsetType",
+    "call_seconds",
     "check_count",
     "check_number",
     "check_timeout",
@@ -144,6 +146,35 @@ def check_timeout(value: object, name: str = "timeout", *, allow_zero: bool = Fa
                  minimum=0 if allow_zero else None, kind="a number of seconds or None",
                  expected=f"a {'>= 0' if allow_zero else 'positive'} number of seconds or None")
     return float(cast("numbers.Real", value))
+
+
+class CheckedTimeout(float):
+    """A caller's ``timeout=`` that a blocking facade has checked already.
+
+    The facade checks a blocking call's ``timeout=`` once, in the caller's thread, and
+    hands it to the async method as this type, which :func:`call_seconds` takes as it
+    is: one check per call, wherever the call came in.
+    """
+
+    __slots__ = ()
+
+
+def call_seconds(timeout: float | UnsetType | None, default: float | None) -> float | None:
+    """The deadline in seconds of one call given ``timeout=``.
+
+    Args:
+        timeout: what the caller passed; ``UNSET`` for ``default``; a
+            :class:`CheckedTimeout` (or ``None``) is taken as it is, anything else checked.
+        default: the deadline when ``timeout`` is not given.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_timeout`.
+    """
+    if timeout is UNSET:
+        return default
+    if timeout is None or type(timeout) is CheckedTimeout:
+        return timeout
+    return check_timeout(timeout)
 
 
 def check_count(value: object, name: str, *, minimum: int = 0) -> int:

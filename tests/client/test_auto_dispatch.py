@@ -357,38 +357,55 @@ def test_no_stray_async_generator_after_close_in_asyncio_run(
     assert "shutdown_asyncgens" not in done.stderr, done.stderr
 
 
-def _calls_in_this_thread(fn: Any) -> list[tuple[str, str]]:
-    """(module file, function name) of each Python function ``fn()`` calls in this thread."""
-    seen: list[tuple[str, str]] = []
+def _calls_in_both_threads(bridge: Any, fn: Any) -> list[tuple[str, str]]:
+    """(module file, function name) of each Python function ``fn()`` calls, in this
+    thread and on ``bridge``'s loop thread, from the call's start to its end: once per
+    call (a coroutine resumed is not called again)."""
+    frames: list[Any] = []  # kept alive, so that no two calls share an id
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
-            code = frame.f_code
-            seen.append((code.co_filename.replace("\\", "/"), code.co_name))
+            frames.append(frame)
 
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
+    async def watch_loop() -> None:
+        sys.setprofile(profile)
+
+    async def unwatch_loop() -> None:
         sys.setprofile(None)
-    return seen
+
+    bridge.call(watch_loop, timeout=10.0)
+    try:
+        sys.setprofile(profile)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+    finally:
+        bridge.call(unwatch_loop, timeout=10.0)
+    once = {id(frame): frame for frame in frames}.values()
+    return [(frame.f_code.co_filename.replace("\\", "/"), frame.f_code.co_name)
+            for frame in once]
 
 
 @pytest.mark.parametrize("how", ["sync facade", "plain call"])
 def test_a_blocking_step_with_a_timeout_visits_each_layer_once(
         server_thread: ServerThread, how: str) -> None:
     """A blocking step(timeout=), through client.sync() or a plain call, takes the one way
-    in: one blocking_call, one check of the timeout, one deadline (call_deadline), one
-    bridged call, in the caller's thread."""
+    in and visits each layer once, end to end: one blocking_call, one check of the timeout
+    (in the caller's thread: the client on the loop takes the checked value as it is), one
+    deadline (call_deadline), one bridged call, one client step, one driver call."""
     client = GenericEnvClient(base_url=server_thread.url)
     env: Any = client.sync() if how == "sync facade" else client
     try:
         env.reset()
-        seen = _calls_in_this_thread(lambda: env.step({"message": "hi"}, timeout=5.0))
+        seen = _calls_in_both_threads(default_bridge(),
+                                      lambda: env.step({"message": "hi"}, timeout=5.0))
         names = [name for _, name in seen]
         assert names.count("blocking_call") == 1
         assert names.count("check_timeout") == 1
         assert names.count("call_deadline") == 1
         assert [n for path, n in seen if path.endswith("_bridge/bridge.py")].count("call") == 1
+        assert [n for path, n in seen if path.endswith("_client/client.py")].count("step") == 1
+        assert [n for path, n in seen if path.endswith("_client/driver.py")].count("call") == 1
     finally:
         env.close()

@@ -33,7 +33,7 @@ from envlink._config import (
     Timeout,
     TimeoutTypes,
     UnsetType,
-    check_timeout,
+    call_seconds,
 )
 from envlink._errors import (
     ClientClosedError,
@@ -468,7 +468,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 if not self.connected:
                     await driver.connector.open_session("connect", reason="connect")
 
-        await driver.call("connect", self._seconds(timeout), run)
+        await driver.call("connect", call_seconds(timeout, self.timeouts.call), run)
         return self
 
     async def reset(self, *, timeout: float | UnsetType | None = UNSET,
@@ -493,7 +493,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 self._core.answered("reset", data, frame, episode_id=kwargs.get("episode_id"))
                 return _parse(self._parse_result, frame.raw_data, "observation")
 
-        return await driver.call("reset", self._seconds(timeout), run)
+        return await driver.call("reset", call_seconds(timeout, self.timeouts.call), run)
 
     async def step(self, action: ActT, *, timeout: float | UnsetType | None = UNSET,
                    **kwargs: Any) -> StepResult[ObsT]:
@@ -529,7 +529,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 except Exception as exc:
                     raise _parse_failed("observation", exc) from exc
 
-        seconds = self.timeouts.call if timeout is UNSET else check_timeout(timeout)
+        # The default is read here, without a call: step is the hot call.
+        seconds = self.timeouts.call if timeout is UNSET else call_seconds(timeout, None)
         return await driver.call("step", seconds, run)
 
     async def state(self, *, timeout: float | UnsetType | None = UNSET) -> StateT:
@@ -547,14 +548,14 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 self._core.answered("state", None, frame)
                 return _parse(self._parse_state, frame.data, "state")
 
-        return await driver.call("state", self._seconds(timeout), run)
+        return await driver.call("state", call_seconds(timeout, self.timeouts.call), run)
 
     async def disconnect(self, *, timeout: float | UnsetType | None = UNSET) -> None:
         """End the session (``{"type": "close"}``) and close the connection.
 
         The client stays usable: the next call opens a new connection and session.
         """
-        seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        seconds = call_seconds(timeout, self.timeouts.close)
         if self.closed:
             return
         driver = self._driver
@@ -583,7 +584,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             # A provider whose stop failed is stopped again (it raises if it fails still).
             await self._target.retry_stop()
             return
-        seconds = self.timeouts.close if timeout is UNSET else self._seconds(timeout)
+        seconds = call_seconds(timeout, self.timeouts.close)
         children, self._children = self._children, []
         if children:
             await asyncio.gather(*(child.close(timeout=timeout) for child in children),
@@ -689,7 +690,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 frame = driver.expect(await driver.request(call, data), McpFrame, "mcp")
             return mcp.rpc_result(frame.data, rpc_id)
 
-        return await driver.call("mcp", self._seconds(timeout), run)
+        return await driver.call("mcp", call_seconds(timeout, self.timeouts.call), run)
 
     async def mcp_list_tools(self, *, timeout: float | UnsetType | None = UNSET
                              ) -> list[dict[str, Any]]:
@@ -885,16 +886,11 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     # --------------------------------------------------------------------- internals
 
-    def _seconds(self, timeout: float | UnsetType | None) -> float | None:
-        if timeout is UNSET:
-            return self.timeouts.call
-        return check_timeout(timeout)
-
     async def _before_http(self, timeout: float | UnsetType | None) -> float | None:
         """Before a plain-HTTP read: the client is open, the server started; the deadline."""
         if self.closed:
             raise ClientClosedError("the client is closed")
-        seconds = self._seconds(timeout)
+        seconds = call_seconds(timeout, self.timeouts.call)
         await self._prepare_server()
         return seconds
 

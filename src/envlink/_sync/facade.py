@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy
-from envlink._config import UNSET, UnsetType, check_timeout
+from envlink._config import UNSET, CheckedTimeout, UnsetType, check_timeout
 from envlink._errors import CallTimeoutError, ClientClosedError, ReentrantCallError
 from envlink._sync.default_bridge import lease_bridge
 
@@ -70,7 +70,8 @@ def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
 
     Without ``timeout=`` the coroutine keeps its own default and the bridge waits the
     target's deadline for ``method`` plus ``margin``. With it, the value is checked here,
-    once (the error names the caller's value), passed on as the coroutine's deadline,
+    once (the error names the caller's value), passed on as the coroutine's deadline (a
+    :class:`~envlink._config.CheckedTimeout`, which the coroutine does not check again),
     and the bridge waits that deadline plus ``margin``; for a method without a
     ``timeout`` parameter it bounds the bridge's wait alone.
 
@@ -84,7 +85,8 @@ def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
     else:
         seconds = check_timeout(timeout)
         if _accepts_timeout(target, method, fn):
-            kwargs = {**kwargs, "timeout": seconds}
+            # Handed on as checked: the coroutine takes it as its deadline, unchecked.
+            kwargs = {**kwargs, "timeout": None if seconds is None else CheckedTimeout(seconds)}
             seconds = target.call_deadline(method, seconds)
         else:
             margin = 0.0
