@@ -10,8 +10,6 @@ the echo environment's typed client is in :mod:`envlink.echo_env`.
 
 from __future__ import annotations
 
-__version__ = "0.1.0.dev0"
-
 from importlib import import_module as _import_module
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +56,7 @@ from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.policies import ReconnectPolicy, RetryBudget, SessionLostPolicy, set_testing
 from envlink._sansio.session_limits import Limits, get_limits, set_limits
 from envlink._sansio.state import State
+from envlink._version import __version__ as __version__
 
 # Aliases of the names public modules own (not in __all__; `X as X` re-exports them).
 from envlink.hooks import BridgeCallFinished as BridgeCallFinished

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
-from types import MethodType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from envlink._config import UNSET, UnsetType
@@ -24,7 +23,6 @@ from envlink._sync.dispatch import dispatch_call
 
 if TYPE_CHECKING:
     from envlink._client.client import EnvClient
-    from envlink._sync.sync_client import SyncEnvClient
 
     _Client = EnvClient[Any, Any, Any]
 
@@ -121,22 +119,33 @@ async def _get_task_range(client: _Client, split: str, start: int = 0, stop: int
 
 def _task_call(fn: Callable[Concatenate[_Client, _P], Coroutine[Any, Any, _R]]
                ) -> Callable[Concatenate[TaskAPI, _P], Coroutine[Any, Any, _R]]:
-    """The :class:`TaskAPI` method of ``fn``, a coroutine function of the client."""
+    """The :class:`TaskAPI` method of ``fn``, a coroutine function of the client.
+
+    The method is dispatched as the client's own; its coroutine method (what a sync
+    facade runs on its bridge) is its ``_envlink_raw``, as for a dispatched method.
+    """
     name = fn.__name__.lstrip("_")
 
     def method(self: TaskAPI, /, *args: _P.args, **kwargs: _P.kwargs
                ) -> Coroutine[Any, Any, _R]:
-        result: Coroutine[Any, Any, _R] = self._call(f"tasks.{name}", fn, args, kwargs)
+        result: Coroutine[Any, Any, _R] = dispatch_call(self._client, fn, f"tasks.{name}",
+                                                        args, kwargs)
         return result
 
-    functools.update_wrapper(method, fn)
+    async def coroutine(self: TaskAPI, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return await fn(self._client, *args, **kwargs)
+
     # help() and IDEs show the method's own signature, not the function's first argument.
     sig = inspect.signature(fn)
     first, *rest = sig.parameters.values()
-    method.__signature__ = sig.replace(  # type: ignore[attr-defined]
+    own = sig.replace(
         parameters=[first.replace(name="self", annotation=inspect.Parameter.empty), *rest])
-    method.__name__ = name
-    method.__qualname__ = f"TaskAPI.{name}"
+    for made in (method, coroutine):
+        functools.update_wrapper(made, fn)
+        made.__signature__ = own  # type: ignore[attr-defined]
+        made.__name__ = name
+        made.__qualname__ = f"TaskAPI.{name}"
+    method._envlink_raw = coroutine  # type: ignore[attr-defined]
     return method
 
 
@@ -155,13 +164,10 @@ class TaskAPI:
             await env.reset(**task)
     """
 
-    __slots__ = ("_client", "_facade")
+    __slots__ = ("_client",)
 
-    def __init__(self, client: EnvClient[Any, Any, Any],
-                 facade: SyncEnvClient[Any, Any, Any] | None = None) -> None:
+    def __init__(self, client: EnvClient[Any, Any, Any]) -> None:
         self._client = client
-        # A facade's Task API blocks on the facade's own bridge (never on another one).
-        self._facade = facade
 
     list_environments = _task_call(_list_environments)
     splits = _task_call(_splits)
@@ -169,14 +175,6 @@ class TaskAPI:
     list_tasks = _task_call(_list_tasks)
     get_task = _task_call(_get_task)
     get_task_range = _task_call(_get_task_range)
-
-    def _call(self, method: str, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Any:
-        facade = self._facade
-        if facade is None:
-            return dispatch_call(self._client, fn, method, args, kwargs)
-        timeout = kwargs.pop("timeout", UNSET)
-        return facade._envlink_run(method, MethodType(fn, self._client), args, kwargs, timeout)
 
     def __repr__(self) -> str:
         return f"<TaskAPI of {self._client!r}>"

@@ -8,7 +8,7 @@
 * ``default_bridge``: the process-wide bridge that facades not given one share.
 
 Below the client: it knows the client's classes for type checking only (the facade's Task
-API, the client's own, aside).
+API wraps whatever ``client.tasks`` gives).
 """
 
 __all__: list[str] = []

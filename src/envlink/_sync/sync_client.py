@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from envlink._bridge import Bridge, blocking_wrapper
-from envlink._client.tasks import TaskAPI
+from envlink._bridge import Bridge, SyncProxy, blocking_wrapper
 from envlink._config import UNSET, UnsetType
 from envlink._sync.dispatch import SYNC, AutoDispatch, claim, raw_method
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
@@ -146,7 +145,7 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
     def tasks(self) -> Any:
         """The client's Task API (:attr:`EnvClient.tasks`), each call blocking on this
         facade's bridge: ``env.tasks.get_task("train", 3)``."""
-        return TaskAPI(self._envlink_target, self)
+        return _BlockingMethods(self._envlink_target.tasks, self, "tasks.")
 
     # ------------------------------------------------------------------ protocol calls
 
@@ -264,3 +263,25 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
 
     def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         return self.connect()
+
+
+class _BlockingMethods(SyncProxy[Any]):
+    """Methods of an object of the client's (``client.tasks``), each call blocking on a
+    facade's bridge as the facade's own calls do: the method's coroutine (its
+    ``_envlink_raw``, as a dispatched method's) runs through the facade."""
+
+    def __init__(self, target: Any, facade: SyncEnvClient[Any, Any, Any], prefix: str) -> None:
+        super().__init__(target, facade._envlink_bridge)
+        run = facade._envlink_run
+
+        def invoke(name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any], timeout: Any) -> Any:
+            return run(prefix + name, fn, args, kwargs, timeout)
+
+        self._envlink_run_method = invoke
+
+    def _envlink_wrap(self, name: str, attr: Any) -> Callable[..., Any] | None:
+        return blocking_wrapper(self, name, raw_method(attr))
+
+    def _envlink_invoke(self) -> Callable[..., Any]:
+        return self._envlink_run_method

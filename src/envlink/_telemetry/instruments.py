@@ -46,6 +46,7 @@ from opentelemetry.trace import (
 
 from envlink import names
 from envlink._speedups import meter_provider_checks, tracer_provider_unset_check
+from envlink._version import __version__
 from envlink.names import *  # noqa: F403 - the single list of names, re-exported
 from envlink.names import (
     ATTR_BREAKER_STATE,
@@ -218,8 +219,6 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        from envlink import __version__
-
         self.tracer: Tracer = trace.get_tracer(
             SCOPE_NAME, __version__, tracer_provider=tracer_provider
         )
