@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from envlink import (
+    Bridge,
     CallTimeoutError,
     HarnessClient,
     HarnessEvent,
@@ -18,6 +19,8 @@ from envlink import (
     HarnessProtocolError,
     HarnessTurnError,
     ProtocolError,
+    ReentrantCallError,
+    Timeout,
 )
 from envlink.server import ServerThread
 
@@ -183,3 +186,55 @@ def test_sync_form(server_thread: ServerThread) -> None:
         assert harness.turn("two")[-1].data["response"] == "two"
     after = {t for t in threading.enumerate() if t.name.startswith("envlink")}
     assert after - before == set()
+
+
+def test_sync_waits_come_from_the_configured_timeouts() -> None:
+    """The facade's waits are the client's own deadlines (plus the margin): a turn may
+    open the session first, connect waits twice the connect phase, close the close phase."""
+    harness = HarnessClient("http://127.0.0.1:1", hooks=[],
+                            timeout=Timeout(connect=1.0, call=3.0, close=2.0))
+    assert harness.call_deadline("connect") == 2.0
+    assert harness.call_deadline("turn") == harness.call_deadline("send") == 5.0
+    assert harness.call_deadline("turn", 0.5) == 2.5
+    assert harness.call_deadline("close") == 2.0
+    assert HarnessClient("http://127.0.0.1:1", hooks=[],
+                         timeout=Timeout(call=None)).call_deadline("turn") is None
+
+
+@pytest.mark.parametrize("how", ["send", "turn"])
+def test_a_sync_timeout_is_the_turns_own_deadline(how: str) -> None:
+    """A blocking send() or turn() with timeout= hands it to the turn: the client's own
+    CallTimeoutError at that deadline, which drops the session, not the bridge's."""
+    conn = _Scripted([[{"type": "text_output", "data": {"text": "partial"}}]])
+    harness = HarnessClient("http://127.0.0.1:1", transport=_Transport(conn), hooks=[]).sync()
+    with harness:
+        with pytest.raises(CallTimeoutError, match="harness_turn did not complete"):
+            if how == "send":
+                list(harness.send("x", timeout=0.2))
+            else:
+                harness.turn("x", timeout=0.2)
+        assert conn.aborted
+
+
+def test_sync_close_is_the_blocking_facades() -> None:
+    """close() is the client facade's: refused from the bridge's loop thread (the facade
+    stays open), idempotent, the owned bridge closed with the session, a given one kept."""
+    conn = _Scripted([])
+    harness = HarnessClient("http://127.0.0.1:1", transport=_Transport(conn), hooks=[]).sync()
+    harness.connect()
+
+    async def close_on_the_loop() -> None:
+        harness.close()
+
+    with pytest.raises(ReentrantCallError):
+        harness.bridge.call(close_on_the_loop, timeout=5.0)
+    assert not harness.bridge.closed
+    harness.close()
+    harness.close()
+    assert harness.bridge.closed
+    with Bridge() as bridge:
+        shared = HarnessClient("http://127.0.0.1:1", transport=_Transport(_Scripted([])),
+                               hooks=[]).sync(bridge)
+        shared.connect()
+        shared.close()
+        assert not bridge.closed

@@ -13,17 +13,16 @@ and is reported to the client's hooks as a call ``harness_turn`` (a span).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from enum import Enum
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from envlink._bridge import SyncProxy
 from envlink._client.events import CallFinished, CallStarted, ClientHook, combine_client_hooks
 from envlink._config import (
     UNSET,
@@ -31,9 +30,9 @@ from envlink._config import (
     Timeout,
     TimeoutTypes,
     UnsetType,
-    check_timeout,
+    call_seconds,
 )
-from envlink._deadlines import deadline
+from envlink._deadlines import bounded_at, deadline
 from envlink._errors import (
     CallTimeoutError,
     ClientClosedError,
@@ -41,6 +40,7 @@ from envlink._errors import (
     ProtocolError,
     ServerError,
 )
+from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_iterate
 from envlink._transports.base import Connection, Transport, parse_endpoint
 from envlink.names import (
     OUTCOME_CANCELLED,
@@ -60,6 +60,8 @@ __all__ = ["HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocol
            "HarnessTurnError", "SyncHarnessClient"]
 
 HARNESS_TURN = SPAN_HARNESS_TURN
+
+_T = TypeVar("_T")
 
 
 class HarnessEventType(str, Enum):
@@ -227,7 +229,7 @@ class HarnessClient:
         """
         if not isinstance(content, str):
             raise TypeError(f"content must be a str, got {type(content).__name__}")
-        seconds = self.timeouts.call if timeout is UNSET else check_timeout(timeout)
+        seconds = call_seconds(timeout, self.timeouts.call)
         if self._busy:
             raise EnvlinkError("a turn is already streaming on this harness session")
         conn = self._conn or (await self.connect())._conn
@@ -239,31 +241,33 @@ class HarnessClient:
         error: BaseException | None = None
         self._busy = True
         try:
-            async with deadline(seconds, HARNESS_TURN):
-                message: dict[str, Any] = {"type": "message", "content": content}
-                if sampling is not None:
-                    message["sampling"] = dict(sampling)
-                await conn.send(json.dumps(message))
-                while True:
-                    frame = _decode(await conn.recv())
-                    kind = frame.get("type")
-                    if kind == "protocol_error":
-                        data = _data(frame)
-                        raise HarnessProtocolError(str(data.get("message", "protocol error")),
-                                                   str(data.get("code", "PROTOCOL_ERROR")))
-                    try:
-                        event = HarnessEvent.model_validate(frame)
-                    except ValidationError as exc:
-                        self._drop()
-                        raise ProtocolError(f"not a harness event: {exc}") from exc
-                    if event.type is HarnessEventType.ERROR and not event.data.get(
-                            "recoverable", False):
-                        self._drop()
-                        raise HarnessTurnError(str(event.data.get("message", "turn failed")),
-                                               "HARNESS_ERROR", details=event.data)
-                    yield event
-                    if event.type is HarnessEventType.TURN_COMPLETE:
-                        return
+            # The turn's deadline bounds each wait, not a block around the yields: each
+            # item of a blocking iteration is fetched by a task of its own.
+            when = None if seconds is None else asyncio.get_running_loop().time() + seconds
+            message: dict[str, Any] = {"type": "message", "content": content}
+            if sampling is not None:
+                message["sampling"] = dict(sampling)
+            await _by(when, seconds, conn.send(json.dumps(message)))
+            while True:
+                frame = _decode(await _by(when, seconds, conn.recv()))
+                kind = frame.get("type")
+                if kind == "protocol_error":
+                    data = _data(frame)
+                    raise HarnessProtocolError(str(data.get("message", "protocol error")),
+                                               str(data.get("code", "PROTOCOL_ERROR")))
+                try:
+                    event = HarnessEvent.model_validate(frame)
+                except ValidationError as exc:
+                    self._drop()
+                    raise ProtocolError(f"not a harness event: {exc}") from exc
+                if event.type is HarnessEventType.ERROR and not event.data.get(
+                        "recoverable", False):
+                    self._drop()
+                    raise HarnessTurnError(str(event.data.get("message", "turn failed")),
+                                           "HARNESS_ERROR", details=event.data)
+                yield event
+                if event.type is HarnessEventType.TURN_COMPLETE:
+                    return
         except CallTimeoutError as exc:
             error = exc
             self._drop()
@@ -296,6 +300,30 @@ class HarnessClient:
         if conn is not None:
             conn.abort()
 
+    def call_deadline(self, method: str,
+                      timeout: float | UnsetType | None = UNSET) -> float | None:
+        """Seconds a call of ``method`` with this ``timeout`` may last at most (None: no limit).
+
+        The sync facade waits this long, plus a margin, so that the client's own
+        deadline always fires first. ``connect`` opens the connection and then waits for
+        ``session_started``, each under the connect deadline; a turn (``send``,
+        ``turn``) opens the session first when it is not open, then runs under its
+        ``timeout`` (default: the call deadline); ``close`` closes under the close deadline.
+
+        Args:
+            method: ``connect``, ``send``, ``turn``, ``close``, or another coroutine method
+                (bounded as a turn).
+            timeout: the ``timeout=`` the call gets; ``UNSET`` for the default.
+        """
+        timeouts = self.timeouts
+        if method == "close":
+            return timeouts.close if timeout is UNSET else timeout
+        connect = None if timeouts.connect is None else 2 * timeouts.connect
+        if method == "connect":
+            return connect if timeout is UNSET else timeout
+        call = timeouts.call if timeout is UNSET else timeout
+        return None if call is None or connect is None else connect + call
+
     async def close(self) -> None:
         """End the session (closes the connection; the server ends the harness). Idempotent."""
         self._closed = True
@@ -319,38 +347,99 @@ class HarnessClient:
         await self.close()
 
 
-class SyncHarnessClient(SyncProxy[HarnessClient]):
+class SyncHarnessClient(BlockingFacade[HarnessClient]):
     """The blocking form of a :class:`HarnessClient` (see :meth:`HarnessClient.sync`).
 
-    Each turn's wait is bounded by the client's call timeout (plus a margin), each
-    event of ``send()`` by the same; ``close()`` ends the session, and the bridge if
-    the facade owns it.
+    The blocking facade of the client and the pool (:class:`~envlink.SyncEnvClient`), on
+    a harness session: each wait is the client's own deadline for the call
+    (:meth:`HarnessClient.call_deadline`, from its :class:`~envlink.Timeout`) plus the
+    margin, so that the client's :class:`~envlink.CallTimeoutError` comes first; a
+    ``timeout=`` given is checked once and becomes the turn's own deadline. ``close()``
+    is the facade's: idempotent, a second caller waits for the first, the owned bridge
+    closed after the session.
+
+    Args:
+        client: the async harness client.
+        bridge: a bridge to share (left open on :meth:`close`); by default the facade
+            owns a new one, closed with the session.
+        timeout_margin: seconds the bridge waits beyond the client's own deadline.
     """
 
-    def __init__(self, client: HarnessClient, bridge: Bridge | None = None) -> None:
+    def __init__(self, client: HarnessClient, bridge: Bridge | None = None, *,
+                 timeout_margin: float = TIMEOUT_MARGIN) -> None:
         owns = bridge is None
         if bridge is None:
             from envlink._bridge import Bridge as _Bridge
 
             bridge = _Bridge()
-        call = client.timeouts.call
-        super().__init__(client, bridge, timeout=None if call is None else call + 0.5)
-        self._envlink_owns = owns
+        super().__init__(client, bridge, owns_bridge=owns, timeout_margin=timeout_margin)
 
-    def close(self) -> None:
-        """End the session (and the owned bridge). Idempotent."""
-        bridge = self._envlink_bridge
-        try:
-            if not bridge.closed:
-                bridge.call(self._envlink_target.close, timeout=self._envlink_timeout)
-        finally:
-            if self._envlink_owns:
-                bridge.close()
+    def connect(self) -> SyncHarnessClient:
+        """Open the session now (otherwise the first turn opens it).
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
-        self.close()
-        return False
+        Raises:
+            As :meth:`HarnessClient.connect`.
+        """
+        self._envlink_call("connect", self._envlink_target.connect, (), {}, UNSET)
+        return self
+
+    def send(self, content: str, *, timeout: float | UnsetType | None = UNSET,
+             sampling: Mapping[str, Any] | None = None) -> Iterator[HarnessEvent]:
+        """Run one turn: an iterator of its events through ``turn_complete``.
+
+        Args:
+            content: the user message of the turn.
+            timeout: the turn's deadline (default: the client's call timeout).
+            sampling: as :meth:`HarnessClient.send`.
+
+        Raises:
+            As :meth:`HarnessClient.send`, while iterating.
+        """
+        target = self._envlink_target
+        return blocking_iterate(self._envlink_bridge, target, self._envlink_margin, "send",
+                                target.send, (content,), {"sampling": sampling}, timeout)
+
+    def turn(self, content: str, *, timeout: float | UnsetType | None = UNSET,
+             sampling: Mapping[str, Any] | None = None) -> list[HarnessEvent]:
+        """Run one turn and return all its events (see :meth:`HarnessClient.turn`)."""
+        events: list[HarnessEvent] = self._envlink_call(
+            "turn", self._envlink_target.turn, (content,), {"sampling": sampling}, timeout)
+        return events
+
+    def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+        """End the session, and the bridge if this facade owns it. Idempotent.
+
+        A second caller (another thread) waits for the first close to finish.
+
+        Args:
+            timeout: deadline in seconds (default: the client's close deadline).
+
+        Raises:
+            CallTimeoutError: the session did not close in time (the owned bridge is
+                closed anyway), or, for a second caller, the first close did not.
+            ReentrantCallError: called from the bridge's own loop thread.
+        """
+        super().close(timeout=timeout)
+
+    def __enter__(self) -> SyncHarnessClient:
+        return self.connect()
+
+
+async def _by(when: float | None, seconds: float | None, wait: Awaitable[_T]) -> _T:
+    """``await wait`` by the turn's deadline, the loop's time ``when``.
+
+    Raises:
+        CallTimeoutError: the deadline passed first.
+    """
+    try:
+        async with bounded_at(when) as expiry:
+            return await wait
+    except TimeoutError as exc:
+        if not expiry.expired() or isinstance(exc, CallTimeoutError):
+            raise  # not this deadline's
+        assert seconds is not None
+        raise CallTimeoutError(f"{HARNESS_TURN} did not complete within {seconds:g} s",
+                               method=HARNESS_TURN, timeout=seconds) from exc
 
 
 def _decode(raw: str | bytes) -> dict[str, Any]:

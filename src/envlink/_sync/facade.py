@@ -27,7 +27,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -36,7 +36,7 @@ from envlink._config import UNSET, CheckedTimeout, UnsetType, check_timeout
 from envlink._errors import CallTimeoutError, ClientClosedError, ReentrantCallError
 from envlink._sync.default_bridge import lease_bridge
 
-__all__ = ["TIMEOUT_MARGIN", "BlockingFacade", "blocking_call"]
+__all__ = ["TIMEOUT_MARGIN", "BlockingFacade", "blocking_call", "blocking_iterate"]
 
 T = TypeVar("T")
 
@@ -62,6 +62,23 @@ def _accepts_timeout(target: Any, method: str, fn: Callable[..., Any]) -> bool:
     return known
 
 
+def _given_timeout(target: Any, margin: float, method: str, fn: Callable[..., Any],
+                   kwargs: dict[str, Any], timeout: Any) -> tuple[dict[str, Any], float | None]:
+    """A call's ``timeout=``, checked once: the arguments that hand it to ``fn`` as the
+    call's deadline, and how long the bridge waits (``None``: no limit).
+
+    Raises:
+        TypeError, ValueError: ``timeout`` is not a valid number of seconds (or None).
+    """
+    seconds = check_timeout(timeout)
+    if not _accepts_timeout(target, method, fn):
+        return kwargs, seconds  # it bounds the bridge's wait alone
+    # Handed on as checked: the coroutine takes it as its deadline, unchecked.
+    kwargs = {**kwargs, "timeout": None if seconds is None else CheckedTimeout(seconds)}
+    seconds = target.call_deadline(method, seconds)
+    return kwargs, None if seconds is None else seconds + margin
+
+
 def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
                   fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                   timeout: Any) -> Any:
@@ -82,15 +99,9 @@ def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
     """
     if timeout is UNSET:
         seconds = target.call_deadline(method)
+        wait = None if seconds is None else seconds + margin
     else:
-        seconds = check_timeout(timeout)
-        if _accepts_timeout(target, method, fn):
-            # Handed on as checked: the coroutine takes it as its deadline, unchecked.
-            kwargs = {**kwargs, "timeout": None if seconds is None else CheckedTimeout(seconds)}
-            seconds = target.call_deadline(method, seconds)
-        else:
-            margin = 0.0
-    wait = None if seconds is None else seconds + margin
+        kwargs, wait = _given_timeout(target, margin, method, fn, kwargs, timeout)
     if kwargs:
         # The caller's arguments are bound here: Bridge.call keeps `timeout=` and
         # `method=` for itself, and an argument of the same name must reach the target.
@@ -98,6 +109,27 @@ def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
     if len(args) == 1:  # step(action), the hot call: a plain call, no tuple unpacked
         return bridge.call(fn, args[0], timeout=wait, method=method)
     return bridge.call(fn, *args, timeout=wait, method=method)
+
+
+def blocking_iterate(bridge: Bridge, target: Any, margin: float, method: str,
+                     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                     timeout: Any) -> Iterator[Any]:
+    """The blocking form of the async-generator method ``method`` of ``target``: an
+    iterator of ``fn(*args, **kwargs)``'s items, run on ``bridge``.
+
+    ``timeout=`` is handled as by :func:`blocking_call`: checked once, here, and handed to
+    the generator as its deadline; each item waits the target's deadline for ``method``
+    plus ``margin``.
+
+    Raises:
+        TypeError, ValueError: ``timeout`` is not a valid number of seconds (or None).
+    """
+    if timeout is UNSET:
+        seconds = target.call_deadline(method)
+        wait = None if seconds is None else seconds + margin
+    else:
+        kwargs, wait = _given_timeout(target, margin, method, fn, kwargs, timeout)
+    return bridge.iterate(lambda: fn(*args, **kwargs), timeout=wait, method=method)
 
 
 class BlockingFacade(SyncProxy[T]):
