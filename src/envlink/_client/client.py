@@ -29,6 +29,7 @@ from envlink._client.tasks import TaskAPI
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
+    CheckedTimeout,
     ConnectionOptions,
     Timeout,
     TimeoutTypes,
@@ -529,8 +530,14 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 except Exception as exc:
                     raise _parse_failed("observation", exc) from exc
 
-        # The default is read here, without a call: step is the hot call.
-        seconds = self.timeouts.call if timeout is UNSET else call_seconds(timeout, None)
+        # The default and a facade's checked timeout are taken here, without a call: step
+        # is the hot call.
+        if timeout is UNSET:
+            seconds = self.timeouts.call
+        elif type(timeout) is CheckedTimeout:
+            seconds = timeout
+        else:
+            seconds = call_seconds(timeout, None)
         return await driver.call("step", seconds, run)
 
     async def state(self, *, timeout: float | UnsetType | None = UNSET) -> StateT:
