@@ -350,3 +350,108 @@ async def test_a_result_that_cannot_be_unpickled_on_the_driver_fails_its_answers
         assert fine.raised is None and fine.items[0].observation["position"] == 2
     finally:
         await shard.close()
+
+
+class _Frame:
+    """A buffer-backed result (as an array is): protocol 5 hands its bytes out of band."""
+
+    def __init__(self, data: bytearray) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        if protocol >= 5:
+            return _frame, (pickle.PickleBuffer(self.data),)
+        return _frame, (bytes(self.data),)
+
+
+def _frame(buffer: Any) -> _Frame:
+    return _Frame(bytearray(buffer))
+
+
+_BIG = 1 << 20
+
+
+class _FramedObservation(GenericEnvClient):
+    async def step(self, action: Any, **kwargs: Any) -> Any:
+        result = await super().step(action, **kwargs)
+        big = bytearray(b"x" * _BIG)
+        big[: len(str(action))] = str(action).encode()
+        # A move of 3: with a local function, which only Ray's pickler pickles.
+        frame: Any = _Frame(big) if action != {"move": 3} else (_Frame(big), lambda: action)
+        return StepResult(observation={"frame": frame, "position": result.observation},
+                          reward=result.reward, done=result.done)
+
+
+def _as_ray_does(answer: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """``answer`` pickled as Ray's serializer does: protocol 5 with a buffer callback."""
+    buffers: list[pickle.PickleBuffer] = []
+    return pickle.dumps(answer, 5, buffer_callback=buffers.append), buffers
+
+
+async def test_a_large_buffer_in_a_result_crosses_out_of_band(det_servers: Any) -> None:
+    """A result's 1 MiB buffer leaves the shard beside its small pickled answer (out of
+    band under protocol 5 with a buffer callback, as Ray pickles), and every pickling of
+    the answer (in band, protocol 4, a copy) arrives equal."""
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 2, client=_FramedObservation))
+    try:
+        await shard.reset([0, 1], [True, True], None, {})
+        answer = await shard.step([{"move": 1}, {"move": 2}], [True, True], None)
+        assert answer.raised is None
+        outer, buffers = _as_ray_does(answer)
+        assert [b.raw().nbytes for b in buffers] == [_BIG, _BIG]
+        assert len(outer) < 64 * 1024
+        crossings = [pickle.loads(outer, buffers=buffers),
+                     pickle.loads(pickle.dumps(answer, 5)), pickle.loads(pickle.dumps(answer, 4))]
+        for arrived in crossings:
+            frames = [r.observation["frame"].data for r in arrived.items]
+            assert frames == [r.observation["frame"].data for r in answer.items]
+            assert frames[1][:12] == b"{'move': 2}x"
+            assert arrived.mirrors[1].steps_applied == 1
+    finally:
+        await shard.close()
+
+
+async def test_a_large_buffer_crosses_out_of_band_with_rays_pickler_too(
+        det_servers: Any) -> None:
+    """A result only Ray's pickler can pickle (a local function) keeps its buffer out of
+    band too, and arrives equal."""
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 1, client=_FramedObservation), cloudpickle.dumps)
+    try:
+        await shard.reset([0], [True], None, {})
+        answer = await shard.step([{"move": 3}], [True], None)
+        assert answer.raised is None
+        outer, buffers = _as_ray_does(answer)
+        assert [b.raw().nbytes for b in buffers] == [_BIG] and len(outer) < 64 * 1024
+        frame, call = pickle.loads(outer, buffers=buffers).items[0].observation["frame"]
+        assert frame.data == answer.items[0].observation["frame"][0].data
+        assert call() == {"move": 3}
+    finally:
+        await shard.close()
+
+
+async def test_a_large_array_in_a_result_crosses_out_of_band(det_servers: Any) -> None:
+    """A result's 1 MiB numpy array leaves the shard out of band (its buffer, not a copy in
+    the pickled answer) and arrives equal; pickled in band it arrives equal too."""
+    np = pytest.importorskip("numpy")
+
+    class _Arrays(GenericEnvClient):
+        async def step(self, action: Any, **kwargs: Any) -> Any:
+            result = await super().step(action, **kwargs)
+            return StepResult(observation=np.arange(_BIG // 8, dtype=np.float64),
+                              reward=result.reward, done=result.done)
+
+    server = await det_servers()
+    shard = Shard(_spec(server.url, 1, client=_Arrays))
+    try:
+        await shard.reset([0], [True], None, {})
+        answer = await shard.step([{"move": 1}], [True], None)
+        outer, buffers = _as_ray_does(answer)
+        assert [b.raw().nbytes for b in buffers] == [_BIG] and len(outer) < 64 * 1024
+        for arrived in (pickle.loads(outer, buffers=buffers),
+                        pickle.loads(pickle.dumps(answer))):
+            assert np.array_equal(arrived.items[0].observation, answer.items[0].observation)
+    finally:
+        await shard.close()

@@ -617,3 +617,38 @@ async def test_an_answer_that_cannot_reach_the_driver_fails_its_own_slot_only(
     finally:
         st.call(lambda s: s.unstall_all())
         await pool.close()
+
+
+async def test_a_large_buffer_in_a_result_reaches_the_driver(
+        ray_local: Any, threads: Any) -> None:
+    """A result holding a 1 MiB buffer (as an array does; Ray passes it out of band)
+    reaches the driver equal, in a whole-batch step and a ready-first receive."""
+
+    class Frame:
+        def __init__(self, data: bytearray) -> None:
+            self.data = data
+
+        def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+            import pickle
+
+            return Frame, (pickle.PickleBuffer(self.data) if protocol >= 5
+                           else bytes(self.data),)
+
+    class Framed(GenericEnvClient):
+        """Answers the action "frame" without the server, with a 1 MiB observation."""
+
+        async def step(self, action: Any, **kwargs: Any) -> Any:
+            if action == "frame":
+                return StepResult(observation=Frame(bytearray(b"f" * (1 << 20))),
+                                  reward=0.0, done=False)
+            return await super().step(action, **kwargs)
+
+    st = threads()
+    async with RayEnvPool([st.url], 2, shards=1, client=Framed) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        batch = await pool.step(["frame", {"move": 1}])
+        assert bytes(batch[0].observation.data) == b"f" * (1 << 20)
+        assert batch[1].observation["position"] == 1
+        await pool.step_send(["frame", None], mask=[True, False])
+        got = await asyncio.wait_for(pool.step_recv(), 30)
+        assert got.ready == (0,) and bytes(got[0].observation.data) == b"f" * (1 << 20)

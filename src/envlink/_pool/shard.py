@@ -18,7 +18,7 @@ import dataclasses
 import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import propagate
 
@@ -37,6 +37,14 @@ __all__ = ["DriverSlot", "RaySpan", "Shard", "ShardAnswer", "ShardSpec", "ShardT
 
 #: The resource attribute naming a shard on everything its actor exports.
 RESOURCE_SHARD = "envlink.ray.shard"
+
+
+class Dumps(Protocol):
+    """A pickler's ``dumps`` that can pass buffers out of band (protocol 5)."""
+
+    def __call__(self, obj: Any, protocol: int | None = None, *,
+                 buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None,
+                 ) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -125,17 +133,25 @@ class ShardAnswer:
     raised: Exception | None = None
     offset: int = 0
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # A shard's answer crosses with its results pickled by the shard (Ray then copies
         # bytes): pickled once, the shard knows a slot that cannot cross, and a failure to
         # unpickle them on the driver is answered for their slots, not as a dead shard.
+        # Their buffers (large arrays) ride beside the bytes, which Ray's protocol 5
+        # passes out of band, as it did the results themselves.
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        packed: tuple[bool, bytes] | None = self.__dict__.get("_packed")
+        packed: tuple[bool, bytes, tuple[pickle.PickleBuffer, ...]] | None = (
+            self.__dict__.get("_packed"))
         if packed is None:
             return _arrive, (fields, False, None)
         fields["items"] = len(self.items)
         fields["final"] = None
-        return _arrive, (fields, *packed)
+        whole, blob, buffers = packed
+        if not buffers:
+            return _arrive, (fields, whole, blob)
+        if not isinstance(protocol, int) or protocol < 5:  # a PickleBuffer needs 5
+            return _arrive, (fields, whole, blob, tuple(_copied(b) for b in buffers))
+        return _arrive, (fields, whole, blob, buffers)
 
 
 @dataclass(frozen=True)
@@ -231,11 +247,11 @@ class Shard:
         spec: the shard's number, its slots, the pool options and telemetry.
         dumps: what pickles an answer's results for the driver where the standard
             pickler cannot (``envlink.ray`` gives Ray's own, which pickles by value
-            what only the actor can import).
+            what only the actor can import); called with protocol 5 and a
+            ``buffer_callback``.
     """
 
-    def __init__(self, spec: ShardSpec,
-                 dumps: Callable[[Any], bytes] = pickle.dumps) -> None:
+    def __init__(self, spec: ShardSpec, dumps: Dumps = pickle.dumps) -> None:
         self.spec = spec
         self._dumps = dumps
         self._handle: TelemetryHandle | None = None
@@ -364,7 +380,7 @@ class Shard:
         in a whole-batch call, raised once its slots answered, their mirrors kept.
         """
         try:
-            blob = _dumps((answer.items, answer.final), self._dumps)
+            blob, buffers = _dumps((answer.items, answer.final), self._dumps)
         except Exception:
             failed: dict[int, Exception] = {}
             for j, item in enumerate(answer.items):  # rare: find the slots at fault
@@ -375,8 +391,8 @@ class Shard:
                         f"slot {self.spec.offset + j}: its answer could not be sent from "
                         f"its shard actor to the driver ({type(exc).__qualname__}: {exc})")
             answer = _without(answer, failed, whole=whole)
-            blob = _dumps((answer.items, answer.final), self._dumps)
-        object.__setattr__(answer, "_packed", (whole, blob))
+            blob, buffers = _dumps((answer.items, answer.final), self._dumps)
+        object.__setattr__(answer, "_packed", (whole, blob, buffers))
         return answer
 
     def _raised(self, mask: Sequence[bool], exc: Exception) -> ShardAnswer:
@@ -438,23 +454,35 @@ def _without(answer: ShardAnswer, failed: Mapping[int, Exception], *,
                    bugs={**answer.bugs, **failed})
 
 
-def _dumps(value: Any, dumps: Callable[[Any], bytes]) -> bytes:
+def _dumps(value: Any, dumps: Dumps) -> tuple[bytes, tuple[pickle.PickleBuffer, ...]]:
     """``value`` pickled by the standard pickler (the fast one), else by ``dumps``
-    (Ray's, which also pickles by value what only the actor can import)."""
+    (Ray's, which also pickles by value what only the actor can import), with the
+    buffers it holds (large arrays) kept out of band."""
+    buffers: list[pickle.PickleBuffer] = []
     try:
-        return pickle.dumps(value, 5)
+        blob = pickle.dumps(value, 5, buffer_callback=buffers.append)
     except Exception:
-        return dumps(value)
+        buffers.clear()
+        blob = dumps(value, 5, buffer_callback=buffers.append)
+    for buffer in buffers:
+        buffer.raw()  # one that is not contiguous cannot cross: BufferError, here
+    return blob, tuple(buffers)
 
 
-def _arrive(fields: dict[str, Any], whole: bool, blob: bytes | None) -> ShardAnswer:
+def _copied(buffer: pickle.PickleBuffer) -> bytes | bytearray:
+    """``buffer``'s bytes in band (pickle protocols before 5), writable as it was."""
+    return bytes(buffer) if buffer.raw().readonly else bytearray(buffer)
+
+
+def _arrive(fields: dict[str, Any], whole: bool, blob: bytes | None,
+            buffers: Sequence[Any] = ()) -> ShardAnswer:
     """A shard's answer where it arrives (the driver): results that fail to unpickle
     (a class missing on the driver) are answered for their slots, as :func:`_without`
     does, the mirrors kept."""
     if blob is None:
         return ShardAnswer(**fields)
     try:
-        items, final = pickle.loads(blob)
+        items, final = pickle.loads(blob, buffers=buffers)
     except Exception as exc:
         answer = ShardAnswer(**{**fields, "items": [None] * fields["items"], "final": {}})
         failed: dict[int, Exception] = {
