@@ -189,7 +189,12 @@ if sys.version_info >= (3, 11):
             self._timers: _Timers | None = None
             self._expired = False
 
-        async def __aenter__(self) -> None:
+        def start(self) -> None:
+            """Start the deadline (what entering the block does), without a coroutine.
+
+            After calling this method: run the call, then call :meth:`finish` with the
+            exception it raised, or ``None``, whatever happens.
+            """
             seconds = self._seconds
             if seconds is None:
                 return
@@ -211,8 +216,13 @@ if sys.version_info >= (3, 11):
             self._expired = True
             self._task.cancel()
 
-        async def __aexit__(self, exc_type: type[BaseException] | None,
-                            exc: BaseException | None, tb: TracebackType | None) -> None:
+        def finish(self, exc: BaseException | None) -> None:
+            """End the deadline (what leaving the block does) after :meth:`start`.
+
+            Raises:
+                CallTimeoutError: the deadline expired and ``exc`` is its cancellation
+                    (or a ``TimeoutError`` raised after it expired).
+            """
             timers = self._timers
             if timers is None:
                 return
@@ -221,8 +231,8 @@ if sys.version_info >= (3, 11):
             if not self._expired:
                 return
             # Ours only if no other cancellation was requested since the block began.
-            if self._task.uncancel() <= self._cancelling and exc_type is not None \
-                    and issubclass(exc_type, asyncio.CancelledError):
+            if self._task.uncancel() <= self._cancelling \
+                    and isinstance(exc, asyncio.CancelledError):
                 timeout = TimeoutError()
                 timeout.__cause__ = exc
                 raise self._timed_out() from timeout
@@ -235,29 +245,78 @@ if sys.version_info >= (3, 11):
             return CallTimeoutError(f"{self._method} did not complete within {seconds:g} s",
                                     method=self._method, timeout=seconds)
 
+        async def __aenter__(self) -> None:
+            self.start()
+
+        async def __aexit__(self, exc_type: type[BaseException] | None,
+                            exc: BaseException | None, tb: TracebackType | None) -> None:
+            self.finish(exc)
+
     #: A call's deadline, ``deadline(seconds, method)``: :class:`~envlink.CallTimeoutError`
     #: when it expires inside the block. The class itself, as it is entered on every call.
     deadline = _Deadline
 
 else:  # pragma: no cover - exercised on Python 3.10 only
 
-    @contextlib.asynccontextmanager
-    async def deadline(seconds: float | None, method: str) -> AsyncIterator[None]:
-        """A call's deadline: :class:`~envlink.CallTimeoutError` when it expires.
+    class _Deadline310:
+        """:func:`deadline` on 3.10: a timer per call that cancels the task with its
+        own message (a later ``cancel()`` by anyone else replaces it on 3.10)."""
 
-        Raises:
-            CallTimeoutError: the deadline expired inside the block.
-        """
-        if seconds is None:
-            yield
-            return
-        expiry: _Expiry | None = None
-        try:
-            async with bounded(seconds) as expiry:
-                yield
-        except TimeoutError as exc:
-            if expiry is None or not expiry.expired() or isinstance(exc, CallTimeoutError):
-                raise  # not this deadline's
-            raise CallTimeoutError(
-                f"{method} did not complete within {seconds:g} s", method=method, timeout=seconds,
-            ) from exc
+        __slots__ = ("_fired", "_handle", "_method", "_seconds")
+
+        def __init__(self, seconds: float | None, method: str) -> None:
+            self._seconds = seconds
+            self._method = method
+            self._handle: asyncio.TimerHandle | None = None
+            self._fired = False
+
+        def start(self) -> None:
+            """Start the deadline; then :meth:`finish` it whatever happens."""
+            seconds = self._seconds
+            if seconds is None:
+                return
+            task = asyncio.current_task()
+            if task is None:
+                raise RuntimeError("a deadline must be used inside a task")
+            loop = asyncio.get_running_loop()
+
+            def expire() -> None:
+                self._fired = True
+                task.cancel(_EXPIRED)
+
+            self._handle = loop.call_at(loop.time() + seconds, expire)
+
+        def finish(self, exc: BaseException | None) -> None:
+            """End the deadline after :meth:`start`.
+
+            Raises:
+                CallTimeoutError: the deadline expired inside the block.
+            """
+            handle = self._handle
+            if handle is None:
+                return
+            self._handle = None
+            handle.cancel()
+            if not self._fired:
+                return
+            seconds = self._seconds
+            assert seconds is not None
+            error = CallTimeoutError(f"{self._method} did not complete within {seconds:g} s",
+                                     method=self._method, timeout=seconds)
+            if isinstance(exc, asyncio.CancelledError) and exc.args == (_EXPIRED,):
+                timeout = TimeoutError()
+                timeout.__cause__ = exc
+                raise error from timeout
+            if isinstance(exc, TimeoutError) and not isinstance(exc, CallTimeoutError):
+                raise error from exc
+
+        async def __aenter__(self) -> None:
+            self.start()
+
+        async def __aexit__(self, exc_type: type[BaseException] | None,
+                            exc: BaseException | None, tb: TracebackType | None) -> None:
+            self.finish(exc)
+
+    #: A call's deadline, ``deadline(seconds, method)``: :class:`~envlink.CallTimeoutError`
+    #: when it expires inside the block.
+    deadline = _Deadline310

@@ -158,11 +158,20 @@ class SessionDriver:
         try:
             try:
                 try:
-                    async with deadline(seconds, method):
+                    # The deadline's block written out (no coroutine for entering or leaving).
+                    timer = deadline(seconds, method)
+                    timer.start()
+                    try:
                         gate = self.capacity
                         if gate is None or gate.passes(method):
-                            return await run(call)
-                        return await gate.call(method, seconds, lambda: run(call))
+                            result = await run(call)
+                        else:
+                            result = await gate.call(method, seconds, lambda: run(call))
+                    except BaseException as exc:
+                        timer.finish(exc)
+                        raise
+                    timer.finish(None)
+                    return result
                 except asyncio.CancelledError as exc:
                     if self.lifecycle is _CLOSED:
                         raise ClientClosedError(
