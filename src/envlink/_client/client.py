@@ -22,7 +22,7 @@ from envlink._client import handles, mcp
 from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.configuration import ClientConfig, changed_fields, check_policy
 from envlink._client.connector import Connector
-from envlink._client.driver import SessionDriver, Turn
+from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
 from envlink._client.events import ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
 from envlink._client.tasks import TaskAPI
@@ -515,9 +515,11 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         payload = self._step_payload(action)
         driver, core = self._driver, self._core
 
-        # step is the hot call, so its turn, parse and deadline are written out here.
+        # step is the hot call, so its turn (without a coroutine when nobody waits) and
+        # parse are written out here.
         async def run(call: Call) -> StepResult[ObsT]:
-            async with Turn(driver, call):
+            lock = take_turn(driver, call) or await wait_turn(driver, call)
+            try:
                 call.step_index = core.journal.step_count
                 frame = await driver.request(call, payload)
                 if type(frame) is not ObservationFrame:  # an error frame, or out of step
@@ -529,6 +531,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                     raise
                 except Exception as exc:
                     raise _parse_failed("observation", exc) from exc
+            finally:
+                end_turn(driver, lock)
 
         # The default and a facade's checked timeout are taken here, without a call: step
         # is the hot call.

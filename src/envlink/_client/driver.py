@@ -82,7 +82,7 @@ from envlink.names import (
     OUTCOME_TIMEOUT,
 )
 
-__all__ = ["SessionDriver", "Turn"]
+__all__ = ["SessionDriver", "Turn", "end_turn", "take_turn", "wait_turn"]
 
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
@@ -492,33 +492,61 @@ class Turn:
 
     async def __aenter__(self) -> None:
         driver = self._driver
-        loop = _get_running_loop()
-        task = _task_of(loop)
-        lock = driver._lock
-        if driver._loop is not loop or lock is None or driver._pid != _getpid():
-            lock = driver._bind_loop(asyncio.get_running_loop() if loop is None else loop)
-        if _FREE_LOCKS and not lock._locked and not lock._waiters:  # type: ignore[attr-defined]
-            # What acquire() does when nobody holds the lock or waits for it, without
-            # its coroutine: the call did not queue.
-            lock._locked = True  # type: ignore[attr-defined]
-            self._call.queue_wait = 0.0
-        else:
-            queued = _perf()
-            await lock.acquire()
-            self._call.queue_wait = _perf() - queued
-        if driver.lifecycle is _CLOSED:
-            lock.release()
-            raise ClientClosedError("the client is closed")
-        self._lock = lock
-        driver.active = task
+        self._lock = take_turn(driver, self._call) or await wait_turn(driver, self._call)
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._driver.active = None
         lock, self._lock = self._lock, None
-        if lock is not None:
-            if _FREE_LOCKS and lock._locked and not lock._waiters:  # type: ignore[attr-defined]
-                lock._locked = False  # type: ignore[attr-defined]  # release(), nobody waiting
-            else:
-                lock.release()
+        end_turn(self._driver, lock)
 
+
+def take_turn(driver: SessionDriver, call: Call) -> asyncio.Lock | None:
+    """The session's turn taken at once, when nobody holds it or waits for it.
+
+    What ``asyncio.Lock.acquire()`` does then, without its coroutine. Returns the
+    lock, or ``None``: then ``await`` :func:`wait_turn`. After either: run the call,
+    then :func:`end_turn`, whatever happens.
+    """
+    loop = _get_running_loop()
+    lock = driver._lock
+    if (not _FREE_LOCKS or lock is None or driver._loop is not loop
+            or lock._locked or lock._waiters  # type: ignore[attr-defined]
+            or driver.lifecycle is _CLOSED or driver._pid != _getpid()):
+        return None
+    lock._locked = True  # type: ignore[attr-defined]
+    call.queue_wait = 0.0
+    driver.active = _task_of(loop)
+    return lock
+
+
+async def wait_turn(driver: SessionDriver, call: Call) -> asyncio.Lock:
+    """The session's turn, waited for in FIFO order (``asyncio.Lock`` is fair)."""
+    loop = _get_running_loop()
+    task = _task_of(loop)
+    lock = driver._lock
+    if driver._loop is not loop or lock is None or driver._pid != _getpid():
+        lock = driver._bind_loop(asyncio.get_running_loop() if loop is None else loop)
+    if _FREE_LOCKS and not lock._locked and not lock._waiters:  # type: ignore[attr-defined]
+        # What acquire() does when nobody holds the lock or waits for it, without
+        # its coroutine: the call did not queue.
+        lock._locked = True  # type: ignore[attr-defined]
+        call.queue_wait = 0.0
+    else:
+        queued = _perf()
+        await lock.acquire()
+        call.queue_wait = _perf() - queued
+    if driver.lifecycle is _CLOSED:
+        lock.release()
+        raise ClientClosedError("the client is closed")
+    driver.active = task
+    return lock
+
+
+def end_turn(driver: SessionDriver, lock: asyncio.Lock | None) -> None:
+    """Give the session's turn back (after :func:`take_turn` or :func:`wait_turn`)."""
+    driver.active = None
+    if lock is not None:
+        if _FREE_LOCKS and lock._locked and not lock._waiters:  # type: ignore[attr-defined]
+            lock._locked = False  # type: ignore[attr-defined]  # release(), nobody waiting
+        else:
+            lock.release()
