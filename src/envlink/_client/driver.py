@@ -287,10 +287,47 @@ class SessionDriver:
 
     async def request(self, call: Call, data: dict[str, Any] | None) -> Frame:
         """Send the call's request and return its answer, reconnecting or recovering."""
+        core = self.core
+        core.check_call(call.method)
+        attempt: Callable[[int], Awaitable[Frame]] | None = None
+        try:
+            # The first try runs here; the retry loop is built only once it failed.
+            start = core.clock()
+            conn = self.connector.conn
+            request_id: str | None = None
+            try:
+                if (conn is not None and core.link is Link.OPEN and conn.is_open
+                        and not self._first_phases):
+                    # The first try on a trusted open connection, written out: no
+                    # closure and no coroutine of its own.
+                    request_id = core.next_request_id()
+                    try:
+                        result = await self.exchange(conn, call.method, data, request_id,
+                                                     call=call)
+                    except ConnectionLostError as exc:
+                        result = await self._lost(exc, call, data, request_id)
+                else:
+                    attempt = self._attempts(call, data, None)
+                    result = await attempt(1)
+            except BaseException as exc:
+                first = exc
+            else:
+                return succeeded(self.connector.policy, result)
+            if attempt is None:
+                attempt = self._attempts(call, data, request_id)
+            return await self.connector.retry("resend").continue_after(first, attempt, start)
+        except asyncio.CancelledError:
+            # A deadline or a cancellation once the frame may be on the wire: the
+            # server may have applied it; the journal says so until the client learns
+            # the outcome (a late answer, the server's step count).
+            core.interrupted(call, data)
+            raise
+
+    def _attempts(self, call: Call, data: dict[str, Any] | None,
+                  request_id: str | None) -> Callable[[int], Awaitable[Frame]]:
+        """One try of the call's request, by number; every try sends the same request id."""
         method = call.method
         core = self.core
-        core.check_call(method)
-        request_id: str | None = None
 
         async def attempt(number: int) -> Frame:
             nonlocal request_id
@@ -319,34 +356,23 @@ class SessionDriver:
                 hook.phase_finished(PhaseFinished(phase, None), mark)
                 return answer
             except ConnectionLostError as exc:
-                self.connector.drop(DropReason.FAILED)
-                decision = core.after_failure(method, exc,
-                                              written=not isinstance(exc, NotWrittenError),
-                                              data=data)
-                if decision.action is Action.RESEND:
-                    raise Again(exc) from None
-                if decision.action is Action.RECOVER:
-                    return await recover(self.recovery(), decision, call, data, request_id,
-                                         cause=exc)
-                assert decision.error is not None
-                raise decision.error from exc
+                return await self._lost(exc, call, data, request_id)
 
-        try:
-            # The first try runs here; the retry loop is built only once it failed.
-            start = core.clock()
-            try:
-                result = await attempt(1)
-            except BaseException as exc:
-                first = exc
-            else:
-                return succeeded(self.connector.policy, result)
-            return await self.connector.retry("resend").continue_after(first, attempt, start)
-        except asyncio.CancelledError:
-            # A deadline or a cancellation once the frame may be on the wire: the
-            # server may have applied it; the journal says so until the client learns
-            # the outcome (a late answer, the server's step count).
-            core.interrupted(call, data)
-            raise
+        return attempt
+
+    async def _lost(self, exc: ConnectionLostError, call: Call, data: dict[str, Any] | None,
+                    request_id: str | None) -> Frame:
+        """The connection was lost during a try: resend (``Again``), recover or fail."""
+        self.connector.drop(DropReason.FAILED)
+        decision = self.core.after_failure(call.method, exc,
+                                           written=not isinstance(exc, NotWrittenError),
+                                           data=data)
+        if decision.action is Action.RESEND:
+            raise Again(exc) from None
+        if decision.action is Action.RECOVER:
+            return await recover(self.recovery(), decision, call, data, request_id, cause=exc)
+        assert decision.error is not None
+        raise decision.error from exc
 
     async def _connection_for(self, method: str, number: int) -> Connection | None:
         """The connection to send on, after the core's preflight; ``None``: recover."""
