@@ -226,7 +226,8 @@ class ClientConfig:
             TypeError: a value of the wrong type.
         """
         recovery = check_policy(on_session_lost)  # checked first, as it always was
-        base = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
+        # Immutable defaults are shared between clients: fewer objects per session.
+        base = _DEFAULTS.timeout if timeout is UNSET else Timeout.coerce(timeout)
         if connect_timeout_s is not None or message_timeout_s is not None:
             base = Timeout(
                 connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
@@ -250,6 +251,8 @@ class ClientConfig:
                 raise ValueError("pass connection options either as options= or as keyword "
                                  "arguments (headers, ping_interval, ...), not both")
             built = options
+        elif built == _DEFAULTS.options:
+            built = _DEFAULTS.options
         return cls(
             timeout=base, options=built,
             reconnect=reconnect if reconnect is not None else _DEFAULTS.reconnect,
