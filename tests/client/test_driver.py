@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from envlink import CallTimeoutError, ClientClosedError, ConnectionOptions, ProtocolError, Timeout
+from envlink._client.driver import end_turn, take_turn, wait_turn
 from envlink._sansio.protocol import ObservationFrame, StateFrame
 from envlink._sansio.session import Call
 from envlink.hooks import CallFinished, CallStarted, PhaseFinished, PhaseStarted
@@ -136,6 +137,26 @@ async def test_turns_are_taken_first_come_first_served() -> None:
     release.set()
     await asyncio.gather(*tasks)
     assert order == [0, 1, 2, 3, 4]
+
+
+async def test_a_free_turn_is_not_taken_ahead_of_a_woken_waiter() -> None:
+    """take_turn() declines while a woken waiter has not run yet: a step stays in FIFO order."""
+    driver = build(echo).driver
+    order: list[str] = []
+    held = await wait_turn(driver, Call("step"))
+
+    async def step(name: str) -> None:
+        call = Call("step")
+        lock = take_turn(driver, call) or await wait_turn(driver, call)
+        order.append(name)
+        end_turn(driver, lock)
+
+    waiting = asyncio.ensure_future(step("queued first"))
+    await asyncio.sleep(0)  # it queues on the held lock
+    end_turn(driver, held)  # wakes it; it has not run yet
+    assert take_turn(driver, Call("step")) is None
+    await asyncio.gather(waiting, step("came later"))
+    assert order == ["queued first", "came later"]
 
 
 async def test_an_answer_of_the_wrong_kind_discards_the_connection() -> None:
