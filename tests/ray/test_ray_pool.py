@@ -203,6 +203,20 @@ async def test_killed_shard_with_sent_steps(ray_local: Any, threads: Any, policy
                 assert answer.observation["position"] == 3 and answer.observation["step"] == 2
 
 
+def _release_unstalled(server: Any) -> None:
+    """Let every connection not already holding a request answer its next ones."""
+    for handle in server.connections:
+        if not handle.stalled:
+            handle.faults.stall_after = None
+
+
+def _pool_of(kind: str, url: str, size: int, *, shards: int) -> Any:
+    """The pool a two-pool comparison runs on: in-process (the reference) or on Ray."""
+    if kind == "in_process":
+        return EnvPool([url], size)
+    return RayEnvPool([url], size, shards=shards)
+
+
 def _restarts(reader: InMemoryMetricReader) -> dict[tuple[int, str], int]:
     """envlink.ray.shard.restarts by (shard, reason)."""
     data = reader.get_metrics_data()
@@ -349,12 +363,7 @@ async def test_ready_first_sees_a_step_sent_while_its_shard_waits(
         # other connection is not stalled after all.
         await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
 
-        def release_others(server: Any) -> None:
-            for handle in server.connections:
-                if not handle.stalled:
-                    handle.faults.stall_after = None
-
-        st.call(release_others)
+        st.call(_release_unstalled)
         await pool.step_send([None, {"move": 2}], mask=[False, True])
         # A bound, not a timing check: slot 1 answers at once, slot 0 not before it is freed.
         first = await pool.step_recv(min_ready=1, timeout=30)
@@ -397,20 +406,14 @@ async def test_a_callers_bug_in_a_ready_first_receive(
     """A bad action raised while its shard collects ready-first is raised for that slot
     alone, as in-process: the slot steps again, the held slot stays in flight and answers."""
     st = threads()
-    pool: Any = (EnvPool([st.url], 2) if kind == "in_process"
-                 else RayEnvPool([st.url], 2, shards=1))
+    pool = _pool_of(kind, st.url, 2, shards=1)
     try:
         assert (await pool.reset(seeds=0)).ok
         before = _stall_next(st)
         await pool.step_send([{"move": 1}, 3])  # slot 0 held at the server; 3 is no action
         await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
 
-        def release_others(server: Any) -> None:
-            for handle in server.connections:
-                if not handle.stalled:
-                    handle.faults.stall_after = None
-
-        st.call(release_others)
+        st.call(_release_unstalled)
         with pytest.raises(TypeError, match="action must be"):
             await pool.step_recv(min_ready=1, timeout=30)
         again = await pool.step([None, {"move": 2}], mask=[False, True])
@@ -435,8 +438,7 @@ async def test_a_callers_bug_in_a_whole_batch_step_waits_for_every_slot(
     the step answered (the other shard's included): nothing is left running, and a step
     of a slot still running is refused with the driver's slot number."""
     st = threads()
-    pool: Any = (EnvPool([st.url], 2) if kind == "in_process"
-                 else RayEnvPool([st.url], 2, shards=2))
+    pool = _pool_of(kind, st.url, 2, shards=2)
     try:
         assert (await pool.reset(seeds=0)).ok
         before = _stall_next(st)
@@ -444,12 +446,7 @@ async def test_a_callers_bug_in_a_whole_batch_step_waits_for_every_slot(
         # Slot 1's step is held at the server; slot 0's bad action never left its client.
         await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
 
-        def release_others(server: Any) -> None:
-            for handle in server.connections:
-                if not handle.stalled:
-                    handle.faults.stall_after = None
-
-        st.call(release_others)
+        st.call(_release_unstalled)
         # A bound, not a synchronisation: the step cannot end while slot 1 is held.
         done, _ = await asyncio.wait({task}, timeout=1.0)
         assert not done  # the bug waits for slot 1's answer
@@ -511,8 +508,7 @@ async def test_an_action_that_cannot_reach_its_shard_answers_for_its_own_slot(
     ready-first, in a whole step or reset, as in-process a value JSON cannot carry does:
     nothing is left to wait on, and the other slots' steps are applied."""
     st = threads()
-    pool: Any = (EnvPool([st.url], 4) if kind == "in_process"
-                 else RayEnvPool([st.url], 4, shards=2))
+    pool = _pool_of(kind, st.url, 4, shards=2)
     try:
         assert (await pool.reset(seeds=0)).ok
         actions = [{"move": 1}, {"move": 1}, {"move": 1}, {"move": threading.Lock()}]
@@ -546,8 +542,7 @@ async def test_a_cancelled_step_send_still_sends_every_slot(
     sends every slot, as an in-process one (which never waits) does: step_recv collects
     each of them, none is left to wait on nothing."""
     st = threads()
-    pool: Any = (EnvPool([st.url], 4) if kind == "in_process"
-                 else RayEnvPool([st.url], 4, shards=2))
+    pool = _pool_of(kind, st.url, 4, shards=2)
     try:
         assert (await pool.reset(seeds=0)).ok
         loop = asyncio.get_running_loop()
@@ -594,12 +589,7 @@ async def test_an_answer_that_cannot_reach_the_driver_fails_its_own_slot_only(
         await pool.step_send([None, None, {"move": 1}, "lock"], mask=[False, False, True, True])
         await asyncio.to_thread(st.call, lambda s: s.wait_for_request("step", before + 1))
 
-        def release_others(server: Any) -> None:
-            for handle in server.connections:
-                if not handle.stalled:
-                    handle.faults.stall_after = None
-
-        st.call(release_others)
+        st.call(_release_unstalled)
         with pytest.raises(RuntimeError, match=r"^slot 3: its answer could not be sent"):
             await pool.step_recv(min_ready=1, timeout=30)
         with pytest.raises(ValueError, match=r"slots \[2\] still have a call in flight"):
