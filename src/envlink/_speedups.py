@@ -32,6 +32,7 @@ __all__ = [
     "json_parser",
     "json_scanner",
     "lock_fast_path",
+    "lock_turns",
     "meter_provider_checks",
     "new_record",
     "running_loop_getter",
@@ -206,6 +207,40 @@ def lock_fast_path() -> bool:
         return False
     lock = asyncio.Lock()
     return getattr(lock, "_locked", None) is False and hasattr(lock, "_waiters")
+
+
+def _take_lock_never(lock: Any) -> bool:
+    return False
+
+
+def lock_turns() -> tuple[Callable[[Any], bool], Callable[[Any], None]]:
+    """``(take, give)`` for an ``asyncio.Lock``: ``take(lock)`` takes it at once when
+    nobody holds it or waits for it and says whether it did; ``give(lock)`` gives it
+    back.
+
+    The fast path does what ``acquire()`` and ``release()`` do in that case, by the
+    lock's two fields, without their coroutine and calls. The fallback never takes a
+    lock this way (the caller awaits ``lock.acquire()``) and gives it back with
+    ``lock.release()``.
+    """
+    import asyncio
+
+    if not lock_fast_path():
+        return _take_lock_never, asyncio.Lock.release
+
+    def take(lock: Any) -> bool:
+        if lock._locked or lock._waiters:
+            return False
+        lock._locked = True
+        return True
+
+    def give(lock: Any) -> None:
+        if lock._locked and not lock._waiters:
+            lock._locked = False  # release(), nobody waiting
+        else:
+            lock.release()
+
+    return take, give
 
 
 def span_key() -> Any:

@@ -145,8 +145,10 @@ def test_span_context_fields_unpack_to_the_properties(flags: int,
                                                       state: trace.TraceState) -> None:
     """Where the fast path unpacks a span context, its fields are what the properties say."""
     span_context = trace.SpanContext(0xABC, 0xDEF, False, trace.TraceFlags(flags), state)
-    if not _speedups.span_context_fields():
-        pytest.skip(f"fast paths are off ({_speedups.SWITCH}), or the layout changed")
+    if not _speedups.ENABLED:
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
+    # A changed layout is a failure, not a skip: the fast path would be silently off.
+    assert _speedups.span_context_fields(), "OpenTelemetry's SpanContext layout changed"
     trace_id, span_id, is_remote, trace_flags, trace_state, valid = span_context
     assert (trace_id, span_id, is_remote, valid) == (0xABC, 0xDEF, False, True)
     assert trace_flags is span_context.trace_flags and trace_state is span_context.trace_state
@@ -163,6 +165,29 @@ def test_the_provider_checks_agree_with_the_public_api() -> None:
     assert is_proxy(metrics.NoOpMeterProvider()) is False
     if unset():
         assert is_proxy(provider)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "fallback"])
+async def test_lock_turns_take_and_give_a_lock_as_acquire_and_release_do(fast: bool) -> None:
+    """take() takes only a lock nobody holds or waits for (a woken waiter keeps its
+    place: FIFO), give() wakes the next waiter; the fallback never takes and releases."""
+    take, give = (_speedups.lock_turns() if fast
+                  else (_speedups._take_lock_never, asyncio.Lock.release))
+    takes = fast and _speedups.ENABLED
+    lock = asyncio.Lock()
+    assert take(lock) is takes
+    if not takes:
+        await lock.acquire()
+    assert lock.locked() and not take(lock)  # held
+    waiter = asyncio.ensure_future(lock.acquire())
+    await asyncio.sleep(0)
+    give(lock)  # someone waits: release() hands the lock on
+    assert not take(lock)  # the woken waiter goes first, even before it runs
+    await waiter
+    assert lock.locked() and not take(lock)
+    give(lock)
+    assert not lock.locked()
+    assert take(lock) is takes
 
 
 @contextlib.asynccontextmanager
@@ -316,6 +341,7 @@ def test_the_switch_selects_every_fallback() -> None:
         "import asyncio; assert s.running_loop_getter() is not asyncio._get_running_loop\n"
         "assert s.composite_parts(object()) is None\n"
         "assert s.text_sender(object(), None) is None\n"
+        "assert s.lock_turns() == (s._take_lock_never, asyncio.Lock.release)\n"
         "f = decode_response('{\"type\":\"state\",\"data\":{\"step_count\":2}}', max_size=None)\n"
         "assert f.data['step_count'] == 2, f\n"
         "assert trace_carrier() == {}\n")
@@ -325,26 +351,137 @@ def test_the_switch_selects_every_fallback() -> None:
     assert done.returncode == 0, done.stderr
 
 
+#: The dependencies whose private names only envlink._speedups may read.
+_DEPENDENCIES = ("asyncio", "websockets", "opentelemetry")
+#: Private names that a dependency defines and envlink defines for its own objects
+#: as well, read outside ``self``/``cls`` on what is envlink's own object (file,
+#: the receiver as written, the name). Any other read of such a name is a
+#: dependency's.
+_OWN_OBJECTS = {
+    ("_client/driver.py", "driver", "_lock"), ("_client/driver.py", "driver", "_loop"),
+    ("_client/driver.py", "driver", "_pid"), ("_client/tasks.py", "client", "_endpoint"),
+    ("_config.py", "other", "_key"), ("_transports/mock.py", "self._transport", "_errors"),
+    ("integrations/openenv_harness.py", "harness", "_endpoint"),
+    ("integrations/openenv_harness.py", "session", "_start"),
+    ("server/_http/handshake.py", "server", "_registry"),
+    ("server/_http/handshake.py", "self._server", "_registry"),
+    ("_sansio/policies.py", "a string", "_lock"),  # its own __dict__, in __getstate__
+}
+#: Dependency names envlink uses without reading a dependency's internals: a method
+#: documented for subclasses to override, called through ``super()`` by the override
+#: (OpenTelemetry's ``MetricReader._receive_metrics``); an attribute asyncio probes on
+#: a coroutine, which the sync facade's awaitable answers (never reads).
+_PROTECTED = {("telemetry.py", "super()", "_receive_metrics"),
+              ("_sync/dispatch.py", "a string", "_is_coroutine")}
+
+
+def _is_private(name: str) -> bool:
+    dunder = name.startswith("__") and name.endswith("__")
+    return len(name) > 1 and name.startswith("_") and not dunder
+
+
+def _defined_names(paths: Any, own_only: bool) -> set[str]:
+    """Private names that the modules at ``paths`` define: functions, classes, module
+    globals, imports, attributes they assign (``own_only``: only on ``self``/``cls``,
+    plus ``__slots__``)."""
+    found: set[str] = set()
+    for path in paths:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if not own_only or (isinstance(node.value, ast.Name)
+                                    and node.value.id in ("self", "cls")):
+                    found.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                found.add(node.id)
+            elif isinstance(node, ast.alias):
+                found.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+                found |= {c.value for c in ast.walk(node.value)
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return {name for name in found if _is_private(name)}
+
+
+def _dependency_private_names() -> set[str]:
+    """Every private name asyncio, websockets and OpenTelemetry define, from their source."""
+    import importlib
+
+    names: set[str] = set()
+    for dependency in _DEPENDENCIES:
+        module = importlib.import_module(dependency)
+        for root in module.__path__:
+            names |= _defined_names(sorted(Path(root).rglob("*.py")), own_only=False)
+    return names
+
+
+def _private_reads(tree: ast.AST, dependency: set[str]) -> set[tuple[str, str]]:
+    """``(receiver, name)`` of every read in ``tree`` that may be a dependency's private
+    name: attributes not on ``self``/``cls`` (nor ``os``/``sys``), names imported from
+    a dependency or from a private module of one, and such names given as strings
+    (``getattr``), except in ``__slots__``."""
+    reads: set[tuple[str, str]] = set()
+    slots = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets)
+             for c in ast.walk(node.value)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in dependency:
+            receiver = ast.unparse(node.value)
+            if receiver not in ("self", "cls", "os", "sys"):
+                reads.add((receiver, node.attr))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+                _DEPENDENCIES):
+            parts = (node.module or "").split(".")
+            reads |= {(node.module or "", part) for part in parts if _is_private(part)}
+            reads |= {(node.module or "", a.name) for a in node.names if _is_private(a.name)}
+        elif isinstance(node, ast.Import):
+            reads |= {(a.name, part) for a in node.names
+                      if a.name.split(".")[0] in _DEPENDENCIES
+                      for part in a.name.split(".") if _is_private(part)}
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and node.value in dependency and id(node) not in slots):
+            reads.add(("a string", node.value))
+    return reads
+
+
 def test_no_other_module_uses_a_dependencys_private_name() -> None:
-    """The private names the fast paths use appear in envlink._speedups only."""
-    private = {"_get_running_loop", "_TRACER_PROVIDER", "_METER_PROVIDER", "_BAGGAGE_KEY",
-               "_propagators", "_ProxyMeterProvider", "c_make_scanner", "_internal",
-               "send_in_progress", "fragmented_send_waiter", "send_data"}
-    users: dict[str, set[str]] = {}
-    for path in SRC.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                  for a in n.names}
-        names |= {n.value for n in ast.walk(tree)
-                  if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-        if used := names & private:
-            users[str(path.relative_to(SRC))] = used
+    """Every private name of asyncio, websockets and OpenTelemetry that envlink reads is
+    read in envlink._speedups only (which has a public fallback for each).
+
+    The dependencies' private names come from their installed source, so a new one
+    is seen without a list to keep. A name envlink also defines for itself (``_lock``,
+    ``_loop``) counts as envlink's only on ``self``/``cls`` or where ``_OWN_OBJECTS``
+    names the receiver as envlink's own object."""
+    dependency = _dependency_private_names()
+    assert {"_locked", "_waiters", "_get_running_loop", "_SPAN_KEY",
+            "_RUNTIME_CONTEXT"} <= dependency  # the source was read
+    own = _defined_names([p for p in SRC.rglob("*.py") if p.name != "_speedups.py"],
+                         own_only=True)
+    found: dict[str, set[tuple[str, str]]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        reads = _private_reads(ast.parse(path.read_text(encoding="utf-8")), dependency)
         if any(isinstance(n, ast.Attribute) and n.attr == "__new__"
                and isinstance(n.value, ast.Name) and n.value.id == "tuple"
-               for n in ast.walk(tree)):
-            users.setdefault(str(path.relative_to(SRC)), set()).add("tuple.__new__")
-    assert set(users) == {"_speedups.py"}, users
+               for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))):
+            reads.add(("tuple", "__new__"))
+        # A name envlink defines too is envlink's own on a receiver known to be
+        # envlink's object; a dependency's anywhere else.
+        reads = {(receiver, name) for receiver, name in reads
+                 if name not in own or (rel, receiver, name) not in _OWN_OBJECTS}
+        reads -= {(receiver, name) for receiver, name in reads
+                  if (rel, receiver, name) in _PROTECTED}
+        if reads:
+            found[rel] = reads
+    assert set(found) == {"_speedups.py"}, {k: v for k, v in found.items()
+                                            if k != "_speedups.py"}
+    # What _speedups reads is what it has fallbacks for; the list above is complete.
+    assert {name for _, name in found["_speedups.py"]} >= {
+        "_locked", "_waiters", "_get_running_loop", "_current_tasks", "_RUNTIME_CONTEXT",
+        "_current_context", "_SPAN_KEY", "_BAGGAGE_KEY", "_propagators", "_TRACER_PROVIDER",
+        "_METER_PROVIDER", "_ProxyMeterProvider", "_internal"}
 
 
 def test_the_speedups_module_loads_neither_asyncio_nor_opentelemetry() -> None:

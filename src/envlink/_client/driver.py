@@ -64,6 +64,7 @@ from envlink._sansio.session import (
 )
 from envlink._speedups import (
     lock_fast_path,
+    lock_turns,
     new_record,
     running_loop_getter,
     task_of_loop_getter,
@@ -87,6 +88,7 @@ __all__ = ["SessionDriver", "Turn", "end_turn", "take_turn", "wait_turn"]
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
 _FREE_LOCKS = lock_fast_path()
+_take_free_lock, _give_lock = lock_turns()
 _record = new_record
 _getpid = os.getpid
 _perf = time.perf_counter
@@ -536,10 +538,9 @@ def take_turn(driver: SessionDriver, call: Call) -> asyncio.Lock | None:
     loop = _get_running_loop()
     lock = driver._lock
     if (not _FREE_LOCKS or lock is None or driver._loop is not loop
-            or lock._locked or lock._waiters  # type: ignore[attr-defined]
-            or driver.lifecycle is _CLOSED or driver._pid != _getpid()):
+            or driver.lifecycle is _CLOSED or driver._pid != _getpid()
+            or not _take_free_lock(lock)):
         return None
-    lock._locked = True  # type: ignore[attr-defined]
     call.queue_wait = 0.0
     driver.active = _task_of(loop)
     return lock
@@ -552,10 +553,9 @@ async def wait_turn(driver: SessionDriver, call: Call) -> asyncio.Lock:
     lock = driver._lock
     if driver._loop is not loop or lock is None or driver._pid != _getpid():
         lock = driver._bind_loop(asyncio.get_running_loop() if loop is None else loop)
-    if _FREE_LOCKS and not lock._locked and not lock._waiters:  # type: ignore[attr-defined]
+    if _take_free_lock(lock):
         # What acquire() does when nobody holds the lock or waits for it, without
         # its coroutine: the call did not queue.
-        lock._locked = True  # type: ignore[attr-defined]
         call.queue_wait = 0.0
     else:
         queued = _perf()
@@ -572,7 +572,4 @@ def end_turn(driver: SessionDriver, lock: asyncio.Lock | None) -> None:
     """Give the session's turn back (after :func:`take_turn` or :func:`wait_turn`)."""
     driver.active = None
     if lock is not None:
-        if _FREE_LOCKS and lock._locked and not lock._waiters:  # type: ignore[attr-defined]
-            lock._locked = False  # type: ignore[attr-defined]  # release(), nobody waiting
-        else:
-            lock.release()
+        _give_lock(lock)
