@@ -15,6 +15,8 @@ from envlink import Bridge, GenericEnvClient, default_bridge
 from envlink._sync.default_bridge import DEFAULT_BRIDGE_NAME
 from envlink.server import ServerThread
 
+from .._ports import restartable_port
+
 pytestmark = pytest.mark.timeout(120)
 
 INSTANCES = 256
@@ -176,6 +178,49 @@ def test_the_last_close_leaves_no_envlink_thread_on_every_blocking_path() -> Non
             assert [t.name for t in envlink_threads()] != [thread.name]
             again.close()
             assert envlink_threads() == [], envlink_threads()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+#: ``with`` forms whose connect fails on a dead port: the default bridge's facades (given
+#: by .sync(), or made by a client's own ``with``) and a facade owning its bridge.
+FAILED_WITH = {
+    "sync-facade": "envlink.GenericEnvClient(url).sync()",
+    "typed-client": "envlink.EchoEnv(base_url=url)",
+    "plain-client": "envlink.GenericEnvClient(url)",
+    "harness-facade": "envlink.HarnessClient(url).sync()",
+}
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["dropped", "held"])
+@pytest.mark.parametrize("form", sorted(FAILED_WITH))
+def test_a_failed_with_leaves_no_envlink_thread(form: str, held: bool) -> None:
+    """A connect that fails inside `with` closes what `with` opened: no envlink thread is
+    left, without the garbage collector (never run here by hand), whether the caller
+    still holds the object (`held`) or not."""
+    made = f"made = {FAILED_WITH[form]}" if held else "made = None"
+    entered = "made" if held else FAILED_WITH[form]
+    script = textwrap.dedent(f"""
+        import threading, time
+        import envlink
+
+        url = "http://127.0.0.1:{restartable_port()}"  # nothing listens there
+        {made}
+        try:
+            with {entered} as env:
+                raise AssertionError("connected to a dead port")
+        except ConnectionError:
+            pass
+        # Bounded: every envlink thread is given until the deadline to end.
+        deadline = time.monotonic() + 2.0
+        for thread in threading.enumerate():
+            if thread.name.startswith("envlink"):
+                thread.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in threading.enumerate()
+                if t.name.startswith("envlink") and t.is_alive()]
+        assert left == [], left
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)

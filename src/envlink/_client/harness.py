@@ -40,6 +40,7 @@ from envlink._errors import (
     ProtocolError,
     ServerError,
 )
+from envlink._sync.dispatch import close_after_failed_enter
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_iterate
 from envlink._transports.base import Connection, Transport, parse_endpoint
 from envlink.names import (
@@ -422,7 +423,19 @@ class SyncHarnessClient(BlockingFacade[HarnessClient]):
         super().close(timeout=timeout)
 
     def __enter__(self) -> SyncHarnessClient:
-        return self.connect()
+        """``with client.sync() as harness``: open the session now.
+
+        If that fails, the facade is closed before the error propagates, as leaving
+        the block would close it (its own bridge's thread ends).
+
+        Raises:
+            As :meth:`HarnessClient.connect`.
+        """
+        try:
+            return self.connect()
+        except BaseException as exc:
+            close_after_failed_enter(exc, self.close)
+            raise
 
 
 async def _by(when: float | None, seconds: float | None, wait: Awaitable[_T]) -> _T:

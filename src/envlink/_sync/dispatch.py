@@ -25,7 +25,7 @@ import functools
 import inspect
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from envlink._client.client import EnvClient
     from envlink._sync.sync_client import SyncEnvClient
 
-__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "claim", "dispatch_call", "dispatched",
-           "raw_method", "run_blocking"]
+__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "aclose_after_failed_enter", "claim",
+           "close_after_failed_enter", "dispatch_call", "dispatched", "raw_method",
+           "run_blocking"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _D = TypeVar("_D", bound="AutoDispatch")
@@ -143,6 +144,32 @@ def claim(client: AutoDispatch, mode: str, *, handoff: bool = False) -> None:
         "used with `async with`. Create another client for async use")
 
 
+def close_after_failed_enter(error: BaseException, close: Callable[[], object]) -> None:
+    """A failed ``__enter__``'s cleanup: ``close()`` what it took before ``error`` propagates
+    (no ``__exit__`` follows a failed ``__enter__``). An error of the close is noted on
+    ``error`` (Python 3.11+), never raised in its place; an interrupt propagates."""
+    try:
+        close()
+    except Exception as failure:
+        _note_cleanup(error, failure)
+
+
+async def aclose_after_failed_enter(error: BaseException,
+                                    close: Callable[[], Awaitable[object]]) -> None:
+    """:func:`close_after_failed_enter` for a failed ``__aenter__``: ``await close()`` (a
+    cancellation of the close propagates: the task was asked to stop)."""
+    try:
+        await close()
+    except Exception as failure:
+        _note_cleanup(error, failure)
+
+
+def _note_cleanup(error: BaseException, failure: Exception) -> None:
+    add = getattr(error, "add_note", None)  # Python 3.11+
+    if add is not None:
+        add(f"closing what the failed __enter__ took failed too: {failure!r}")
+
+
 def _facade(client: AutoDispatch) -> SyncEnvClient[Any, Any, Any]:
     facade = client._envlink_auto
     if facade is None:
@@ -201,11 +228,21 @@ class AutoDispatch:
     def __enter__(self: _D) -> _D:
         """``with EnvClient(...) as env``: connect now, in sync mode, on the client's bridge.
 
+        If the connect fails, the client is closed before the error propagates, as
+        leaving the block would close it: the bridge's thread (the default bridge's,
+        once no other client uses it) and a provider's server do not outlive it.
+
         Raises:
-            ExecutionModeError: the client is in async mode.
+            ExecutionModeError: the client is in async mode (it is left as it was).
             ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
         """
-        run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
+        claim(self, SYNC)  # refused: nothing was taken
+        try:
+            run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
+        except BaseException as exc:
+            close_after_failed_enter(
+                exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -214,8 +251,21 @@ class AutoDispatch:
         return False
 
     async def __aenter__(self: _D) -> _D:
+        """``async with EnvClient(...) as env``: connect now, in async mode.
+
+        If the connect fails, the client is closed before the error propagates, as
+        leaving the block would close it (a provider's server is stopped).
+
+        Raises:
+            ExecutionModeError: the client is in sync mode (it is left as it was).
+            ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
+        """
         claim(self, ASYNC)
-        await self.connect()
+        try:
+            await self.connect()
+        except BaseException as exc:
+            await aclose_after_failed_enter(exc, self.close)
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

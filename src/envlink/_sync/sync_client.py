@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy, blocking_wrapper
 from envlink._config import UNSET, UnsetType
-from envlink._sync.dispatch import SYNC, AutoDispatch, claim, raw_method
+from envlink._sync.dispatch import (
+    SYNC,
+    AutoDispatch,
+    claim,
+    close_after_failed_enter,
+    raw_method,
+)
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
 
@@ -262,7 +268,20 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
         super().close(timeout=timeout)
 
     def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
-        return self.connect()
+        """``with client.sync() as env``: connect now.
+
+        If the connect fails, the facade is closed before the error propagates, as
+        leaving the block would close it: the client, then the bridge (its own, or
+        the default bridge's lease, whose thread ends with its last facade).
+
+        Raises:
+            As :meth:`connect`.
+        """
+        try:
+            return self.connect()
+        except BaseException as exc:
+            close_after_failed_enter(exc, self.close)
+            raise
 
 
 class _BlockingMethods(SyncProxy[Any]):
