@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 from collections.abc import AsyncIterator
@@ -194,6 +195,25 @@ def test_enter_asynccontextmanager_finally_runs(bridge: Bridge) -> None:
     with pytest.raises(RuntimeError):
         body()
     assert events == ["enter", "exit"]
+
+
+class StubbornEntry(Resource):
+    """Finishes entering even when its entry is cancelled (a shielded setup)."""
+
+    async def __aenter__(self) -> Resource:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()  # until the bridge's timeout cancels it
+        return await super().__aenter__()
+
+
+def test_enter_leaves_a_context_entered_after_its_caller_gave_up(bridge: Bridge) -> None:
+    """__aenter__ finished on the loop after the caller's timeout: the caller gets the
+    timeout, and the context is left again (no __exit__ follows a failed __enter__)."""
+    res = StubbornEntry()
+    with pytest.raises(CallTimeoutError), bridge.enter(res, timeout=0.05):
+        raise AssertionError("entered")  # pragma: no cover
+    assert res.entered == 1
+    assert res.exited == [CallTimeoutError]
 
 
 def test_enter_rejects_non_context_managers(bridge: Bridge) -> None:

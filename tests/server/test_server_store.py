@@ -112,6 +112,26 @@ async def test_crash_loop_does_not_renew_an_abandoned_sessions_grace(tmp_path: P
                     assert renewed.expires_in is not None and renewed.expires_in > 900.0
 
 
+async def test_a_server_that_cannot_listen_lets_go_of_the_sessions_it_loaded(
+        tmp_path: Path) -> None:
+    """`async with EnvServer(...)` on a port in use: start() raises, and the sessions it had
+    loaded from the store are let go (their grace timers cancelled, their environments
+    closed); their records stay on disk for a server that does start."""
+    async with EnvServer(env="deterministic", session_store=tmp_path,
+                         ping_interval=None) as running, open_ws(running, extensions=True) as ws:
+        await rpc(ws, {"type": "reset", "data": {"seed": 3}})
+        blocked = EnvServer(env="deterministic", session_store=tmp_path, port=running.port,
+                            ping_interval=None)
+        with pytest.raises(OSError, match=str(running.port)):
+            async with blocked:
+                raise AssertionError("listened on a port in use")
+        assert blocked.sessions() == []
+        assert _records(tmp_path)
+        async with EnvServer(env="deterministic", session_store=tmp_path,
+                             ping_interval=None) as other:
+            assert len(other.sessions()) == 1
+
+
 async def test_plain_sessions_and_snapshotless_envs_not_persisted(tmp_path: Path) -> None:
     """Plain sessions, and environments without snapshot(), leave nothing on disk."""
     class NoSnapshot:

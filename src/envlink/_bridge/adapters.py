@@ -99,8 +99,33 @@ class BridgedContext(Generic[T]):
 
     def __enter__(self) -> T:
         acm = self._acm
-        return cast(T, self._bridge.call(type(acm).__aenter__, acm, timeout=self._timeout,
-                                         method=f"{self._method}.__aenter__"))
+        entered = False
+
+        async def enter() -> Any:
+            nonlocal entered
+            result = await type(acm).__aenter__(acm)
+            entered = True
+            return result
+
+        try:
+            return cast(T, self._bridge.call(enter, timeout=self._timeout,
+                                             method=f"{self._method}.__aenter__"))
+        except BaseException as exc:
+            if entered:
+                # Entered on the loop, but this caller stopped waiting first (its
+                # timeout came too late to cancel the entry, or an interrupt): no
+                # __exit__ follows, so leave the context now.
+                self._exit_abandoned(exc)
+            raise
+
+    def _exit_abandoned(self, exc: BaseException) -> None:
+        acm = self._acm
+        try:
+            self._bridge.call(type(acm).__aexit__, acm, type(exc), exc, exc.__traceback__,
+                              timeout=self._timeout, method=f"{self._method}.__aexit__")
+        except Exception:
+            _log.warning("envlink bridge: leaving %r after its abandoned entry failed", acm,
+                         exc_info=True)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:

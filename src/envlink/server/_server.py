@@ -212,7 +212,13 @@ class EnvServer(Observable):
         if self._started:
             raise RuntimeError("the server is already started")
         self._registry.load()
-        await self._listen()
+        try:
+            await self._listen()
+        except BaseException:
+            # Not started: the loaded sessions' timers and environments go (their
+            # records stay on disk, for a server that does start).
+            self._registry.drop_all()
+            raise
         self._started = True
 
     async def restart(self) -> None:
