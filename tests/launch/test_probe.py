@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import subprocess
 import sys
@@ -158,13 +159,37 @@ def test_cli_prints_one_screen_and_json_with_exit_codes(
     assert "envlink probe: error:" in capsys.readouterr().err
 
 
+def _answer_one_poll_not_ready(listener: socket.socket) -> bytes:
+    """Accept one connection on ``listener``, read its request and answer 503 (a server
+    still starting); the request line is returned."""
+    conn, _ = listener.accept()
+    with conn:
+        conn.settimeout(20)
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            request += chunk
+        conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                     b"Connection: close\r\n\r\n")
+    return request.split(b"\r\n", 1)[0]
+
+
 def test_wait_polls_until_the_server_is_ready() -> None:
-    """--wait: a server that starts after the probe does is found healthy (the real command)."""
+    """--wait: the probe's first poll fails (the port answers 503, as a server still
+    starting does); only then does the server start on that port, and the probe, still
+    polling, finds it healthy (the real command)."""
     port = restartable_port()
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(20)
     prober = subprocess.Popen(
         [sys.executable, "-m", "envlink", "probe", f"http://127.0.0.1:{port}", "--wait", "20",
          "-n", "2", "--json"], stdout=subprocess.PIPE, text=True)
     try:
+        with listener:
+            first = _answer_one_poll_not_ready(listener)  # the probe has failed once
+        assert first.startswith(b"GET /health "), first
         with ServerThread(env="echo", port=port):
             out, _ = prober.communicate(timeout=25)
     finally:
