@@ -26,6 +26,8 @@ EXPECTED = {
     "Limits", "set_limits", "get_limits", "SessionHandle",
     # testing without a server
     "MockTransport",
+    # rollouts on disk
+    "RolloutRecorder",
     # the bridge
     "Bridge", "SyncProxy", "default_bridge",
     # many sessions

@@ -95,6 +95,7 @@ if TYPE_CHECKING:
     from envlink._pool.pool import AutoresetMode, EnvPool
     from envlink._pool.results import Batch, EndpointView, PoolView
     from envlink._pool.sync_pool import SyncEnvPool
+    from envlink._recording.recorder import RolloutRecorder
     from envlink._sync.default_bridge import default_bridge
     from envlink._sync.sync_client import SyncEnvClient
     from envlink._transports.mock import MockTransport
@@ -146,6 +147,7 @@ _LAZY = {
     "PoolView": "envlink._pool.results",
     "SyncEnvPool": "envlink._pool.sync_pool",
     "MockTransport": "envlink._transports.mock",
+    "RolloutRecorder": "envlink._recording.recorder",
     "EchoEnv": "envlink.echo_env",  # an alias: envlink.echo_env owns it
     "EchoObservation": "envlink.echo_env",  # an alias: envlink.echo_env owns it
     "configure": "envlink.telemetry",
@@ -218,6 +220,8 @@ __all__ = [
     # testing without a server
     "MockTransport",
     "set_testing",
+    # rollouts on disk
+    "RolloutRecorder",
     # the sync bridge
     "Bridge",
     "SyncProxy",

@@ -1,4 +1,4 @@
-"""The ``envlink`` command: ``envlink serve``, ``demo``, ``probe`` and ``version``.
+"""The ``envlink`` command: ``serve``, ``demo``, ``probe``, ``replay``, ``rollouts``, ``version``.
 
 One :mod:`argparse` parser with a subcommand each; the subcommands' options are
 defined next to what they run (:mod:`envlink.server._command`, :mod:`envlink._cli.demo`,
@@ -19,6 +19,12 @@ from envlink._cli.probe import DESCRIPTION as PROBE_DESCRIPTION
 from envlink._cli.probe import EPILOG as PROBE_EPILOG
 from envlink._cli.probe import add_arguments as add_probe_arguments
 from envlink._cli.probe import probe_from_args
+from envlink._cli.rerun import DESCRIPTION as REPLAY_DESCRIPTION
+from envlink._cli.rerun import add_arguments as add_replay_arguments
+from envlink._cli.rerun import replay_from_args
+from envlink._cli.rollout_summary import DESCRIPTION as ROLLOUTS_DESCRIPTION
+from envlink._cli.rollout_summary import add_arguments as add_rollouts_arguments
+from envlink._cli.rollout_summary import rollouts_from_args
 from envlink.server._command import DESCRIPTION as SERVE_DESCRIPTION
 from envlink.server._command import add_arguments as add_serve_arguments
 from envlink.server._command import serve_from_args
@@ -53,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
              "latency (envlink probe --help)")
     add_probe_arguments(probe)
     probe.set_defaults(run=probe_from_args, parser=probe)
+    replay = commands.add_parser(
+        "replay", description=REPLAY_DESCRIPTION,
+        help="re-run recorded episodes against a server and compare every answer "
+             "(envlink replay --help)")
+    add_replay_arguments(replay)
+    replay.set_defaults(run=replay_from_args, parser=replay)
+    rollouts = commands.add_parser(
+        "rollouts", description=ROLLOUTS_DESCRIPTION,
+        help="summarise recorded episodes (envlink rollouts --help)")
+    add_rollouts_arguments(rollouts)
+    rollouts.set_defaults(run=rollouts_from_args, parser=rollouts)
     version = commands.add_parser("version", help="print envlink's version")
     version.set_defaults(run=_version, parser=version)
     help_ = commands.add_parser("help", help="print this help")
