@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from envlink import (
     CallTimeoutError,
@@ -123,6 +124,66 @@ def test_detach_and_attach_in_plain_code_block_and_return(server: ServerThread) 
         assert attached.state()["step_count"] == 2
     finally:
         attached.close()
+
+
+def _drop_next_answer(server: ServerThread, session_id: str | None) -> None:
+    """The server drops the session's connection at its next request, after applying it."""
+    def arm(srv: EnvServer) -> bool:
+        for handle in srv.connections:
+            if handle.session_id == session_id:
+                handle.faults.drop_mode = "after_apply"
+                handle.faults.drop_after = handle.requests + 1
+                return True
+        return False
+
+    assert server.call(arm)
+
+
+def _assert_a_resume_not_a_loss(attach_logs: list[dict[str, Any]],
+                                logs: list[dict[str, Any]]) -> None:
+    events = [entry["event"] for entry in attach_logs]
+    assert "envlink.session_lost" not in events, attach_logs
+    assert "envlink.session_recovered" in events, attach_logs
+    lost = [entry for entry in logs if entry["event"] == "envlink.session_lost"]
+    assert [entry["method"] for entry in lost] == ["step"], logs
+
+
+@pytest.mark.parametrize("form", ["EnvClient.attach", "handle.attach_sync"])
+def test_attaching_reports_a_resume_not_a_lost_session(server: ServerThread, form: str) -> None:
+    """attach() resumes a session let go on purpose: it logs envlink.session_recovered and no
+    envlink.session_lost warning. A connection lost after the attach still logs one."""
+    env = GenericEnvClient(server.url)
+    env.reset(seed=1, max_steps=50)
+    env.step({"move": 3})
+    handle = env.detach()
+    with capture_logs() as logs:
+        attached: Any = (GenericEnvClient.attach(handle) if form == "EnvClient.attach"
+                         else handle.attach_sync())
+        attach_logs = list(logs)
+        try:
+            _drop_next_answer(server, attached.session_id)
+            assert attached.step({"move": 1}).observation["step"] == 2
+        finally:
+            attached.close()
+    _assert_a_resume_not_a_loss(attach_logs, logs)
+
+
+async def test_attaching_with_await_reports_a_resume_not_a_lost_session(
+        server: ServerThread) -> None:
+    """The same in async code."""
+    env = GenericEnvClient(server.url)
+    await env.reset(seed=1, max_steps=50)
+    await env.step({"move": 3})
+    handle = await env.detach()
+    with capture_logs() as logs:
+        attached = await GenericEnvClient.attach(handle)
+        attach_logs = list(logs)
+        try:
+            _drop_next_answer(server, attached.session_id)
+            assert (await attached.step({"move": 1})).observation["step"] == 2
+        finally:
+            await attached.close()
+    _assert_a_resume_not_a_loss(attach_logs, logs)
 
 
 async def test_detach_needs_an_episode_and_a_resumable_session() -> None:
