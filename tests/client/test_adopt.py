@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 import envlink
+from envlink import ReconnectPolicy
 from envlink.server import EnvServer, ServerThread
 
+from .._ports import restartable_port
 from ._openenv_standin import STANDIN_PACKAGES, write_standin
 
 pytestmark = pytest.mark.timeout(30)
@@ -130,6 +132,28 @@ def test_adopted_mcp_client_lists_and_calls_tools(standin: dict[str, ModuleType]
     assert isinstance(parsed.observation, mcp.CallToolObservation)
     tool = env._tool({"name": "echo", "inputSchema": {"type": "object"}})
     assert isinstance(tool, mcp.Tool) and tool.input_schema == {"type": "object"}
+
+
+@pytest.mark.parametrize("detached_sessions", [False, True],
+                         ids=["no-http-mcp-sessions", "no-mcp-tools"])
+async def test_adopted_mcp_client_lists_no_tools_on_a_server_without_mcp(
+        standin: dict[str, ModuleType], detached_sessions: bool) -> None:
+    """On a server without MCP, an adopted MCP client's list_tools() is [] (as OpenEnv's
+    MCPToolClient answers), not an error, and the empty list is not cached; a server
+    that cannot be reached still raises."""
+    EchoTools = envlink.adopt(standin["echo_tools_env"].EchoToolsEnv)
+    server = EnvServer(env="deterministic", detached_sessions=detached_sessions)
+    async with server, EchoTools(base_url=server.url) as env:
+        assert await env.list_tools() == []
+        assert await env.get_tool("echo_message") is None
+        assert env._tools_cache is None
+    dead = EchoTools(base_url=f"http://127.0.0.1:{restartable_port()}",
+                     reconnect=ReconnectPolicy(max_attempts=1))
+    try:
+        with pytest.raises(envlink.ConnectError):
+            await dead.list_tools()
+    finally:
+        await dead.close()
 
 
 def test_adopted_client_in_a_pool_and_the_trl_adapter(

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from envlink._client.client import EnvClient, GenericEnvClient
 from envlink._client.mcp_client import MCPToolClient
+from envlink._errors import ConnectError, McpError, ProtocolError
 from envlink._sync.dispatch import dispatched
 
 __all__ = ["McpToolAdapter", "adopt", "is_openenv_client"]
@@ -111,15 +112,30 @@ class McpToolAdapter(MCPToolClient[Any]):
     async def list_tools(self, use_cache: bool = True) -> list[Any]:
         """The environment's tools (OpenEnv ``Tool`` objects), cached after the first call.
 
+        A server without MCP gives ``[]``, as OpenEnv's client does (not cached: the
+        next call asks again): one that offers no HTTP MCP sessions, or answers
+        ``tools/list`` with a JSON-RPC error (``Method not found``...) or without a
+        list of tools. Where OpenEnv's client returns ``[]`` on any failure, a server
+        that cannot be reached, a deadline or a closed client still raise.
+
         Args:
             use_cache: return the cached list when there is one (``False``: ask again).
 
         Raises:
-            McpError, ProtocolError and the errors of :meth:`~envlink.EnvClient.mcp_request`.
+            ConnectError, CallTimeoutError, ClientClosedError and the other errors of
+            :meth:`~envlink.EnvClient.mcp_request` but the above.
         """
         if use_cache and self._tools_cache is not None:
             return self._tools_cache
-        tools = [self._tool(t) for t in await self.mcp_list_tools()]
+        try:
+            listed = await self.mcp_list_tools()
+        except (McpError, ProtocolError):
+            return []  # the server answered, and has no tool list to give
+        except ConnectError:
+            if self.connected and self._driver.core.detached_id is None:
+                return []  # connected, but the server offers no HTTP MCP sessions
+            raise
+        tools = [self._tool(t) for t in listed]
         self._tools_cache = tools
         return tools
 
