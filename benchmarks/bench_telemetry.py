@@ -155,8 +155,10 @@ def _per_call(fn: Callable[[], None], iterations: int) -> tuple[float, float]:
             (time.thread_time() - cpu) / iterations)
 
 
-def _instructions(names: list[str], iterations: int) -> int:
-    """Count each configuration's instructions per call under callgrind; print the table."""
+def _instructions(names: list[str], iterations: int, json_path: str | None = None) -> int:
+    """Count each configuration's instructions per call under callgrind; print the table
+    (and write it to ``json_path``)."""
+    import json
     import os
     import subprocess
     import tempfile
@@ -179,13 +181,21 @@ def _instructions(names: list[str], iterations: int) -> int:
             per_call[name] = (totals[1] - totals[0]) / (2 * iterations)
             print(f"  {name:<40}{per_call[name] / 1000:>10.1f} k instructions per call",
                   flush=True)
-    floor = per_call["SDK floor (the SDK's work alone)"]
-    added = per_call["SDK, merged (default)"] - per_call["no SDK"]
-    unsampled = per_call["SDK, unsampled (ratio 0)"] - per_call["no SDK"]
-    print(f"python {sys.version.split()[0]}: what the SDK path adds to a sync call "
-          f"(SDK, merged - no SDK) {added / 1000:.1f} k = {added / floor:.3f} x the SDK "
-          f"floor ({floor / 1000:.1f} k); unsampled {unsampled / 1000:.1f} k "
-          f"({unsampled / floor:.3f} x)")
+    report: dict[str, Any] = {"python": sys.version.split()[0], "iterations": iterations,
+                              "per_call": per_call}
+    floor = per_call.get("SDK floor (the SDK's work alone)")
+    if floor and "SDK, merged (default)" in per_call and "no SDK" in per_call:
+        added = per_call["SDK, merged (default)"] - per_call["no SDK"]
+        report.update(sdk_path=added, sdk_floor=floor, sdk_path_over_floor=added / floor)
+        line = (f"python {sys.version.split()[0]}: what the SDK path adds to a sync call "
+                f"(SDK, merged - no SDK) {added / 1000:.1f} k = {added / floor:.3f} x the SDK "
+                f"floor ({floor / 1000:.1f} k)")
+        if "SDK, unsampled (ratio 0)" in per_call:
+            unsampled = per_call["SDK, unsampled (ratio 0)"] - per_call["no SDK"]
+            line += f"; unsampled {unsampled / 1000:.1f} k ({unsampled / floor:.3f} x)"
+        print(line)
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
@@ -199,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instructions", action="store_true",
                         help="count every configuration under callgrind (needs valgrind "
                              "and a C compiler); --iterations: the short window's calls")
+    parser.add_argument("--only", action="append", default=None, metavar="NAME",
+                        help="--instructions: count only the configurations whose names "
+                             "start with NAME (repeatable), e.g. --only 'no SDK' --only "
+                             "'SDK, merged' --only 'SDK floor'")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="--instructions: also write the counts to PATH")
     args = parser.parse_args(argv)
 
     tp = TracerProvider()
@@ -228,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
                                     ClientTelemetryHook(provider, mp))
     variants["SDK floor (the SDK's work alone)"] = _sdk_floor(tp, mp)
     if args.instructions:
-        return _instructions(list(variants), args.iterations)
+        names = [n for n in variants
+                 if args.only is None or any(n.startswith(o) for o in args.only)]
+        if not names:
+            raise SystemExit(f"--only: no configuration {args.only!r}")
+        return _instructions(names, args.iterations, args.json)
     if args.count is not None:
         name = next((n for n in variants if n.startswith(args.count)), None)
         if name is None:
