@@ -84,6 +84,7 @@ __all__ = [
     "LOG_DISCONNECT",
     "LOG_EVENTS",
     "LOG_PEER_UNRESPONSIVE",
+    "LOG_PROVIDER_STOP_FAILED",
     "LOG_RECONNECT_SCHEDULED",
     "LOG_REPLAY_DIVERGED",
     "LOG_SESSION_LOST",
@@ -229,6 +230,7 @@ LOG_CLIENT_CLOSED = "envlink.client_closed"
 LOG_PEER_UNRESPONSIVE = "envlink.peer_unresponsive"
 LOG_UNATTRIBUTABLE_FRAME = "envlink.unattributable_frame"
 LOG_SESSION_RELEASE_FAILED = "envlink.session_release_failed"
+LOG_PROVIDER_STOP_FAILED = "envlink.provider_stop_failed"
 LOG_RECONNECT_SCHEDULED = "envlink.reconnect_scheduled"
 LOG_CALL_FAILED = "envlink.call_failed"
 LOG_SESSION_LOST = "envlink.session_lost"
@@ -262,7 +264,7 @@ LOG_EVENTS: tuple[str, ...] = (
     LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
     LOG_UNKNOWN_STEP_SETTLED, LOG_RECOVERY_FALLBACK, LOG_DETACHED_UNAVAILABLE,
     LOG_POOL_BREAKER_CHANGED, LOG_POOL_CAPACITY_WAIT,
-    LOG_POOL_SESSION_MOVED,
+    LOG_POOL_SESSION_MOVED, LOG_PROVIDER_STOP_FAILED,
 )
 #: Hook events that are counted, not logged.
 HOOK_RECONNECT = "envlink.reconnect"

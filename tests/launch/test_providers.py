@@ -15,6 +15,7 @@ import pytest
 from envlink import (
     DockerProvider,
     GenericEnvClient,
+    InvalidArgumentError,
     LocalServerProvider,
     NotReadyError,
     ProviderError,
@@ -89,32 +90,34 @@ async def test_children_share_the_provider_until_the_last_closes() -> None:
 
 
 async def test_container_provider_is_driven_as_openenv_does() -> None:
-    """A duck-typed ContainerProvider: start_container(), wait_for_ready(url, timeout_s),
-    and stop_container() on close."""
+    """A duck-typed ContainerProvider: start_container(), wait_for_ready(url) (its own
+    readiness timeout, as OpenEnv leaves it), and stop_container() on close."""
     provider = RecordingContainer()
     async with GenericEnvClient(provider=provider, timeout=Timeout(20)) as client:
         await client.step({"message": "x"})
         pid = provider.pid
     names = [name for name, _ in provider.calls]
     assert names == ["start_container", "wait_for_ready", "stop_container"]
-    assert provider.calls[1][1] == (client.base_url, 20)
+    assert provider.calls[1][1] == (client.base_url, 30.0)  # the provider's default
     assert pid is not None and process_gone(pid)
 
 
 async def test_failed_readiness_stops_what_was_started() -> None:
-    """wait_for_ready failing: ProviderError, and the started container is stopped."""
+    """wait_for_ready failing: its own error (unchanged, as OpenEnv lets it through), and
+    the started container is stopped."""
     provider = RecordingContainer(fail_ready=True)
     client = GenericEnvClient(provider=provider, timeout=Timeout(20))
-    with pytest.raises(ProviderError, match="did not start: TimeoutError") as info:
+    with pytest.raises(TimeoutError, match="did not become ready") as info:
         await client.connect()
-    assert isinstance(info.value.__cause__, TimeoutError)
+    assert not isinstance(info.value, ProviderError)
     assert [n for n, _ in provider.calls][-1] == "stop_container"
     assert provider.pid is None
     await client.close()
 
 
 async def test_a_server_that_exits_or_never_answers_is_stopped() -> None:
-    """A command that exits early, or never becomes ready: ProviderError, no process left."""
+    """A command that exits early, or never becomes ready (within the timeout the call
+    was given): ProviderError, no process left."""
     exits = LocalServerProvider([sys.executable, "-c", "raise SystemExit(3)"])
     client = GenericEnvClient(provider=exits, timeout=Timeout(20))
     with pytest.raises(ProviderError, match="exited with code 3"):
@@ -133,15 +136,15 @@ async def test_a_server_that_exits_or_never_answers_is_stopped() -> None:
         return url
 
     stuck.start = start  # type: ignore[method-assign]
-    with pytest.raises(ProviderError) as info:
-        await client.connect()
-    assert isinstance(info.value.__cause__, NotReadyError)
+    with pytest.raises(NotReadyError):
+        await client.connect(timeout=1.0)  # the readiness wait's timeout, given
     assert started and process_gone(started[0]) and stuck.pid is None
     await client.close()
 
 
 async def test_a_provider_that_needs_an_image_is_refused_clearly() -> None:
-    """A container provider whose start_container() needs arguments cannot start itself."""
+    """A container provider whose start_container() needs arguments cannot start itself:
+    OpenEnv's ValueError (an InvalidArgumentError), with OpenEnv's wording."""
     class NeedsImage:
         def start_container(self, image: str) -> str:
             raise AssertionError("not called")
@@ -151,8 +154,10 @@ async def test_a_provider_that_needs_an_image_is_refused_clearly() -> None:
         def stop_container(self) -> None: ...
 
     client = GenericEnvClient(provider=NeedsImage())
-    with pytest.raises(ProviderError, match=r"start_container\(\) needs image"):
+    with pytest.raises(InvalidArgumentError,
+                       match=r"start_container\(\) requires image") as info:
         await client.connect()
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, ProviderError)
     await client.close()
     with pytest.raises(ProviderError, match="is not a provider"):
         GenericEnvClient(provider=object())

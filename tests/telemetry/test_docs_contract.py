@@ -227,6 +227,8 @@ _NOT_PROVOKED = {
     "envlink.unknown_step_settled": "needs a step cut by a deadline after it was sent",
     "envlink.recovery_fallback": "needs on_session_lost='auto' and a session the server no "
                                  "longer has (tests/interop/test_stock_resume.py provokes it)",
+    "envlink.provider_stop_failed": "needs a provider whose stop fails "
+                                    "(tests/launch/test_provider_cleanup.py)",
 }
 
 

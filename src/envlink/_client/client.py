@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.configuration import ClientConfig, changed_fields, check_policy
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
-from envlink._client.events import ClientHook, combine_client_hooks
+from envlink._client.events import ClientEvent, ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
 from envlink._client.tasks import TaskAPI
 from envlink._config import (
@@ -44,6 +45,7 @@ from envlink._errors import (
 from envlink._launch import discovery, lifecycle
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap
+from envlink._launch.providers import add_note
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import (
     ReconnectPolicy,
@@ -56,6 +58,7 @@ from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
 from envlink._sync.dispatch import AutoDispatch
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
+from envlink.names import LOG_PROVIDER_STOP_FAILED
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from envlink._bridge import Bridge
+    from envlink._recording.recorder import RolloutRecorder
     from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["EnvClient", "GenericEnvClient", "StepResult", "configured_client"]
@@ -72,6 +76,7 @@ ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
+_perf = time.perf_counter
 
 
 @dataclass
@@ -215,6 +220,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         provider: Any = None,
         token: str | None = None,
         config: ClientConfig | None = None,
+        recorder: RolloutRecorder | None = None,
     ) -> None:
         inherited = _INHERITED.get()
         if inherited is not None and inherited[0] is type(self):
@@ -235,7 +241,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 websocket_ping_interval_s=websocket_ping_interval_s,
                 websocket_ping_timeout_s=websocket_ping_timeout_s, transport=transport,
                 options=options, hooks=hooks, mode=mode, limits=limits,
-                on_capacity=on_capacity)
+                on_capacity=on_capacity, recorder=recorder)
             if config is None:
                 config = given
             elif not isinstance(config, ClientConfig):
@@ -272,6 +278,11 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                                    self._endpoint.display)
         else:
             hook = combine_client_hooks(list(config.hooks))
+        # Every episode on disk, as the caller got it (docs/recording.md).
+        self._tape = None if config.recorder is None else config.recorder.tape(
+            self._endpoint.display, tracing=config.hooks is None)
+        if self._tape is not None:
+            hook = self._tape.wrap(hook)
         self._core = SessionCore(policy=policy, on_session_lost=config.on_session_lost,
                                  max_journal_steps=config.max_journal_steps,
                                  production=self._mode == "production")
@@ -460,6 +471,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             CallTimeoutError: the deadline expired.
             ClientClosedError: the client was closed.
         """
+        if self._target.lease is not None:
+            await self._provider_first(timeout)
         # The connect phase timeout bounds each attempt; the whole (re)connect loop is
         # bounded like any call.
         driver = self._driver
@@ -485,13 +498,19 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             CallTimeoutError, ConnectError, ConnectionLostError, ProtocolError,
             ClientClosedError.
         """
+        if self._target.lease is not None:
+            await self._provider_first(timeout)
         data = dict(kwargs)
         driver = self._driver
 
         async def run(call: Call) -> StepResult[ObsT]:
             async with driver.turn(call):
+                if self._tape is not None:
+                    self._tape.reset_started(self._core)
                 frame = driver.expect(await driver.request(call, data), ObservationFrame, "reset")
                 self._core.answered("reset", data, frame, episode_id=kwargs.get("episode_id"))
+                if self._tape is not None:
+                    self._tape.reset_answered(call, data, frame, self._core)
                 return _parse(self._parse_result, frame.raw_data, "observation")
 
         return await driver.call("reset", call_seconds(timeout, self.timeouts.call), run)
@@ -512,8 +531,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             OutcomeUnknownError: the connection was lost after sending, outside an episode.
             ServerError, CallTimeoutError, ProtocolError, ClientClosedError.
         """
+        if self._target.lease is not None:
+            await self._provider_first(timeout)
         payload = self._step_payload(action)
-        driver, core = self._driver, self._core
+        driver, core, tape = self._driver, self._core, self._tape
 
         # step is the hot call, so its turn (without a coroutine when nobody waits) and
         # parse are written out here.
@@ -521,10 +542,18 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             lock = take_turn(driver, call) or await wait_turn(driver, call)
             try:
                 call.step_index = core.journal.step_count
-                frame = await driver.request(call, payload)
-                if type(frame) is not ObservationFrame:  # an error frame, or out of step
-                    frame = driver.expect(frame, ObservationFrame, "step")
+                started = _perf()
+                try:
+                    frame = await driver.request(call, payload)
+                    if type(frame) is not ObservationFrame:  # an error frame, or out of step
+                        frame = driver.expect(frame, ObservationFrame, "step")
+                except BaseException:
+                    if tape is not None:
+                        tape.step_failed(call, payload, core)
+                    raise
                 core.answered("step", payload, frame, call=call)
+                if tape is not None:  # what the caller gets, after any recovery
+                    tape.step_answered(call, payload, frame, started)
                 try:
                     return self._parse_result(frame.raw_data)
                 except EnvlinkError:
@@ -550,7 +579,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         Raises:
             SessionLostError, ServerError, CallTimeoutError, ProtocolError, ClientClosedError.
         """
-
+        if self._target.lease is not None:
+            await self._provider_first(timeout)
         driver = self._driver
 
         async def run(call: Call) -> StateT:
@@ -586,14 +616,21 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         the sessions opened with :meth:`new_session`.
 
         A server started by this client's provider is stopped when its last client
-        closes; a failed stop is retried, then raised, and closing again retries it.
+        closes, with one try, as OpenEnv stops it; a stop that failed is tried once more
+        by each later call (closing again included), and one that succeeded never again.
 
         Raises:
-            ProviderError: the provider's server did not stop (it may still run).
+            Exception: the provider's own stop error, unchanged (the same object, with a
+                note on Python 3.11+ and an ``envlink.provider_stop_failed`` log event):
+                its server may still run.
         """
         if self.closed:
             # A provider whose stop failed is stopped again (it raises if it fails still).
-            await self._target.retry_stop()
+            try:
+                await self._target.retry_stop()
+            except BaseException:
+                self._report_stop_failure()
+                raise
             return
         seconds = call_seconds(timeout, self.timeouts.close)
         children, self._children = self._children, []
@@ -603,7 +640,13 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         try:
             await self._driver.close(seconds)
         finally:
-            await self._target.release()
+            if self._tape is not None:
+                self._tape.close()  # the episode in progress ends as "close"
+            try:
+                await self._target.release()
+            except BaseException:
+                self._report_stop_failure()
+                raise
 
     def sync(self, bridge: Bridge | None = None, *,
              nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:
@@ -652,16 +695,40 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         """Open another session on the same server, as OpenEnv's ``new_session()`` does.
 
         The child is a connected client of the same class with the same options (and
-        its own episode); :meth:`close` closes it with this client.
+        its own episode); :meth:`close` closes it with this client. With a provider,
+        this client starts it first (a pending stop tried first), and the child is
+        built with the started server's URL; if building the child fails, a server
+        started by this call is stopped again.
 
         Raises:
             ConnectError, CapacityReachedError, ClientClosedError: as :meth:`connect`.
+            Exception: the provider's own start, readiness or stop error, unchanged.
         """
+        target = self._target
+        held = target.held
+        if target.lease is not None:
+            await self._provider_first(UNSET)
         if self.closed:
             raise ClientClosedError("the client is closed")
-        target = self._target
-        child = configured_client(type(self), target.requested, self._config,
-                                  provider=target.provider, token=target.token)
+        url = target.requested
+        if target.lease is not None:
+            url = self.base_url
+        try:
+            child = configured_client(type(self), url, self._config,
+                                      provider=target.provider, token=target.token)
+        except BaseException as exc:
+            if target.lease is not None and not held and target.held:
+                # The server this call started serves nobody: stop it (one try; a
+                # failure is noted on the constructor's error and stays pending).
+                try:
+                    await target.release()
+                except Exception as failure:
+                    self._report_stop_failure()
+                    add_note(exc, f"envlink: stopping {type(target.provider).__name__} "
+                                  f"after the failed new_session() failed too "
+                                  f"({type(failure).__name__}: {failure}): it may still be "
+                                  "running; the next call tries the stop again")
+            raise
         try:
             await child.connect()
         except BaseException:
@@ -689,6 +756,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 sent (it is never resent); ``tools/list`` is resent.
             CallTimeoutError, ProtocolError, SessionLostError, ClientClosedError.
         """
+        if self._target.lease is not None:
+            await self._provider_first(timeout)
         rpc_id = next(self._mcp_ids)
         data = mcp.rpc_request(rpc_id, method, params)
         driver = self._driver
@@ -905,13 +974,60 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         await self._prepare_server()
         return seconds
 
-    async def _prepare_server(self) -> None:
-        """Start the provider's server, or wait for a sleeping Space: once, before the
-        first connection (the connector calls it before each open)."""
-        started = await self._target.ready(
-            self._endpoint, self._options, self.reconnect_policy,
-            timeout=self.timeouts.call, attempt_timeout=self.timeouts.connect)
-        if started is not None:
+    async def _provider_first(self, timeout: float | UnsetType | None) -> None:
+        """Before a call, with a provider: its pending stop, then its start.
+
+        Outside the call's deadline, as OpenEnv starts it: ``wait_for_ready`` keeps the
+        provider's own timeout unless the call was given ``timeout=``. On a closed
+        client a pending stop is tried once (the call then raises
+        :class:`ClientClosedError`), except on a client a bootstrap handle made, whose
+        stop only ``close()`` tries again, as OpenEnv's.
+        """
+        target = self._target
+        if self.closed:
+            if target.stop_pending and not target.held:
+                if not target.bootstrapped:
+                    try:
+                        await target.retry_stop()
+                    except BaseException:
+                        self._report_stop_failure()
+                        raise
+                if target.stop_pending:
+                    raise ClientClosedError(
+                        "the client is closed and its provider's stop is pending: call "
+                        "close() again to finish the cleanup, then create a new client")
+            return
+        if not target.held:
+            await self._prepare_server(None if timeout is UNSET else timeout)
+
+    def _report_stop_failure(self) -> None:
+        """A provider's stop failed (pending now): the ``envlink.provider_stop_failed``
+        log event, in the caller's span (its trace id)."""
+        lease = self._target.lease
+        failure = lease.stop_failure if lease is not None else None
+        if lease is None or failure is None:
+            return
+        self._driver.connector.hook.event(ClientEvent(
+            LOG_PROVIDER_STOP_FAILED, self._core.session_id,
+            {"provider": type(lease.provider).__name__,
+             "error": f"{type(failure).__name__}: {failure}"}))
+
+    async def _prepare_server(self, ready_timeout: float | None = None) -> None:
+        """Start the provider's server, or wait for a sleeping Space: before a connection
+        (the connector calls it before each open).
+
+        Args:
+            ready_timeout: the provider's ``wait_for_ready`` timeout (``None``: its own).
+        """
+        try:
+            started = await self._target.ready(
+                self._endpoint, self._options, self.reconnect_policy,
+                timeout=self.timeouts.call, attempt_timeout=self.timeouts.connect,
+                ready_timeout=ready_timeout)
+        except BaseException:
+            self._report_stop_failure()
+            raise
+        if started is not None and started.base_url != self._endpoint.base_url:
             self._endpoint = self._driver.connector.endpoint = started
 
 

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from envlink._client.events import ClientHook
+    from envlink._recording.recorder import RolloutRecorder
     from envlink._transports.base import Transport
 
 __all__ = [
@@ -114,6 +115,8 @@ class ClientConfig:
         meter_provider: the emitter's meter provider (default: the global one).
         transport: how connections are opened (default: ``websockets``); a
             :class:`~envlink.MockTransport` to test code without a server.
+        recorder: a :class:`~envlink.RolloutRecorder` that records every episode of
+            the client (``docs/recording.md``); pickles as its settings.
 
     Raises:
         TypeError: a part of the wrong type.
@@ -134,6 +137,7 @@ class ClientConfig:
     tracer_provider: TracerProvider | None = None
     meter_provider: MeterProvider | None = None
     transport: Transport | None = None
+    recorder: RolloutRecorder | None = None
 
     def __post_init__(self) -> None:
         policy = check_policy(self.on_session_lost)
@@ -158,6 +162,9 @@ class ClientConfig:
                 raise TypeError(f"hooks must be a sequence of ClientHook or None, "
                                 f"got {type(self.hooks).__name__}")
             object.__setattr__(self, "hooks", tuple(self.hooks))
+        if self.recorder is not None and not callable(getattr(self.recorder, "tape", None)):
+            raise TypeError(f"recorder must be an envlink.RolloutRecorder or None, "
+                            f"got {type(self.recorder).__name__}")
 
     def __reduce__(self) -> tuple[type[ClientConfig], tuple[Any, ...]]:
         bound = [name for name in _PROCESS_BOUND if getattr(self, name) is not None]
@@ -203,6 +210,7 @@ class ClientConfig:
         mode: str | None = None,
         limits: Limits | None = None,
         on_capacity: CapacityMode = "raise",
+        recorder: RolloutRecorder | None = None,
     ) -> ClientConfig:
         """The config of ``EnvClient``'s keyword arguments, OpenEnv's names included.
 
@@ -261,7 +269,7 @@ class ClientConfig:
             limits=limits, on_capacity=on_capacity,
             hooks=None if hooks is None else tuple(hooks),
             tracer_provider=tracer_provider, meter_provider=meter_provider,
-            transport=transport)
+            transport=transport, recorder=recorder)
 
 
 

@@ -33,6 +33,7 @@ from envlink.names import (
     LOG_DETACHED_UNAVAILABLE,
     LOG_DISCONNECT,
     LOG_PEER_UNRESPONSIVE,
+    LOG_PROVIDER_STOP_FAILED,
     LOG_RECONNECT_SCHEDULED,
     LOG_RECOVERY_FALLBACK,
     LOG_REPLAY_DIVERGED,
@@ -77,6 +78,7 @@ EVENTS: Mapping[str, tuple[str, ...]] = {
     LOG_DISCONNECT: (),
     LOG_CLIENT_CLOSED: (),
     LOG_SESSION_RELEASE_FAILED: ("error",),
+    LOG_PROVIDER_STOP_FAILED: ("provider", "error"),
     LOG_UNKNOWN_STEP_SETTLED: ("applied", "source"),
 }
 

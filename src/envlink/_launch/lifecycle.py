@@ -89,6 +89,11 @@ class Target:
         self.started = started
         #: Set once a Space answered its health check.
         self.awake = space is None
+        #: Made by ``from_docker_image`` / ``from_env`` (a bootstrap handle).
+        self.bootstrapped = False
+        #: Set while a failed bootstrap closes its client: the stop it just tried is
+        #: not tried again in the same user call.
+        self.skip_pending_stop = False
         self._held = False
         self._lock: asyncio.Lock | None = None
 
@@ -117,8 +122,9 @@ class Target:
         if base_url is None and provider is None:
             # OpenEnv raises ValueError here: an OpenEnv-era `except ValueError` catches it.
             raise InvalidArgumentError(
-                "base_url must be a str such as 'http://127.0.0.1:8000' or a Space name "
-                "('owner/space'), or left out with provider=; got None")
+                "EnvClient requires either base_url or provider. (base_url: a str such as "
+                "'http://127.0.0.1:8000' or a Space name 'owner/space'; provider: an "
+                "OpenEnv ContainerProvider or RuntimeProvider, started on connect)")
         lease = lease_for(provider, base_url) if provider is not None else None
         if base_url is None:
             assert lease is not None
@@ -136,8 +142,27 @@ class Target:
                 headers = {**(headers or {}), "Authorization": f"Bearer {secret}"}
         return cls(base_url, headers, lease, space, started=True)
 
+    @property
+    def held(self) -> bool:
+        """Whether this client holds its provider's server (started, not released)."""
+        return self._held
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether a stop of this client's provider failed and is still to be done."""
+        return self.lease is not None and self.lease.stop_pending
+
     async def prepare(self, ready_timeout: float | None) -> str | None:
-        """Start the provider's server if this client has not yet; its URL if it just did."""
+        """Start the provider's server if this client does not hold it; its URL if it
+        just acquired it (``None`` if it already held it).
+
+        A pending stop of the provider is tried first (once): if it fails again, its
+        error is raised unchanged and nothing starts.
+
+        Args:
+            ready_timeout: ``wait_for_ready``'s ``timeout_s``; ``None``: the provider's
+                own default, as in OpenEnv.
+        """
         if self.lease is None or self._held:
             return None
         if self._lock is None:
@@ -147,24 +172,29 @@ class Target:
                 return None
             url = await self.lease.acquire(ready_timeout)
             self._held = True
-            if self.started:
-                return None
+            # Also after a stop and a new start: the new server may have another URL.
             self.started = True
             return url
 
     async def ready(self, endpoint: Endpoint, options: ConnectionOptions,
                     policy: ReconnectPolicy, *, timeout: float | None,
-                    attempt_timeout: float | None) -> Endpoint | None:
+                    attempt_timeout: float | None,
+                    ready_timeout: float | None = None) -> Endpoint | None:
         """Before a connection: start the provider's server, or wait for a sleeping Space.
+
+        Args:
+            timeout: the wait for a sleeping Space.
+            ready_timeout: the provider's ``wait_for_ready`` timeout (``None``: its own).
 
         Returns:
             the server's endpoint when the provider's server just started, else ``None``.
 
         Raises:
-            ProviderError: the provider failed to start.
+            Exception: the provider's own error (start, readiness, or a pending stop
+                that failed again), unchanged.
             NotReadyError, SpaceNotAwakeError: the server was not ready in time.
         """
-        url = await self.prepare(timeout)
+        url = await self.prepare(ready_timeout)
         started = parse_endpoint(url) if url is not None else None
         if not self.awake:
             await wait_until_ready(
@@ -178,23 +208,23 @@ class Target:
         """The client closed: give the provider back (stopped when no client is left).
 
         Raises:
-            ProviderError: the provider did not stop (after its retries); the stop
-                stays pending: :meth:`retry_stop` or the provider's next start retries it.
+            Exception: the provider's stop failed (its own error, unchanged); the stop
+                stays pending: :meth:`retry_stop` or the provider's next start tries it.
         """
         if self.lease is None:
             return
         if self._held:
             self._held = False
             await self.lease.release()
-        else:
-            # Never started here, or the start failed and so did its stop: retry that.
+        elif not self.skip_pending_stop:
+            # Never started here, or the start failed and so did its stop: try that.
             await self.lease.retry_stop()
 
     async def retry_stop(self) -> None:
-        """A closed client closed again: retry the provider's pending stop, if any.
+        """A closed client closed again: try the provider's pending stop, if any.
 
         Raises:
-            ProviderError: it failed again.
+            Exception: the provider's stop failed again (unchanged).
         """
         if self.lease is not None and not self._held:
             await self.lease.retry_stop()
@@ -203,7 +233,7 @@ class Target:
         """:meth:`retry_stop` from a blocking caller (no event loop needed).
 
         Raises:
-            ProviderError: it failed again.
+            Exception: the provider's stop failed again (unchanged).
         """
         lease = self.lease
         if (lease is not None and not self._held and lease.stop_pending
@@ -220,19 +250,28 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
     ``await handle`` (or ``asyncio.run(handle)``) gives the connected async client;
     ``handle.sync()`` the connected :class:`SyncEnvClient`. Nothing starts before
     that; a handle resolves once. If connecting fails, the provider is stopped.
+
+    It is also a context manager: ``with Env.from_docker_image(...) as env`` (the
+    connected :class:`SyncEnvClient`) and ``async with ... as env`` (the connected
+    async client), closed, and its provider stopped, when the block ends.
     """
 
     def __init__(self, build: Callable[[], _C]) -> None:
         super().__init__()
         self._build = build
         self._used = False
+        self._entered: Any = None
 
     def _consume(self) -> _C:
         if self._used:
             raise RuntimeError("this bootstrap handle was already resolved; call the "
                                "factory again for another environment")
         self._used = True
-        return self._build()
+        client = self._build()
+        target = getattr(client, "_target", None)
+        if isinstance(target, Target):
+            target.bootstrapped = True
+        return client
 
     def _start(self) -> Coroutine[Any, Any, _C]:
         return self._resolve()
@@ -242,12 +281,15 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
         try:
             await client.connect()
         except BaseException as exc:
+            target = _target_of(client)
             try:
                 await client.close()
             except asyncio.CancelledError:
                 pass
             except Exception as failure:
                 _note_cleanup(exc, failure)
+            finally:
+                target.skip_pending_stop = False
             raise
         return client
 
@@ -255,22 +297,58 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
         """Start and connect on a background loop; return the connected facade.
 
         Raises:
-            ProviderError, ConnectError, CallTimeoutError: as ``connect()``; the
-                provider is stopped first.
+            ConnectError, CallTimeoutError: as ``connect()``; the provider is stopped
+                first. A provider's own start or readiness error, unchanged.
         """
-        facade: SyncEnvClient[Any, Any, Any] = self._consume().sync()
+        client = self._consume()
+        facade: SyncEnvClient[Any, Any, Any] = client.sync()
         try:
             facade.connect()
         except BaseException as exc:
+            target = _target_of(client)
             try:
                 facade.close()
             except Exception as failure:
                 _note_cleanup(exc, failure)
+            finally:
+                target.skip_pending_stop = False
             raise
         return facade
 
+    def __enter__(self) -> SyncEnvClient[Any, Any, Any]:
+        self._entered = self.sync()
+        return cast("SyncEnvClient[Any, Any, Any]", self._entered)
+
+    def __exit__(self, *exc: object) -> None:
+        entered, self._entered = self._entered, None
+        if entered is not None:
+            entered.close()
+
+    async def __aenter__(self) -> _C:
+        self._entered = await self._resolve()
+        return cast(_C, self._entered)
+
+    async def __aexit__(self, *exc: object) -> None:
+        entered, self._entered = self._entered, None
+        if entered is not None:
+            await entered.close()
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pending (await it, or call .sync())>"
+
+
+class _NoTarget:
+    skip_pending_stop = False
+
+
+def _target_of(client: object) -> Target | _NoTarget:
+    """The client's :class:`Target`, told that the stop its failed connect just tried is
+    not tried again by the cleanup close (one stop try per user call)."""
+    target = getattr(client, "_target", None)
+    if not isinstance(target, Target):
+        return _NoTarget()
+    target.skip_pending_stop = True
+    return target
 
 
 def _note_cleanup(error: BaseException, failure: Exception) -> None:
@@ -301,7 +379,9 @@ def from_env(cls: type[_C], repo_id: str, *, use_docker: bool, provider: Any,
         tag = options.pop("tag", "latest")
         image = f"registry.hf.space/{hf_space_subdomain(repo_id)}:{tag}"
         return from_docker_image(cls, image, provider, options)
-    start: dict[str, Any] = {k: options.pop(k) for k in ("port", "env_vars") if k in options}
+    # As OpenEnv's: the start arguments of both kinds of provider.
+    start: dict[str, Any] = {k: options.pop(k) for k in ("port", "env_vars", "workers")
+                             if k in options}
     if provider is not None and options:
         raise ValueError("provider_kwargs cannot be used when supplying a provider instance")
 
@@ -314,7 +394,8 @@ def from_env(cls: type[_C], repo_id: str, *, use_docker: bool, provider: Any,
 
 
 class _BoundRuntime:
-    """A runtime provider with its ``start`` arguments (``port``, ``env_vars``) bound."""
+    """A runtime provider with its ``start`` arguments (``port``, ``env_vars``,
+    ``workers``) bound."""
 
     def __init__(self, provider: Any, start: Mapping[str, Any]) -> None:
         self._provider = provider

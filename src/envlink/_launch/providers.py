@@ -11,9 +11,14 @@ A :class:`ProviderLease` owns one provider's server for every client that uses i
 (a client and its ``new_session()`` children): started by the first connect (in
 a worker thread, since providers block), stopped when the last user releases it,
 and stopped at once when starting or the readiness wait fails, so nothing is left
-running. A start abandoned by a cancelled caller is stopped as soon as it ends. A
-failed stop is retried (:data:`STOP_ATTEMPTS` tries), then raised; it stays
-pending, and no new server starts on that provider until a retried stop succeeds.
+running. A start abandoned by a cancelled caller is stopped as soon as it ends.
+
+As in OpenEnv 0.10, a stop is tried once per user call and the provider's own
+exception is raised unchanged (the same object, envlink's context added as a note).
+A failed stop stays *pending*: the next user call (``connect()``, ``new_session()``,
+``reset()``, ``close()``...) tries it once more before anything else, and nothing
+new starts on that provider until it succeeds. A stop that succeeded is not tried
+again. A provider's start and readiness errors are raised unchanged too.
 
 :class:`LocalServerProvider` is envlink's own runtime provider: a local server
 command (``envlink serve``, or any OpenEnv app under uvicorn) on a free loopback
@@ -40,12 +45,12 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from envlink._errors import EnvlinkError, ProviderError
-from envlink._launch.provider_errors import provider_error, provider_error_class
+from envlink._errors import EnvlinkError, InvalidArgumentError, ProviderError
+from envlink._launch.provider_errors import provider_error_class
 
-__all__ = ["STOP_ATTEMPTS", "DockerProvider", "LocalServerProvider", "ProviderLease",
-           "bound_container", "docker_run_command", "lease_for", "provider_failure",
-           "start_provider", "stop_provider", "stop_with_retries"]
+__all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "add_note",
+           "bound_container", "docker_run_command", "lease_for",
+           "required_start_parameters", "start_provider", "stop_once", "stop_provider"]
 
 #: What envlink's own providers raise: also a RuntimeError, as OpenEnv's providers raise
 #: when docker or the server command fails.
@@ -66,14 +71,20 @@ def _kind(provider: object) -> str:
         "(a container provider) or start() (a runtime provider)")
 
 
-def _required_parameters(func: Callable[..., Any]) -> list[str]:
+def required_start_parameters(func: Callable[..., Any]) -> list[str]:
+    """The parameters ``func`` (a ``start_container``) cannot be called without.
+
+    Keyword-only ones count, as in OpenEnv 0.10's check: a provider whose
+    ``start_container(*, image)`` needs an image cannot start on its own either.
+    """
     try:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):
         return []
     return [p.name for p in params if p.default is inspect.Parameter.empty
             and p.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                           inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+                           inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                           inspect.Parameter.KEYWORD_ONLY)]
 
 
 def _wait_for_ready(wait: Callable[..., Any], timeout_s: float | None, *first: Any) -> None:
@@ -95,25 +106,31 @@ def start_provider(provider: object, ready_timeout: float | None,
                    lease: ProviderLease | None = None) -> str:
     """Start ``provider`` and wait for its server (blocking); return its base URL.
 
-    On any failure, whatever was started is stopped (with retries) before the error
-    is raised. If that stop fails too, the start's error is raised still, with the
-    stop's failure noted on it, and ``lease`` (when given) records the stop as
-    pending: nothing starts again until it succeeds.
+    ``wait_for_ready`` gets ``ready_timeout`` as ``timeout_s`` only when it is not
+    ``None``: otherwise the provider's own default applies, as in OpenEnv.
+
+    On any failure, whatever was started is stopped (one try) before the error is
+    raised. If that stop fails too, the start's error is raised still, with the stop's
+    failure noted on it, and ``lease`` (when given) records the stop as pending: the
+    next user call tries it again before anything starts.
 
     Raises:
-        ProviderError: the provider is not one, cannot start without arguments, or
-            failed to start or to become ready (its error chained).
+        InvalidArgumentError: a container provider that cannot start without arguments
+            (a ``ValueError``, as OpenEnv raises).
+        ProviderError: the provider is not one, or returned no URL.
+        Exception: the provider's own start or readiness error, unchanged.
     """
     kind = _kind(provider)
     name = type(provider).__name__
     if kind == "container":
-        required = _required_parameters(provider.start_container)  # type: ignore[attr-defined]
+        required = required_start_parameters(provider.start_container)  # type: ignore[attr-defined]
         if required:
-            # Also a ValueError, as OpenEnv raises for a provider it cannot start alone.
-            raise provider_error_class(ValueError)(
-                f"{name}.start_container() needs {', '.join(required)}: start it yourself "
-                "and pass base_url, use from_docker_image(image, provider=...), or give the "
-                "provider its image when you build it")
+            # OpenEnv's ValueError (its wording first), for a provider it cannot start alone.
+            raise InvalidArgumentError(
+                f"{name} does not support provider-owned startup because start_container() "
+                f"requires {', '.join(required)}. Start the provider manually and pass "
+                "base_url, use from_docker_image(image, provider=...), or configure a "
+                "provider with a constructor-owned image/source.")
     try:
         if kind == "container":
             url = provider.start_container()  # type: ignore[attr-defined]
@@ -124,92 +141,53 @@ def start_provider(provider: object, ready_timeout: float | None,
         if not isinstance(url, str) or not url:
             raise ProviderError(f"{name} returned {url!r} instead of a base URL")
     except BaseException as exc:
-        note: str | None = None
         try:
             if lease is not None:
                 lease.stop_blocking()
             else:
-                stop_with_retries(provider)
+                stop_once(provider)
         except Exception as stop_failure:
             # The start's error is the one to report; the stop's is noted on it.
-            cause = stop_failure.__cause__ if isinstance(stop_failure, ProviderError) else None
-            note = (f"stopping {name} after the failed start failed too "
-                    f"({_describe(cause or stop_failure)}): it may still be running, and "
-                    "nothing starts again on this provider until a retried stop succeeds")
-        if isinstance(exc, Exception) and not isinstance(exc, ProviderError):
-            error = provider_failure(name, "did not start", exc)
-            if note is not None:
-                _note(error, note)
-            raise error from exc
-        if note is not None:
-            _note(exc, note)
+            add_note(exc, f"envlink: stopping {name} after the failed start failed too "
+                          f"({_describe(stop_failure)}): it may still be running; the next "
+                          "call (connect, new_session, reset or close) tries the stop again "
+                          "before anything starts")
         raise
     return url
-
-
-def provider_failure(name: str, what: str, exc: BaseException) -> ProviderError:
-    """The :class:`ProviderError` for a provider's own failure ``exc`` (chain it).
-
-    Also an instance of ``exc``'s class, which OpenEnv lets through unchanged: an
-    OpenEnv-era ``except RuntimeError`` still catches it.
-    """
-    return provider_error(f"{name} {what}: {_describe(exc)}", exc)
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, EnvlinkError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
-def _note(exc: BaseException, note: str) -> None:
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` on Python 3.11+, once (an error raised again by a later
+    call is the same object: its note is not repeated)."""
     add = getattr(exc, "add_note", None)  # Python 3.11+
-    if add is not None:
+    if add is not None and note not in (getattr(exc, "__notes__", None) or ()):
         add(note)
 
 
-#: Tries of one stop of a provider, the first included, before its failure is raised.
-STOP_ATTEMPTS = 3
-#: Backoff between those tries: exponential from this many seconds, capped at 2 s.
-STOP_BACKOFF = 0.25
-
-
-def stop_with_retries(provider: object) -> None:
-    """Stop ``provider``'s server (blocking), retrying a failed stop; raise the last failure.
-
-    ``stop_container()`` (a container provider) or ``stop()`` (a runtime provider)
-    is tried up to :data:`STOP_ATTEMPTS` times with exponential backoff (none under
-    :func:`~envlink.set_testing`). A provider with neither has nothing to stop.
+def stop_once(provider: object) -> None:
+    """Stop ``provider``'s server (blocking): one ``stop_container()`` (a container
+    provider) or ``stop()`` (a runtime provider). A provider with neither has nothing
+    to stop.
 
     Raises:
-        Exception: the provider's own failure, from the last try.
+        Exception: the provider's own failure, unchanged.
     """
     stop = getattr(provider, "stop_container", None)
     if not callable(stop):
         stop = getattr(provider, "stop", None)
-    if not callable(stop):
-        return
-    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-
-    from envlink._sansio.policies import testing_enabled
-
-    def pause(seconds: float) -> None:
-        if not testing_enabled():
-            time.sleep(seconds)
-
-    for attempt in Retrying(stop=stop_after_attempt(STOP_ATTEMPTS),
-                            wait=wait_exponential(multiplier=STOP_BACKOFF, max=2.0),
-                            retry=retry_if_exception_type(Exception), sleep=pause,
-                            reraise=True):
-        with attempt:
-            stop()
+    if callable(stop):
+        stop()
 
 
 def stop_provider(provider: object) -> BaseException | None:
-    """Stop ``provider``'s server (blocking, with retries); return the failure instead of
+    """Stop ``provider``'s server (blocking, one try); return the failure instead of
     raising it."""
     try:
-        stop_with_retries(provider)
+        stop_once(provider)
     except Exception as exc:
         return exc
     return None
@@ -218,10 +196,10 @@ def stop_provider(provider: object) -> BaseException | None:
 class ProviderLease:
     """One provider's server, shared by the clients that use it.
 
-    A stop that fails (after its retries) leaves the stop *pending*: the server may
-    still run, so nothing starts again on this provider until a retried stop
-    succeeds (the next connect, or ``close()`` again, retries it and raises if it
-    fails still).
+    A stop is tried once per call. One that fails leaves the stop *pending*: the
+    server may still run, so nothing starts again on this provider until a stop
+    succeeds (the next call tries it once, first, and raises the provider's error
+    unchanged if it fails still). A stop that succeeded is not tried again.
 
     Args:
         provider: the provider.
@@ -236,7 +214,7 @@ class ProviderLease:
         self.users = 0
         #: The last stop's failure while it is pending (its server may still run).
         self.stop_failure: BaseException | None = None
-        self._starting: asyncio.Future[str] | None = None
+        self._starting: asyncio.Future[str | _Raised] | None = None
 
     @property
     def stop_pending(self) -> bool:
@@ -247,8 +225,8 @@ class ProviderLease:
         """Count one more user; start the server if it is not running. Returns its URL.
 
         Raises:
-            ProviderError: starting failed (the server was stopped again), or a
-                previous server could not be stopped (nothing new was started).
+            Exception: the provider's own error, unchanged: a pending stop failed again
+                (nothing was started), or starting failed (what started was stopped).
         """
         self.users += 1
         try:
@@ -262,10 +240,14 @@ class ProviderLease:
             return self.base_url
         if self._starting is None:
             loop = asyncio.get_running_loop()
-            starting = loop.run_in_executor(None, self._start_blocking, ready_timeout)
+            starting = loop.run_in_executor(None, _capture, self._start_blocking,
+                                            ready_timeout)
             self._starting = starting
             starting.add_done_callback(self._started)
-        return await asyncio.shield(self._starting)
+        outcome = await asyncio.shield(self._starting)
+        if isinstance(outcome, _Raised):
+            raise outcome.error
+        return outcome
 
     def _start_blocking(self, ready_timeout: float | None) -> str:
         if self.stop_failure is not None:
@@ -274,65 +256,95 @@ class ProviderLease:
         return start_provider(self.provider, ready_timeout, self)
 
     def stop_blocking(self) -> None:
-        """Stop the server now (blocking, with retries); record or clear a pending stop.
+        """Stop the server now (blocking, one try); record or clear a pending stop.
 
         Raises:
-            ProviderError: the stop failed on every try (the provider's error chained).
+            Exception: the provider's own failure, unchanged (the same object), with a
+                note saying that its server may still run; the stop is then pending.
         """
         try:
-            stop_with_retries(self.provider)
+            stop_once(self.provider)
         except Exception as exc:
             self.stop_failure = exc
-            raise self._stop_error(exc) from exc
+            add_note(exc, f"envlink: {type(self.provider).__name__} did not stop, so its "
+                          "server may still be running; nothing new starts on this provider "
+                          "until a stop succeeds (the next call, or close() again, tries it "
+                          "once more)")
+            raise
         self.stop_failure = None
 
-    def _stop_error(self, exc: BaseException) -> ProviderError:
-        return provider_failure(
-            type(self.provider).__name__,
-            f"did not stop after {STOP_ATTEMPTS} tries, so its server may still be running "
-            "(nothing new starts until it stops: close() again to retry)", exc)
-
-    def _started(self, future: asyncio.Future[str]) -> None:
+    def _started(self, future: asyncio.Future[str | _Raised]) -> None:
         self._starting = None
         if future.cancelled() or future.exception() is not None:
             return
-        self.base_url = future.result()
+        outcome = future.result()
+        if isinstance(outcome, _Raised):
+            return
+        self.base_url = outcome
         if self.users == 0:
             # Every caller gave up (cancelled) while it started: stop it now. A failure
             # is recorded as pending (no caller is left to raise it to).
             self.base_url = None
-            stopping = asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
+            stopping = asyncio.get_running_loop().run_in_executor(
+                None, _capture, self.stop_blocking)
             stopping.add_done_callback(_consume_failure)
 
     async def release(self) -> None:
         """Count one user less; stop the server when none is left.
 
         Raises:
-            ProviderError: the stop failed on every try (pending: retried by the next
-                start, or by :meth:`retry_stop`).
+            Exception: the provider's stop failed (unchanged; pending: tried again by
+                the next start, or by :meth:`retry_stop`).
         """
         self.users = max(0, self.users - 1)
         if self.users == 0 and self.base_url is not None:
             self.base_url = None
-            await asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
+            await _in_thread(self.stop_blocking)
 
     async def retry_stop(self) -> None:
-        """Retry a pending stop (nothing to do if none is pending, or the server is used).
+        """Try a pending stop once more (nothing to do if none is pending, or the server
+        is used).
 
         Raises:
-            ProviderError: it failed again.
+            Exception: the provider's stop failed again (unchanged).
         """
         if self.stop_failure is not None and self.users == 0 and self.base_url is None:
-            await asyncio.get_running_loop().run_in_executor(None, self.stop_blocking)
+            await _in_thread(self.stop_blocking)
 
     def __repr__(self) -> str:
         return (f"ProviderLease({type(self.provider).__name__}, users={self.users}, "
                 f"running={self.base_url is not None}, stop_pending={self.stop_pending})")
 
 
-def _consume_failure(future: asyncio.Future[None]) -> None:
+def _consume_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # recorded on the lease; retrieved, so asyncio does not log it
+
+
+class _Raised:
+    """What a provider call in a worker thread raised, carried as a value: an executor's
+    future would replace a ``TimeoutError`` by a copy, and the provider's own exception
+    must reach the caller as the same object."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _capture(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except BaseException as exc:
+        return _Raised(exc)
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in the loop's executor; what it raises is raised unchanged."""
+    outcome = await asyncio.get_running_loop().run_in_executor(None, _capture, fn, *args)
+    if isinstance(outcome, _Raised):
+        raise outcome.error
+    return outcome
 
 
 def lease_for(provider: object, base_url: str | None) -> ProviderLease:

@@ -48,6 +48,8 @@ METRIC_RECORDING_STEPS = "envlink.recording.steps"
 ATTR_RECORDING_RESULT = "envlink.recording.result"
 
 _log = logging.getLogger("envlink.recording")
+#: Seconds the writer lets episodes gather once woken.
+_GATHER = 0.05
 
 #: One step as a tape keeps it: whether the first two are frames (request and answer,
 #: as on the wire) or payload texts, the action, the answer, its start
@@ -211,7 +213,9 @@ class Sink:
                 self.buffered += steps
                 writer.queue.append((self, ep))
                 writer.submitted += 1
-                writer.cond.notify()
+                if writer.idle:  # else the writer takes it with what it is gathering
+                    writer.idle = False
+                    writer.cond.notify()
         if dropped:
             self.dropped(steps, "the recorder is closed" if self.closed else
                          "the episode exceeded max_episode_steps" if ep.truncated else
@@ -250,19 +254,32 @@ class Sink:
     # ------------------------------------------------------------ writer side
 
     def write(self, lines: list[bytes]) -> None:
-        """Write whole lines: one ``write`` each, to this process's current file."""
+        """Write whole lines to this process's current file: as many whole lines as
+        fit in it with one ``write`` (a kill mid-write leaves one partial last line)."""
         if self.pid != os.getpid():  # a forked child: files of its own
             self.pid, self.fd, self.size = os.getpid(), None, 0
             self.tag = secrets.token_hex(4)
+        chunk: list[bytes] = []
+        size = 0
         for line in lines:
-            if self.fd is None or (self.size and self.size + len(line) > self.max_file_bytes):
+            if self.fd is None or (self.size + size and
+                                   self.size + size + len(line) > self.max_file_bytes):
+                self._write_all(b"".join(chunk))
+                chunk, size = [], 0
                 self._next_file()
-            assert self.fd is not None
-            view = memoryview(line)
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
-            self.size += len(line)
+            chunk.append(line)
+            size += len(line)
+        self._write_all(b"".join(chunk))
+
+    def _write_all(self, data: bytes) -> None:
+        if not data:
+            return
+        assert self.fd is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+        self.size += len(data)
 
     def _next_file(self) -> None:
         if self.fd is not None:
@@ -286,6 +303,8 @@ class _Writer:
         self.queue: deque[tuple[Sink, Episode]] = deque()
         self.submitted = 0
         self.done = 0
+        #: Whether the thread waits for work (a submit then wakes it).
+        self.idle = False
         self.thread = threading.Thread(target=self._run, name="envlink-rollout-writer",
                                        daemon=True)
         self.thread.start()
@@ -295,7 +314,13 @@ class _Writer:
         while True:
             with cond:
                 while not queue:
+                    self.idle = True
                     cond.wait()
+                self.idle = False
+            # Let the episodes ending meanwhile join this batch: one wake-up and one
+            # write per file for many episodes, each still on disk well within 1 s.
+            time.sleep(_GATHER)
+            with cond:
                 batch = list(queue)
                 queue.clear()
             self._write(batch)

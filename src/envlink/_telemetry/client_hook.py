@@ -100,6 +100,8 @@ _LEVELS: Mapping[str, str] = {
     "envlink.session_release_failed": "debug",
     "envlink.unknown_step_settled": "info",
     "envlink.recovery_fallback": "warning",
+    # A provider's server may still run (and be billed): never hidden.
+    "envlink.provider_stop_failed": "error",
     # An expected absence (most servers have no detached sessions), not a fault.
     "envlink.detached_sessions_unavailable": "debug",
 }

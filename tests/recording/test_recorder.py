@@ -1,0 +1,256 @@
+"""RolloutRecorder: every episode once, every step once in order, as the caller got it,
+through a connection dropped after the server applied a step (the reference server)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envlink import (
+    ClientConfig,
+    EnvPool,
+    GenericEnvClient,
+    RolloutRecorder,
+    SessionLostError,
+    StepResult,
+)
+from envlink._recording.rollouts import read_episodes, summarise
+from envlink.server import EnvServer, ServerThread
+
+from .conftest import load
+
+pytestmark = pytest.mark.timeout(60)
+
+MOVES = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def _same(step: dict[str, Any], got: StepResult[Any]) -> None:
+    assert (step["observation"], step["reward"], step["done"]) == (
+        got.observation, got.reward, got.done)
+
+
+def _check(record: dict[str, Any], reset: StepResult[Any], got: list[StepResult[Any]],
+           actions: list[dict[str, Any]], recovered_index: int | None) -> None:
+    assert record["outcome"] == "done"
+    assert record["reset"]["observation"] == reset.observation
+    assert [s["index"] for s in record["steps"]] == list(range(len(got)))
+    assert [s["action"] for s in record["steps"]] == actions
+    for step, answer in zip(record["steps"], got, strict=True):
+        _same(step, answer)
+    assert record["return"] == pytest.approx(sum(g.reward or 0.0 for g in got))
+    marked = [s["index"] for s in record["steps"] if s["recovered"]]
+    assert marked == ([] if recovered_index is None else [recovered_index])
+    assert record["unknown_steps"] == []
+
+
+async def _episode(env: GenericEnvClient, srv: EnvServer, seed: int,
+                   drop_at: int | None) -> tuple[StepResult[Any], list[StepResult[Any]],
+                                                 list[dict[str, Any]]]:
+    reset = await env.reset(seed=seed, max_steps=len(MOVES))
+    got, actions = [], []
+    for i, move in enumerate(MOVES):
+        if i == drop_at:
+            # This connection's next request is this step: dropped once applied.
+            srv.faults.drop_after = 1
+            srv.faults.drop_mode = "after_apply"
+        action = {"move": move}
+        actions.append(action)
+        got.append(await env.step(action))
+    return reset, got, actions
+
+
+async def test_async_client_records_each_episode_as_the_caller_got_it(
+        tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv:
+        env = GenericEnvClient(srv.url, on_session_lost="auto", recorder=recorder)
+        try:
+            runs = []
+            for seed, drop_at in ((1, 3), (2, None)):
+                # The fault counts requests on one connection: a fresh one per episode.
+                await env.disconnect()
+                srv.faults.drop_after = None
+                first = await _episode(env, srv, seed, None) if drop_at is None else None
+                if first is None:
+                    await env.connect()
+                    reset = await env.reset(seed=seed, max_steps=len(MOVES))
+                    got, actions = [], []
+                    for i, move in enumerate(MOVES):
+                        if i == drop_at:
+                            srv.faults.drop_after = 1
+                            srv.faults.drop_mode = "after_apply"
+                        actions.append({"move": move})
+                        got.append(await env.step({"move": move}))
+                    first = (reset, got, actions)
+                runs.append((first, drop_at))
+        finally:
+            await env.close()
+    assert recorder.close()
+    records = load(tmp_path)
+    assert len(records) == 2
+    for record, ((reset, got, actions), drop_at) in zip(records, runs, strict=True):
+        _check(record, reset, got, actions, drop_at)
+        assert record["server"] == env.ws_url
+    recovered = records[0]["steps"][3]
+    assert recovered["recovery"] in ("envlink-resume", "openenv-resume")
+    assert recorder.stats == {"episodes_written": 2, "steps_written": 16,
+                              "episodes_dropped": 0, "steps_dropped": 0}
+
+
+def test_sync_facade_records_through_a_dropped_connection(tmp_path: Path) -> None:
+    with RolloutRecorder(tmp_path) as recorder, \
+            ServerThread(env="deterministic", ping_interval=None) as st, \
+            GenericEnvClient(st.url, on_session_lost="auto", recorder=recorder).sync() as env:
+        reset = env.reset(seed=5, max_steps=len(MOVES))
+        got = []
+        for i, move in enumerate(MOVES):
+            if i == 2:
+                st.server.faults.drop_after = 1
+                st.server.faults.drop_mode = "after_apply"
+            got.append(env.step({"move": move}))
+    (record,) = load(tmp_path)
+    _check(record, reset, got, [{"move": m} for m in MOVES], 2)
+
+
+async def test_a_pool_records_every_slot_once(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    config = ClientConfig(recorder=recorder)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            EnvPool(srv.url, 3, client_config=config, autoreset="disabled",
+                    on_session_lost="resume") as pool:
+        resets = (await pool.reset(seeds=10, max_steps=len(MOVES))).results()
+        answers: list[list[StepResult[Any]]] = [[], [], []]
+        for i, move in enumerate(MOVES):
+            if i == 4:
+                srv.faults.drop_after = 1  # one of the slots' next request
+                srv.faults.drop_mode = "after_apply"
+            batch = await pool.step([{"move": move + k} for k in range(3)])
+            assert batch.errors == {}
+            for k, result in enumerate(batch.results()):
+                answers[k].append(result)
+    recorder.close()
+    records = load(tmp_path)
+    assert len(records) == 3
+    by_seed = {r["reset"]["kwargs"]["seed"]: r for r in records}
+    assert sorted(by_seed) == [10, 11, 12]
+    recovered = 0
+    for k in range(3):
+        record = by_seed[10 + k]
+        assert record["outcome"] == "done"
+        assert record["reset"]["observation"] == resets[k].observation
+        assert [s["action"] for s in record["steps"]] == [{"move": m + k} for m in MOVES]
+        for step, answer in zip(record["steps"], answers[k], strict=True):
+            _same(step, answer)
+        recovered += sum(s["recovered"] for s in record["steps"])
+    assert recovered == 1
+
+
+async def test_a_lost_step_is_recorded_as_unknown_never_as_applied(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv:
+        env = GenericEnvClient(srv.url, recorder=recorder)  # on_session_lost="raise"
+        try:
+            await env.reset(seed=3, max_steps=100)
+            for move in MOVES[:3]:
+                await env.step({"move": move})
+            srv.faults.drop_after = 5
+            srv.faults.drop_mode = "after_apply"
+            with pytest.raises(SessionLostError):
+                await env.step({"move": 42})
+            await env.reset(seed=4, max_steps=2)
+        finally:
+            await env.close()
+    recorder.close()
+    lost, closed = load(tmp_path)
+    assert lost["outcome"] == "lost"
+    assert [s["action"] for s in lost["steps"]] == [{"move": m} for m in MOVES[:3]]
+    assert lost["unknown_steps"] == [{"action": {"move": 42}, "after": 3}]
+    assert (closed["outcome"], closed["steps"]) == ("close", [])
+
+
+async def test_redaction_and_bounds(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path, redact=_redact, max_episode_steps=3)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            GenericEnvClient(srv.url, recorder=recorder,
+                             headers={"Authorization": "Bearer s3cret"}) as env:
+        await env.reset(seed=1, max_steps=2)
+        await env.step({"move": 1})
+        await env.step({"move": 2})
+        await env.reset(seed=1, max_steps=5)
+        for move in MOVES[:5]:
+            await env.step({"move": move})
+    recorder.close()
+    (record,) = load(tmp_path)
+    text = "".join(_text(tmp_path))
+    assert "s3cret" not in text
+    assert [s["action"] for s in record["steps"]] == [{"move": "redacted"}] * 2
+    assert all(s["observation"]["draw"] == "redacted" for s in record["steps"])
+    assert record["reset"]["observation"]["draw"] == "redacted"
+    assert recorder.stats == {"episodes_written": 1, "steps_written": 2,
+                              "episodes_dropped": 1, "steps_dropped": 0}
+
+
+def _text(directory: Path) -> list[str]:
+    return [p.read_text() for p in directory.glob("*.jsonl")]
+
+
+def _append(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write(text)
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "redacted" if k in ("move", "draw") else v for k, v in value.items()}
+    return value
+
+
+def test_a_recorder_pickles_as_its_settings(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path, redact=_redact, max_file_bytes=1000)
+    config = ClientConfig(recorder=recorder)
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy.recorder is not recorder
+    assert (copy.recorder.directory, copy.recorder.redact, copy.recorder.max_file_bytes) == (
+        tmp_path, _redact, 1000)
+    assert dataclasses.replace(config, recorder=None).recorder is None
+    with pytest.raises(TypeError, match="recorder"):
+        ClientConfig(recorder="rollouts/")  # type: ignore[arg-type]
+
+
+async def test_files_rotate_by_size_and_readers_skip_a_partial_line(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path, max_file_bytes=1)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            GenericEnvClient(srv.url, recorder=recorder) as env:
+        for seed in range(3):
+            await env.reset(seed=seed, max_steps=1)
+            await env.step({"move": 1})
+    recorder.close()
+    assert len(recorder.files) == 3
+    _append(recorder.files[-1], '{"schema": "envlink.rollout/1", "steps": [')
+    assert len(list(read_episodes(tmp_path))) == 3
+    summary = summarise(read_episodes(tmp_path))
+    assert summary["episodes"] == 3 and summary["outcomes"] == {"done": 3}
+    assert summary["steps"] == 3
+
+
+async def test_many_clients_share_one_recorder(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv:
+        async def run(seed: int) -> None:
+            async with GenericEnvClient(srv.url, recorder=recorder) as env:
+                for episode in range(3):
+                    await env.reset(seed=seed * 10 + episode, max_steps=2)
+                    await env.step({"move": 1})
+                    await env.step({"move": 2})
+
+        await asyncio.gather(*(run(seed) for seed in range(8)))
+    recorder.close()
+    records = load(tmp_path)
+    assert sorted(r["reset"]["kwargs"]["seed"] for r in records) == sorted(
+        s * 10 + e for s in range(8) for e in range(3))
+    assert all(len(r["steps"]) == 2 and r["outcome"] == "done" for r in records)
