@@ -2,6 +2,7 @@
 
 Run: ``python benchmarks/bench_bridge.py [--rounds N] [--calls N] [--json PATH]``
 (under a minute; ``benchmarks/run.py`` runs it as its first section).
+``--open-close N`` measures a sync client's open and close instead (see ``_open_close``).
 
 Every variant runs a no-op coroutine on an asyncio event loop in a daemon thread
 and blocks the calling (main) thread until it returns:
@@ -91,12 +92,64 @@ def _time_per_call(fn: Callable[[], object], calls: int) -> tuple[float, float]:
     return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
 
 
+def _open_close(cycles: int, rounds: int) -> int:
+    """``--open-close``: one ``with client.sync()`` opened and closed, one at a time, on
+    the default bridge (its thread starts with the first client and ends with the
+    last) and on a bridge of the caller's own (its thread kept), against an in-process
+    fake server (``MockTransport``); interleaved rounds."""
+    from envlink import GenericEnvClient, MockTransport
+
+    def handler(request: dict[str, object]) -> dict[str, object]:
+        return {"type": "observation", "data": {"observation": {}}}
+
+    own = Bridge()
+
+    def cycle(bridge: Bridge | None) -> Callable[[], object]:
+        def run() -> None:
+            client = GenericEnvClient("ws://127.0.0.1:1", transport=MockTransport(handler))
+            with client.sync(bridge) as env:
+                env.reset()
+        return run
+
+    variants = {"default bridge": cycle(None), "a bridge of your own": cycle(own)}
+    for fn in variants.values():
+        _time_per_call(fn, 20)  # warm up
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpus: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            wall, cpu = _time_per_call(variants[name], cycles)
+            times[name].append(wall)
+            cpus[name].append(cpu)
+    own.close()
+    print(f"python {sys.version.split()[0]}: open, reset() and close of one "
+          f"`with client.sync()` against MockTransport, {cycles} in a row, one at a time, "
+          f"{rounds} interleaved rounds: median ms per cycle [range], wall and CPU")
+    for name in names:
+        ms = [t * 1e3 for t in times[name]]
+        cpu_ms = [t * 1e3 for t in cpus[name]]
+        print(f"  {name:<22} {statistics.median(ms):6.3f} ms [{min(ms):.3f}-{max(ms):.3f}]"
+              f"   CPU {statistics.median(cpu_ms):6.3f} ms "
+              f"[{min(cpu_ms):.3f}-{max(cpu_ms):.3f}]")
+    for label, got in (("wall", times), ("CPU", cpus)):
+        ratios = [d / o for d, o in zip(got[names[0]], got[names[1]], strict=True)]
+        print(f"  default / own, {label}, within a round: {statistics.median(ratios):.1f}x "
+              f"[{min(ratios):.1f}-{max(ratios):.1f}]")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--open-close", type=int, default=None, metavar="N",
+                        help="instead: N open/close cycles of a sync client per round, on "
+                             "the default bridge and on one of your own")
     args = parser.parse_args(argv)
+    if args.open_close is not None:
+        return _open_close(args.open_close, min(args.rounds, 7))
 
     loop, thread = _plain_loop_thread()
     bridge_off = Bridge()
