@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -55,6 +56,19 @@ async def test_not_ready_at_the_deadline_is_typed() -> None:
     with pytest.raises(NotReadyError, match=r"was not ready within 0\.3s") as info:
         await client.wait_until_ready(0.3)
     assert info.value.attempts >= 1 and info.value.last_status is None
+    await client.close()
+
+
+async def test_a_wait_lasts_until_its_deadline_with_a_last_poll_then() -> None:
+    """wait_until_ready(N) on a dead port gives up at N seconds, not at the last backoff
+    that fitted: the backoff is cut to end at the deadline and a last poll made then."""
+    client = GenericEnvClient(f"http://127.0.0.1:{_closed_port()}")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(NotReadyError, match=r"was not ready within 2s") as info:
+        await client.wait_until_ready(2.0)
+    assert loop.time() - started >= 2.0
+    assert info.value.attempts >= 2
     await client.close()
 
 

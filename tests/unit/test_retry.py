@@ -60,6 +60,35 @@ async def test_elapsed_cap_stops_before_a_backoff_that_would_cross_it() -> None:
     assert numbers == [1, 2, 3, 4]
 
 
+async def test_a_deadline_cuts_the_last_backoff_and_tries_once_more_at_it() -> None:
+    """A wait with a deadline lasts until it: the backoff that would cross it is cut to
+    end there, and one last try is made at the deadline (never a wait ended early)."""
+    t = FakeTime()
+    policy = ReconnectPolicy(max_attempts=100, max_elapsed=None, initial_delay=0.3,
+                             multiplier=1.0, max_delay=0.3, jitter="none")
+    numbers, attempt = failing()
+    with set_testing(False), pytest.raises(ConnectError, match="try 5"):
+        await Retry(policy, operation="ready", sleep=t.sleep, clock=t.clock,
+                    deadline=t.now + 1.0).run(attempt)
+    # 0.3 + 0.3 + 0.3, then the last wait cut to the 0.1 left: a try at the deadline.
+    assert t.slept == pytest.approx([0.3, 0.3, 0.3, 0.1])
+    assert t.now == pytest.approx(101.0)
+    assert numbers == [1, 2, 3, 4, 5]
+
+
+async def test_a_deadline_honours_a_longer_retry_after_only_up_to_the_deadline() -> None:
+    """A server's Retry-After longer than the time left is cut to the deadline too."""
+    t = FakeTime()
+
+    async def attempt(number: int) -> None:
+        raise HandshakeRejectedError(503, retry_after=5.0)
+
+    with set_testing(False), pytest.raises(HandshakeRejectedError):
+        await Retry(ReconnectPolicy(max_attempts=100, max_elapsed=None), operation="ready",
+                    sleep=t.sleep, clock=t.clock, deadline=t.now + 2.0).run(attempt)
+    assert t.slept == pytest.approx([2.0])
+
+
 async def test_attempts_used_continue_the_count_and_shorten_the_loop() -> None:
     """A flapping outage's earlier tries count: numbering continues, fewer tries remain."""
     t = FakeTime()

@@ -51,6 +51,9 @@ _M = TypeVar("_M", bound=BaseModel)
 _NOT_YET = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Poll attempts are limited by the deadline, not by a count.
 _UNBOUNDED_ATTEMPTS = 1 << 30
+#: The least time a poll gets, the last one (made at the deadline) included: a wait
+#: of ``timeout`` seconds ends within ``timeout + _LAST_POLL``, and never before ``timeout``.
+_LAST_POLL = 0.5
 
 
 class Health(BaseModel):
@@ -174,7 +177,9 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
     Refused connections, 5xx/429 answers and a 200 that is not the health JSON (a
     Space's waking page) are "not ready yet": polled again after the policy's
     backoff, each retry charged to its budget, until ``timeout`` (or the policy's
-    ``max_elapsed`` when ``timeout`` is ``None``).
+    ``max_elapsed`` when ``timeout`` is ``None``). The wait lasts the whole
+    ``timeout``: a backoff that would pass the deadline is cut to end at it, and a
+    last poll (bounded by half a second) is made then.
 
     Args:
         endpoint: the server.
@@ -193,15 +198,22 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
     """
     url = endpoint.http_url("/health")
     limit = timeout if timeout is not None else policy.max_elapsed
-    polling = dataclasses.replace(policy, max_attempts=_UNBOUNDED_ATTEMPTS, max_elapsed=limit)
+    polling = dataclasses.replace(policy, max_attempts=_UNBOUNDED_ATTEMPTS, max_elapsed=None)
     loop = asyncio.get_running_loop()
+    deadline = None if limit is None else loop.time() + limit
+    # The wait lasts until its deadline: backoffs are cut to end there and the last
+    # poll is made then (bounded by _LAST_POLL), never a backoff skipped to give up early.
     retry = Retry(polling, operation="ready", sleep=asyncio.sleep, clock=loop.time,
-                  retry_on=lambda exc: isinstance(exc, _NotYet))
+                  retry_on=lambda exc: isinstance(exc, _NotYet), deadline=deadline)
     last: list[_NotYet] = []
 
     async def poll(_attempt: int) -> Health:
+        bound = attempt_timeout
+        if deadline is not None:
+            left = max(deadline - loop.time(), _LAST_POLL)
+            bound = left if bound is None else min(bound, left)
         try:
-            async with bounded(attempt_timeout):
+            async with bounded(bound):
                 answer = await _get(endpoint, options, "/health")
         except (TimeoutError, ConnectionLostError, ProtocolError) as exc:
             raise _not_yet(last, f"{type(exc).__name__}: {exc}", None) from exc
@@ -223,9 +235,8 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
         return health
 
     try:
-        async with bounded(limit):
-            return await retry.run(poll)
-    except (_NotYet, TimeoutError) as exc:
+        return await retry.run(poll)
+    except _NotYet as exc:
         seen = last[-1] if last else None
         what = seen.args[0] if seen is not None else "no answer"
         waited = f"within {limit:g}s" if limit is not None else "before the policy gave up"

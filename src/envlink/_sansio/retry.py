@@ -7,6 +7,9 @@ retry the same way: tenacity's ``AsyncRetrying`` with
   the most tries of one operation, the first included, whatever the operation;
 - ``stop_before_delay(max_elapsed)``: never start a backoff that would end past
   the elapsed-time cap, only to give up after it;
+- or, for a *wait* with a deadline (readiness, a training adapter's opening step),
+  ``deadline=``: the backoff is cut to end at the deadline and one last try is made
+  then, so the wait ends at its deadline, never before it;
 - ``wait_random_exponential`` (full jitter; ``wait_exponential`` without jitter),
   raised to the server's ``Retry-After`` when it sent one;
 - a retry predicate (:func:`~envlink._sansio.policies.is_retryable` for connects,
@@ -109,6 +112,30 @@ class _HonourRetryAfter(wait_base):
         return delay
 
 
+class _UntilDeadline(stop_base):
+    """Stop once a try has ended at or after ``deadline`` (on the injected clock)."""
+
+    def __init__(self, deadline: float, clock: Clock) -> None:
+        self._deadline = deadline
+        self._clock = clock
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self._clock() >= self._deadline
+
+
+class _EndAtDeadline(wait_base):
+    """The inner wait, cut so that it ends at ``deadline``: the last try is made then."""
+
+    def __init__(self, inner: wait_base, deadline: float, clock: Clock) -> None:
+        self._inner = inner
+        self._deadline = deadline
+        self._clock = clock
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        delay = float(self._inner(retry_state))
+        return max(0.0, min(delay, self._deadline - self._clock()))
+
+
 class _OnClock(stop_base):
     """Evaluate a time-based tenacity stop against an injected clock."""
 
@@ -149,6 +176,10 @@ class Retry:
             every try starts with a connect, which backs off itself).
         on_backoff: told before each wait; may raise to end the loop.
         rng: draw jitter from this generator (reproducible delays).
+        deadline: for a wait that must last until a moment (on ``clock``): tries
+            go on until one ends at or after it, each backoff cut to end at it, so
+            the last try is made at the deadline. The policy's ``max_elapsed`` still
+            applies; a waiting caller sets it to ``None``.
     """
 
     def __init__(
@@ -163,6 +194,7 @@ class Retry:
         backoff: bool = True,
         on_backoff: Callable[[BackoffDetails], None] | None = None,
         rng: random.Random | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.policy = policy
         self.operation = operation
@@ -175,6 +207,7 @@ class Retry:
         self._backoff = backoff
         self._on_backoff = on_backoff
         self._rng = rng
+        self._deadline = deadline
 
     def retrying(self, start: float | None = None) -> AsyncRetrying:
         """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``).
@@ -190,6 +223,9 @@ class Retry:
             stop = stop | _OnClock(stop_before_delay(policy.max_elapsed), self._clock, start)
         wait: wait_base = (_HonourRetryAfter(policy.wait(self._rng))
                            if self._backoff else wait_none())
+        if self._deadline is not None:
+            stop = stop | _UntilDeadline(self._deadline, self._clock)
+            wait = _EndAtDeadline(wait, self._deadline, self._clock)
         return AsyncRetrying(
             stop=stop,
             wait=wait,

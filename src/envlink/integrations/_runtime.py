@@ -60,6 +60,8 @@ _live: weakref.WeakSet[Lease] = weakref.WeakSet()
 _closing: dict[concurrent.futures.Future[None], Any] = {}
 #: How long the exit hook waits for the closes handed to a loop, in all.
 _EXIT_CLOSE_WAIT = 10.0
+#: The least time a waiting call's last try gets (made at its deadline).
+_LAST_TRY = 0.5
 
 
 def adapter_config(config: ClientConfig | None,
@@ -140,22 +142,25 @@ async def retry_until_ready(attempt: Callable[[float], Awaitable[T]], *, deadlin
 
     The waiting behind :func:`reset_until_ready` for any idempotent opening step (a
     harness session's connect, for one): ``policy``'s backoff and retry budget, the
-    attempt cap lifted, the elapsed cap set to ``deadline``.
+    attempt cap lifted, tries going on until ``deadline``: a backoff that would pass it
+    is cut to end at it and a last try is made then, never a wait ended early.
 
     Raises:
         CallTimeoutError: the deadline expired during a try.
         RetryBudgetExhaustedError: the shared budget refused a retry.
         EnvlinkError: the last failure, when it is not transient.
     """
-    waiting = dataclasses.replace(policy, max_attempts=1_000_000, max_elapsed=deadline)
+    waiting = dataclasses.replace(policy, max_attempts=1_000_000, max_elapsed=None)
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
 
     async def run(_: int) -> T:
-        return await attempt(max(0.001, end - loop.time()))
+        return await attempt(max(_LAST_TRY, end - loop.time()))
 
+    # The wait lasts until the deadline: a backoff is cut to end there, and a last
+    # try (given at least _LAST_TRY seconds) is made then.
     retry = Retry(waiting, operation=operation, sleep=asyncio.sleep, clock=loop.time,
-                  retry_on=retry_on)
+                  retry_on=retry_on, deadline=end)
     return await retry.run(run)
 
 
