@@ -71,11 +71,13 @@ __all__ = [
     "ATTR_STEP_INDEX",
     "ATTR_TRANSPARENT",
     "DURATION_BUCKETS",
+    "EVENT_ATTACH_WAIT",
     "EVENT_EXCEPTION",
     "EVENT_RECONNECT_SCHEDULED",
     "EVENT_SESSION_LOST",
     "HOOK_RECONNECT",
     "HOOK_RECOVERY_FINISHED",
+    "LOG_ATTACH_WAIT",
     "LOG_CALL_FAILED",
     "LOG_CLIENT_CLOSED",
     "LOG_CONNECT",
@@ -215,10 +217,14 @@ SPAN_POOL_RECV = "envlink.pool recv"
 EVENT_RECONNECT_SCHEDULED = "reconnect_scheduled"
 #: Span event on a call's span when its session was lost and recovery starts.
 EVENT_SESSION_LOST = "envlink.session_lost"
+#: Span event when the server refused an attach for now (its old socket is still
+#: attached) and the client waits within the call's deadline before asking again.
+EVENT_ATTACH_WAIT = "envlink.attach_wait"
 #: The semantic conventions' span event for an exception (``Span.record_exception``).
 EVENT_EXCEPTION = "exception"
 #: Every span event envlink emits.
-SPAN_EVENTS: tuple[str, ...] = (EVENT_RECONNECT_SCHEDULED, EVENT_SESSION_LOST, EVENT_EXCEPTION)
+SPAN_EVENTS: tuple[str, ...] = (EVENT_RECONNECT_SCHEDULED, EVENT_SESSION_LOST,
+                                EVENT_ATTACH_WAIT, EVENT_EXCEPTION)
 
 # structlog event names (logger ``envlink``); the client's hooks report the same names.
 LOG_CONNECT = "envlink.connect"
@@ -232,6 +238,7 @@ LOG_UNATTRIBUTABLE_FRAME = "envlink.unattributable_frame"
 LOG_SESSION_RELEASE_FAILED = "envlink.session_release_failed"
 LOG_PROVIDER_STOP_FAILED = "envlink.provider_stop_failed"
 LOG_RECONNECT_SCHEDULED = "envlink.reconnect_scheduled"
+LOG_ATTACH_WAIT = "envlink.attach_wait"
 LOG_CALL_FAILED = "envlink.call_failed"
 LOG_SESSION_LOST = "envlink.session_lost"
 LOG_SESSION_RECOVERED = "envlink.session_recovered"
@@ -261,7 +268,7 @@ LOG_EVENTS: tuple[str, ...] = (
     LOG_CONNECT, LOG_CONNECTED, LOG_DISCONNECT, LOG_CONNECTION_DISCARDED,
     LOG_STALE_ANSWER_DROPPED, LOG_CLIENT_CLOSED, LOG_PEER_UNRESPONSIVE,
     LOG_UNATTRIBUTABLE_FRAME, LOG_SESSION_RELEASE_FAILED, LOG_RECONNECT_SCHEDULED,
-    LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
+    LOG_ATTACH_WAIT, LOG_CALL_FAILED, LOG_SESSION_LOST, LOG_SESSION_RECOVERED, LOG_REPLAY_DIVERGED,
     LOG_UNKNOWN_STEP_SETTLED, LOG_RECOVERY_FALLBACK, LOG_DETACHED_UNAVAILABLE,
     LOG_POOL_BREAKER_CHANGED, LOG_POOL_CAPACITY_WAIT,
     LOG_POOL_SESSION_MOVED, LOG_PROVIDER_STOP_FAILED,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 import envlink
 
@@ -217,6 +218,61 @@ def test_resume_through_the_sync_facade(
     assert [r.observation for r in results] == _expected()
     _assert_one_detached_session(server, tag)
     assert len(_ws_conns(server, tag)) == 3
+
+
+# ------------------------------------- an interrupted slow step, default policies
+
+#: A step that takes this long on the server, interrupted on the client well before.
+SLOW_STEP_S = 3.0
+
+
+@pytest.mark.parametrize("policy", ["auto", "resume"])
+@pytest.mark.parametrize("interrupt", ["timeout", "cancel"])
+async def test_the_step_after_an_interrupted_slow_step_gets_its_own_answer(
+        stock: tuple[RecordingServer, CuttingProxy], tag: str, tag_headers: dict[str, str],
+        policy: str, interrupt: str) -> None:
+    """A slow step cut short on the client (its deadline, or the caller's cancellation
+    as Ctrl-C gives) keeps OpenEnv's old socket attached until the step ends on the
+    server: the next step waits for the re-attach within its own deadline, under the
+    client's default reconnect policy, and returns its own answer, each step applied
+    once."""
+    server, _proxy = stock
+    # Straight to the server (no proxy): the default policies, only the recovery chosen.
+    env = envlink.GenericEnvClient(f"http://127.0.0.1:{server.port}", headers=tag_headers,
+                                   on_session_lost=policy)  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        try:
+            await _slow_step(env, interrupt)
+            result = await env.step({"delta": 2})
+            state = await env.state()
+        finally:
+            await env.close()
+    # Its own answer: the slow step (5) was applied once, then this one (2).
+    assert result.observation["total"] == 7
+    assert result.observation["history"] == [5, 2]
+    assert state["step_count"] == 2
+    assert _steps_seen(_ws_conns(server, tag)) == [_SLOW, {"delta": 2}]
+    # It said that it waited for the server to let the old socket go.
+    waits = [e for e in logs if e["event"] == "envlink.attach_wait"]
+    assert waits and all(e["waited_s"] >= 0 and e["delay_s"] > 0 for e in waits)
+
+
+_SLOW = {"delta": 5, "sleep_s": SLOW_STEP_S}
+
+
+async def _slow_step(env: envlink.GenericEnvClient, interrupt: str) -> None:
+    """Reset, then a slow step interrupted on the client at 0.5 s."""
+    await env.reset(**RESET)
+    if interrupt == "timeout":
+        with pytest.raises(envlink.CallTimeoutError):
+            await env.step(_SLOW, timeout=0.5)
+        return
+    task = asyncio.ensure_future(env.step(_SLOW))
+    done, _ = await asyncio.wait({task}, timeout=0.5)
+    assert not done, "the slow step answered before it was interrupted"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 # ------------------------------------------------------------- resume impossible

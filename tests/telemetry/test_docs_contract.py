@@ -213,7 +213,14 @@ def test_emitted_span_events_are_documented(scripted_episode: Episode) -> None:
             assert event.name in docs, f"undocumented span event {event.name!r}"
             assert set(event.attributes or {}) <= docs[event.name], event.name
             seen.add(event.name)
-    assert seen == set(docs)
+    assert seen | set(_SPAN_EVENTS_NOT_PROVOKED) == set(docs)
+
+
+#: Documented span events the scripted episode does not provoke, and why.
+_SPAN_EVENTS_NOT_PROVOKED = {
+    "envlink.attach_wait": "needs a server that keeps a session's old socket attached "
+                           "(tests/interop/test_stock_resume.py provokes it on OpenEnv's)",
+}
 
 
 #: Documented log events the scripted episode does not provoke, and why.
@@ -227,6 +234,7 @@ _NOT_PROVOKED = {
     "envlink.unknown_step_settled": "needs a step cut by a deadline after it was sent",
     "envlink.recovery_fallback": "needs on_session_lost='auto' and a session the server no "
                                  "longer has (tests/interop/test_stock_resume.py provokes it)",
+    "envlink.attach_wait": _SPAN_EVENTS_NOT_PROVOKED["envlink.attach_wait"],
     "envlink.provider_stop_failed": "needs a provider whose stop fails "
                                     "(tests/launch/test_provider_cleanup.py)",
 }

@@ -31,7 +31,7 @@ from envlink._errors import (
     ServerError,
     SessionError,
 )
-from envlink._sansio.policies import ReconnectPolicy
+from envlink._sansio.policies import ReconnectPolicy, is_retryable
 from envlink._sansio.protocol import (
     RESUME_TOKEN_HEADER,
     ErrorFrame,
@@ -52,6 +52,7 @@ from envlink._transports.base import (
 from envlink._transports.http import NoAnswerError as _NoAnswer
 from envlink.names import (
     HOOK_RECONNECT,
+    LOG_ATTACH_WAIT,
     LOG_CONNECTION_DISCARDED,
     LOG_DETACHED_UNAVAILABLE,
     LOG_DISCONNECT,
@@ -77,6 +78,13 @@ _UNKNOWN_SESSION = "Unknown session_id"
 
 #: JSON-RPC's "method not found": a server without OpenEnv's session methods.
 _METHOD_NOT_FOUND = -32601
+
+#: Waiting for a server to let go of a session's old socket (an attach refused "for
+#: now"): short backoffs, no count of tries; bounded by the call's deadline, not by the
+#: reconnect policy's tries, and not charged to the retry budget (the server asked for
+#: the wait: it is not a blind retry).
+ATTACH_WAIT_POLICY = ReconnectPolicy(max_attempts=1 << 30, initial_delay=0.05,
+                                     max_delay=0.5, max_elapsed=None, budget=None)
 
 
 class Connector:
@@ -156,12 +164,40 @@ class Connector:
                 "operation": details.operation, "attempt": details.attempt,
                 "delay": details.delay, "error": details.error, "reason": reason}))
 
+        # An attach the server refuses "for now" is not a failed connect: it is
+        # waited out (below), not retried against the connect policy's few tries.
         retry = Retry(self.policy, operation="connect", sleep=asyncio.sleep,
-                      clock=core.clock, attempts_used=used, on_backoff=on_backoff)
+                      clock=core.clock, attempts_used=used, on_backoff=on_backoff,
+                      retry_on=_retryable_connect)
         self.saw_unreachable = False
-        conn = await retry.run(lambda attempt: self._open_once(method, attempt, reason,
-                                                               resume_token))
-        core.connects_made(retry.tries)
+        tries = 0
+
+        async def connect(_round: int) -> Connection:
+            nonlocal tries
+            try:
+                return await retry.run(lambda attempt: self._open_once(
+                    method, attempt + tries, reason, resume_token))
+            finally:
+                tries += retry.tries
+
+        waited = core.clock()
+
+        def on_wait(details: BackoffDetails) -> None:
+            hook.event(ClientEvent(LOG_ATTACH_WAIT, core.session_id, {
+                "attempt": details.attempt, "delay": details.delay,
+                "waited": core.clock() - waited, "error": details.error}))
+
+        # The server keeps the old socket attached until the request it is running
+        # ends (OpenEnv 0.10 after an interrupted slow step): it says "not yet", as a
+        # full server does. Asked again after short backoffs until it lets go, bounded
+        # by the call's deadline (which cancels this); a call without one waits up to
+        # the policy's max_elapsed.
+        wait = Retry(ATTACH_WAIT_POLICY, operation="attach", sleep=asyncio.sleep,
+                     clock=core.clock, retry_on=_attach_refused, on_backoff=on_wait,
+                     deadline=None if self.policy.max_elapsed is None
+                     else waited + self.policy.max_elapsed)
+        conn = await wait.run(connect)
+        core.connects_made(retry.tries)  # the refused attaches were no failed connects
         return conn
 
     async def open_session(self, method: str, *, reason: str,
@@ -441,6 +477,14 @@ class Connector:
 
 def _never(exc: BaseException) -> bool:
     return False
+
+
+def _attach_refused(exc: BaseException) -> bool:
+    return isinstance(exc, _AttachRefused)
+
+
+def _retryable_connect(exc: BaseException) -> bool:
+    return not isinstance(exc, _AttachRefused) and is_retryable(exc)
 
 
 class _AttachRefused(ConnectError):

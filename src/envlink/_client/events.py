@@ -28,6 +28,7 @@ from envlink._sansio.retry import Again
 from envlink.names import (
     HOOK_RECONNECT,
     HOOK_RECOVERY_FINISHED,
+    LOG_ATTACH_WAIT,
     LOG_CLIENT_CLOSED,
     LOG_CONNECTION_DISCARDED,
     LOG_DETACHED_UNAVAILABLE,
@@ -65,6 +66,7 @@ PHASES: tuple[str, ...] = ("attempt", "connect", "resume", "replay", "close")
 #: Events reported through :meth:`ClientHook.event`, with the fields each carries.
 EVENTS: Mapping[str, tuple[str, ...]] = {
     LOG_RECONNECT_SCHEDULED: ("operation", "attempt", "delay", "error", "reason"),
+    LOG_ATTACH_WAIT: ("attempt", "delay", "waited", "error"),
     HOOK_RECONNECT: ("reason",),
     LOG_SESSION_LOST: ("method", "policy", "steps", "error", "mechanism"),
     HOOK_RECOVERY_FINISHED: ("policy", "result", "steps", "mechanism"),

@@ -17,7 +17,13 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, TracerProvider
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Span,
+    SpanKind,
+    TracerProvider,
+    get_current_span,
+)
 
 from envlink._client.events import (
     CallFinished,
@@ -63,10 +69,12 @@ from envlink.names import (
     ATTR_SESSION_ID,
     ATTR_STEP_INDEX,
     ATTR_TRANSPARENT,
+    EVENT_ATTACH_WAIT,
     EVENT_RECONNECT_SCHEDULED,
     EVENT_SESSION_LOST,
     HOOK_RECONNECT,
     HOOK_RECOVERY_FINISHED,
+    LOG_ATTACH_WAIT,
     LOG_CALL_FAILED,
     LOG_CONNECT,
     LOG_CONNECTED,
@@ -458,6 +466,15 @@ class ClientTelemetryHook(ClientHook):
                     ATTR_DELAY: delay, ATTR_ERROR_TYPE: etype, ATTR_ATTEMPT: fields["attempt"]})
             _log.info(LOG_RECONNECT_SCHEDULED, delay_s=round(delay, 4), error_type=etype,
                       attempt=fields["attempt"], reason=fields["reason"], url=self.url)
+        elif name == LOG_ATTACH_WAIT:
+            # On the span open now: the resume's (or the call's own connect's).
+            delay, waited = fields["delay"], fields["waited"]
+            span = get_current_span()
+            if span.is_recording():
+                span.add_event(EVENT_ATTACH_WAIT, {
+                    ATTR_DELAY: delay, ATTR_ATTEMPT: fields["attempt"]})
+            _log.info(LOG_ATTACH_WAIT, delay_s=round(delay, 4), waited_s=round(waited, 4),
+                      attempt=fields["attempt"], session_id=event.session_id, url=self.url)
         elif name == LOG_SESSION_LOST:
             _log.warning(LOG_SESSION_LOST, method=fields["method"], policy=fields["policy"],
                          recovery=fields.get("mechanism"), session_id=event.session_id,

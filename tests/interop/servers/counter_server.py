@@ -24,6 +24,7 @@ Usage (with the openenv virtualenv's python)::
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 from _harness import announce, concurrency, parse_args, serve
@@ -36,6 +37,8 @@ class CounterAction(Action):
 
     delta: int = Field(ge=-100, le=100)
     label: str = ""
+    #: Seconds the step takes on the server (a slow environment).
+    sleep_s: float = Field(default=0.0, ge=0.0, le=10.0)
 
 
 class CounterObservation(Observation):
@@ -80,6 +83,8 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
              **kwargs: Any) -> CounterObservation:
         if self._closed:
             raise RuntimeError("the environment was closed")
+        if action.sleep_s:
+            time.sleep(action.sleep_s)
         self._state.step_count += 1
         self._state.total += action.delta
         self._history.append(action.delta)
