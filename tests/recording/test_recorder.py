@@ -22,6 +22,7 @@ from envlink import (
 from envlink._recording.rollouts import read_episodes, summarise
 from envlink.server import EnvServer, ServerThread
 
+from .._otel_support import Otel
 from .conftest import load
 
 pytestmark = pytest.mark.timeout(60)
@@ -192,7 +193,7 @@ async def test_redaction_and_bounds(tmp_path: Path) -> None:
     assert all(s["observation"]["draw"] == "redacted" for s in record["steps"])
     assert record["reset"]["observation"]["draw"] == "redacted"
     assert recorder.stats == {"episodes_written": 1, "steps_written": 2,
-                              "episodes_dropped": 1, "steps_dropped": 0}
+                              "episodes_dropped": 1, "steps_dropped": 4}
 
 
 def _text(directory: Path) -> list[str]:
@@ -254,3 +255,33 @@ async def test_many_clients_share_one_recorder(tmp_path: Path) -> None:
     assert sorted(r["reset"]["kwargs"]["seed"] for r in records) == sorted(
         s * 10 + e for s in range(8) for e in range(3))
     assert all(len(r["steps"]) == 2 and r["outcome"] == "done" for r in records)
+
+
+async def test_steps_carry_their_span_when_tracing_is_on(tmp_path: Path, otel: Otel) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            GenericEnvClient(srv.url, recorder=recorder,
+                             tracer_provider=otel.tracer_provider) as env:
+        await env.reset(seed=1, max_steps=2)
+        await env.step({"move": 1})
+        await env.step({"move": 2})
+    recorder.close()
+    (record,) = load(tmp_path)
+    spans = {(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}"): s.name
+             for s in otel.spans()}
+    for step in record["steps"]:
+        assert "step" in spans[(step["trace_id"], step["span_id"])]
+
+
+async def test_an_episode_past_max_episode_steps_is_dropped_whole(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path, max_episode_steps=1)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            GenericEnvClient(srv.url, recorder=recorder) as env:
+        await env.reset(seed=1, max_steps=1)
+        await env.step({"move": 1})
+        await env.reset(seed=1, max_steps=2)
+        await env.step({"move": 1})
+        await env.step({"move": 2})
+    recorder.close()
+    assert recorder.stats == {"episodes_written": 1, "steps_written": 1,
+                              "episodes_dropped": 1, "steps_dropped": 2}

@@ -163,8 +163,8 @@ class Tape:
     Everything runs on the client's event loop, one call at a time.
     """
 
-    __slots__ = ("_limit", "_sink", "_tracing", "episode", "lost", "recovered", "retries",
-                 "server")
+    __slots__ = ("_limit", "_sink", "_tracing", "episode", "first", "lost", "recovered",
+                 "retries", "server")
 
     def __init__(self, recorder: RolloutRecorder, server: str, tracing: bool) -> None:
         self._sink = recorder.sink
@@ -178,6 +178,8 @@ class Tape:
         self.recovered: str | None = None
         #: Whether the session had lost the episode when a reset began.
         self.lost = False
+        #: Whether no step was recorded yet (the first tells whether tracing is on).
+        self.first = True
 
     def wrap(self, hook: ClientHook) -> ClientHook:
         """The client's hook, with this tape watching retries and recoveries."""
@@ -205,22 +207,28 @@ class Tape:
         if ep is None:
             return  # no reset seen by this client (an attached session), or after done
         now = _perf()
+        ids = None
+        if self._tracing:
+            ids = _span_ids()
+            if ids is None and not ep.steps and self.first:
+                # No span around this session's first step: tracing is off (no SDK, or
+                # a hook of the user's own); the later steps skip the look-up.
+                self._tracing = False
+            self.first = False
         if call.answer is frame:  # the frames as on the wire: nothing serialised here
             entry = (True, call.sent, call.received, started, now - started, self.retries,
-                     self.recovered, _span_ids() if self._tracing else None)
+                     self.recovered, ids)
         else:  # answered through recovery: the answer the caller gets, as text now
             entry = (False, encode_payload(action), encode_payload(frame.raw_data), started,
-                     now - started, self.retries, self.recovered,
-                     _span_ids() if self._tracing else None)
+                     now - started, self.retries, self.recovered, ids)
         steps = ep.steps
         steps.append(entry)
         self.retries, self.recovered = 0, None
-        if frame.raw_data.get("done"):
-            self._finish("done")
-        elif len(steps) > self._limit:
-            ep.truncated = True
-            ep.steps = []
+        if len(steps) > self._limit:
+            ep.truncated = True  # dropped whole (counted) rather than held
             self._finish(_LOST)
+        elif frame.raw_data.get("done"):
+            self._finish("done")
 
     def step_failed(self, call: Any, action: dict[str, Any], core: Any) -> None:
         """A step raised: if its request may have reached the server unanswered, its
