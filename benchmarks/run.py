@@ -228,6 +228,21 @@ def summarise(samples: dict[str, list[dict[str, Any]]], baselines: dict[str, str
 # ------------------------------------------------------------------ sections
 
 
+def section_recorder(python: str, quick: bool) -> dict[str, Any]:
+    """A RolloutRecorder's cost: client CPU per step with and without, interleaved, at
+    one session and at 1,000 stepped together (bench_recorder.py)."""
+    log("section: recorder")
+    result: dict[str, Any] = {}
+    for sessions, steps in ((1, 2000 if quick else 4000), (1000, 10 if quick else 30)):
+        out_json = LOG_DIR / f"recorder-{sessions}.json"
+        subprocess.run([python, str(HERE / "bench_recorder.py"), "--sessions", str(sessions),
+                        "--steps", str(steps), "--rounds", "3" if quick else "5",
+                        "--episode-steps", "100" if sessions == 1 else "10",
+                        "--json", str(out_json)], cwd=ROOT, check=True, stdout=sys.stderr)
+        result[str(sessions)] = json.loads(out_json.read_text())
+    return result
+
+
 def section_bridge(python: str, quick: bool) -> dict[str, Any]:
     log("section 1: bridge")
     out_json = LOG_DIR / "bridge.json"
@@ -1156,6 +1171,12 @@ def main(argv: list[str] | None = None) -> int:
         res["scale_count"] = section_scale_count(pythons, args.quick, max(1, args.repeats))
     if "imports" in only:
         res["imports"] = section_imports(pythons, args.quick)
+    if "recorder" in only:  # not in the default run: --only recorder
+        res["recorder"] = section_recorder(pythons["envlink"], args.quick)
+        for sessions, rec in res["recorder"].items():
+            print(f"recorder, {sessions} session(s): client CPU per step with/without "
+                  f"{rec['ratio']['median']:.3f} ({rec['ratio']['min']:.3f}-"
+                  f"{rec['ratio']['max']:.3f})")
     res["machine"]["loadavg_end"] = os.getloadavg()
     res["targets"] = targets(res)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -127,6 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not drop the connection mid-episode (by default the server "
                              "drops it once, after applying an echo_message step, and the "
                              "client resumes the session)")
+    parser.add_argument("--record", default=None, metavar="DIR",
+                        help="record the episode (its recovered step marked) as a JSON line "
+                             "in DIR (docs/recording.md); replay it with envlink replay")
     parser.add_argument("--prometheus-port", type=int, default=None, metavar="P",
                         help="expose metrics for Prometheus on 127.0.0.1:P (0: any free port)")
     parser.add_argument("--serve-metrics", action="store_true",
@@ -211,7 +214,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> None:
         raise DemoError(f"telemetry setup failed: {_one_line(exc)}") from exc
     try:
         episode = _episode(args.steps, handle.tracer_provider, handle.meter_provider,
-                           fault=not args.no_fault)
+                           fault=not args.no_fault, record=args.record)
         handle.force_flush(5.0)
         _report(out, episode, spans.get_finished_spans())
         if handle.prometheus_url is not None:
@@ -248,10 +251,10 @@ def _wait_for_interrupt() -> None:
 
 
 def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
-             fault: bool = True) -> _Episode:
+             fault: bool = True, record: str | None = None) -> _Episode:
     from opentelemetry.trace import SpanKind
 
-    from envlink import CallToolAction, EchoEnv, ListToolsAction
+    from envlink import CallToolAction, EchoEnv, ListToolsAction, RolloutRecorder
     from envlink._telemetry.logs import get_logger
 
     try:
@@ -271,8 +274,10 @@ def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
         raise DemoError(f"the reference server failed to start: {_one_line(exc)}") from exc
     try:
         url: str = server.url
+        recorder = None if record is None else RolloutRecorder(record)
         client = EchoEnv(base_url=url, on_session_lost=_POLICY,
-                         tracer_provider=tracer_provider, meter_provider=meter_provider)
+                         tracer_provider=tracer_provider, meter_provider=meter_provider,
+                         recorder=recorder)
 
         def arm_drop() -> None:
             """Have the server drop this client's connection at its next request, once,
@@ -335,6 +340,9 @@ def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
                 dedup_hits=counts[4], drops=counts[5])
             log.info("envlink.demo.episode_done", calls=len(calls), resumes=recovery.resumes)
         elapsed = time.perf_counter() - started
+        if recorder is not None:  # the client is closed: its episode ended as "close"
+            recorder.close()
+            log.info("envlink.demo.recorded", files=[str(f) for f in recorder.files])
     finally:
         server.__exit__(None, None, None)
     _check(recovery)
