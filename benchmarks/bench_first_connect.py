@@ -10,6 +10,7 @@ its round. No figure is asserted: the ratios are what to compare::
 
     python3 benchmarks/bench_first_connect.py                  # envlink's server
     python3 benchmarks/bench_first_connect.py --server openenv # OpenEnv 0.10's, if .venv-openenv
+    python3 benchmarks/bench_first_connect.py --compare-src BASE/src  # before/after, one run
 
 ``--server openenv`` runs ``tests/interop/servers/echo_server.py`` in ``.venv-openenv``
 (``bash .ci/openenv-venv.sh`` makes it), where ``"auto"`` must create an OpenEnv
@@ -100,52 +101,61 @@ def main() -> None:
     parser.add_argument("--src", default=str(SRC),
                         help="the envlink source tree the clients import (default: this "
                              "checkout's; e.g. a baseline from `git archive`)")
+    parser.add_argument("--compare-src", default=None, metavar="OTHER/src",
+                        help="also every policy with clients from this tree, interleaved in "
+                             "the same rounds (rows marked [ref]): a before/after in one run")
     parser.add_argument("--json", metavar="PATH", help="also write the figures there")
     args = parser.parse_args()
     policies = ["raise", *[p for p in args.policies.split(",") if p and p != "raise"]]
     cache = tempfile.TemporaryDirectory(prefix="bench-first-connect-pycache-")
     env = {**os.environ, "PYTHONPATH": args.src, "PYTHONPYCACHEPREFIX": cache.name}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    trees = {"": env}
+    if args.compare_src:
+        trees[" [ref]"] = {**env, "PYTHONPATH": args.compare_src}
     # The server always runs from this checkout: only the clients' tree changes.
     server, url = start_server(args.server, args.python, {**env, "PYTHONPATH": str(SRC)})
     try:
-        figures = run(args.python, env, url, policies, args.rounds)
+        figures = run(args.python, trees, url, policies, args.rounds)
     finally:
         server.terminate()
         server.wait(10)
         cache.cleanup()
-    print(f"clients from {args.src}")
+    print(f"clients from {args.src}" + (f"; [ref]: from {args.compare_src}"
+                                        if args.compare_src else ""))
     print(f"server: {args.server} at {url}; {args.rounds} interleaved rounds, a fresh "
           f"interpreter per sample; load average {os.getloadavg()[0]:.2f}")
-    print(f"  {'policy':8s} {'import + connect, ms':>26s} {'connect, ms':>22s} "
+    print(f"  {'policy':14s} {'import + connect, ms':>26s} {'connect, ms':>22s} "
           f"{'/ raise':>18s}  recovery, httpx imported")
-    for policy in policies:
-        fig = figures[policy]
-        print(f"  {policy:8s} {med_range(fig['total'], 1000):>26s} "
+    for key, fig in figures.items():
+        print(f"  {key:14s} {med_range(fig['total'], 1000):>26s} "
               f"{med_range(fig['connect'], 1000, 2):>22s} "
               f"{med_range(fig['ratio'], digits=2):>18s}  {fig['recovery']}, {fig['httpx']}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
 
 
-def run(python: str, env: dict[str, str], url: str, policies: list[str],
+def run(python: str, trees: dict[str, dict[str, str]], url: str, policies: list[str],
         rounds: int) -> dict[str, dict[str, object]]:
+    """Every (tree, policy) once per round, in a rotating order; each ratio is to the
+    same tree's ``"raise"`` in the same round."""
+    variants = [(policy + mark, policy, mark) for mark in trees for policy in policies]
     totals: dict[str, list[float]] = defaultdict(list)
     connects: dict[str, list[float]] = defaultdict(list)
     seen: dict[str, dict[str, object]] = {}
-    for policy in policies:  # untimed: fills the bytecode cache
-        sample(python, env, url, policy)
+    for _key, policy, mark in variants:  # untimed: fills the bytecode cache
+        sample(python, trees[mark], url, policy)
     for r in range(rounds):
-        shift = r % len(policies)
-        for policy in policies[shift:] + policies[:shift]:
-            got = sample(python, env, url, policy)
-            totals[policy].append(float(got["total"]))  # type: ignore[arg-type]
-            connects[policy].append(float(got["connect"]))  # type: ignore[arg-type]
-            seen[policy] = {"recovery": got["recovery"], "httpx": got["httpx"]}
-    return {policy: {"total": totals[policy], "connect": connects[policy],
-                     "ratio": [t / b for t, b in zip(totals[policy], totals["raise"],
-                                                     strict=True)],
-                     **seen[policy]} for policy in policies}
+        shift = r % len(variants)
+        for key, policy, mark in variants[shift:] + variants[:shift]:
+            got = sample(python, trees[mark], url, policy)
+            totals[key].append(float(got["total"]))  # type: ignore[arg-type]
+            connects[key].append(float(got["connect"]))  # type: ignore[arg-type]
+            seen[key] = {"recovery": got["recovery"], "httpx": got["httpx"]}
+    return {key: {"total": totals[key], "connect": connects[key],
+                  "ratio": [t / b for t, b in zip(totals[key], totals["raise" + mark],
+                                                  strict=True)],
+                  **seen[key]} for key, _policy, mark in variants}
 
 
 if __name__ == "__main__":
