@@ -11,13 +11,16 @@ as ``__cause__``)::
     │                                 (also a TypeError)
     ├── ConnectError                  the connection could not be opened (also a ConnectionError)
     │   ├── HandshakeRejectedError    the server answered the upgrade with an HTTP error
+    │   ├── DetachedSessionGone       an attach found the server no longer knows the session
     │   ├── NotReadyError             the server did not become ready (``/health``) in time
     │   │   │                         (also a TimeoutError)
     │   │   └── SpaceNotAwakeError    ... a Hugging Face Space that did not wake up
     │   └── ProviderError             a provider could not start (or stop) the server; also
     │                                 an instance of the provider's own exception's class
     ├── ConnectionLostError           an open connection died
-    │   └── OutcomeUnknownError       ... while a non-idempotent call was in flight
+    │   ├── OutcomeUnknownError       ... while a non-idempotent call was in flight
+    │   ├── NotWrittenError           ... before a frame was written (provably not sent)
+    │   └── NoAnswerError             ... an HTTP request accepted, then closed unanswered
     ├── CallTimeoutError              a deadline expired (also a TimeoutError)
     ├── ServerError                   the server answered with an error frame (also a
     │   │                             RuntimeError)
@@ -26,18 +29,28 @@ as ``__cause__``)::
     │   ├── FactoryError              ... with code FACTORY_ERROR
     │   ├── SessionError              ... with code SESSION_ERROR
     │   ├── ToolCallError             an MCP tool call reported an error
-    │   └── McpError                  a JSON-RPC ``mcp`` request got an error object
+    │   ├── McpError                  a JSON-RPC ``mcp`` request got an error object
+    │   ├── HarnessProtocolError      a ``/harness`` frame rejected (recoverable)
+    │   └── HarnessTurnError          a ``/harness`` turn failed (terminal)
     ├── ProtocolError                 the server sent something the protocol forbids
     ├── HttpStatusError               an HTTP endpoint (``/schema``...) answered an error
     ├── SessionLostError              the server-side session is gone mid-episode
     │   ├── SessionGoneError          ... and resuming it is impossible (says why)
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
+    ├── TrainingTraceUnavailableError loop-owning training, and the server has no trace
     ├── ClientClosedError             the client or bridge was closed
     ├── ReentrantCallError            a blocking call from the bridge's own loop thread
     │                                 (also a RuntimeError)
     └── ExecutionModeError            a client used both with and without ``await``
                                       (also a RuntimeError)
+
+Apart from the tree, :class:`ActionRejectedError` (a ``ValueError``) is what a served
+environment raises for input it refuses; the reference server answers it with a
+``VALIDATION_ERROR`` frame.
+
+Every exception class of envlink is defined here; one that only carries control flow
+inside a module has a leading underscore and stays there.
 
 Each error is also the builtin exception OpenEnv 0.10's client raises in the same
 situation, so an ``except RuntimeError:`` / ``except ConnectionError:`` /
@@ -70,22 +83,28 @@ __all__ = [
     "OUTCOME_ERROR",
     "OUTCOME_OK",
     "OUTCOME_TIMEOUT",
+    "ActionRejectedError",
     "CallTimeoutError",
     "CapacityReachedError",
     "ClientClosedError",
     "ConnectError",
     "ConnectionLostError",
+    "DetachedSessionGone",
     "EnvlinkError",
     "ErrorCode",
     "ExecutionModeError",
     "FactoryError",
     "HandshakeRejectedError",
+    "HarnessProtocolError",
+    "HarnessTurnError",
     "HttpStatusError",
     "InvalidActionError",
     "InvalidArgumentError",
     "InvalidURLError",
     "McpError",
+    "NoAnswerError",
     "NotReadyError",
+    "NotWrittenError",
     "OutcomeUnknownError",
     "ProtocolError",
     "ProviderError",
@@ -99,6 +118,7 @@ __all__ = [
     "SessionLostError",
     "SpaceNotAwakeError",
     "ToolCallError",
+    "TrainingTraceUnavailableError",
 ]
 
 #: How a call ended (the ``envlink.outcome`` telemetry attribute): the one set for the
@@ -216,6 +236,13 @@ class ProviderError(ConnectError):
         super().__init__(message, retryable=False)
 
 
+class DetachedSessionGone(ConnectError):
+    """Attaching failed: the server no longer knows the client's detached session."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class HttpStatusError(EnvlinkError):
     """An HTTP endpoint of the server (``/health``, ``/schema``, ``/metadata``) answered
     with an error status, or with something that is not the expected JSON.
@@ -255,6 +282,14 @@ class OutcomeUnknownError(ConnectionLostError):
     def __init__(self, message: str, *, applied: bool | None = None) -> None:
         super().__init__(message)
         self.applied = applied
+
+
+class NotWrittenError(ConnectionLostError):
+    """The connection was already closed: the frame was provably never written."""
+
+
+class NoAnswerError(ConnectionLostError):
+    """The server accepted an HTTP request, then closed without sending a byte back."""
 
 
 class CallTimeoutError(EnvlinkError, _Timeout):
@@ -428,6 +463,21 @@ class ToolCallError(ServerError):
         self.tool_name = tool_name
 
 
+class HarnessProtocolError(ServerError):
+    """The server rejected a frame with a recoverable ``protocol_error``; no turn ran.
+
+    The session is still usable: correct the message and send again.
+    """
+
+    error_type = "harness_protocol_error"
+
+
+class HarnessTurnError(ServerError):
+    """The turn failed with a terminal ``error`` event; the server ended the session."""
+
+    error_type = "harness_turn_error"
+
+
 class ProtocolError(EnvlinkError):
     """The server sent a frame the protocol does not allow.
 
@@ -505,6 +555,19 @@ class RetryBudgetExhaustedError(EnvlinkError):
     error_type = "retry_budget_exhausted"
 
 
+class TrainingTraceUnavailableError(EnvlinkError):
+    """Loop-owning training needs a training trace the server cannot give.
+
+    Raised by :meth:`EnvlinkSessionFactory.create
+    <envlink.integrations.openenv_harness.EnvlinkSessionFactory.create>` when the server
+    has no ``/harness`` or its ``session_started`` does not advertise ``training_trace``:
+    train with the trainer's own sampling instead (TRL: pass ``harness_adapter=``), which
+    uses the server's step sessions.
+    """
+
+    error_type = "training_trace_unavailable"
+
+
 class ClientClosedError(EnvlinkError):
     """The client (or the bridge it runs on) is closed."""
 
@@ -570,3 +633,14 @@ class InvalidActionError(InvalidArgumentError, TypeError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class ActionRejectedError(ValueError):
+    """Raised by a served environment for an action or reset argument it does not accept.
+
+    Server side (:mod:`envlink.server`): the reference server answers it with a
+    ``VALIDATION_ERROR`` frame (any other exception becomes ``EXECUTION_ERROR``), which
+    the client raises as :class:`ServerValidationError`. A :class:`ValueError`, not an
+    :class:`EnvlinkError`: an environment raises it, envlink never does.
+    ``envlink.server.InvalidActionError`` is its earlier name.
+    """

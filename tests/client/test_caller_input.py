@@ -109,9 +109,10 @@ def test_base_url_of_the_wrong_type_is_a_type_error() -> None:
 
 def test_a_client_without_a_server_is_a_value_error() -> None:
     """GenericEnvClient() or GenericEnvClient(None), with no provider either, raises an
-    InvalidArgumentError, a ValueError as in OpenEnv, saying what base_url must be."""
+    InvalidArgumentError, a ValueError with OpenEnv's message, saying what base_url must be."""
     for make in (lambda: GenericEnvClient(), lambda: GenericEnvClient(None)):
-        with pytest.raises(InvalidArgumentError, match="base_url must be a str") as caught:
+        with pytest.raises(InvalidArgumentError, match=r"^EnvClient requires either base_url "
+                           r"or provider\..*base_url: a str") as caught:
             make()
         assert isinstance(caught.value, ValueError)
 

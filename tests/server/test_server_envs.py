@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from envlink.server import (
+    ActionRejectedError,
     DeterministicEnvironment,
     EchoEnvironment,
     Environment,
@@ -211,5 +212,7 @@ def test_deterministic_snapshot_restore_continues_identically() -> None:
 
 
 def test_invalid_action_error_is_value_error() -> None:
-    """InvalidActionError is a ValueError (raised by environments for bad input)."""
-    assert issubclass(InvalidActionError, ValueError)
+    """ActionRejectedError (earlier InvalidActionError) is a ValueError (raised by
+    environments for bad input)."""
+    assert issubclass(ActionRejectedError, ValueError)
+    assert InvalidActionError is ActionRejectedError

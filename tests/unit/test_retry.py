@@ -181,15 +181,15 @@ def test_policy_wait_is_tenacitys_full_jitter() -> None:
 
 
 async def test_again_is_retried_and_the_original_error_is_raised_at_the_end() -> None:
-    """An attempt asks for another try with Again(error); when tries run out, error is raised."""
-    from envlink._sansio.retry import Again
+    """An attempt asks for another try with again(error); when tries run out, error is raised."""
+    from envlink._sansio.retry import again
 
     lost = ConnectionLostError("dropped")
     numbers: list[int] = []
 
     async def attempt(number: int) -> None:
         numbers.append(number)
-        raise Again(lost)
+        raise again(lost)
 
     with pytest.raises(ConnectionLostError) as info:
         await Retry(ReconnectPolicy(max_attempts=3), operation="resend", sleep=FakeTime().sleep,

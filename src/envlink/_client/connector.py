@@ -25,9 +25,12 @@ from envlink._errors import (
     CapacityReachedError,
     ConnectError,
     ConnectionLostError,
+    DetachedSessionGone,
     EnvlinkError,
     ErrorCode,
     FactoryError,
+    NoAnswerError,
+    NotWrittenError,
     ServerError,
     SessionError,
 )
@@ -44,12 +47,10 @@ from envlink._sansio.session import DropReason, SessionCore
 from envlink._transports.base import (
     Connection,
     Endpoint,
-    NotWrittenError,
     RpcAnswer,
     RpcTransport,
     Transport,
 )
-from envlink._transports.http import NoAnswerError as _NoAnswer
 from envlink.names import (
     HOOK_RECONNECT,
     LOG_ATTACH_WAIT,
@@ -61,13 +62,6 @@ from envlink.names import (
 )
 
 __all__ = ["Connector", "DetachedSessionGone"]
-
-
-class DetachedSessionGone(ConnectError):
-    """Attaching failed: the server no longer knows the client's detached session."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, retryable=False)
 
 
 #: How OpenEnv 0.10 refuses an attach to a session it does not know. Its frame has no
@@ -280,7 +274,7 @@ class Connector:
         except TimeoutError as exc:
             raise ConnectError(f"timed out creating a session on {self.endpoint.mcp_url}",
                                retryable=True) from exc
-        except _NoAnswer:
+        except NoAnswerError:
             # Accepted, then closed without a byte of HTTP: not an OpenEnv server
             # (websockets' server, for one, drops a request with a body this way).
             answer = None

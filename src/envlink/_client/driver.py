@@ -50,7 +50,7 @@ from envlink._sansio.protocol import (
     decode_response,
     server_error,
 )
-from envlink._sansio.retry import Again, succeeded
+from envlink._sansio.retry import again, succeeded
 from envlink._sansio.session import (
     Action,
     Call,
@@ -399,13 +399,13 @@ class SessionDriver:
 
     async def _lost(self, exc: ConnectionLostError, call: Call, data: dict[str, Any] | None,
                     request_id: str | None) -> Frame:
-        """The connection was lost during a try: resend (``Again``), recover or fail."""
+        """The connection was lost during a try: resend (:func:`again`), recover or fail."""
         self.connector.drop(DropReason.FAILED)
         decision = self.core.after_failure(call.method, exc,
                                            written=not isinstance(exc, NotWrittenError),
                                            data=data)
         if decision.action is Action.RESEND:
-            raise Again(exc) from None
+            raise again(exc) from None
         if decision.action is Action.RECOVER:
             return await recover(self.recovery(), decision, call, data, request_id, cause=exc)
         assert decision.error is not None

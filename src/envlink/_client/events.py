@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, cast
 
 from envlink._bridge.hook_chain import HookChain, combine
 from envlink._errors import OUTCOMES
-from envlink._sansio.retry import Again
+from envlink._sansio.retry import carried
 from envlink.names import (
     HOOK_RECONNECT,
     HOOK_RECOVERY_FINISHED,
@@ -180,7 +180,7 @@ class PhaseReport:
     :meth:`ClientHook.phase_finished` with the error that ended the block, or
     ``None``, and lets that error through. A connect phase sets ``session_id`` and
     ``extensions`` inside the block once it knows them. A request for another try
-    (:class:`~envlink._sansio.retry.Again`) is reported as the error it carries.
+    (:func:`~envlink._sansio.retry.again`) is reported as the error it carries.
     """
 
     __slots__ = ("_hook", "_phase", "_token", "extensions", "session_id")
@@ -198,8 +198,8 @@ class PhaseReport:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if isinstance(exc, Again):
-            exc = exc.error
+        if exc is not None:
+            exc = carried(exc)
         self._hook.phase_finished(
             PhaseFinished(self._phase, exc, self.session_id, self.extensions), self._token)
 

@@ -37,6 +37,8 @@ from envlink._errors import (
     CallTimeoutError,
     ClientClosedError,
     EnvlinkError,
+    HarnessProtocolError,
+    HarnessTurnError,
     ProtocolError,
     ServerError,
 )
@@ -91,21 +93,6 @@ class HarnessEvent(BaseModel):
     type: HarnessEventType
     timestamp: float = Field(default_factory=time.time)
     data: dict[str, Any] = Field(default_factory=dict)
-
-
-class HarnessProtocolError(ServerError):
-    """The server rejected a frame with a recoverable ``protocol_error``; no turn ran.
-
-    The session is still usable: correct the message and send again.
-    """
-
-    error_type = "harness_protocol_error"
-
-
-class HarnessTurnError(ServerError):
-    """The turn failed with a terminal ``error`` event; the server ended the session."""
-
-    error_type = "harness_turn_error"
 
 
 class HarnessClient:

@@ -34,7 +34,7 @@ from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import RecoveryMechanism, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error
 from envlink._sansio.replay import RESET, JournalReplay, ReplayVerify
-from envlink._sansio.retry import Again
+from envlink._sansio.retry import again
 from envlink._sansio.session import Call, Decision, DropReason, Frame, SessionCore, describe
 from envlink._transports.base import Connection
 from envlink.names import (
@@ -280,7 +280,7 @@ class _LostMeansAgain:
                  tb: TracebackType | None) -> None:
         if isinstance(exc, ConnectionLostError):
             self._connector.drop(DropReason.FAILED)
-            raise Again(exc) from None
+            raise again(exc) from None
 
 
 class ReplayStrategy:

@@ -38,7 +38,7 @@ from envlink._errors import (
     SpaceNotAwakeError,
 )
 from envlink._sansio.policies import ReconnectPolicy
-from envlink._sansio.retry import Again, Retry
+from envlink._sansio.retry import Retry, again
 from envlink._transports.base import Endpoint
 from envlink._transports.http import HttpAnswer, get_json, request_json
 
@@ -250,11 +250,11 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
                             url=url, attempts=retry.tries, last_status=status) from exc
 
 
-def _not_yet(seen: list[_NotYet], what: str, status: int | None) -> Again:
+def _not_yet(seen: list[_NotYet], what: str, status: int | None) -> Exception:
     error = _NotYet(what, status)
     seen.append(error)
     del seen[:-1]
-    return Again(error)
+    return again(error)
 
 
 async def list_environments(endpoint: Endpoint, options: ConnectionOptions,

@@ -46,11 +46,12 @@ from envlink._errors import HandshakeRejectedError, RetryBudgetExhaustedError
 from envlink._sansio.policies import ReconnectPolicy, is_retryable, testing_enabled
 
 __all__ = [
-    "Again",
     "BackoffDetails",
     "Clock",
     "Retry",
     "Sleep",
+    "again",
+    "carried",
     "succeeded",
 ]
 
@@ -62,12 +63,11 @@ Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
 
 
-class Again(Exception):
-    """Raised by an attempt to ask for another try because of ``error``.
+class _Again(Exception):
+    """Raised by an attempt to ask for another try because of ``error`` (:func:`again`).
 
-    For operations whose retry rule is decided case by case (the session core's
-    idempotency rules): :class:`Retry` retries it, and when the tries are used
-    up raises ``error`` itself, never this wrapper.
+    Control flow inside a :class:`Retry` loop only: :class:`Retry` retries it, and
+    when the tries are used up raises ``error`` itself, never this wrapper.
     """
 
     def __init__(self, error: BaseException) -> None:
@@ -75,8 +75,23 @@ class Again(Exception):
         self.error = error
 
 
+def again(error: BaseException) -> Exception:
+    """What an attempt raises to ask for another try because of ``error``.
+
+    For operations whose retry rule is decided case by case (the session core's
+    idempotency rules): the :class:`Retry` loop tries again, and when the tries are
+    used up raises ``error`` itself, never the request.
+    """
+    return _Again(error)
+
+
+def carried(exc: BaseException) -> BaseException:
+    """``exc``, or the error a request for another try (:func:`again`) carries."""
+    return exc.error if isinstance(exc, _Again) else exc
+
+
 def _again(exc: BaseException) -> bool:
-    return isinstance(exc, Again)
+    return isinstance(exc, _Again)
 
 
 @dataclass(frozen=True)
@@ -169,7 +184,7 @@ class Retry:
         sleep: the async sleep to wait with.
         clock: the monotonic clock the elapsed-time cap is measured on.
         retry_on: whether a failure may be retried (default: ``is_retryable``);
-            :class:`Again` is always retried.
+            a request for another try (:func:`again`) is always retried.
         attempts_used: tries of this operation already spent (a flapping
             connection continues its outage's count).
         backoff: wait between tries; ``False`` retries at once (an operation whose
@@ -270,8 +285,8 @@ class Retry:
                         raise failed  # tenacity decides from the first try's outcome
                     self.tries += 1
                     result = await attempt(self.tries + self.attempts_used)
-        except Again as again:
-            error: BaseException | None = again.error
+        except _Again as request:
+            error: BaseException | None = request.error
         else:
             error = None
         if error is not None:
@@ -288,8 +303,7 @@ class Retry:
     def _before_sleep(self, state: RetryCallState) -> None:
         outcome = state.outcome
         exc = outcome.exception() if outcome is not None else None
-        if isinstance(exc, Again):
-            exc = exc.error
+        exc = carried(exc) if exc is not None else None
         budget = self.policy.budget
         if budget is not None and not budget.try_spend():
             raise RetryBudgetExhaustedError(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
-from envlink._errors import ConnectionLostError, InvalidURLError
+from envlink._errors import InvalidURLError, NotWrittenError
 from envlink._sansio.redact import redact_url
 
 if TYPE_CHECKING:
@@ -145,10 +145,6 @@ class Connection(Protocol):
     def abort(self) -> None:
         """Drop the connection at once."""
         ...
-
-
-class NotWrittenError(ConnectionLostError):
-    """The connection was already closed: the frame was provably never written."""
 
 
 @dataclass(frozen=True)

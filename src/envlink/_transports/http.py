@@ -27,7 +27,13 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from envlink._deadlines import bounded
-from envlink._errors import ConnectError, ConnectionLostError, EnvlinkError, ProtocolError
+from envlink._errors import (
+    ConnectError,
+    ConnectionLostError,
+    EnvlinkError,
+    NoAnswerError,
+    ProtocolError,
+)
 from envlink._sansio.redact import is_sensitive_name, redact_text, redact_url
 from envlink._transports.proxy import resolve_proxy
 
@@ -38,10 +44,6 @@ DEFAULT_MAX_ANSWER = 1024 * 1024
 _MAX_REDIRECTS = 5
 
 HeaderPairs = Mapping[str, str] | list[tuple[str, str]] | tuple[tuple[str, str], ...]
-
-
-class NoAnswerError(ConnectionLostError):
-    """The server accepted the request, then closed without sending a byte back."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from envlink._errors import (
     EnvlinkError,
     HandshakeRejectedError,
     ToolCallError,
+    TrainingTraceUnavailableError,
 )
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sync.default_bridge import lease_bridge
@@ -81,18 +82,6 @@ def _harness_options(config: ClientConfig) -> dict[str, Any]:
             "transport": config.transport, "hooks": config.hooks,
             "tracer_provider": config.tracer_provider,
             "meter_provider": config.meter_provider}
-
-
-class TrainingTraceUnavailableError(EnvlinkError):
-    """Loop-owning training needs a training trace the server cannot give.
-
-    Raised by :meth:`EnvlinkSessionFactory.create` when the server has no ``/harness``
-    or its ``session_started`` does not advertise ``training_trace``: train with the
-    trainer's own sampling instead (TRL: pass ``harness_adapter=``), which uses the
-    server's step sessions.
-    """
-
-    error_type = "training_trace_unavailable"
 
 
 @dataclass

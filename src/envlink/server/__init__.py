@@ -23,6 +23,7 @@ from envlink.server._connection import ConnectionHandle
 from envlink.server._environments.deterministic import DeterministicEnvironment
 from envlink.server._environments.echo import EchoEnvironment
 from envlink.server._environments.environment import (
+    ActionRejectedError,
     Environment,
     EnvironmentFactory,
     InvalidActionError,
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DROP_MODES",
     "ENVIRONMENTS",
+    "ActionRejectedError",
     "ConnectionHandle",
     "CorruptKind",
     "DeterministicEnvironment",

@@ -30,7 +30,11 @@ from envlink._sansio.protocol import (
     encode_response,
     validate_request,
 )
-from envlink.server._environments.environment import InvalidActionError, Transition, accepted_kwargs
+from envlink.server._environments.environment import (
+    ActionRejectedError,
+    Transition,
+    accepted_kwargs,
+)
 from envlink.server._faults import FaultChain, corrupt_frame
 from envlink.server._store import Session
 
@@ -213,7 +217,7 @@ def _apply(session: Session, frame: Frame, count: Callable[[str], object]
             raise AssertionError(f"unexpected request {request!r}")
     except ValidationError as exc:
         return "error", validation_error(exc)
-    except InvalidActionError as exc:
+    except ActionRejectedError as exc:
         return "error", {"message": str(exc), "code": ErrorCode.VALIDATION_ERROR.value}
     except Exception as exc:
         return "error", {"message": str(exc) or type(exc).__name__,

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from envlink._config import is_int
-from envlink.server._environments.environment import InvalidActionError, Transition
+from envlink.server._environments.environment import ActionRejectedError, Transition
 
 __all__ = ["DeterministicEnvironment"]
 
@@ -41,13 +41,13 @@ class DeterministicEnvironment:
         """Start an episode.
 
         Raises:
-            InvalidActionError: ``seed`` or ``max_steps`` is not an integer (or < 1).
+            ActionRejectedError: ``seed`` or ``max_steps`` is not an integer (or < 1).
         """
         if not is_int(seed):
-            raise InvalidActionError(f"seed must be an integer, got {seed!r}")
+            raise ActionRejectedError(f"seed must be an integer, got {seed!r}")
         steps = self._default_max_steps if max_steps is None else max_steps
         if not is_int(steps) or steps < 1:
-            raise InvalidActionError(f"max_steps must be a positive integer, got {max_steps!r}")
+            raise ActionRejectedError(f"max_steps must be a positive integer, got {max_steps!r}")
         self._rng = random.Random(seed)
         self._seed = seed
         self._max_steps = steps
@@ -63,11 +63,11 @@ class DeterministicEnvironment:
         """Move by ``action["move"]``.
 
         Raises:
-            InvalidActionError: the action is not exactly ``{"move": int}``.
+            ActionRejectedError: the action is not exactly ``{"move": int}``.
             RuntimeError: no episode was started, or it is done (``EXECUTION_ERROR``).
         """
         if set(action) != {"move"} or not is_int(action["move"]):
-            raise InvalidActionError(f"action must be {{'move': int}}, got {action!r}")
+            raise ActionRejectedError(f"action must be {{'move': int}}, got {action!r}")
         if self._rng is None:
             raise RuntimeError("call reset before step")
         if self._step >= self._max_steps:

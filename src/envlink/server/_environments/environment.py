@@ -12,7 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from envlink._errors import ActionRejectedError
+
 __all__ = [
+    "ActionRejectedError",
     "Environment",
     "EnvironmentFactory",
     "InvalidActionError",
@@ -59,12 +62,10 @@ class Transition:
 StepResult = Transition
 
 
-class InvalidActionError(ValueError):
-    """Raised by an environment for an action or reset argument it does not accept.
-
-    The server answers it with a ``VALIDATION_ERROR`` frame (any other exception
-    becomes ``EXECUTION_ERROR``).
-    """
+#: The earlier name of :class:`~envlink.server.ActionRejectedError`, kept for existing
+#: environments (one class, defined with envlink's other exceptions; the client's
+#: :class:`envlink.InvalidActionError` is a different one, hence the new name).
+InvalidActionError = ActionRejectedError
 
 
 @runtime_checkable

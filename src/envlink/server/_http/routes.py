@@ -23,8 +23,8 @@ from pydantic import ValidationError
 
 from envlink._config import is_int
 from envlink.server._environments.environment import (
+    ActionRejectedError,
     EnvironmentFactory,
-    InvalidActionError,
     StepResult,
     accepted_kwargs,
 )
@@ -263,7 +263,7 @@ def _run(factory: EnvironmentFactory, call: Callable[[Any], StepResult]) -> Http
         json.dumps(data)
     except ValidationError as exc:
         return HttpReply(422, {"detail": validation_error(exc)["errors"]})
-    except InvalidActionError as exc:
+    except ActionRejectedError as exc:
         return _unprocessable(str(exc))
     except Exception as exc:
         return HttpReply(500, {"detail": str(exc) or type(exc).__name__})
