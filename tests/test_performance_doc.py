@@ -1,0 +1,130 @@
+"""docs/performance.md: every figure names the committed command that reproduces it.
+
+A figure is a number with a unit of measure (k or M instructions, KiB, ms, µs, a
+multiplication sign, %). Every paragraph, list or table that gives one names its
+command: a script under ``benchmarks/`` with its options, or the test that asserts the
+figure (a table may take it from the block just before it). A section of an earlier
+round says so in a paragraph that starts with "Historical" and names the commands its
+figures came from, once. In "Decisions" and "Not done", whose items stand alone, every
+item that gives a figure names its command itself. Every command named anywhere in
+the document exists: its script is in the repository, and each ``--option`` it is
+given is one its ``argparse`` parser accepts (read from the script's source, without
+running it).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "performance.md"
+BENCHMARKS = ROOT / "benchmarks"
+
+#: A measured figure: a number and a unit.
+FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:k\b|M\b|KiB|MiB|ms\b|µs|\u00d7|%|x\b)")
+#: A benchmark script and what follows it on its line or in its code span.
+COMMAND = re.compile(r"(?<![\w/])(?:benchmarks/)?([a-z_]+\.py)\b([^`\n]*)")
+#: A test file named as the check of a figure.
+TEST = re.compile(r"\btests/[\w/]+\.py\b")
+#: Sections whose items are checked one by one.
+ITEMISED = ("## Decisions", "## Not done")
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    parts = re.split(r"(?m)^(#{2,3} .*)$", text)
+    return [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
+
+
+@cache
+def _options(script: str) -> frozenset[str]:
+    """The ``--options`` a benchmark script's parser accepts, from its source."""
+    tree = ast.parse((BENCHMARKS / script).read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            found |= {a.value for a in node.args
+                      if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                      and a.value.startswith("--")}
+    return frozenset(found | {"--help"})
+
+
+def _commands(text: str) -> list[tuple[str, list[str]]]:
+    """``(script, options)`` for every benchmark script the text names."""
+    found = []
+    for match in COMMAND.finditer(text):
+        script = match.group(1)
+        if not (BENCHMARKS / script).exists():
+            continue
+        rest = match.group(2).split("#")[0]
+        # Options up to the end of the span, or up to a phrase in prose after it.
+        found.append((script, re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)))
+    return found
+
+
+def _names_a_command(text: str) -> bool:
+    return bool(_commands(text)) or any((ROOT / t).exists() for t in TEST.findall(text))
+
+
+def _historical(body: str) -> str | None:
+    """A section's "Historical: ..." paragraph, which groups its figures under the
+    commands it names (figures of an earlier round, not remeasured)."""
+    found = re.search(r"(?ms)^Historical\b.*?(?=\n\s*\n|\Z)", body)
+    return found.group(0) if found else None
+
+
+def test_every_figure_names_its_command() -> None:
+    """Each paragraph, list or table that gives a figure names the command (or test) it
+    comes from; a table may take it from the paragraph or table just before it. A
+    section marked historical names its commands once, in that paragraph."""
+    missing = []
+    for title, body in _sections(DOC.read_text(encoding="utf-8")):
+        historical = _historical(body)
+        if historical is not None:
+            if FIGURE.search(body) and not _names_a_command(historical):
+                missing.append(f"{title}: its 'Historical' paragraph names no command")
+            continue
+        covered = False
+        for block in re.split(r"\n\s*\n", body):
+            covered = _names_a_command(block) or (covered and block.lstrip().startswith("|"))
+            if FIGURE.search(block) and not covered:
+                missing.append(f"{title}: {block.strip()[:100]!r}")
+    assert not missing, missing
+
+
+def test_every_item_of_decisions_and_not_done_with_a_figure_names_its_command() -> None:
+    """Items that stand alone each name the command of the figures they give."""
+    missing = []
+    for title, body in _sections(DOC.read_text(encoding="utf-8")):
+        if not title.startswith(ITEMISED):
+            continue
+        for item in re.split(r"(?m)^(?=- )", body):
+            if FIGURE.search(item) and not _names_a_command(item):
+                missing.append(f"{title}: {item[:100]!r}")
+    assert not missing, missing
+
+
+def test_every_named_command_exists_with_the_options_it_is_given() -> None:
+    """Each benchmark command in the document: its script exists and accepts its options."""
+    text = DOC.read_text(encoding="utf-8")
+    commands = _commands(text)
+    assert {"run.py", "instruction_guard.py", "bench_memory.py", "bench_encode.py",
+            "bench_telemetry.py", "bench_first_connect.py"} <= {s for s, _ in commands}
+    wrong = sorted({f"{script} {option}" for script, options in commands
+                    for option in options if option not in _options(script)})
+    assert not wrong, wrong
+    tests = {t for t in TEST.findall(text)}
+    assert all((ROOT / t).exists() for t in tests), sorted(
+        t for t in tests if not (ROOT / t).exists())
+
+
+@pytest.mark.parametrize("script", ["run.py", "bench_bridge.py", "bench_journal.py"])
+def test_the_option_reader_sees_a_scripts_options(script: str) -> None:
+    """The check reads options from the source (a self-test of the reader)."""
+    assert {"--help"} < _options(script)
+    assert "--no-such-option" not in _options(script)
