@@ -347,3 +347,38 @@ def test_every_session_core_goes_by_a_core_name() -> None:
             found.extend(f"{name}: {n}" for n in named
                          if _CORE_NAME.fullmatch(n.lstrip("_")) is None)
     assert found == []
+
+
+_EXCEPTION_CLASSES = r"""
+import importlib, inspect, json, pkgutil, sys
+import envlink
+found = []
+for info in pkgutil.walk_packages(envlink.__path__, "envlink."):
+    if info.name.endswith("__main__"):
+        continue
+    try:
+        module = importlib.import_module(info.name)
+    except ImportError:  # an optional extra (Ray, TRL...) that is not installed
+        continue
+    for name, value in vars(module).items():
+        if (inspect.isclass(value) and issubclass(value, BaseException)
+                and value.__module__ == info.name and value.__qualname__ == name):
+            found.append([info.name, name])
+json.dump(found, sys.stdout)
+"""
+
+
+def test_every_exception_class_is_defined_in_the_error_module() -> None:
+    """One error tree in one module: every exception class without a leading underscore
+    is defined in ``envlink._errors``, and no two exception classes share a name."""
+    out = subprocess.run([sys.executable, "-c", _EXCEPTION_CLASSES], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    import json
+
+    classes = [tuple(pair) for pair in json.loads(out)]
+    assert ("envlink._errors", "EnvlinkError") in classes  # the walk saw the tree
+    elsewhere = sorted(f"{module}.{name}" for module, name in classes
+                       if module != "envlink._errors" and not name.startswith("_"))
+    assert elsewhere == [], "public exception classes outside envlink._errors"
+    names = [name.lstrip("_") for _module, name in classes]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

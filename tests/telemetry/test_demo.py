@@ -161,7 +161,7 @@ def test_demo_fails_when_the_session_is_not_resumed() -> None:
 
 def test_demo_recovery_check_catches_a_step_applied_twice() -> None:
     """The demo's check refuses a server count above the steps asked (a step applied twice)."""
-    from envlink._cli.demo import DemoError, _check, _Recovery
+    from envlink._cli.demo import _check, _DemoError, _Recovery
 
     fine = _Recovery(fault_step=2, steps_asked=5, journal_steps=5, mechanism="envlink-resume",
                      state_step_count=5, session_step_count=5, steps_applied=5,
@@ -169,7 +169,7 @@ def test_demo_recovery_check_catches_a_step_applied_twice() -> None:
     _check(fine)
     twice = dataclasses.replace(fine, state_step_count=6, session_step_count=6,
                                 steps_applied=6, dedup_hits=0)
-    with pytest.raises(DemoError, match="state\\(\\) step_count is 6"):
+    with pytest.raises(_DemoError, match="state\\(\\) step_count is 6"):
         _check(twice)
 
 

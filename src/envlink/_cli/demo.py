@@ -53,7 +53,7 @@ _ATTR_SERVER_DEDUP = "envlink.server.dedup"
 _POLICY: SessionLostPolicy = "auto"
 
 
-class DemoError(Exception):
+class _DemoError(Exception):
     """A failure the demo reports as one line on stderr."""
 
 
@@ -178,7 +178,7 @@ def demo_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     except KeyboardInterrupt:
         sys.stderr.write(f"{_PROG}: interrupted\n")
         return 130
-    except DemoError as exc:
+    except _DemoError as exc:
         sys.stderr.write(f"{_PROG}: error: {exc}\n")
         return 1
     except Exception as exc:  # any other failure: one line, not a traceback
@@ -211,7 +211,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> None:
             set_global=False,
         )
     except (ImportError, ValueError, OSError) as exc:
-        raise DemoError(f"telemetry setup failed: {_one_line(exc)}") from exc
+        raise _DemoError(f"telemetry setup failed: {_one_line(exc)}") from exc
     try:
         episode = _episode(args.steps, handle.tracer_provider, handle.meter_provider,
                            fault=not args.no_fault, record=args.record)
@@ -260,7 +260,7 @@ def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
     try:
         from envlink.server import EnvServer, ServerThread
     except ImportError as exc:  # pragma: no cover - the server ships with envlink
-        raise DemoError(f"the reference server is not available: {exc}") from exc
+        raise _DemoError(f"the reference server is not available: {exc}") from exc
 
     log = get_logger("envlink.demo")
     tracer = tracer_provider.get_tracer("envlink.demo")
@@ -271,7 +271,7 @@ def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
         server = ServerThread(env="echo", tracer_provider=tracer_provider)
         server.__enter__()
     except Exception as exc:
-        raise DemoError(f"the reference server failed to start: {_one_line(exc)}") from exc
+        raise _DemoError(f"the reference server failed to start: {_one_line(exc)}") from exc
     try:
         url: str = server.url
         recorder = None if record is None else RolloutRecorder(record)
@@ -293,7 +293,7 @@ def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
                 return False
 
             if not server.call(arm, timeout=10.0):
-                raise DemoError("could not find the demo's connection on the server")
+                raise _DemoError("could not find the demo's connection on the server")
 
         started = time.perf_counter()
         with tracer.start_as_current_span(_ROOT_SPAN, kind=SpanKind.INTERNAL), \
@@ -361,7 +361,7 @@ def _check(r: _Recovery) -> None:
     if r.fault_step is not None and (r.drops != 1 or r.resumes != 1):
         wrong.append(f"{r.drops} connection drops and {r.resumes} resumes (expected 1 each)")
     if wrong:
-        raise DemoError(f"session recovery check failed: {r.steps_asked} steps asked, but "
+        raise _DemoError(f"session recovery check failed: {r.steps_asked} steps asked, but "
                         + "; ".join(wrong))
 
 
