@@ -128,3 +128,29 @@ def test_the_option_reader_sees_a_scripts_options(script: str) -> None:
     """The check reads options from the source (a self-test of the reader)."""
     assert {"--help"} < _options(script)
     assert "--no-such-option" not in _options(script)
+
+
+CHANGELOG = ROOT / "CHANGELOG.md"
+#: Sizes in the changelog that are settings or an incident's size, not measurements.
+_NOT_MEASURED = ("100 MiB default", "256 KiB read buffer", "256 KiB buffer", "384 KiB block",
+                 "14 KiB compressed message", "800 MiB")
+
+
+def test_every_changelog_figure_names_its_command_or_its_section() -> None:
+    """A changelog item that gives a measured figure names its command, or the section
+    of docs/performance.md that gives it with its command (and that section exists)."""
+    headings = {title.lstrip("#").strip() for title, _ in _sections(
+        DOC.read_text(encoding="utf-8"))}
+    missing, unknown = [], []
+    for item in re.split(r"(?m)^(?=- |#)", CHANGELOG.read_text(encoding="utf-8")):
+        text = item
+        for size in _NOT_MEASURED:
+            text = text.replace(size, "")
+        if not FIGURE.search(text):
+            continue
+        cited = re.findall(r'docs/performance\.md,\s+"([^"]+)"', " ".join(item.split()))
+        unknown += [c for c in cited if not any(h.startswith(c) for h in headings)]
+        if not (cited or "docs/performance.md" in item or _names_a_command(item)):
+            missing.append(item.strip()[:100])
+    assert not missing, missing
+    assert not unknown, unknown
