@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(30)
 EXPECTED = {
     # clients and results
     "EnvClient", "GenericEnvClient", "SyncEnvClient", "StepResult", "State",
-    "CallToolAction", "ListToolsAction",
+    "CallToolAction", "ListToolsAction", "CallToolObservation", "ListToolsObservation",
     "MCPClientBase", "MCPToolClient", "MCPObservation", "Tool", "ToolError", "ToolErrorType",
     # existing environment packages: their OpenEnv clients, adopted
     "adopt", "AutoEnv", "AutoAction", "GenericAction",

@@ -84,7 +84,9 @@ if TYPE_CHECKING:
     )
     from envlink._client.mcp_client import (
         CallToolAction,
+        CallToolObservation,
         ListToolsAction,
+        ListToolsObservation,
         MCPClientBase,
         MCPObservation,
         MCPToolClient,
@@ -132,7 +134,9 @@ _LAZY = {
     "HarnessProtocolError": "envlink._client.harness",
     "HarnessTurnError": "envlink._client.harness",
     "CallToolAction": "envlink._client.mcp_client",
+    "CallToolObservation": "envlink._client.mcp_client",
     "ListToolsAction": "envlink._client.mcp_client",
+    "ListToolsObservation": "envlink._client.mcp_client",
     "MCPClientBase": "envlink._client.mcp_client",
     "MCPObservation": "envlink._client.mcp_client",
     "MCPToolClient": "envlink._client.mcp_client",
@@ -189,9 +193,11 @@ __all__ = [
     "StepResult",
     "SyncEnvClient",
     "adopt",
-    # MCP clients, their actions and tools
+    # MCP clients, their actions, observations and tools
     "CallToolAction",
+    "CallToolObservation",
     "ListToolsAction",
+    "ListToolsObservation",
     "MCPClientBase",
     "MCPObservation",
     "MCPToolClient",

@@ -4,15 +4,20 @@ Tool objects (cached), get_tool / has_tool, typed tool errors, production by def
 from __future__ import annotations
 
 import asyncio
+import pickle
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from envlink import (
     CallToolAction,
+    CallToolObservation,
     EchoEnv,
+    EchoObservation,
     GenericEnvClient,
+    ListToolsAction,
+    ListToolsObservation,
     MCPClientBase,
     MCPObservation,
     MCPToolClient,
@@ -159,3 +164,106 @@ def test_a_subclass_override_still_dispatches(server_thread: ServerThread) -> No
         env.reset()
         assert env.call_tool("echo_message", message="hi") == "HI"
         assert isinstance(env.state(), State)
+
+
+# ------------------------------------------------------------ typed observations (issue 41)
+
+
+@pytest.mark.parametrize("client_class", [MCPToolClient, EchoEnv])
+def test_tool_steps_give_openenv_typed_observations(server_thread: ServerThread,
+                                                    client_class: type[MCPToolClient[Any]]) -> None:
+    """step(CallToolAction) gives a CallToolObservation (tool_name, result, error with an
+    error_type of ToolErrorType, done, reward, metadata) and step(ListToolsAction) a
+    ListToolsObservation of Tool objects, as OpenEnv's MCP client; both stay
+    MCPObservations readable by key, and EchoEnv's are EchoObservations too. A reset's
+    observation is the client's own type."""
+    with client_class(server_thread.url) as env:
+        reset = env.reset().observation
+        assert not isinstance(reset, CallToolObservation | ListToolsObservation)
+        assert isinstance(reset, EchoObservation if client_class is EchoEnv else MCPObservation)
+
+        ok = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+        obs = ok.observation
+        assert isinstance(obs, CallToolObservation) and isinstance(obs, MCPObservation)
+        assert (obs.tool_name, obs.result, obs.error) == ("echo_message", "hi", None)
+        assert (obs.done, obs.reward, obs.metadata) == (ok.done, ok.reward, {})
+        assert obs["result"] == "hi" and obs.get("tool_name") == "echo_message"
+        assert obs.tools is None  # MCPObservation's field, as before
+        if client_class is EchoEnv:
+            assert isinstance(obs, EchoObservation) and type(obs).__name__ == "EchoObservation"
+
+        failed = env.step(CallToolAction(tool_name="nope")).observation
+        assert isinstance(failed, CallToolObservation) and failed.error is not None
+        assert failed.error.error_type is ToolErrorType.TOOL_NOT_FOUND
+        assert failed["error"]["error_type"] == "tool_not_found"
+
+        listed = env.step(ListToolsAction()).observation
+        assert isinstance(listed, ListToolsObservation)
+        assert not isinstance(listed, CallToolObservation)
+        assert [t.name for t in listed.tools] == ECHO_TOOLS
+        assert all(isinstance(t, Tool) for t in listed.tools)
+        assert [t["name"] for t in listed["tools"]] == ECHO_TOOLS
+
+
+def test_parse_result_types_observations_as_openenv() -> None:
+    """An MCP client's _parse_result (what a typed subclass's override calls) types a tool
+    listing (MCP's inputSchema spelling too) and a tool call; done, reward and metadata
+    come from the step, the observation's metadata when the step has none."""
+    client = MCPToolClient(URL)
+    listed = client._parse_result({"observation": {"tools": [
+        {"name": "t", "description": "d", "inputSchema": {"type": "object"}}]},
+        "reward": 1.0, "done": True})
+    assert isinstance(listed.observation, ListToolsObservation)
+    assert listed.observation.tools == [Tool(name="t", description="d",
+                                             input_schema={"type": "object"})]
+    assert (listed.observation.done, listed.observation.reward) == (True, 1.0)
+    called = client._parse_result({"observation": {
+        "tool_name": "t", "result": {"x": 1}, "metadata": {"m": 1},
+        "error": {"error_type": "invalid_args", "message": "bad"}}})
+    obs = called.observation
+    assert isinstance(obs, CallToolObservation)
+    assert obs.error == ToolError(error_type=ToolErrorType.INVALID_ARGS, message="bad")
+    assert (obs.metadata, obs.done, obs.reward) == ({"m": 1}, False, None)
+    top = client._parse_result({"observation": {"tool_name": "t", "metadata": {"m": 1}},
+                                "metadata": {"top": 2}})
+    assert top.observation.metadata == {"top": 2}
+    plain = client._parse_result({"observation": {"echoed_message": "x"}})
+    assert type(plain.observation) is MCPObservation
+    assert Tool.model_validate({"name": "t", "inputSchema": {"a": 1}}).input_schema == {"a": 1}
+
+
+def test_a_typed_subclass_keeps_its_observation_type() -> None:
+    """A client's own observation type (_observation_type) is kept on tool steps: the
+    observation is an instance of both, with the subclass's fields; the class is made once
+    and its observations pickle and copy."""
+    class GameObservation(MCPObservation):
+        score: int = 0
+
+    class GameClient(MCPToolClient[GameObservation]):
+        _observation_type: ClassVar[type[MCPObservation]] = GameObservation
+
+    client = GameClient(URL)
+    first = client._parse_result({"observation": {"tool_name": "t", "score": 3}}).observation
+    second = client._parse_result({"observation": {"tool_name": "u"}}).observation
+    assert isinstance(first, CallToolObservation) and isinstance(first, GameObservation)
+    assert first.score == 3 and type(first) is type(second)
+    assert first.model_copy() == first
+    listed = client._parse_result({"observation": {"tools": []}}).observation
+    assert isinstance(listed, ListToolsObservation) and isinstance(listed, GameObservation)
+
+    echo = EchoEnv(URL)._parse_result({"observation": {"tool_name": "echo_message",
+                                                       "result": "hi"}}).observation
+    restored = pickle.loads(pickle.dumps(echo))
+    assert type(restored) is type(echo) and restored == echo
+    assert isinstance(restored, EchoObservation) and isinstance(restored, CallToolObservation)
+    plain = pickle.loads(pickle.dumps(CallToolObservation(tool_name="t", result=1)))
+    assert type(plain) is CallToolObservation and plain.result == 1
+
+
+def test_openenv_shapes_build_directly() -> None:
+    """CallToolObservation needs a tool_name, as OpenEnv's; ListToolsObservation takes tools
+    as payloads in either schema spelling."""
+    with pytest.raises(ValueError, match="tool_name"):
+        CallToolObservation()  # type: ignore[call-arg]
+    listed = ListToolsObservation(tools=[{"name": "t", "inputSchema": {"a": 1}}])  # type: ignore[list-item]
+    assert listed.tools[0].input_schema == {"a": 1} and listed.done is False

@@ -13,17 +13,21 @@ does on a server that answers tool calls over ``POST /mcp`` "method not found"
 :class:`~envlink.McpError`).
 
 ``list_tools()`` returns :class:`Tool` objects (``.name``, ``.description``,
-``.input_schema``), cached as OpenEnv caches them; a tool error in a step's
-observation is a :class:`ToolError` (``.error_type``, ``.message``).
+``.input_schema``), cached as OpenEnv caches them. As OpenEnv's ``_parse_result``
+does, a step's observation is a :class:`CallToolObservation` when it names a
+``tool_name`` (after a ``call_tool`` step; a tool error is a :class:`ToolError`,
+``.error_type`` and ``.message``) and a :class:`ListToolsObservation` when it
+lists ``tools``; both are :class:`MCPObservation` objects, readable by key.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from enum import Enum
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from envlink._client import mcp
 from envlink._client.client import EnvClient, StepResult
@@ -31,8 +35,9 @@ from envlink._errors import McpError, ToolCallError
 from envlink._sansio.state import State
 from envlink._sync.dispatch import dispatched
 
-__all__ = ["CallToolAction", "ListToolsAction", "MCPClientBase", "MCPObservation",
-           "MCPToolClient", "Tool", "ToolError", "ToolErrorType"]
+__all__ = ["CallToolAction", "CallToolObservation", "ListToolsAction",
+           "ListToolsObservation", "MCPClientBase", "MCPObservation", "MCPToolClient", "Tool",
+           "ToolError", "ToolErrorType"]
 
 
 _METHOD_NOT_FOUND = -32601
@@ -63,7 +68,8 @@ class _ReadableByKey(BaseModel):
 class Tool(_ReadableByKey):
     """An MCP tool, as OpenEnv's ``Tool``: its name, description and input JSON Schema.
 
-    The MCP spelling ``inputSchema`` is accepted when reading it by key.
+    The MCP spelling ``inputSchema`` is accepted when building one from a payload
+    (``Tool.model_validate``, :meth:`from_payload`) and when reading it by key.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -71,7 +77,8 @@ class Tool(_ReadableByKey):
 
     name: str
     description: str = ""
-    input_schema: dict[str, Any] = Field(default_factory=dict)
+    input_schema: dict[str, Any] = Field(
+        default_factory=dict, validation_alias=AliasChoices("input_schema", "inputSchema"))
 
     @classmethod
     def from_payload(cls, payload: Any) -> Tool:
@@ -179,6 +186,70 @@ class MCPObservation(BaseModel):
         return self.model_dump().get(key, default)
 
 
+class CallToolObservation(MCPObservation):
+    """A ``call_tool`` step's observation, as OpenEnv's ``CallToolObservation``.
+
+    ``tool_name``, the tool's ``result`` (``None`` when it failed) and ``error``, a
+    :class:`ToolError` (``.error_type``, a :class:`ToolErrorType`, and ``.message``)
+    or ``None``; ``done``, ``reward`` and ``metadata`` are the step's, as on
+    OpenEnv's observation. An :class:`MCPObservation`: readable by key
+    (``obs["result"]``), and whatever else the server sends is kept.
+    """
+
+    tool_name: str
+    done: bool = False
+    reward: bool | int | float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ListToolsObservation(MCPObservation):
+    """A ``list_tools`` step's observation, as OpenEnv's ``ListToolsObservation``.
+
+    ``tools`` are :class:`Tool` objects (a server's ``input_schema`` or MCP's
+    ``inputSchema``); ``done``, ``reward`` and ``metadata`` are the step's. An
+    :class:`MCPObservation`: readable by key, whatever else the server sends kept.
+    """
+
+    tools: list[Tool] = Field(default_factory=list)
+    done: bool = False
+    reward: bool | int | float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def _restore_observation(kind: type[MCPObservation], base: type[MCPObservation],
+                         state: Any) -> MCPObservation:
+    """Unpickles an observation of a class made by :func:`_observation_class`."""
+    cls = _observation_class(kind, base)
+    observation = cls.__new__(cls)
+    observation.__setstate__(state)
+    return observation
+
+
+@functools.cache
+def _observation_class(kind: type[MCPObservation],
+                       base: type[MCPObservation]) -> type[MCPObservation]:
+    """The class of a tool step's observation (``kind``, :class:`CallToolObservation` or
+    :class:`ListToolsObservation`) for a client whose observations are ``base``.
+
+    ``kind`` itself for :class:`MCPObservation`; for a client's own subclass (such as
+    ``EchoObservation``), a class that is both, made once, so that an observation is an
+    instance of what OpenEnv's code and what the client's code check for.
+    """
+    if base is MCPObservation or issubclass(kind, base):
+        return kind
+    if issubclass(base, kind):
+        return base
+    if issubclass(base, CallToolObservation | ListToolsObservation):
+        return kind  # the other kind's class: its required fields would not fit
+
+    def __reduce__(self: MCPObservation) -> tuple[Any, ...]:
+        return _restore_observation, (kind, base, self.__getstate__())
+
+    return cast(type[MCPObservation], type(base.__name__, (kind, base), {
+        "__module__": base.__module__, "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__, "__reduce__": __reduce__}))
+
+
 _ObsT = TypeVar("_ObsT", bound=MCPObservation)
 
 
@@ -188,8 +259,11 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
     Takes :class:`~envlink.EnvClient`'s arguments. ``mode`` defaults to
     ``"production"`` (see the module). Actions may be :class:`CallToolAction`,
     :class:`ListToolsAction`, other pydantic models or dicts; observations are
-    :class:`MCPObservation` (a subclass sets ``_observation_type``); ``state()``
-    is a :class:`~envlink.State`.
+    :class:`MCPObservation` (a subclass sets ``_observation_type``): as OpenEnv's,
+    a :class:`CallToolObservation` when the server's observation names a
+    ``tool_name`` and a :class:`ListToolsObservation` when it lists ``tools`` (also
+    an instance of the subclass's ``_observation_type``); ``state()`` is a
+    :class:`~envlink.State`.
     """
 
     _default_mode: ClassVar[str | None] = "production"
@@ -203,13 +277,26 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[_ObsT]:
         observation = payload.get("observation")
+        if not isinstance(observation, dict):
+            observation = {}
+        reward = payload.get("reward")
+        done = bool(payload.get("done", False))
+        metadata = payload.get("metadata")
+        # As OpenEnv's MCP client: a tool listing, a tool call, or the client's own type.
+        if isinstance(observation.get("tools"), list):
+            kind: type[MCPObservation] = ListToolsObservation
+        elif isinstance(observation.get("tool_name"), str):
+            kind = CallToolObservation
+        else:
+            return StepResult(
+                observation=cast(_ObsT, self._observation_type.model_validate(observation)),
+                reward=reward, done=done, metadata=metadata)
+        fields = {**observation, "done": done, "reward": reward,
+                  "metadata": metadata or observation.get("metadata") or {}}
         return StepResult(
-            observation=cast(_ObsT, self._observation_type.model_validate(
-                observation if isinstance(observation, dict) else {})),
-            reward=payload.get("reward"),
-            done=bool(payload.get("done", False)),
-            metadata=payload.get("metadata"),
-        )
+            observation=cast(_ObsT, _observation_class(kind, self._observation_type)
+                             .model_validate(fields)),
+            reward=reward, done=done, metadata=metadata)
 
     def _parse_state(self, payload: dict[str, Any]) -> State:
         return State.model_validate(payload)
