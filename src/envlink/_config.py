@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Final, TypeGuard, cast
 
-from envlink._sansio.redact import redact_url
+from envlink._redact import redact_url
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 from envlink._errors import InvalidURLError
 from envlink._pool.breaker import BreakerState, CircuitBreaker
+from envlink._redact import redact_url
 from envlink._sansio.policies import ReconnectPolicy
-from envlink._sansio.redact import redact_url
 
 __all__ = ["PoolServer", "Placement", "parse_endpoints"]
 

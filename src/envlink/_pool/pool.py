@@ -24,8 +24,8 @@ from envlink._pool.options import DEFAULT_CAPACITY_POLICY, AutoresetMode, PoolOp
 from envlink._pool.placement import Placement
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord
 from envlink._pool.slot import Slot, SlotEngine, SlotState
+from envlink._redact import redact_url
 from envlink._sansio.journal import EpisodeJournal
-from envlink._sansio.redact import redact_url
 from envlink._sansio.replay import same_answer
 
 if TYPE_CHECKING:

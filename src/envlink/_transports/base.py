@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
 from envlink._errors import InvalidURLError, NotWrittenError
-from envlink._sansio.redact import redact_url
+from envlink._redact import redact_url
 
 if TYPE_CHECKING:
     from envlink._config import ConnectionOptions

@@ -34,7 +34,7 @@ from envlink._errors import (
     NoAnswerError,
     ProtocolError,
 )
-from envlink._sansio.redact import is_sensitive_name, redact_text, redact_url
+from envlink._redact import is_sensitive_name, redact_text, redact_url
 from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]

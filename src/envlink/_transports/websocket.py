@@ -43,8 +43,8 @@ from envlink._errors import (
     ProtocolError,
 )
 from envlink._heap import warm_read_buffers
+from envlink._redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
-from envlink._sansio.redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._speedups import text_sender
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
 from envlink._transports.http import post_json

@@ -25,6 +25,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from envlink import __version__
+from envlink._redact import is_sensitive_name, redact_url
 from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     EXTENSION_VERSION,
@@ -34,7 +35,6 @@ from envlink._sansio.protocol import (
     SESSION_ID_HEADER,
     SESSION_TOKEN_HEADER,
 )
-from envlink._sansio.redact import is_sensitive_name, redact_url
 from envlink.server._http.mcp_sessions import json_response, rpc_response
 from envlink.server._http.routes import (
     ROUTES,
