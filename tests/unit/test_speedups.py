@@ -492,3 +492,32 @@ def test_the_speedups_module_loads_neither_asyncio_nor_opentelemetry() -> None:
     top |= {(n.module or "").split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
     assert not top & {"asyncio", "opentelemetry"}, top
 
+
+
+def test_every_fast_path_is_in_use_where_the_switch_is_on() -> None:
+    """With the switch on, each fast path is selected on the installed dependencies: a
+    fast path that fell back to its public API (a renamed private name) fails here,
+    where its own test above would only skip or pass through the fallback."""
+    if not _speedups.ENABLED:
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH})")
+    from pydantic_core import from_json
+
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    try:  # a pydantic-core that reads longer integers than json.loads: parser not used
+        from_json("1" * (limit + 1))
+        long_integers = bool(limit)
+    except ValueError:
+        long_integers = False
+    assert (_speedups.json_parser() is None) is long_integers
+    assert _speedups.json_scanner() is not None
+    assert _speedups.new_record is tuple.__new__
+    assert _speedups.running_loop_getter() is not asyncio.get_running_loop
+    assert _speedups.task_of_loop_getter().__name__ != "<lambda>"
+    assert _speedups.current_context_getter() is not otel_context.get_current
+    assert _speedups.context_attacher() != (otel_context.attach, otel_context.detach)
+    assert _speedups.span_context_fields()
+    assert _speedups.lock_fast_path()
+    assert _speedups.lock_turns()[0] is not _speedups._take_lock_never
+    assert _speedups.span_key() is not None and _speedups.baggage_key() is not None
+    parts = [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
+    assert _speedups.composite_parts(CompositePropagator(parts)) == parts
