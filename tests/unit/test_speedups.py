@@ -52,7 +52,28 @@ def test_the_json_parser_decodes_frames_as_json_loads(text: str) -> None:
     if parse is None:
         pytest.skip(f"fast paths are off ({_speedups.SWITCH}), or this pydantic-core "
                     "reads integers longer than json.loads does")
-    assert repr(parse(text)) == repr(json.loads(text))
+    assert repr(parse(text, cache_strings="keys")) == repr(json.loads(text))
+
+
+def test_frames_are_read_caching_keys_not_values() -> None:
+    """The fast parser keeps the strings of keys in pydantic-core's process-wide cache, not
+    those of values (by default from_json caches every short string, values included):
+    two reads of one answer share its keys' string objects, never its values'."""
+    if _speedups.json_parser() is None:
+        pytest.skip(f"fast paths are off ({_speedups.SWITCH}), or this pydantic-core "
+                    "reads integers longer than json.loads does")
+    from envlink._sansio.protocol import decode_response
+
+    text = ('{"type":"observation","id":"req-41","data":{"observation":'
+            '{"echoed_message":"hi there"},"reward":null,"done":false}}')
+    first, second = decode_response(text), decode_response(text)
+    assert first == second
+    one, two = first.raw_data["observation"], second.raw_data["observation"]
+    assert one == two == {"echoed_message": "hi there"}
+    assert next(iter(one)) is next(iter(two))  # a key: cached
+    assert first.id == second.id == "req-41"
+    assert first.id is not second.id  # values: not cached
+    assert one["echoed_message"] is not two["echoed_message"]
 
 
 _EDGES = ['{"a":"\\ud800"}', '{"a":"\\udc00\\ud800"}', '{"a":"\\ud83d\\ude00"}', '{"a":1e400}',
@@ -77,10 +98,10 @@ def test_the_json_parser_never_differs_from_json_loads(text: str) -> None:
         expected = repr(json.loads(text))
     except ValueError:
         with pytest.raises(ValueError):  # noqa: PT011 - any refusal will do
-            parse(text)
+            parse(text, cache_strings="keys")
         return
     try:
-        got = parse(text)
+        got = parse(text, cache_strings="keys")
     except ValueError:
         return  # refused: the caller hands it to json.loads
     assert repr(got) == expected

@@ -570,7 +570,7 @@ def decode_response(
         check_json_values(raw, max_values, "frame")
     if _parse is not None and type(raw) is str:  # _loads' first try, in line
         try:
-            obj = _parse(raw)
+            obj = _parse(raw, cache_strings="keys")  # values are not kept (json_parser)
         except Exception:  # _loads says what is wrong, or json.loads reads it
             obj = _loads(raw, code="", parsed=False)
     else:
@@ -631,7 +631,8 @@ def encode_response(
     return json.dumps(obj, separators=(",", ":"))
 
 
-_parse: Callable[[str], Any] | None = json_parser()
+#: pydantic-core's parser, called with ``cache_strings="keys"`` (see json_parser).
+_parse: Callable[..., Any] | None = json_parser()
 _FLOAT_MAX = sys.float_info.max
 _scan: Callable[[str, int], tuple[Any, int]] | None = json_scanner()
 
@@ -645,7 +646,7 @@ def _loads(raw: str | bytes, *, code: str, parsed: bool = True) -> Any:
         # A text the fast parser refuses may still be JSON to json.loads (a lone
         # surrogate escape, deep nesting): json.loads has the last word.
         try:
-            return _parse(raw)
+            return _parse(raw, cache_strings="keys")
         except Exception:  # json.loads below says what is wrong
             pass
     elif _scan is not None and type(raw) is str and raw[:1] == "{":
