@@ -50,8 +50,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from envlink import BridgeCallFinished, BridgeCallStarted
-from envlink._client.events import CallFinished, CallStarted, PhaseFinished, PhaseStarted
 from envlink._client.propagation import trace_carrier
+from envlink._events.client_events import CallFinished, CallStarted, PhaseFinished, PhaseStarted
 from envlink.telemetry import BridgeTelemetryHook, ClientTelemetryHook
 
 

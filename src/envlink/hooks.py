@@ -20,7 +20,7 @@ the caller. The same names stay importable from :mod:`envlink` itself.
 from __future__ import annotations
 
 from envlink._bridge.observers import BridgeCallFinished, BridgeCallStarted, BridgeHook
-from envlink._client.events import (
+from envlink._events.client_events import (
     CallFinished,
     CallStarted,
     ClientEvent,

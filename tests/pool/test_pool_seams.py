@@ -12,8 +12,14 @@ import pytest
 
 import envlink._pool.pool
 from envlink import ClientClosedError, EnvPool, ReconnectPolicy, StepResult
+from envlink._events.pool_events import (
+    EVENTS,
+    BatchFinished,
+    BatchStarted,
+    BreakerChange,
+    PoolEvent,
+)
 from envlink._pool import AsyncPool, BatchRunner, PoolHook, PoolOptions
-from envlink._pool.observer import EVENTS, BatchFinished, BatchStarted, BreakerChange, PoolEvent
 
 pytestmark = pytest.mark.timeout(30)
 

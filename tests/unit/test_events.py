@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envlink import names
-from envlink._client.events import EVENTS
+from envlink._events.client_events import EVENTS
 
 pytestmark = pytest.mark.timeout(30)
 

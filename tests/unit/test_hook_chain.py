@@ -20,7 +20,7 @@ from envlink import (
 )
 from envlink._bridge.hook_chain import HookChain, combine
 from envlink._bridge.observers import combine_hooks
-from envlink._client.events import combine_client_hooks
+from envlink._events.client_events import combine_client_hooks
 from envlink.telemetry import ClientTelemetryHook
 
 pytestmark = pytest.mark.timeout(10)

@@ -1,6 +1,6 @@
 """Several hooks behaving as one: the chain, and its rules, for the client and the bridge.
 
-The client (:func:`envlink._client.events.combine_client_hooks`) and the bridge
+The client (:func:`envlink._events.client_events.combine_client_hooks`) and the bridge
 (:func:`envlink._bridge.observers.combine_hooks`) turn their ``hooks=`` into one hook with
 :func:`combine`, so both follow the same rules:
 

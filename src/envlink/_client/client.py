@@ -24,7 +24,6 @@ from envlink._client.capacity import CapacityGate, CapacityMode
 from envlink._client.configuration import ClientConfig, changed_fields, check_policy
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
-from envlink._client.events import ClientEvent, ClientHook, combine_client_hooks
 from envlink._client.handles import SessionHandle
 from envlink._client.tasks import TaskAPI
 from envlink._config import (
@@ -42,6 +41,7 @@ from envlink._errors import (
     EnvlinkError,
     ProtocolError,
 )
+from envlink._events.client_events import ClientEvent, ClientHook, combine_client_hooks
 from envlink._launch import discovery, lifecycle
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap

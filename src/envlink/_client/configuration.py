@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from envlink._client.events import ClientHook
+    from envlink._events.client_events import ClientHook
     from envlink._recording.recorder import RolloutRecorder
     from envlink._transports.base import Transport
 

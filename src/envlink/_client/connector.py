@@ -18,7 +18,6 @@ from typing import Any
 
 from opentelemetry import propagate
 
-from envlink._client.events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
 from envlink._config import ConnectionOptions, Timeout, is_int
 from envlink._deadlines import bounded
 from envlink._errors import (
@@ -34,6 +33,7 @@ from envlink._errors import (
     ServerError,
     SessionError,
 )
+from envlink._events.client_events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
 from envlink._sansio.policies import ReconnectPolicy, is_retryable
 from envlink._sansio.protocol import (
     RESUME_TOKEN_HEADER,

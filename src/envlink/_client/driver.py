@@ -22,14 +22,6 @@ from typing import Any, TypeVar
 from envlink._bridge import INTERRUPTED
 from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector
-from envlink._client.events import (
-    CallFinished,
-    CallStarted,
-    ClientEvent,
-    ClientHook,
-    PhaseFinished,
-    PhaseStarted,
-)
 from envlink._client.propagation import trace_carrier
 from envlink._client.recovery import RecoveryContext, recover
 from envlink._config import ConnectionOptions, Timeout
@@ -40,6 +32,14 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ProtocolError,
+)
+from envlink._events.client_events import (
+    CallFinished,
+    CallStarted,
+    ClientEvent,
+    ClientHook,
+    PhaseFinished,
+    PhaseStarted,
 )
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.protocol import (

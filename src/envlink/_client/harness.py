@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from envlink._client.events import CallFinished, CallStarted, ClientHook, combine_client_hooks
 from envlink._config import (
     UNSET,
     ConnectionOptions,
@@ -41,6 +40,12 @@ from envlink._errors import (
     HarnessTurnError,
     ProtocolError,
     ServerError,
+)
+from envlink._events.client_events import (
+    CallFinished,
+    CallStarted,
+    ClientHook,
+    combine_client_hooks,
 )
 from envlink._sync.dispatch import close_after_failed_enter
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_iterate

@@ -20,7 +20,6 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from envlink._client.connector import Connector, DetachedSessionGone
-from envlink._client.events import ClientEvent, ClientHook, PhaseStarted
 from envlink._errors import (
     ConnectError,
     ConnectionLostError,
@@ -30,6 +29,7 @@ from envlink._errors import (
     SessionGoneError,
     SessionLostError,
 )
+from envlink._events.client_events import ClientEvent, ClientHook, PhaseStarted
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import RecoveryMechanism, idempotent_mcp
 from envlink._sansio.protocol import ErrorFrame, ObservationFrame, server_error

@@ -1,6 +1,6 @@
 """What a pool tells its observers: a hook base class and frozen detail records.
 
-As the client does (``_client/events.py``), the pools (``EnvPool``, ``RayEnvPool``
+As the client does (``_events/client_events.py``), the pools (``EnvPool``, ``RayEnvPool``
 and the shards inside Ray actors) report what happens to a :class:`PoolHook` and
 know nothing of what it does with it. envlink's OpenTelemetry and structlog emitter
 (``_telemetry/pool_hook.py``) is the hook every pool gets; it is the only place that

@@ -21,7 +21,7 @@ from envlink._client.client import StepResult
 from envlink._config import check_number
 from envlink._deadlines import bounded_at
 from envlink._errors import CallTimeoutError, ClientClosedError, EnvlinkError
-from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
+from envlink._events.pool_events import BatchReport, BatchStarted, PoolHook
 from envlink._pool.results import Batch, SlotResult
 
 #: The batch helpers both pools use (EnvPool here, RayEnvPool in envlink.ray).

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._config import UNSET, UnsetType
 from envlink._errors import ClientClosedError
+from envlink._events.pool_events import PoolHook
 from envlink._pool.batch import BatchRunner, seed_list
 from envlink._pool.breaker import CircuitBreaker
 from envlink._pool.interface import AsyncPool
-from envlink._pool.observer import PoolHook
 from envlink._pool.options import DEFAULT_CAPACITY_POLICY, AutoresetMode, PoolOptions
 from envlink._pool.placement import Placement
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry import propagate
 
 from envlink._errors import EnvlinkError
-from envlink._pool.observer import BatchReport, BatchStarted, PoolHook
+from envlink._events.pool_events import BatchReport, BatchStarted, PoolHook
 from envlink._pool.options import PoolOptions
 from envlink._pool.pool import EnvPool, pool_telemetry_hook
 from envlink._pool.results import Batch, PoolView, SlotResult

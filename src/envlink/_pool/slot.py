@@ -30,8 +30,8 @@ from envlink._errors import (
     ServerError,
     SessionLostError,
 )
+from envlink._events.pool_events import BreakerChange, PoolEvent, PoolHook
 from envlink._pool.breaker import BreakerState
-from envlink._pool.observer import BreakerChange, PoolEvent, PoolHook
 from envlink._pool.placement import Placement, PoolServer
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled

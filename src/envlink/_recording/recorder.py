@@ -25,8 +25,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from envlink._client.events import ClientEvent, ClientHook, PhaseStarted
 from envlink._config import check_count
+from envlink._events.client_events import ClientEvent, ClientHook, PhaseStarted
 from envlink._recording.writer import Episode, Sink
 from envlink._sansio.journal import encode_payload
 from envlink.names import HOOK_RECOVERY_FINISHED

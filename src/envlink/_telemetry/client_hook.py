@@ -25,7 +25,9 @@ from opentelemetry.trace import (
     get_current_span,
 )
 
-from envlink._client.events import (
+from envlink._config import check_number
+from envlink._errors import ServerError
+from envlink._events.client_events import (
     CallFinished,
     CallStarted,
     ClientEvent,
@@ -33,8 +35,6 @@ from envlink._client.events import (
     PhaseFinished,
     PhaseStarted,
 )
-from envlink._config import check_number
-from envlink._errors import ServerError
 from envlink._sansio.policies import RecoveryMechanism
 from envlink._speedups import context_attacher, current_context_getter, span_key
 from envlink._telemetry import logs as _logging

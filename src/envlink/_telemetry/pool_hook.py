@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry.metrics import Counter, MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from envlink._pool.observer import (
+from envlink._events.pool_events import (
     BatchFinished,
     BatchStarted,
     BreakerChange,
