@@ -103,3 +103,11 @@ def test_demo_records_its_episode_with_the_recovered_step(tmp_path: Path) -> Non
     (record,) = load(tmp_path)
     assert record["outcome"] == "close"
     assert [s["index"] for s in record["steps"] if s["recovered"]] == [0]
+
+
+@pytest.mark.parametrize("option", [["-j", "0"], ["--timeout", "0"], ["--timeout", "nan"]])
+def test_replay_refuses_an_option_out_of_range_as_a_usage_error(
+        tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """-j below 1 or a timeout that is not positive: exit 2 with the reason, nothing run."""
+    assert main(["replay", str(tmp_path), "--url", "http://127.0.0.1:9", *option]) == 2
+    assert "must be" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
+from envlink._argtypes import non_negative_float, positive_float, positive_int
 from envlink._client.client import GenericEnvClient
 from envlink._config import ConnectionOptions, Timeout
 from envlink._errors import (
@@ -66,13 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", metavar="URL",
                    help="the server: http(s):// or ws(s):// URL, or a Space's name "
                         "(owner/space; its token from HF_TOKEN or the token file)")
-    p.add_argument("--wait", type=_non_negative_float, default=None, metavar="SECONDS",
+    p.add_argument("--wait", type=non_negative_float, default=None, metavar="SECONDS",
                    help="poll GET /health until the server is ready, at most SECONDS "
                         "(default: ask once)")
-    p.add_argument("-n", "--samples", type=_positive_int, default=20, metavar="N",
+    p.add_argument("-n", "--samples", type=positive_int, default=20, metavar="N",
                    help="state round trips timed for the latency figures (default: "
                         "%(default)s)")
-    p.add_argument("--timeout", type=_positive_float, default=10.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="deadline of each request and of the connect (default: %(default)s)")
     p.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="an extra request header, e.g. 'Authorization: Bearer TOKEN' "
@@ -440,25 +441,3 @@ def _headers(values: list[str]) -> dict[str, str]:
             raise ValueError(f"--header takes 'NAME: VALUE', got {name.strip()[:40]!r}...")
         headers[name.strip()] = rest.strip()
     return headers
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
-

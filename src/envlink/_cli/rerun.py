@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from envlink._argtypes import positive_float, positive_int
 from envlink._client.client import GenericEnvClient
 from envlink._errors import ConnectError, EnvlinkError, HandshakeRejectedError
 from envlink._recording.rollouts import answer_of, find_files, read_episodes, split_answer
@@ -50,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default), 'observation', or module:function taking "
                              "(recorded, replayed) answers")
     parser.add_argument("--json", action="store_true", help="machine output")
-    parser.add_argument("-j", "--jobs", type=int, default=4,
+    parser.add_argument("-j", "--jobs", type=positive_int, default=4,
                         help="episodes replayed at once (default 4)")
-    parser.add_argument("--timeout", type=float, default=30.0,
+    parser.add_argument("--timeout", type=positive_float, default=30.0,
                         help="deadline of each call in seconds (default 30)")
 
 
@@ -170,10 +171,6 @@ def _episodes(path: str) -> list[tuple[str, dict[str, Any]]]:
 
 def replay_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``envlink replay`` with parsed arguments; the exit status."""
-    if args.jobs < 1:
-        parser.print_usage(sys.stderr)
-        sys.stderr.write("envlink replay: error: -j must be at least 1\n")
-        return 2
     try:
         verify = _verifier(args.verify)
         episodes = _episodes(args.path)

@@ -11,6 +11,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
+from envlink._argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
@@ -47,14 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: %(default)s)")
     p.add_argument("--env", choices=sorted(ENVIRONMENTS), default="echo",
                    help="environment to serve (default: %(default)s)")
-    p.add_argument("--max-sessions", type=_positive_int, default=64, metavar="N",
+    p.add_argument("--max-sessions", type=positive_int, default=64, metavar="N",
                    help="sessions open at once, detached ones included; one more is "
                         "refused with CAPACITY_REACHED (default: %(default)s)")
-    p.add_argument("--max-message-size", type=_positive_int, default=DEFAULT_MAX_MESSAGE_SIZE,
+    p.add_argument("--max-message-size", type=positive_int, default=DEFAULT_MAX_MESSAGE_SIZE,
                    metavar="BYTES",
                    help="largest message accepted, after inflating; a larger one closes "
                         "the connection with 1009 (default: %(default)s)")
-    p.add_argument("--max-message-values", type=_positive_int,
+    p.add_argument("--max-message-values", type=positive_int,
                    default=SERVER_MAX_MESSAGE_VALUES, metavar="N",
                    help="most JSON values in one message, counted before parsing: what "
                         "bounds its memory (default: %(default)s)")
@@ -71,11 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     access.add_argument("--allowed-origins", metavar="ORIGINS", default=None,
                         help="comma-separated browser origins allowed to connect, or '*' "
                              "(default: none; requests without Origin are not affected)")
-    access.add_argument("--max-connections", type=_positive_int, default=None, metavar="N",
+    access.add_argument("--max-connections", type=positive_int, default=None, metavar="N",
                         help="TCP connections open at once; more are dropped on accept")
-    access.add_argument("--idle-timeout", type=_positive_float, default=None, metavar="S",
+    access.add_argument("--idle-timeout", type=positive_float, default=None, metavar="S",
                         help="close a connection that sends no request for S seconds")
-    access.add_argument("--detached-idle-timeout", type=_positive_float, default=600.0,
+    access.add_argument("--detached-idle-timeout", type=positive_float, default=600.0,
                         metavar="S", help="end a detached session left without a socket "
                                           "for S seconds (default: %(default)s)")
     access.add_argument("--certfile", metavar="PEM", default=None,
@@ -84,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="the private key of --certfile (if not in the same file)")
     p.add_argument("--no-extensions", dest="extensions", action="store_false",
                    help="serve the plain OpenEnv protocol only")
-    p.add_argument("--resume-grace", type=_non_negative_float, default=30.0, metavar="S",
+    p.add_argument("--resume-grace", type=non_negative_float, default=30.0, metavar="S",
                    help="seconds a detached session stays resumable (default: %(default)s)")
     p.add_argument("--detached-sessions", action="store_true",
                    help="offer OpenEnv 0.10's detached sessions: POST /mcp "
@@ -95,36 +101,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after the listening line, print one line per server event "
                         "(`envlink serve: event NAME VALUE`), for tests in another process")
     faults = p.add_argument_group("fault injection")
-    faults.add_argument("--latency", type=_non_negative_float, default=0.0, metavar="S",
+    faults.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S",
                         help="seconds added before every answer")
-    faults.add_argument("--drop-after", type=_positive_int, metavar="N",
+    faults.add_argument("--drop-after", type=positive_int, metavar="N",
                         help="drop a connection when its Nth request arrives (once)")
     faults.add_argument("--drop-mode", choices=DROP_MODES, default="before_apply",
                         help="when --drop-after's drop happens: before_apply (the request "
                              "is never applied), after_apply (applied, never answered), "
                              "mid_answer (applied, the answer cut part-way) "
                              "(default: %(default)s)")
-    faults.add_argument("--stall-after", type=_positive_int, metavar="N",
+    faults.add_argument("--stall-after", type=positive_int, metavar="N",
                         help="stall a connection when its Nth request arrives (once)")
-    faults.add_argument("--error-frames", type=_non_negative_int, default=0, metavar="N",
+    faults.add_argument("--error-frames", type=non_negative_int, default=0, metavar="N",
                         help="answer the next N requests with error frames")
     faults.add_argument("--error-code", default="EXECUTION_ERROR", metavar="CODE",
                         help="the code of --error-frames' error frames, e.g. "
                              "CAPACITY_REACHED or SESSION_ERROR (default: %(default)s)")
-    faults.add_argument("--corrupt-frames", type=_non_negative_int, default=0, metavar="N",
+    faults.add_argument("--corrupt-frames", type=non_negative_int, default=0, metavar="N",
                         help="answer the next N requests with corrupt frames")
     faults.add_argument("--corrupt-kind", choices=CORRUPT_KINDS, default="invalid_json",
                         help="what --corrupt-frames sends: not JSON, a JSON array, a bad "
                              "data field, an unknown type, a missing field, a frame over "
                              "16 MiB, or a binary frame (default: %(default)s)")
-    faults.add_argument("--refuse", type=_non_negative_int, default=0, metavar="N",
+    faults.add_argument("--refuse", type=non_negative_int, default=0, metavar="N",
                         help="refuse the next N WebSocket upgrades")
-    faults.add_argument("--refuse-for", type=_non_negative_float, default=None, metavar="S",
+    faults.add_argument("--refuse-for", type=non_negative_float, default=None, metavar="S",
                         help="refuse every WebSocket upgrade for S seconds after start")
     faults.add_argument("--refuse-status", type=int, default=503, metavar="STATUS",
                         help="HTTP status of the upgrades that --refuse and --refuse-for "
                              "refuse (default: %(default)s)")
-    faults.add_argument("--retry-after", type=_non_negative_float, default=None, metavar="S",
+    faults.add_argument("--retry-after", type=non_negative_float, default=None, metavar="S",
                         help="Retry-After seconds sent with refused upgrades")
 
 
@@ -247,31 +253,3 @@ def _auth_token(args: argparse.Namespace) -> str | None:
     if args.auth_token is not None:
         return str(args.auth_token)
     return os.environ.get("ENVLINK_AUTH_TOKEN") or None
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
