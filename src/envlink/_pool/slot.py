@@ -370,14 +370,7 @@ class SlotEngine:
             client = await self._replay_onto(slot, journal, actions)
             result = await self._send_step(slot, client, action)
         except BaseException as exc:
-            if slot.state is not SlotState.EMPTY or slot.client is not None:
-                self.detach(slot, SlotState.LOST)
-            else:
-                self.set_state(slot, SlotState.LOST, old)
-            if isinstance(exc, EnvlinkError) and not isinstance(exc, SessionLostError):
-                raise SessionLostError(
-                    f"slot {slot.index}: the session was lost and could not be rebuilt on "
-                    f"another endpoint: {exc}", journal=journal) from exc
+            self._rebuild_failed(slot, journal, exc, old, " on another endpoint")
             raise
         self.hook.event(PoolEvent(LOG_POOL_SESSION_MOVED, {
             "slot": slot.index, "from_url": old.display if old else None,
@@ -396,16 +389,26 @@ class SlotEngine:
         try:
             await self._replay_onto(slot, journal, actions)
         except BaseException as exc:
-            if slot.client is not None:
-                self.detach(slot, SlotState.LOST)
-            else:
-                self.set_state(slot, SlotState.LOST, None)
-            if isinstance(exc, EnvlinkError) and not isinstance(exc, SessionLostError):
-                raise SessionLostError(
-                    f"slot {slot.index}: the session was lost and could not be rebuilt: "
-                    f"{exc}", journal=journal) from exc
+            self._rebuild_failed(slot, journal, exc, None, "")
             raise
         slot.reset_kwargs = dict(journal.reset_kwargs)
+
+    def _rebuild_failed(self, slot: Slot, journal: EpisodeJournal, exc: BaseException,
+                        endpoint: PoolServer | None, where: str) -> None:
+        """Rebuilding an episode on ``slot`` failed with ``exc``: the slot is lost.
+
+        Raises:
+            SessionLostError: carrying ``journal``, for an envlink error that is not one
+                already (the caller raises any other ``exc`` itself).
+        """
+        if slot.state is not SlotState.EMPTY or slot.client is not None:
+            self.detach(slot, SlotState.LOST)
+        else:
+            self.set_state(slot, SlotState.LOST, endpoint)
+        if isinstance(exc, EnvlinkError) and not isinstance(exc, SessionLostError):
+            raise SessionLostError(
+                f"slot {slot.index}: the session was lost and could not be rebuilt{where}: "
+                f"{exc}", journal=journal) from exc
 
     async def _replay_onto(self, slot: Slot, journal: EpisodeJournal,
                            actions: list[Any] | None) -> EnvClient[Any, Any, Any]:
