@@ -26,18 +26,8 @@ manager.
 
 The bridge knows nothing about environments nor about telemetry libraries;
 :mod:`envlink._sync.sync_client` builds the environment client's sync facade on it, and
-:mod:`envlink._telemetry.bridge_hook` is its OpenTelemetry hook. Modules:
-
-* ``loop``: the loop thread and its lifecycle (start, close, fork, exit);
-* ``handoff``: the job that carries a call to the loop and back, and its
-  cancellation;
-* ``adapters``: async iterators and async context managers;
-* ``bridge``: :class:`Bridge`: the call itself (submit, start on the loop, the
-  bounded wait, the hooks), on the loop thread of ``loop``;
-* ``hooks``: the hook protocol and its detail records;
-* ``hook_chain``: several hooks as one, with the rules the client's hooks follow too;
-* ``sync_proxy``: :class:`SyncProxy` and its one wrapper factory;
-* ``lazy``: :class:`LazyCoroutine`, a call returned now that runs when awaited or used.
+:mod:`envlink._telemetry.bridge_hook` is its OpenTelemetry hook. Which module owns
+which of its rules is in ``docs/architecture.md`` ("Sync bridge").
 """
 
 from __future__ import annotations
