@@ -21,6 +21,20 @@ def _no_backoff_waits() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _structlog_as_a_new_process_has_it() -> Iterator[None]:
+    """structlog unconfigured, as in a new ``envlink`` process: envlink then logs to stderr.
+
+    An earlier test's ``capture_logs()`` leaves structlog "configured" with its default
+    console renderer on stdout, which would mix log lines into a command's ``--json``.
+    """
+    import structlog
+
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
 def load(directory: Path) -> list[dict[str, Any]]:
     """Every record in ``directory``, each checked against docs/rollout.schema.json."""
     import jsonschema
