@@ -157,7 +157,10 @@ class LoopThread:
 
     def on_loop_thread(self) -> bool:
         """Whether the calling thread is this loop's thread."""
-        return self._thread_ident is not None and threading.get_ident() == self._thread_ident
+        # The ident first (cheap), then the thread itself: once the loop thread has
+        # ended, the next thread started may be given its ident.
+        return (self._thread_ident is not None and threading.get_ident() == self._thread_ident
+                and threading.current_thread() is self._thread)
 
     def _thread_name(self) -> str:
         return f"{self._name}-{next(_thread_ids)}"
@@ -219,7 +222,7 @@ class LoopThread:
             loop.call_soon_threadsafe(loop.stop)
         except RuntimeError:  # the loop is already closed
             return
-        if threading.get_ident() == self._thread_ident:
+        if self.on_loop_thread():
             return
         thread.join(self._join_timeout if timeout is None else timeout)
         if thread.is_alive():
