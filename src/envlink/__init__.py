@@ -72,17 +72,17 @@ from envlink.hooks import PhaseStarted as PhaseStarted
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from envlink._client.adopt import adopt
-    from envlink._client.auto import AutoAction, AutoEnv, GenericAction
     from envlink._client.handles import SessionHandle
-    from envlink._client.harness import (
+    from envlink._openenv.adopt import adopt
+    from envlink._openenv.auto import AutoAction, AutoEnv, GenericAction
+    from envlink._openenv.harness import (
         HarnessClient,
         HarnessEvent,
         HarnessEventType,
         HarnessProtocolError,
         HarnessTurnError,
     )
-    from envlink._client.mcp_client import (
+    from envlink._openenv.mcp_client import (
         CallToolAction,
         CallToolObservation,
         ListToolsAction,
@@ -122,27 +122,27 @@ set_default_hooks(_bridge_hooks)
 #: facade's class) and configure(), which lives with the OpenTelemetry SDK.
 #: tests/test_import_laziness.py pins what `import envlink` leaves unloaded.
 _LAZY = {
-    "AutoAction": "envlink._client.auto",
-    "AutoEnv": "envlink._client.auto",
-    "GenericAction": "envlink._client.auto",
-    "adopt": "envlink._client.adopt",
+    "AutoAction": "envlink._openenv.auto",
+    "AutoEnv": "envlink._openenv.auto",
+    "GenericAction": "envlink._openenv.auto",
+    "adopt": "envlink._openenv.adopt",
     "default_bridge": "envlink._sync.default_bridge",
     "SessionHandle": "envlink._client.handles",
-    "HarnessClient": "envlink._client.harness",
-    "HarnessEvent": "envlink._client.harness",
-    "HarnessEventType": "envlink._client.harness",
-    "HarnessProtocolError": "envlink._client.harness",
-    "HarnessTurnError": "envlink._client.harness",
-    "CallToolAction": "envlink._client.mcp_client",
-    "CallToolObservation": "envlink._client.mcp_client",
-    "ListToolsAction": "envlink._client.mcp_client",
-    "ListToolsObservation": "envlink._client.mcp_client",
-    "MCPClientBase": "envlink._client.mcp_client",
-    "MCPObservation": "envlink._client.mcp_client",
-    "MCPToolClient": "envlink._client.mcp_client",
-    "Tool": "envlink._client.mcp_client",
-    "ToolError": "envlink._client.mcp_client",
-    "ToolErrorType": "envlink._client.mcp_client",
+    "HarnessClient": "envlink._openenv.harness",
+    "HarnessEvent": "envlink._openenv.harness",
+    "HarnessEventType": "envlink._openenv.harness",
+    "HarnessProtocolError": "envlink._openenv.harness",
+    "HarnessTurnError": "envlink._openenv.harness",
+    "CallToolAction": "envlink._openenv.mcp_client",
+    "CallToolObservation": "envlink._openenv.mcp_client",
+    "ListToolsAction": "envlink._openenv.mcp_client",
+    "ListToolsObservation": "envlink._openenv.mcp_client",
+    "MCPClientBase": "envlink._openenv.mcp_client",
+    "MCPObservation": "envlink._openenv.mcp_client",
+    "MCPToolClient": "envlink._openenv.mcp_client",
+    "Tool": "envlink._openenv.mcp_client",
+    "ToolError": "envlink._openenv.mcp_client",
+    "ToolErrorType": "envlink._openenv.mcp_client",
     "SyncEnvClient": "envlink._sync.sync_client",
     "AutoresetMode": "envlink._pool.pool",
     "EnvPool": "envlink._pool.pool",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from envlink._client.mcp_client import (
+from envlink._openenv.mcp_client import (
     CallToolAction,
     ListToolsAction,
     MCPObservation,

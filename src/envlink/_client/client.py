@@ -25,7 +25,6 @@ from envlink._client.configuration import ClientConfig, changed_fields, check_po
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
 from envlink._client.handles import SessionHandle
-from envlink._client.tasks import TaskAPI
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -57,6 +56,7 @@ from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
 from envlink._sansio.session_limits import Limits
 from envlink._sync.dispatch import AutoDispatch
+from envlink._sync.tasks import TaskAPI
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 from envlink.names import LOG_PROVIDER_STOP_FAILED
 

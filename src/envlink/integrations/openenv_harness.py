@@ -37,7 +37,6 @@ from typing import Any
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
 from envlink._client.configuration import ClientConfig
-from envlink._client.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._deadlines import deadline
 from envlink._errors import (
     ClientClosedError,
@@ -46,6 +45,7 @@ from envlink._errors import (
     ToolCallError,
     TrainingTraceUnavailableError,
 )
+from envlink._openenv.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sync.default_bridge import lease_bridge
 from envlink.integrations._runtime import (

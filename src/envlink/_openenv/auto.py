@@ -33,11 +33,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from envlink._client.adopt import adopt, is_openenv_client
 from envlink._client.client import EnvClient, GenericEnvClient
 from envlink._errors import EnvlinkError
 from envlink._launch.providers import DockerProvider, bound_container
 from envlink._launch.spaces import hf_space_subdomain, is_space_name
+from envlink._openenv.adopt import adopt, is_openenv_client
 from envlink._sansio.policies import ReconnectPolicy
 
 __all__ = ["AutoAction", "AutoEnv", "EnvironmentInfo", "GenericAction", "discover"]
