@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
-from envlink._client import handles, mcp
+from envlink._client import handles
 from envlink._client.capacity import CapacityGate, CapacityMode
-from envlink._client.configuration import ClientConfig, changed_fields, check_policy
+from envlink._client.configuration import ClientConfig, changed_fields, check_policy, client_mode
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
 from envlink._client.handles import SessionHandle
@@ -45,6 +45,7 @@ from envlink._launch import discovery, lifecycle
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap
 from envlink._launch.providers import add_note
+from envlink._sansio import jsonrpc
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import (
     ReconnectPolicy,
@@ -254,7 +255,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                         f"pass the configuration either as config= or as keyword arguments, "
                         f"not both (the keyword arguments set {', '.join(conflicting)})")
         self._config: ClientConfig = config
-        self._mode = mcp.client_mode(config.mode, self._default_mode)
+        self._mode = client_mode(config.mode, self._default_mode)
         wanted = dict(config.options.headers) or None
         self._target = lifecycle.Target.resolve(base_url, provider, wanted, token)
         self._children: list[EnvClient[Any, Any, Any]] = []
@@ -759,16 +760,16 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         if self._target.lease is not None:
             await self._provider_first(timeout)
         rpc_id = next(self._mcp_ids)
-        data = mcp.rpc_request(rpc_id, method, params)
+        data = jsonrpc.rpc_request(rpc_id, method, params)
         driver = self._driver
         production = self._mode == "production"
 
         async def run(call: Call) -> Any:
             async with driver.turn(call):
                 if production:
-                    return await mcp.post_rpc(driver, method, data["params"])
+                    return await driver.connector.post_rpc(method, data["params"])
                 frame = driver.expect(await driver.request(call, data), McpFrame, "mcp")
-            return mcp.rpc_result(frame.data, rpc_id)
+            return jsonrpc.rpc_result(frame.data, rpc_id)
 
         return await driver.call("mcp", call_seconds(timeout, self.timeouts.call), run)
 
@@ -780,7 +781,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         Raises:
             McpError, ProtocolError and the errors of :meth:`mcp_request`.
         """
-        return mcp.tool_list(await self.mcp_request("tools/list", timeout=timeout))
+        return jsonrpc.tool_list(await self.mcp_request("tools/list", timeout=timeout))
 
     async def mcp_call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
                             timeout: float | UnsetType | None = UNSET, **kwargs: Any) -> Any:
@@ -803,7 +804,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         args = {**dict(arguments or {}), **kwargs}
         result = await self.mcp_request("tools/call", {"name": name, "arguments": args},
                                         timeout=timeout)
-        return mcp.tool_value(name, result)
+        return jsonrpc.tool_value(name, result)
 
     async def detach(self, *, timeout: float | UnsetType | None = UNSET) -> SessionHandle:
         """End this client, keeping its server session, and return a handle to it.

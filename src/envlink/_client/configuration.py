@@ -16,12 +16,12 @@ configuration: it stays an argument of the client.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from envlink._client.capacity import CapacityMode, check_mode
-from envlink._client.mcp import client_mode
 from envlink._config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
@@ -51,6 +51,37 @@ __all__ = [
     "check_policy",
     "config_from_options",
 ]
+
+#: OpenEnv 0.10's communication modes: Gym-style calls on the WebSocket, or
+#: "production", where MCP tool calls go over ``POST /mcp`` with the session's id.
+CLIENT_MODES = ("simulation", "production")
+
+
+def client_mode(mode: str | None, default: str | None = None) -> str:
+    """``mode=``, else the client class's ``default`` (``"production"`` for MCP clients,
+    which, as OpenEnv's, do not read the variable), else ``OPENENV_CLIENT_MODE``, else
+    ``"simulation"`` (case-insensitive).
+
+    Raises:
+        ValueError: not ``simulation`` or ``production``.
+    """
+    if mode is None and default is not None:
+        mode = default
+    raw = os.environ.get("OPENENV_CLIENT_MODE", "simulation") if mode is None else mode
+    if not isinstance(raw, str) or raw.lower() not in CLIENT_MODES:
+        raise ValueError(f"mode must be 'simulation' or 'production' (the mode= argument "
+                         f"or OPENENV_CLIENT_MODE), got {raw!r}")
+    return raw.lower()
+
+def rpc_request(rpc_id: int, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``data`` of an ``mcp`` message: one JSON-RPC request.
+
+    Raises:
+        TypeError: ``method`` is not a non-empty string.
+    """
+    if not isinstance(method, str) or not method:
+        raise TypeError(f"method must be a non-empty str, got {method!r}")
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params or {})}
 
 #: Fields that hold objects of the process that made the config: never pickled.
 _PROCESS_BOUND = ("tracer_provider", "meter_provider")

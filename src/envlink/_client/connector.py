@@ -30,10 +30,13 @@ from envlink._errors import (
     FactoryError,
     NoAnswerError,
     NotWrittenError,
+    OutcomeUnknownError,
+    ProtocolError,
     ServerError,
     SessionError,
 )
 from envlink._events.client_events import ClientEvent, ClientHook, PhaseReport, PhaseStarted
+from envlink._sansio import jsonrpc
 from envlink._sansio.policies import ReconnectPolicy, is_retryable
 from envlink._sansio.protocol import (
     RESUME_TOKEN_HEADER,
@@ -72,6 +75,8 @@ _UNKNOWN_SESSION = "Unknown session_id"
 
 #: JSON-RPC's "method not found": a server without OpenEnv's session methods.
 _METHOD_NOT_FOUND = -32601
+#: JSON-RPC methods that never change anything: resent after a lost connection.
+_METHOD_NOT_SENT = ("tools/list",)
 
 #: Waiting for a server to let go of a session's old socket (an attach refused "for
 #: now"): short backoffs, no count of tries; bounded by the call's deadline, not by the
@@ -341,6 +346,45 @@ class Connector:
                                      f"{error.message.split(':')[0]}") from error
             raise error
         raise ConnectError(f"unexpected {frame.type!r} frame while attaching", retryable=False)
+
+    async def post_rpc(self, method: str, params: dict[str, Any]) -> Any:
+        """A JSON-RPC request over ``POST /mcp`` with the session's id (production mode).
+
+        Runs inside the caller's turn, under its deadline. A request that never left is
+        retried under the reconnect policy; once ``tools/call`` may have been sent it is
+        never resent.
+
+        Raises:
+            ConnectError: the server offers no HTTP MCP sessions, or cannot be reached.
+            OutcomeUnknownError: the connection was lost after the request was sent.
+            McpError, ProtocolError: the answer is an error, or not JSON-RPC.
+        """
+        if not self.is_open:
+            await self.open_session("mcp", reason="connect")
+        session_id = self.core.detached_id
+        if session_id is None:
+            raise ConnectError(
+                f"production mode needs the server's OpenEnv 0.10 HTTP MCP sessions "
+                f"({self.endpoint.mcp_url}); this server offers none", retryable=False)
+        policy = self.core.policy
+        for attempt in range(1, policy.max_attempts + 1):
+            try:
+                answer = await self.rpc(method, {**params, "session_id": session_id}, None)
+            except ConnectError:
+                if attempt == policy.max_attempts:
+                    raise
+            except ConnectionLostError as exc:
+                if method not in _METHOD_NOT_SENT or attempt == policy.max_attempts:
+                    raise OutcomeUnknownError(
+                        f"the connection was lost after {method} was sent; the "
+                        "server may or may not have run it") from exc
+            else:
+                if answer is None or not isinstance(answer.body, dict):
+                    raise ProtocolError(f"POST /mcp answered {method} without JSON-RPC")
+                # The connector numbers its own POSTs, one answer per request.
+                return jsonrpc.rpc_result(answer.body, None)
+            await asyncio.sleep(policy.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def close_detached(self, session_id: str, timeout: float | None) -> None:
         """``openenv/session/close``: end a detached session. Best effort, bounded."""

@@ -29,9 +29,9 @@ from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from envlink._client import mcp
 from envlink._client.client import EnvClient, StepResult
 from envlink._errors import McpError, ToolCallError
+from envlink._sansio import jsonrpc
 from envlink._sansio.state import State
 from envlink._sync.dispatch import dispatched
 
@@ -351,7 +351,7 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
         if await self._tools_over_http():
             answer = await self._over_http("tools/list", {})
         if answer is not _ON_STEP:
-            tools = [Tool.from_payload(t) for t in mcp.tool_list(answer)]
+            tools = [Tool.from_payload(t) for t in jsonrpc.tool_list(answer)]
         else:
             result = await self.step(ListToolsAction())
             listed = getattr(result.observation, "tools", None)
@@ -401,7 +401,7 @@ class MCPToolClient(MCPClientBase[_ObsT]):
         if await self._tools_over_http():
             answer = await self._over_http("tools/call", {"name": name, "arguments": kwargs})
             if answer is not _ON_STEP:
-                return mcp.tool_value(name, answer)
+                return jsonrpc.tool_value(name, answer)
         result = await self.step(CallToolAction(tool_name=name, arguments=kwargs))
         observation = result.observation
         if not isinstance(observation, MCPObservation):
