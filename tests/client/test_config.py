@@ -15,13 +15,19 @@ from envlink import (
     ConnectionOptions,
     EnvClient,
     GenericEnvClient,
+    HarnessClient,
     Limits,
     ReconnectPolicy,
     RetryBudget,
     Timeout,
 )
 from envlink._client.client import configured_client
-from envlink._client.configuration import CLIENT_OPTIONS, CONFIG_KEYWORDS, OPENENV_OPTIONS
+from envlink._client.configuration import (
+    CLIENT_OPTIONS,
+    COMMON_OPTIONS,
+    CONFIG_KEYWORDS,
+    OPENENV_OPTIONS,
+)
 from envlink.server import EnvServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -102,6 +108,10 @@ def test_the_keywords_are_declared_once() -> None:
     assert rest.kind is inspect.Parameter.VAR_KEYWORD
     assert rest.annotation == "Unpack[ClientOptions]"
     assert CONFIG_KEYWORDS == CLIENT_OPTIONS | OPENENV_OPTIONS
+    assert COMMON_OPTIONS < CLIENT_OPTIONS  # the harness client's, a part of them
+    harness = inspect.signature(HarnessClient.__init__).parameters
+    assert list(harness) == ["self", "base_url", "options"]
+    assert harness["options"].annotation == "Unpack[CommonOptions]"
     assert not CLIENT_OPTIONS & OPENENV_OPTIONS
     aliases = {"connect_timeout_s", "message_timeout_s", "max_message_size_mb",
                "websocket_ping_interval_s", "websocket_ping_timeout_s"}
@@ -155,6 +165,11 @@ def test_a_misspelled_keyword_is_a_type_error() -> None:
     # Built whole from a config (new_session(), a pool), it is refused as well.
     with pytest.raises(TypeError, match="on_sesion_lost"):
         configured_client(Mine, URL, ClientConfig())
+    # The harness client takes the common keywords alone.
+    with pytest.raises(TypeError, match=r"HarnessClient\(\) got an unexpected keyword "
+                                        r"argument 'reconnect'"):
+        HarnessClient(URL, reconnect=ReconnectPolicy())  # type: ignore[call-arg]
+    assert HarnessClient(URL, timeout=3.0, hooks=[]).timeouts == Timeout(3.0)
 
 
 def test_a_subclass_forwarding_keywords_keeps_them() -> None:

@@ -54,10 +54,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_OPTIONS",
+    "COMMON_OPTIONS",
     "CONFIG_KEYWORDS",
     "OPENENV_OPTIONS",
     "ClientConfig",
     "ClientOptions",
+    "CommonOptions",
     "ConfigKeywords",
     "OpenEnvOptions",
     "ReplayVerify",
@@ -85,19 +87,32 @@ def check_policy(policy: object) -> RecoveryPolicy:
                          f"got {policy!r}") from None
 
 
-class ClientOptions(TypedDict, total=False):
+class CommonOptions(TypedDict, total=False):
+    """The keywords of every envlink client, the harness client's too (it takes these
+    alone): deadlines, handshake headers, transport and observers. Declared once,
+    here; :class:`ClientOptions` adds the rest of :class:`~envlink.EnvClient`'s."""
+
+    timeout: TimeoutTypes | UnsetType
+    headers: Mapping[str, str] | None
+    transport: Transport | None
+    hooks: Sequence[ClientHook] | None
+    tracer_provider: TracerProvider | None
+    meter_provider: MeterProvider | None
+
+
+class ClientOptions(CommonOptions, total=False):
     """envlink's configuration keywords of :class:`~envlink.EnvClient`, declared once.
 
     ``EnvClient(url, **options)`` takes them (``**options: Unpack[ClientOptions]``,
     read by type checkers and IDEs), :meth:`ClientConfig.from_keywords` builds a
     config of them, and a pool's ``client_options`` is a mapping of them. A keyword
     left out takes its default, documented in ``EnvClient``'s docstring; adding an
-    option means adding it here, then reading it in :meth:`ClientConfig.from_keywords`.
-    OpenEnv's own names are in :class:`OpenEnvOptions`.
+    option means adding it here, then reading it in :meth:`ClientConfig.from_keywords`
+    (a field of :class:`ClientConfig` given as it is needs nothing more). OpenEnv's
+    own names are in :class:`OpenEnvOptions`; :class:`CommonOptions` holds the
+    keywords the harness client shares.
     """
 
-    timeout: TimeoutTypes | UnsetType
-    headers: Mapping[str, str] | None
     reconnect: ReconnectPolicy | None
     on_session_lost: SessionLostPolicy
     replay_verify: ReplayVerify | None
@@ -109,11 +124,7 @@ class ClientOptions(TypedDict, total=False):
     ssl: Any
     proxy: str | bool | None
     extensions: bool
-    tracer_provider: TracerProvider | None
-    meter_provider: MeterProvider | None
-    transport: Transport | None
     options: ConnectionOptions | None
-    hooks: Sequence[ClientHook] | None
     limits: Limits | None
     on_capacity: CapacityMode
     recorder: RolloutRecorder | None
@@ -367,7 +378,8 @@ def _check_type(value: object, kind: type, name: str) -> None:
 #: The defaults, for comparisons (what a keyword left out leaves).
 _DEFAULTS = ClientConfig()
 #: The names of the declarations, read once: envlink's keywords, OpenEnv's, and all
-#: that :meth:`ClientConfig.from_keywords` takes.
+#: that :meth:`ClientConfig.from_keywords` takes; the harness client's.
+COMMON_OPTIONS: frozenset[str] = frozenset(CommonOptions.__optional_keys__)
 CLIENT_OPTIONS: frozenset[str] = frozenset(ClientOptions.__optional_keys__)
 OPENENV_OPTIONS: frozenset[str] = frozenset(OpenEnvOptions.__optional_keys__)
 CONFIG_KEYWORDS: frozenset[str] = frozenset(ConfigKeywords.__optional_keys__)
