@@ -15,10 +15,18 @@ from envlink import (
     ConnectionOptions,
     EnvClient,
     GenericEnvClient,
+    HarnessClient,
     Limits,
     ReconnectPolicy,
     RetryBudget,
     Timeout,
+)
+from envlink._client.client import configured_client
+from envlink._client.configuration import (
+    CLIENT_OPTIONS,
+    COMMON_OPTIONS,
+    CONFIG_KEYWORDS,
+    OPENENV_OPTIONS,
 )
 from envlink.server import EnvServer
 
@@ -84,16 +92,100 @@ def test_openenv_aliases_are_resolved_into_the_config() -> None:
                                       ).options.ping_interval == 9.0
 
 
-def test_the_keyword_defaults_are_the_configs() -> None:
-    """EnvClient's configuration keywords and from_keywords take the same names and defaults."""
-    def keywords(func: Any) -> dict[str, Any]:
-        return {n: p.default for n, p in inspect.signature(func).parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-    client = keywords(EnvClient.__init__)
+def test_the_keywords_are_declared_once() -> None:
+    """EnvClient names OpenEnv's own keywords and takes envlink's as **options of
+    ClientOptions; from_keywords takes both declarations, nothing else, and each
+    keyword is a field of the config, of its ConnectionOptions, or an OpenEnv alias."""
+    named = {n: p for n, p in inspect.signature(EnvClient.__init__).parameters.items()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY}
     for target in ("provider", "token", "config"):
-        client.pop(target)
-    assert client == keywords(ClientConfig.from_keywords)
+        named.pop(target)
+    assert set(named) == OPENENV_OPTIONS
+    # Their defaults leave the configuration alone.
+    assert ClientConfig.from_keywords(**{n: p.default for n, p in named.items()}
+                                      ) == ClientConfig()
+    rest = inspect.signature(EnvClient.__init__).parameters["options"]
+    assert rest.kind is inspect.Parameter.VAR_KEYWORD
+    assert rest.annotation == "Unpack[ClientOptions]"
+    assert CONFIG_KEYWORDS == CLIENT_OPTIONS | OPENENV_OPTIONS
+    assert COMMON_OPTIONS < CLIENT_OPTIONS  # the harness client's, a part of them
+    harness = inspect.signature(HarnessClient.__init__).parameters
+    assert list(harness) == ["self", "base_url", "options"]
+    assert harness["options"].annotation == "Unpack[CommonOptions]"
+    assert not CLIENT_OPTIONS & OPENENV_OPTIONS
+    aliases = {"connect_timeout_s", "message_timeout_s", "max_message_size_mb",
+               "websocket_ping_interval_s", "websocket_ping_timeout_s"}
+    fields = {f.name for f in dataclasses.fields(ClientConfig)}
+    connection = {f.name for f in dataclasses.fields(ConnectionOptions)}
+    assert fields | connection | aliases >= CONFIG_KEYWORDS
+    assert aliases | {"mode"} == OPENENV_OPTIONS
+
+
+SAMPLES: dict[str, Any] = {
+    "timeout": 5.0, "headers": {"Authorization": "Bearer s3cret"},
+    "reconnect": ReconnectPolicy(max_attempts=3), "on_session_lost": "replay",
+    "replay_verify": same_data, "max_journal_steps": 10, "ping_interval": None,
+    "ping_timeout": 3.0, "max_message_size": 4096, "compression": "deflate",
+    "ssl": None, "proxy": None, "extensions": False, "tracer_provider": TracerProvider(),
+    "meter_provider": None, "transport": None, "options": ConnectionOptions(proxy=None),
+    "hooks": [], "limits": Limits(max_sessions_per_endpoint=2), "on_capacity": "wait",
+    "recorder": None, "connect_timeout_s": 3.0, "message_timeout_s": 7.0,
+    "max_message_size_mb": 2, "websocket_ping_interval_s": None,
+    "websocket_ping_timeout_s": 4.0, "mode": "production",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_each_keyword_builds_the_same_config_in_the_client(name: str) -> None:
+    """Each keyword, given alone, makes the client's config from_keywords' config."""
+    assert set(SAMPLES) == CONFIG_KEYWORDS
+    given = {name: SAMPLES[name]}
+    assert GenericEnvClient(URL, **given).config == ClientConfig.from_keywords(**given)
+
+
+def test_a_misspelled_keyword_is_a_type_error() -> None:
+    """A keyword that is neither declared nor named raises TypeError naming it, as
+    Python does, with the closest name; in a subclass passing it to EnvClient too."""
+    with pytest.raises(TypeError, match=r"GenericEnvClient\(\) got an unexpected keyword "
+                                        r"argument 'timeot'; did you mean 'timeout'\?"):
+        GenericEnvClient(URL, timeot=3.0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz'$"):
+        GenericEnvClient(URL, zzz=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"from_keywords\(\) got an unexpected keyword "
+                                        r"argument 'provider'"):
+        ClientConfig.from_keywords(provider=object())  # type: ignore[call-arg]
+
+    class Mine(GenericEnvClient):
+        def __init__(self, base_url: str | None = None, **kwargs: Any) -> None:
+            super().__init__(base_url, on_sesion_lost="replay", **kwargs)
+
+    with pytest.raises(TypeError, match=r"Mine\(\) got an unexpected keyword argument "
+                                        "'on_sesion_lost'"):
+        Mine(URL)
+    # Built whole from a config (new_session(), a pool), it is refused as well.
+    with pytest.raises(TypeError, match="on_sesion_lost"):
+        configured_client(Mine, URL, ClientConfig())
+    # The harness client takes the common keywords alone.
+    with pytest.raises(TypeError, match=r"HarnessClient\(\) got an unexpected keyword "
+                                        r"argument 'reconnect'"):
+        HarnessClient(URL, reconnect=ReconnectPolicy())  # type: ignore[call-arg]
+    assert HarnessClient(URL, timeout=3.0, hooks=[]).timeouts == Timeout(3.0)
+
+
+def test_a_subclass_forwarding_keywords_keeps_them() -> None:
+    """A client class of one's own that passes **kwargs to EnvClient keeps working."""
+    class Mine(GenericEnvClient):
+        def __init__(self, base_url: str | None = None, *, level: int = 0,
+                     **kwargs: Any) -> None:
+            super().__init__(base_url, **kwargs)
+            self.level = level
+
+    client = Mine(URL, level=2, on_session_lost="replay", message_timeout_s=7.0)
+    assert client.level == 2
+    assert client.config == ClientConfig(on_session_lost="replay",
+                                         timeout=Timeout(call=7.0))
+    child = configured_client(Mine, URL, client.config)
+    assert child.config is client.config
 
 
 def test_config_and_keywords_that_set_it_too_are_refused() -> None:

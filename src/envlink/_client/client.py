@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
@@ -20,18 +21,24 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 from pydantic import BaseModel
 
 from envlink._client import handles
-from envlink._client.capacity import CapacityGate, CapacityMode
-from envlink._client.configuration import ClientConfig, changed_fields, check_policy, client_mode
+from envlink._client.capacity import CapacityGate
+from envlink._client.configuration import (
+    CLIENT_OPTIONS,
+    ClientConfig,
+    ClientOptions,
+    changed_fields,
+    check_keywords,
+    check_policy,
+    client_mode,
+)
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
 from envlink._client.handles import SessionHandle
 from envlink._config import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
     CheckedTimeout,
     ConnectionOptions,
     Timeout,
-    TimeoutTypes,
     UnsetType,
     call_seconds,
 )
@@ -55,11 +62,15 @@ from envlink._sansio.policies import (
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
 from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
-from envlink._sansio.session_limits import Limits
 from envlink._sync.dispatch import AutoDispatch
 from envlink._sync.tasks import TaskAPI
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 from envlink.names import LOG_PROVIDER_STOP_FAILED
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # typing_extensions comes with pydantic
+    from typing_extensions import Unpack
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -67,7 +78,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from envlink._bridge import Bridge
-    from envlink._recording.recorder import RolloutRecorder
     from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["EnvClient", "GenericEnvClient", "StepResult", "configured_client"]
@@ -133,6 +143,11 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     As in OpenEnv 0.10, calls also work without ``await``: in plain code they block
     (on a bridge, as ``sync()``); the client claims "sync" or "async" on first use.
 
+    OpenEnv's own keywords (its five aliases, ``provider`` and ``mode``) are named
+    parameters, as in its ``EnvClient``; envlink's are ``**options``, declared once
+    in ``ClientOptions`` (``envlink._client.configuration``), which type checkers and
+    IDEs read. A keyword that is neither raises ``TypeError``, as Python does.
+
     Args:
         base_url: ``http(s)://`` or ``ws(s)://`` URL of the server (``/ws`` is added),
             or a Hugging Face Space's name (``"owner/space"``); optional with a provider.
@@ -169,11 +184,13 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             calls over ``POST /mcp`` to this session); default ``OPENENV_CLIENT_MODE``
             (MCP clients, :class:`~envlink.MCPToolClient`: ``"production"``).
         limits, on_capacity: sessions per endpoint, and ``"raise"`` or ``"wait"`` when full.
+        recorder: a :class:`~envlink.RolloutRecorder` that records every episode of
+            the client (``docs/recording.md``).
         provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider``, started on
             connect (without ``base_url``), stopped on close, shared with children.
         token: a Space's Hugging Face token (default: ``HF_TOKEN``, the token file).
         config: the whole configuration as one :class:`ClientConfig`, instead of the
-            keyword arguments above from ``timeout`` to ``on_capacity`` (which must
+            keyword arguments above from ``timeout`` to ``recorder`` (which must
             then be left out); ``client.config`` is it. The keyword arguments build
             one with :meth:`ClientConfig.from_keywords`.
 
@@ -193,36 +210,21 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         self,
         base_url: str | None = None,
         *,
-        timeout: TimeoutTypes | UnsetType = UNSET,
-        headers: Mapping[str, str] | None = None,
-        reconnect: ReconnectPolicy | None = None,
-        on_session_lost: SessionLostPolicy = "raise",
-        replay_verify: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
-        max_journal_steps: int = 10_000,
-        ping_interval: float | None = 20.0,
-        ping_timeout: float | None = 20.0,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        compression: str | None = None,
-        ssl: Any = None,
-        proxy: str | bool | None = True,
-        extensions: bool = True,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
         connect_timeout_s: float | None = None,
         message_timeout_s: float | None = None,
         max_message_size_mb: float | None = None,
         websocket_ping_interval_s: float | UnsetType | None = UNSET,
         websocket_ping_timeout_s: float | UnsetType | None = UNSET,
-        transport: Transport | None = None,
-        options: ConnectionOptions | None = None,
-        hooks: Sequence[ClientHook] | None = None,
-        mode: str | None = None,
-        limits: Limits | None = None, on_capacity: CapacityMode = "raise",
         provider: Any = None,
+        mode: str | None = None,
         token: str | None = None,
         config: ClientConfig | None = None,
-        recorder: RolloutRecorder | None = None,
+        **options: Unpack[ClientOptions],
     ) -> None:
+        # OpenEnv's own parameters are named, as in its EnvClient; envlink's are
+        # declared once, in ClientOptions (their names computed at import).
+        if options and not CLIENT_OPTIONS.issuperset(options):
+            check_keywords(options, CLIENT_OPTIONS, f"{type(self).__name__}()")
         inherited = _INHERITED.get()
         if inherited is not None and inherited[0] is type(self):
             # Built by configured_client() (new_session(), a pool, an adapter): the
@@ -231,18 +233,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             _cls, config, provider, token = inherited
         else:
             given = ClientConfig.from_keywords(
-                timeout=timeout, headers=headers, reconnect=reconnect,
-                on_session_lost=on_session_lost, replay_verify=replay_verify,
-                max_journal_steps=max_journal_steps, ping_interval=ping_interval,
-                ping_timeout=ping_timeout, max_message_size=max_message_size,
-                compression=compression, ssl=ssl, proxy=proxy, extensions=extensions,
-                tracer_provider=tracer_provider, meter_provider=meter_provider,
                 connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
                 max_message_size_mb=max_message_size_mb,
                 websocket_ping_interval_s=websocket_ping_interval_s,
-                websocket_ping_timeout_s=websocket_ping_timeout_s, transport=transport,
-                options=options, hooks=hooks, mode=mode, limits=limits,
-                on_capacity=on_capacity, recorder=recorder)
+                websocket_ping_timeout_s=websocket_ping_timeout_s, mode=mode, **options)
             if config is None:
                 config = given
             elif not isinstance(config, ClientConfig):

@@ -5,9 +5,12 @@ and recovers, its limits, what it reports to) is one frozen value, as httpx's
 ``Timeout`` and ``Limits`` are. ``EnvClient(url, config=...)`` keeps it as it is;
 the keyword constructor (OpenEnv's names included) builds one with
 :meth:`ClientConfig.from_keywords`, the one place where OpenEnv's aliases are
-resolved. A session opened with ``new_session()``, a pool's clients, a Ray shard's
-and the training adapters' are built from such a value, never by replaying a
-constructor's arguments.
+resolved. Each keyword is declared once, here: :class:`ClientOptions` (envlink's)
+and :class:`OpenEnvOptions` (OpenEnv's own names, which ``EnvClient`` also spells
+out in its signature); ``from_keywords`` and the clients read those declarations.
+A session opened with ``new_session()``, a pool's clients, a Ray shard's and the
+training adapters' are built from such a value, never by replaying a constructor's
+arguments.
 
 Where the server is (``base_url``, a provider, a Space's token) is not
 configuration: it stays an argument of the client.
@@ -16,14 +19,15 @@ configuration: it stays an argument of the client.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from envlink._client.capacity import CapacityMode, check_mode
 from envlink._config import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     UNSET,
     ConnectionOptions,
     Timeout,
@@ -35,6 +39,11 @@ from envlink._sansio.policies import ReconnectPolicy, RecoveryPolicy, SessionLos
 from envlink._sansio.replay import ReplayVerify
 from envlink._sansio.session_limits import Limits
 
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # typing_extensions comes with pydantic
+    from typing_extensions import Unpack
+
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
@@ -44,10 +53,18 @@ if TYPE_CHECKING:
     from envlink._transports.base import Transport
 
 __all__ = [
+    "CLIENT_OPTIONS",
+    "COMMON_OPTIONS",
     "CONFIG_KEYWORDS",
+    "OPENENV_OPTIONS",
     "ClientConfig",
+    "ClientOptions",
+    "CommonOptions",
+    "ConfigKeywords",
+    "OpenEnvOptions",
     "ReplayVerify",
     "changed_fields",
+    "check_keywords",
     "check_policy",
     "config_from_options",
 ]
@@ -99,6 +116,69 @@ def check_policy(policy: object) -> RecoveryPolicy:
         *others, last = (repr(p.value) for p in RecoveryPolicy)
         raise ValueError(f"on_session_lost must be {', '.join(others)} or {last}, "
                          f"got {policy!r}") from None
+
+
+class CommonOptions(TypedDict, total=False):
+    """The keywords of every envlink client, the harness client's too (it takes these
+    alone): deadlines, handshake headers, transport and observers. Declared once,
+    here; :class:`ClientOptions` adds the rest of :class:`~envlink.EnvClient`'s."""
+
+    timeout: TimeoutTypes | UnsetType
+    headers: Mapping[str, str] | None
+    transport: Transport | None
+    hooks: Sequence[ClientHook] | None
+    tracer_provider: TracerProvider | None
+    meter_provider: MeterProvider | None
+
+
+class ClientOptions(CommonOptions, total=False):
+    """envlink's configuration keywords of :class:`~envlink.EnvClient`, declared once.
+
+    ``EnvClient(url, **options)`` takes them (``**options: Unpack[ClientOptions]``,
+    read by type checkers and IDEs), :meth:`ClientConfig.from_keywords` builds a
+    config of them, and a pool's ``client_options`` is a mapping of them. A keyword
+    left out takes its default, documented in ``EnvClient``'s docstring; adding an
+    option means adding it here, then reading it in :meth:`ClientConfig.from_keywords`
+    (a field of :class:`ClientConfig` given as it is needs nothing more). OpenEnv's
+    own names are in :class:`OpenEnvOptions`; :class:`CommonOptions` holds the
+    keywords the harness client shares.
+    """
+
+    reconnect: ReconnectPolicy | None
+    on_session_lost: SessionLostPolicy
+    replay_verify: ReplayVerify | None
+    max_journal_steps: int
+    ping_interval: float | None
+    ping_timeout: float | None
+    max_message_size: int
+    compression: str | None
+    ssl: Any
+    proxy: str | bool | None
+    extensions: bool
+    options: ConnectionOptions | None
+    limits: Limits | None
+    on_capacity: CapacityMode
+    recorder: RolloutRecorder | None
+
+
+class OpenEnvOptions(TypedDict, total=False):
+    """OpenEnv 0.10's own configuration keywords of its ``EnvClient``: its aliases
+    (resolved by :meth:`ClientConfig.from_keywords`, and only there) and ``mode``.
+
+    ``EnvClient.__init__`` names them in its signature, as OpenEnv's does; a test
+    keeps the two alike.
+    """
+
+    connect_timeout_s: float | None
+    message_timeout_s: float | None
+    max_message_size_mb: float | None
+    websocket_ping_interval_s: float | UnsetType | None
+    websocket_ping_timeout_s: float | UnsetType | None
+    mode: str | None
+
+
+class ConfigKeywords(ClientOptions, OpenEnvOptions, total=False):
+    """Every keyword :meth:`ClientConfig.from_keywords` takes: envlink's and OpenEnv's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,42 +292,14 @@ class ClientConfig:
         return f"ClientConfig({', '.join(shown)})"
 
     @classmethod
-    def from_keywords(
-        cls,
-        *,
-        timeout: TimeoutTypes | UnsetType = UNSET,
-        headers: Mapping[str, str] | None = None,
-        reconnect: ReconnectPolicy | None = None,
-        on_session_lost: SessionLostPolicy = "raise",
-        replay_verify: ReplayVerify | None = None,
-        max_journal_steps: int = 10_000,
-        ping_interval: float | None = 20.0,
-        ping_timeout: float | None = 20.0,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        compression: str | None = None,
-        ssl: Any = None,
-        proxy: str | bool | None = True,
-        extensions: bool = True,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
-        connect_timeout_s: float | None = None,
-        message_timeout_s: float | None = None,
-        max_message_size_mb: float | None = None,
-        websocket_ping_interval_s: float | UnsetType | None = UNSET,
-        websocket_ping_timeout_s: float | UnsetType | None = UNSET,
-        transport: Transport | None = None,
-        options: ConnectionOptions | None = None,
-        hooks: Sequence[ClientHook] | None = None,
-        mode: str | None = None,
-        limits: Limits | None = None,
-        on_capacity: CapacityMode = "raise",
-        recorder: RolloutRecorder | None = None,
-    ) -> ClientConfig:
+    def from_keywords(cls, **keywords: Unpack[ConfigKeywords]) -> ClientConfig:
         """The config of ``EnvClient``'s keyword arguments, OpenEnv's names included.
 
-        This is where OpenEnv's aliases are resolved, and only here:
-        ``connect_timeout_s`` and ``message_timeout_s`` set ``Timeout``'s
-        ``connect`` and ``call``; ``max_message_size_mb`` sets ``max_message_size``;
+        The keywords are those declared in :class:`ClientOptions` and
+        :class:`OpenEnvOptions`, with ``EnvClient``'s defaults. This is where
+        OpenEnv's aliases are resolved, and only here: ``connect_timeout_s`` and
+        ``message_timeout_s`` set ``Timeout``'s ``connect`` and ``call``;
+        ``max_message_size_mb`` sets ``max_message_size``;
         ``websocket_ping_interval_s`` and ``websocket_ping_timeout_s`` set
         ``ping_interval`` and ``ping_timeout``. The connection keywords
         (``headers``, ``ping_interval``, ... ``proxy``) build the
@@ -262,29 +314,55 @@ class ClientConfig:
 
         Raises:
             ValueError: ``options`` with connection keywords, or a bad value.
-            TypeError: a value of the wrong type.
+            TypeError: a keyword that is not one of them, or a value of the wrong type.
         """
-        recovery = check_policy(on_session_lost)  # checked first, as it always was
-        # Immutable defaults are shared between clients: fewer objects per session.
-        base = _DEFAULTS.timeout if timeout is UNSET else Timeout.coerce(timeout)
-        if connect_timeout_s is not None or message_timeout_s is not None:
-            base = Timeout(
-                connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
-                call=message_timeout_s if message_timeout_s is not None else base.call,
-                close=base.close, probe=base.probe, release=base.release)
+        if not CONFIG_KEYWORDS.issuperset(keywords):
+            check_keywords(keywords, CONFIG_KEYWORDS, "ClientConfig.from_keywords()")
+        return _resolve(cls, keywords)
+
+
+def _resolve(cls: type[ClientConfig], keywords: ConfigKeywords) -> ClientConfig:
+    # The body of from_keywords, its keywords checked.
+    recovery = check_policy(keywords.get("on_session_lost", _DEFAULTS.on_session_lost))  # first
+    timeout = keywords.get("timeout", UNSET)
+    # Immutable defaults are shared between clients: fewer objects per session.
+    base = _DEFAULTS.timeout if timeout is UNSET else Timeout.coerce(timeout)
+    connect_timeout_s = keywords.get("connect_timeout_s")
+    message_timeout_s = keywords.get("message_timeout_s")
+    if connect_timeout_s is not None or message_timeout_s is not None:
+        base = Timeout(
+            connect=connect_timeout_s if connect_timeout_s is not None else base.connect,
+            call=message_timeout_s if message_timeout_s is not None else base.call,
+            close=base.close, probe=base.probe, release=base.release)
+    reconnect = keywords.get("reconnect")
+    if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+        raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
+                        f"got {type(reconnect).__name__}")
+    options = keywords.get("options")
+    max_message_size_mb = keywords.get("max_message_size_mb")
+    websocket_ping_interval_s = keywords.get("websocket_ping_interval_s", UNSET)
+    websocket_ping_timeout_s = keywords.get("websocket_ping_timeout_s", UNSET)
+    if (_CONNECTION_KEYWORDS.isdisjoint(keywords) and max_message_size_mb is None
+            and websocket_ping_interval_s is UNSET and websocket_ping_timeout_s is UNSET):
+        # No connection keyword (the common case): the defaults, or options= as given.
+        built = _DEFAULTS.options if options is None else options
+    else:
+        # A keyword left out keeps ConnectionOptions' default.
+        default = _DEFAULTS.options
+        max_message_size = keywords.get("max_message_size", default.max_message_size)
         if max_message_size_mb is not None:
             max_message_size = int(max_message_size_mb * 1024 * 1024)
+        ping_interval = keywords.get("ping_interval", default.ping_interval)
         if websocket_ping_interval_s is not UNSET:
             ping_interval = websocket_ping_interval_s
+        ping_timeout = keywords.get("ping_timeout", default.ping_timeout)
         if websocket_ping_timeout_s is not UNSET:
             ping_timeout = websocket_ping_timeout_s
-        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
-            raise TypeError(f"reconnect must be a ReconnectPolicy or None, "
-                            f"got {type(reconnect).__name__}")
         built = ConnectionOptions(
-            headers=tuple((headers or {}).items()), ping_interval=ping_interval,
+            headers=tuple((keywords.get("headers") or {}).items()), ping_interval=ping_interval,
             ping_timeout=ping_timeout, max_message_size=max_message_size,
-            compression=compression, ssl=ssl, proxy=proxy)
+            compression=keywords.get("compression", default.compression),
+            ssl=keywords.get("ssl", default.ssl), proxy=keywords.get("proxy", default.proxy))
         if options is not None:
             if built != _DEFAULTS.options:
                 raise ValueError("pass connection options either as options= or as keyword "
@@ -292,16 +370,29 @@ class ClientConfig:
             built = options
         elif built == _DEFAULTS.options:
             built = _DEFAULTS.options
-        return cls(
-            timeout=base, options=built,
-            reconnect=reconnect if reconnect is not None else _DEFAULTS.reconnect,
-            on_session_lost=recovery.value, replay_verify=replay_verify,
-            max_journal_steps=max_journal_steps, extensions=extensions, mode=mode,
-            limits=limits, on_capacity=on_capacity,
-            hooks=None if hooks is None else tuple(hooks),
-            tracer_provider=tracer_provider, meter_provider=meter_provider,
-            transport=transport, recorder=recorder)
+    hooks = keywords.get("hooks")
+    # The keywords that are fields of the config as they are; a field left out keeps
+    # its default, declared in ClientConfig.
+    same: dict[str, Any] = {name: value for name, value in keywords.items() if name in _AS_FIELDS}
+    return cls(
+        timeout=base, options=built,
+        reconnect=reconnect if reconnect is not None else _DEFAULTS.reconnect,
+        on_session_lost=recovery.value, hooks=None if hooks is None else tuple(hooks),
+        **same)
 
+
+def check_keywords(given: Iterable[str], known: frozenset[str], where: str) -> None:
+    """Raise as Python does for a keyword argument ``where`` does not take.
+
+    Raises:
+        TypeError: a name of ``given`` is not in ``known`` (the first one is named,
+            with the closest known name when one is close).
+    """
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{where} got an unexpected keyword argument {name!r}{hint}")
 
 
 def changed_fields(config: ClientConfig) -> list[str]:
@@ -317,9 +408,20 @@ def _check_type(value: object, kind: type, name: str) -> None:
 
 #: The defaults, for comparisons (what a keyword left out leaves).
 _DEFAULTS = ClientConfig()
-#: The names :meth:`ClientConfig.from_keywords` takes.
-CONFIG_KEYWORDS: frozenset[str] = frozenset(
-    getattr(ClientConfig.from_keywords, "__kwdefaults__", None) or ())
+#: The names of the declarations, read once: envlink's keywords, OpenEnv's, and all
+#: that :meth:`ClientConfig.from_keywords` takes; the harness client's.
+COMMON_OPTIONS: frozenset[str] = frozenset(CommonOptions.__optional_keys__)
+CLIENT_OPTIONS: frozenset[str] = frozenset(ClientOptions.__optional_keys__)
+OPENENV_OPTIONS: frozenset[str] = frozenset(OpenEnvOptions.__optional_keys__)
+CONFIG_KEYWORDS: frozenset[str] = frozenset(ConfigKeywords.__optional_keys__)
+#: envlink's keywords that build the ConnectionOptions (OpenEnv's aliases aside).
+_CONNECTION_KEYWORDS: frozenset[str] = frozenset({
+    "headers", "ping_interval", "ping_timeout", "max_message_size", "compression", "ssl",
+    "proxy"})
+#: The keywords that are fields of ClientConfig as they are (the others are resolved).
+_AS_FIELDS: frozenset[str] = (
+    CONFIG_KEYWORDS & {f.name for f in dataclasses.fields(ClientConfig)}
+) - {"timeout", "options", "reconnect", "on_session_lost", "hooks"}
 
 
 def config_from_options(options: Mapping[str, Any], name: str = "client_options"

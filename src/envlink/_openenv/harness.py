@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
+from envlink._client.configuration import COMMON_OPTIONS, CommonOptions, check_keywords
 from envlink._config import (
     UNSET,
     ConnectionOptions,
     Timeout,
-    TimeoutTypes,
     UnsetType,
     call_seconds,
 )
@@ -49,7 +50,7 @@ from envlink._events.client_events import (
 )
 from envlink._sync.dispatch import close_after_failed_enter
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_iterate
-from envlink._transports.base import Connection, Transport, parse_endpoint
+from envlink._transports.base import Connection, parse_endpoint
 from envlink.names import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
@@ -58,10 +59,12 @@ from envlink.names import (
     SPAN_HARNESS_TURN,
 )
 
-if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import TracerProvider
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # typing_extensions comes with pydantic
+    from typing_extensions import Unpack
 
+if TYPE_CHECKING:
     from envlink._bridge import Bridge
 
 __all__ = ["HarnessClient", "HarnessEvent", "HarnessEventType", "HarnessProtocolError",
@@ -126,15 +129,22 @@ class HarnessClient:
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
         meter_provider: OpenTelemetry meter provider (default: the global one).
 
+    These keywords are the ones every envlink client takes, declared once in
+    ``CommonOptions`` (``envlink._client.configuration``).
+
     Raises:
         ValueError: for a malformed URL.
+        TypeError: a keyword it does not take (``reconnect``..., which are
+            :class:`~envlink.EnvClient`'s alone).
     """
 
-    def __init__(self, base_url: str, *, timeout: TimeoutTypes | UnsetType = UNSET,
-                 headers: Mapping[str, str] | None = None, transport: Transport | None = None,
-                 hooks: Sequence[ClientHook] | None = None,
-                 tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None) -> None:
+    def __init__(self, base_url: str, **options: Unpack[CommonOptions]) -> None:
+        if options and not COMMON_OPTIONS.issuperset(options):
+            check_keywords(options, COMMON_OPTIONS, f"{type(self).__name__}()")
+        timeout = options.get("timeout", UNSET)
+        headers = options.get("headers")
+        transport = options.get("transport")
+        hooks = options.get("hooks")
         endpoint = parse_endpoint(base_url)
         ws = endpoint.ws_url
         self._endpoint = replace(endpoint, ws_url=ws[: -len("/ws")] + "/harness")
@@ -148,8 +158,9 @@ class HarnessClient:
         if hooks is None:
             from envlink._telemetry.client_hook import ClientTelemetryHook
 
-            self._hook: ClientHook = ClientTelemetryHook(tracer_provider, meter_provider,
-                                                         url=self._endpoint.display)
+            self._hook: ClientHook = ClientTelemetryHook(
+                options.get("tracer_provider"), options.get("meter_provider"),
+                url=self._endpoint.display)
         else:
             self._hook = combine_client_hooks(list(hooks))
         self._conn: Connection | None = None

@@ -36,7 +36,7 @@ from typing import Any
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
-from envlink._client.configuration import ClientConfig
+from envlink._client.configuration import ClientConfig, CommonOptions
 from envlink._deadlines import deadline
 from envlink._errors import (
     ClientClosedError,
@@ -75,7 +75,7 @@ RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
 Message = dict[str, Any]
 
 
-def _harness_options(config: ClientConfig) -> dict[str, Any]:
+def _harness_options(config: ClientConfig) -> CommonOptions:
     """What a factory's client config carries over to the ``/harness`` sessions of
     loop-owning training (the rest is the step client's own)."""
     return {"timeout": config.timeout, "headers": dict(config.options.headers),
