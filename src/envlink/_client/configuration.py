@@ -48,8 +48,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from envlink._events.client_events import ClientHook
-    from envlink._recording.recorder import RolloutRecorder
+    from envlink._events.client_events import ClientHook, Recorder
     from envlink._transports.base import Transport
 
 __all__ = [
@@ -158,7 +157,7 @@ class ClientOptions(CommonOptions, total=False):
     options: ConnectionOptions | None
     limits: Limits | None
     on_capacity: CapacityMode
-    recorder: RolloutRecorder | None
+    recorder: Recorder | None
 
 
 class OpenEnvOptions(TypedDict, total=False):
@@ -248,7 +247,7 @@ class ClientConfig:
     tracer_provider: TracerProvider | None = None
     meter_provider: MeterProvider | None = None
     transport: Transport | None = None
-    recorder: RolloutRecorder | None = None
+    recorder: Recorder | None = None
 
     def __post_init__(self) -> None:
         policy = check_policy(self.on_session_lost)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from envlink._bridge.hook_chain import HookChain, combine
 from envlink._errors import OUTCOMES
@@ -53,9 +53,11 @@ __all__ = [
     "CallStarted",
     "ClientEvent",
     "ClientHook",
+    "EpisodeTape",
     "PhaseFinished",
     "PhaseReport",
     "PhaseStarted",
+    "Recorder",
     "combine_client_hooks",
 ]
 
@@ -303,3 +305,46 @@ def combine_client_hooks(hooks: Sequence[ClientHook]) -> ClientHook:
     if combined is None:
         return ClientHook()
     return cast(ClientHook, combined)
+
+
+class EpisodeTape(Protocol):
+    """What a client records its episodes into: one tape per session (a recorder's).
+
+    The client calls it where the caller gets an answer, after any recovery, so that
+    a tape holds exactly what the caller got. Declared here, below the client, so that
+    the client knows a recorder by this shape only (``envlink._recording`` implements it).
+    """
+
+    def wrap(self, hook: ClientHook) -> ClientHook:
+        """The client's hook, wrapped to see retries and recoveries."""
+        ...
+
+    def reset_started(self, core: Any) -> None:
+        """A reset is about to be sent."""
+        ...
+
+    def reset_answered(self, call: Any, kwargs: dict[str, Any], frame: Any,
+                       core: Any) -> None:
+        """A reset was answered (``frame``), as the caller gets it."""
+        ...
+
+    def step_answered(self, call: Any, action: dict[str, Any], frame: Any,
+                      started: float) -> None:
+        """A step was answered, as the caller gets it."""
+        ...
+
+    def step_failed(self, call: Any, action: dict[str, Any], core: Any) -> None:
+        """A step failed: its outcome may be unknown."""
+        ...
+
+    def close(self) -> None:
+        """The session ended: the episode in progress ends as ``close``."""
+        ...
+
+
+class Recorder(Protocol):
+    """A client's ``recorder=``: gives each session its :class:`EpisodeTape`."""
+
+    def tape(self, server: str, *, tracing: bool = False) -> EpisodeTape:
+        """A new tape for one session on ``server`` (its URL, no credentials)."""
+        ...

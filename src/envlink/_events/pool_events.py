@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED
-
-if TYPE_CHECKING:
-    from envlink._pool.results import Batch
 
 __all__ = ["EVENTS", "BatchFinished", "BatchReport", "BatchStarted", "BreakerChange",
            "BreakerStates", "PoolEvent", "PoolHook"]
@@ -61,12 +58,14 @@ class BatchFinished(NamedTuple):
 
     Attributes:
         started: what :class:`BatchStarted` said.
-        batch: the answers (``None`` when the call failed, or gives none yet).
+        batch: the answers, the pool's :class:`~envlink.Batch` (a list, one entry per
+            slot; ``None`` when the call failed, or gives none yet). Typed as the list it
+            is: the records sit below the pool and do not import it.
         error: what escaped the call (a caller's bug, a cancellation), else ``None``.
     """
 
     started: BatchStarted
-    batch: Batch[Any] | None
+    batch: list[Any] | None
     error: BaseException | None
 
 
@@ -150,7 +149,7 @@ class BatchReport:
         self._hook = hook
         self._started = started
         self._token: Any = None
-        self.batch: Batch[Any] | None = None
+        self.batch: list[Any] | None = None
 
     def __enter__(self) -> BatchReport:
         self._token = self._hook.batch_started(self._started)

@@ -36,7 +36,6 @@ from envlink._transports.base import parse_endpoint
 if TYPE_CHECKING:
     from envlink._config import ConnectionOptions
     from envlink._sansio.policies import ReconnectPolicy
-    from envlink._sync.sync_client import SyncEnvClient
     from envlink._transports.base import Endpoint
 
 __all__ = ["Bootstrap", "Target", "from_docker_image", "from_env", "override_space_urls"]
@@ -293,15 +292,17 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
             raise
         return client
 
-    def sync(self) -> SyncEnvClient[Any, Any, Any]:
-        """Start and connect on a background loop; return the connected facade.
+    def sync(self) -> Any:
+        """Start and connect on a background loop; return the connected facade (the
+        client's ``sync()``, a :class:`~envlink.SyncEnvClient`; typed ``Any`` here, as
+        this layer sits below the blocking one).
 
         Raises:
             ConnectError, CallTimeoutError: as ``connect()``; the provider is stopped
                 first. A provider's own start or readiness error, unchanged.
         """
         client = self._consume()
-        facade: SyncEnvClient[Any, Any, Any] = client.sync()
+        facade = client.sync()
         try:
             facade.connect()
         except BaseException as exc:
@@ -315,9 +316,9 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
             raise
         return facade
 
-    def __enter__(self) -> SyncEnvClient[Any, Any, Any]:
+    def __enter__(self) -> Any:
         self._entered = self.sync()
-        return cast("SyncEnvClient[Any, Any, Any]", self._entered)
+        return self._entered
 
     def __exit__(self, *exc: object) -> None:
         entered, self._entered = self._entered, None
