@@ -471,6 +471,18 @@ def test_restore_gives_the_core_an_episode_without_its_connection() -> None:
     assert c.recovery_plan() == ["envlink-resume"]
 
 
+@pytest.mark.parametrize("policy", ["resume", "auto", "replay"])
+def test_the_first_loss_after_restore_is_planned_and_only_that_one(policy: str) -> None:
+    """The attach's resume is decided as planned (reported as a recovery, not a loss);
+    a loss after it is a loss again."""
+    c = core(policy)
+    c.restore(core(policy, episode=True).journal.snapshot(), session_id="s-9",
+              resume_token="tok", detached_id=None)
+    assert c.lost_mid_episode().planned
+    assert not c.lost_mid_episode().planned
+    assert not core(policy, episode=True).lost_mid_episode().planned
+
+
 def test_detached_session_inputs() -> None:
     """Created, unavailable and gone move the detached session's state as named."""
     c = core("resume")

@@ -74,7 +74,6 @@ from envlink._transports.base import Connection, NotWrittenError
 from envlink.names import (
     LOG_CLIENT_CLOSED,
     LOG_PEER_UNRESPONSIVE,
-    LOG_SESSION_LOST,
     LOG_STALE_ANSWER_DROPPED,
     LOG_UNATTRIBUTABLE_FRAME,
     LOG_UNKNOWN_STEP_SETTLED,
@@ -104,37 +103,6 @@ class _Lifecycle(enum.Enum):
 
 
 _CLOSED = _Lifecycle.CLOSED
-
-
-class _AttachHook(ClientHook):
-    """The session's hook for the resume that makes an ``attach()``: the connection was
-    let go on purpose (a detach), so the resume is reported, its loss is not (no
-    ``envlink.session_lost`` warning, no such span event). Everything else is passed on."""
-
-    __slots__ = ("_hook", "first_attempt_phases")
-
-    def __init__(self, hook: ClientHook) -> None:
-        self._hook = hook
-        self.first_attempt_phases = bool(getattr(hook, "first_attempt_phases", True))
-
-    def call_started(self, call: CallStarted) -> Any:
-        return self._hook.call_started(call)
-
-    def call_finished(self, call: CallFinished, token: Any) -> None:
-        self._hook.call_finished(call, token)
-
-    def phase_started(self, phase: PhaseStarted) -> Any:
-        return self._hook.phase_started(phase)
-
-    def phase_finished(self, phase: PhaseFinished, token: Any) -> None:
-        self._hook.phase_finished(phase, token)
-
-    def message(self, direction: str, size: int) -> None:
-        self._hook.message(direction, size)
-
-    def event(self, event: ClientEvent) -> None:
-        if event.name != LOG_SESSION_LOST:
-            self._hook.event(event)
 
 
 class SessionDriver:
@@ -167,8 +135,6 @@ class SessionDriver:
         self.active: asyncio.Task[Any] | None = None
         #: The client's share of the process's session limit (None: not counted).
         self.capacity: CapacityGate | None = None
-        #: Set by :meth:`restore`: the next recovery is the attach's resume, not a loss.
-        self._attaching = False
 
     @property
     def closed(self) -> bool:
@@ -286,7 +252,6 @@ class SessionDriver:
         self._bind_loop(asyncio.get_running_loop())
         self.core.restore(journal, session_id=session_id, resume_token=resume_token,
                           detached_id=detached_id)
-        self._attaching = True
 
     async def hand_off(self, seconds: float | None) -> None:
         """Let the connection go without the protocol's close request, so the server
@@ -538,15 +503,8 @@ class SessionDriver:
             raise
 
     def recovery(self) -> RecoveryContext:
-        """What the recovery strategies work with, for one recovery of this session.
-
-        The first one after :meth:`restore` is the attach's resume: it reports no loss.
-        """
-        hook = self.hook
-        if self._attaching:
-            self._attaching = False
-            hook = _AttachHook(hook)
-        return RecoveryContext(self.core, self.connector, hook, self.exchange,
+        """What the recovery strategies work with, for one recovery of this session."""
+        return RecoveryContext(self.core, self.connector, self.hook, self.exchange,
                                self.replay_verify)
 
 

@@ -376,10 +376,11 @@ async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
     journal = core.journal
     mechanism = decision.strategy
     assert mechanism is not None, "recover() carries out a RECOVER decision"
-    hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
-        "method": method, "policy": policy.value, "steps": journal.step_count,
-        "error": str(cause) if cause else describe(earlier) if earlier else None,
-        "mechanism": mechanism.value}))
+    if not decision.planned:  # an attach's resume is reported as a recovery, not a loss
+        hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
+            "method": method, "policy": policy.value, "steps": journal.step_count,
+            "error": str(cause) if cause else describe(earlier) if earlier else None,
+            "mechanism": mechanism.value}))
     result = "failed"
     if decision.close_detached is not None:
         connector.close_detached_later(decision.close_detached)

@@ -184,6 +184,9 @@ class Decision:
         close_detached: for ``RECOVER``, the OpenEnv detached session the policy will
             not resume (forgotten by the core): close it in the background. A
             capability: never shown.
+        planned: for ``RECOVER``, the connection was let go on purpose (the session
+            was detached, and this is the attach's resume): report the recovery, not
+            a loss.
     """
 
     action: Action
@@ -193,6 +196,7 @@ class Decision:
     release_now: bool = False
     count_released: bool = False
     close_detached: str | None = field(default=None, repr=False)
+    planned: bool = False
 
 
 class Dropped(NamedTuple):
@@ -306,6 +310,8 @@ class SessionCore:
         #: The failure that let the connection go mid-episode (a deadline, an interrupt,
         #: a corrupt frame), named by the error of the next call, which finds it gone.
         self.lost_by: BaseException | None = None
+        #: Set by :meth:`restore`: the next loss decided is the attach's own resume.
+        self.restored = False
         self._ids = itertools.count(1)
         self._id_prefix = id_prefix or uuid.uuid4().hex[:12]
         # Flapping: connections that die young continue one outage's attempt count.
@@ -655,9 +661,10 @@ class SessionCore:
         the journal replayable).
         """
         strategy = self.mechanism
+        planned, self.restored = self.restored, False
         resuming = self.on_session_lost in _RESUMING
         if resuming:
-            return Decision(Action.RECOVER, strategy=strategy)
+            return Decision(Action.RECOVER, strategy=strategy, planned=planned)
         # The server keeps an abandoned session for its grace window (an envlink one)
         # or until its reaper runs (an OpenEnv detached one): the caller ends them.
         detached, self.detached_id = self.detached_id, None
@@ -667,7 +674,7 @@ class SessionCore:
             Action.RECOVER, strategy=strategy, release=token,
             release_now=replaying and token is not None,
             count_released=replaying and token is not None and bool(self.journal.unknown_steps),
-            close_detached=detached)
+            close_detached=detached, planned=planned)
 
     def call_failed(self, error: BaseException) -> None:
         """A call failed: if that let the connection go mid-episode, remember why.
@@ -843,6 +850,7 @@ class SessionCore:
         self.session_id = session_id
         self.resume_token = resume_token
         self.detached_id = detached_id
+        self.restored = True
 
     def on_closed(self) -> None:
         """The client ended the session (disconnect, close, or a forked child)."""
