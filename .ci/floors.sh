@@ -33,7 +33,8 @@ echo "floors: $(tr '\n' ' ' <"$CONSTRAINTS")"
 rm -rf .venv-floors
 "$PY" -m venv .venv-floors
 .venv-floors/bin/pip install -q -c "$CONSTRAINTS" -e '.[otlp,prometheus,socks]' \
-  pytest pytest-asyncio pytest-timeout hypothesis trustme pyyaml opentelemetry-proto import-linter
+  pytest pytest-asyncio pytest-timeout hypothesis trustme pyyaml opentelemetry-proto import-linter \
+  jsonschema
 # Proof that the floors, not newer versions, are what got installed.
 .venv-floors/bin/python - "$CONSTRAINTS" <<'PYEOF'
 import sys
