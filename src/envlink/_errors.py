@@ -39,6 +39,7 @@ as ``__cause__``)::
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── TrainingTraceUnavailableError loop-owning training, and the server has no trace
+    │   └── CaptureProxyError         ... OpenEnv's capture proxy refused or failed a request
     ├── ClientClosedError             the client or bridge was closed
     ├── ReentrantCallError            a blocking call from the bridge's own loop thread
     │                                 (also a RuntimeError)
@@ -86,6 +87,7 @@ __all__ = [
     "ActionRejectedError",
     "CallTimeoutError",
     "CapacityReachedError",
+    "CaptureProxyError",
     "ClientClosedError",
     "ConnectError",
     "ConnectionLostError",
@@ -566,6 +568,25 @@ class TrainingTraceUnavailableError(EnvlinkError):
     """
 
     error_type = "training_trace_unavailable"
+
+
+class CaptureProxyError(TrainingTraceUnavailableError):
+    """OpenEnv's capture proxy (``openenv.core.harness.capture``) answered an error.
+
+    Raised by a loop-owning session whose trace comes from the proxy, when minting the
+    rollout's key (``POST /sessions``), reading its capture or ending it is refused.
+
+    Attributes:
+        status: the HTTP status of the proxy's answer.
+        retryable: whether trying again may succeed (a 5xx, 408 or 429).
+    """
+
+    error_type = "capture_proxy_error"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = status >= 500 or status in (408, 429)
 
 
 class ClientClosedError(EnvlinkError):

@@ -19,6 +19,13 @@ which are OpenEnv ``TrainableSession`` objects (``wait_for_completion()``,
 server that gives none is refused at ``create`` with
 :class:`TrainingTraceUnavailableError`, never mid-run.
 
+On OpenEnv's own servers the trace comes from OpenEnv's capture proxy
+(``openenv.core.harness.capture``): built with ``capture_url=`` as well, the factory
+mints each rollout's key on the proxy, resets the environment with its agent pointed
+at the proxy under that key (``agent_env``), runs the task as one ``HarnessAction``
+step and reads the captured calls back from the proxy: an
+:class:`EnvlinkCaptureSession` (see :mod:`envlink.integrations._capture`).
+
 OpenEnv is not required: when it is installed the results are its own
 ``ToolResult``, ``VerifyResult`` and ``Tool`` types (imported on first use, never at
 import); otherwise look-alike dataclasses with the same fields.
@@ -28,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +48,7 @@ from envlink._client.client import EnvClient, GenericEnvClient, StepResult, conf
 from envlink._client.configuration import ClientConfig, CommonOptions
 from envlink._deadlines import deadline
 from envlink._errors import (
+    CaptureProxyError,
     ClientClosedError,
     EnvlinkError,
     HandshakeRejectedError,
@@ -48,6 +58,14 @@ from envlink._errors import (
 from envlink._openenv.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sync.default_bridge import lease_bridge
+from envlink.integrations._capture import (
+    AgentEnv,
+    CaptureProxy,
+    EnvlinkCaptureSession,
+    mint_until_ready,
+    openai_agent_env,
+    retryable,
+)
 from envlink.integrations._runtime import (
     DEFAULT_CLIENT_CONFIG,
     Lease,
@@ -60,6 +78,8 @@ from envlink.integrations._runtime import (
 __all__ = [
     "DEFAULT_CLIENT_CONFIG",
     "RESERVED_TOOL_NAMES",
+    "CaptureProxyError",
+    "EnvlinkCaptureSession",
     "EnvlinkHarnessSession",
     "EnvlinkResourceSession",
     "EnvlinkSessionFactory",
@@ -67,6 +87,7 @@ __all__ = [
     "HarnessToolResult",
     "HarnessVerifyResult",
     "TrainingTraceUnavailableError",
+    "openai_agent_env",
 ]
 
 #: Tool names a harness session never forwards (OpenEnv's orchestration controls).
@@ -544,6 +565,15 @@ class EnvlinkSessionFactory:
         run_timeout: seconds one loop-owning run (the agent's whole turn) may take;
             past it ``wait_for_completion`` raises ``TimeoutError`` and the captured
             calls so far stay readable.
+        capture_url: the root URL of OpenEnv's capture proxy (``CaptureServer``), as
+            both the trainer and the environment's agent reach it. Loop-owning sessions
+            then take their trace from it (:class:`EnvlinkCaptureSession`, on the
+            server's step sessions) instead of from envlink's ``/harness`` extension,
+            which works on OpenEnv's own harness servers.
+        capture_admin_key: the proxy's admin key, when it was started with one.
+        agent_env: ``agent_env(base_url, key)`` builds what the environment is reset
+            with as ``agent_env`` to point its agent at the proxy (default:
+            :func:`openai_agent_env`, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``).
 
     Raises:
         ValueError: an unknown ``tool_transport``, or both ``client_config`` and
@@ -569,6 +599,9 @@ class EnvlinkSessionFactory:
         sampling: Mapping[str, Any] | None = None,
         loop_owning: bool | None = None,
         run_timeout: float | None = 600.0,
+        capture_url: str | None = None,
+        capture_admin_key: str | None = None,
+        agent_env: AgentEnv | None = None,
     ) -> None:
         if tool_transport not in ("step", "mcp"):
             raise ValueError(f"tool_transport must be 'step' or 'mcp', got {tool_transport!r}")
@@ -589,6 +622,11 @@ class EnvlinkSessionFactory:
         #: Whether :meth:`create` makes loop-owning ``/harness`` sessions.
         self.loop_owning = sampling is not None if loop_owning is None else bool(loop_owning)
         self.run_timeout = run_timeout
+        #: The capture proxy loop-owning sessions take their trace from (``None``:
+        #: envlink's ``/harness`` extension).
+        self.capture_url = None if capture_url is None else capture_url.rstrip("/")
+        self._capture_admin_key = capture_admin_key
+        self.agent_env = agent_env or openai_agent_env
         self._lock = threading.Lock()
         #: Sessions made and sessions that could not be made, for operators.
         self.created = 0
@@ -605,11 +643,14 @@ class EnvlinkSessionFactory:
         return kwargs
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None
-               ) -> EnvlinkResourceSession | EnvlinkHarnessSession:
+               ) -> EnvlinkResourceSession | EnvlinkHarnessSession | EnvlinkCaptureSession:
         """Open, reset and return one session, retrying until :attr:`create_timeout`.
 
         In loop-owning mode (:attr:`loop_owning`) the session is a ``/harness`` run
-        of the task, already started: an :class:`EnvlinkHarnessSession`.
+        of the task, already started: an :class:`EnvlinkHarnessSession`; with a
+        :attr:`capture_url`, the rollout's key is minted on the capture proxy, the
+        environment reset with its agent pointed there and the task's run started: an
+        :class:`EnvlinkCaptureSession`.
 
         Args:
             task: the rollout's task (a prompt, messages, or a dataset row).
@@ -619,10 +660,15 @@ class EnvlinkSessionFactory:
         Raises:
             TrainingTraceUnavailableError: loop-owning mode, and the server has no
                 ``/harness`` or its harness gives no training trace.
+            CaptureProxyError: the capture proxy refused to mint the rollout's key
+                (a policy it cannot capture for training, an engine without token
+                capture, a wrong admin key).
             EnvlinkError: the session could not be made in time (the last failure, a
                 ``CallTimeoutError`` or ``RetryBudgetExhaustedError``); nothing is left
                 open on the server.
         """
+        if self.loop_owning and self.capture_url is not None:
+            return self._create_captured(task, seed, episode_id)
         if self.loop_owning:
             return self._create_run(task)
         lease = Lease()
@@ -644,6 +690,50 @@ class EnvlinkSessionFactory:
         with self._lock:
             self.created += 1
         return EnvlinkResourceSession(self, lease, task, result)
+
+    def _create_captured(self, task: Any, seed: int | None, episode_id: str | None
+                         ) -> EnvlinkCaptureSession:
+        assert self.capture_url is not None
+        proxy = CaptureProxy(self.capture_url, admin_key=self._capture_admin_key)
+        # A run is never replayed on a new session: the agent's calls would be
+        # captured twice under the rollout's key.
+        config = dataclasses.replace(self.client_config, on_session_lost="raise")
+        lease = Lease()
+        client = configured_client(self.client_class, self.base_url,
+                                   config).sync(self._bridge or shared_bridge())
+        lease.client = client
+        bridge = client.bridge
+        policy = self.reconnect or client.async_client.reconnect_policy
+        metadata = {"envlink_episode_id": episode_id} if episode_id is not None else {}
+        minted: dict[str, Any] | None = None
+        started = time.monotonic()
+        try:
+            minted = bridge.call(
+                retry_until_ready, functools.partial(
+                    mint_until_ready, proxy, sampling=self.sampling, metadata=metadata),
+                deadline=self.create_timeout, policy=policy, operation="capture.mint",
+                retry_on=retryable, timeout=self.create_timeout + 5.0,
+                method="harness.create")
+            key = str(minted["session_id"])
+            kwargs = self._kwargs(task, seed, episode_id)
+            kwargs["agent_env"] = dict(self.agent_env(self.capture_url, key))
+            left = max(1.0, self.create_timeout - (time.monotonic() - started))
+            result: StepResult[Any] = bridge.call(
+                reset_until_ready, client.async_client, kwargs, deadline=left,
+                policy=policy, timeout=left + 5.0, method="harness.create")
+            session = EnvlinkCaptureSession(self, lease, proxy, minted, task, result)
+            session._start(_task_text(session.initial_messages()))
+        except BaseException:
+            if minted is not None:
+                with contextlib.suppress(Exception):
+                    bridge.call(proxy.delete, str(minted["session_id"]), timeout=10.0)
+            lease.release()
+            with self._lock:
+                self.failed += 1
+            raise
+        with self._lock:
+            self.created += 1
+        return session
 
     def _create_run(self, task: Any) -> EnvlinkHarnessSession:
         harness = HarnessClient(self.base_url, **_harness_options(self.client_config))
@@ -693,7 +783,7 @@ class EnvlinkSessionFactory:
         return session
 
     async def acreate(self, task: Any, seed: int | None = None, episode_id: str | None = None
-                      ) -> EnvlinkResourceSession | EnvlinkHarnessSession:
+                      ) -> EnvlinkResourceSession | EnvlinkHarnessSession | EnvlinkCaptureSession:
         """:meth:`create`, awaitable on any event loop (the wait does not block it).
 
         Raises:
