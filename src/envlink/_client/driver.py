@@ -16,7 +16,6 @@ import enum
 import os
 import time
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from envlink._bridge import INTERRUPTED
@@ -84,7 +83,7 @@ from envlink.names import (
     OUTCOME_TIMEOUT,
 )
 
-__all__ = ["SessionDriver", "Turn", "end_turn", "take_turn", "wait_turn"]
+__all__ = ["SessionDriver", "end_turn", "take_turn", "wait_turn"]
 
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
@@ -235,10 +234,6 @@ class SessionDriver:
             hook.call_finished(_record(CallFinished, (
                 method, outcome, _perf() - start, error, call.queue_wait,
                 call.step_index, core.session_id, endpoint.host, endpoint.port)), token)
-
-    def turn(self, call: Call) -> Turn:
-        """One request in flight per session; callers wait FIFO (asyncio.Lock is fair)."""
-        return Turn(self, call)
 
     def drop_if_inherited(self) -> None:
         """In a forked child, forget the parent's connection without any I/O on it.
@@ -548,26 +543,6 @@ class SessionDriver:
             hook = _AttachHook(hook)
         return RecoveryContext(self.core, self.connector, hook, self.exchange,
                                self.replay_verify)
-
-
-class Turn:
-    """:meth:`SessionDriver.turn`: the session's lock, held for one call (no generator frame)."""
-
-    __slots__ = ("_call", "_driver", "_lock")
-
-    def __init__(self, driver: SessionDriver, call: Call) -> None:
-        self._driver = driver
-        self._call = call
-        self._lock: asyncio.Lock | None = None
-
-    async def __aenter__(self) -> None:
-        driver = self._driver
-        self._lock = take_turn(driver, self._call) or await wait_turn(driver, self._call)
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        lock, self._lock = self._lock, None
-        end_turn(self._driver, lock)
 
 
 def take_turn(driver: SessionDriver, call: Call) -> asyncio.Lock | None:
