@@ -547,7 +547,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             lock = take_turn(driver, call) or await wait_turn(driver, call)
             try:
                 call.step_index = core.journal.step_count
-                started = _perf()
+                started = 0.0 if tape is None else _perf()  # the tape's alone
                 try:
                     frame = await driver.request(call, payload)
                     if type(frame) is not ObservationFrame:  # an error frame, or out of step

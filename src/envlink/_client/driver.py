@@ -348,11 +348,11 @@ class SessionDriver:
         Every try sends the same request id (``call.request_id``, taken by the first
         that sends). A lost connection is resent (:func:`again`), recovered or fails.
         """
-        core = self.core
+        core, method = self.core, call.method
         conn: Connection | None = self.connector.conn
         if conn is None or core.link is not Link.OPEN or not conn.is_open:
             # Anything but a trusted open connection: ask the core what to do.
-            conn = await self._connection_for(call.method, number)
+            conn = await self._connection_for(method, number)
             if conn is None:
                 return await recover(self.recovery(), core.lost_mid_episode(), call, data,
                                      call.request_id, cause=None,
@@ -362,14 +362,14 @@ class SessionDriver:
             request_id = call.request_id = core.next_request_id()
         try:
             if number == 1 and not self._first_phases:
-                return await self.exchange(conn, call.method, data, request_id, call=call)
+                return await self.exchange(conn, method, data, request_id, call=call)
             # PhaseReport's work written out, as this runs on every call
             # (docs/performance.md, hot path).
-            phase = PhaseStarted("attempt", call.method, number)
+            phase = PhaseStarted("attempt", method, number)
             hook = self.hook
             mark = hook.phase_started(phase)
             try:
-                answer = await self.exchange(conn, call.method, data, request_id, call=call)
+                answer = await self.exchange(conn, method, data, request_id, call=call)
             except BaseException as exc:
                 hook.phase_finished(PhaseFinished(phase, exc), mark)
                 raise
