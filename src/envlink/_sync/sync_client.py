@@ -29,7 +29,7 @@ from envlink._sync.dispatch import (
     close_after_failed_enter,
     raw_method,
 )
-from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade
+from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
 
 if TYPE_CHECKING:
@@ -102,7 +102,10 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
         fn = self._envlink_methods.get(method)
         if fn is None:  # this method's first call (the facade's first claims)
             fn = self._envlink_look_up(method)
-        return self._envlink_call(method, fn, args, kwargs, timeout)
+        # blocking_call itself, as _envlink_call binds it: a partial of three arguments
+        # given five more would copy the eight into a buffer it allocates, on every call.
+        return blocking_call(self._envlink_bridge, self._envlink_target, self._envlink_margin,
+                             method, fn, args, kwargs, timeout)
 
     def _envlink_look_up(self, method: str) -> Callable[..., Any]:
         if not self._envlink_claimed:
