@@ -35,7 +35,8 @@ class SpyBridge(Bridge):
         super().__init__()
         self.waits: list[tuple[str | None, float | None]] = []
 
-    def call(self, fn: Any, /, *args: Any, timeout: float | None, method: str | None = None,
-             **kwargs: Any) -> Any:
+    def _call_packed(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     timeout: float | None, method: str | None) -> Any:
+        # Every bridged call, Bridge.call's and the facades' alike, goes through here.
         self.waits.append((method, timeout))
-        return super().call(fn, *args, timeout=timeout, method=method, **kwargs)
+        return super()._call_packed(fn, args, kwargs, timeout, method)

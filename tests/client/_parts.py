@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from envlink import ConnectionOptions, MockTransport, ReconnectPolicy, Timeout
 from envlink._client.connector import Connector
-from envlink._client.driver import SessionDriver
-from envlink._sansio.session import SessionCore
+from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
+from envlink._sansio.session import Call, SessionCore
 from envlink._transports.base import parse_endpoint
 from envlink.hooks import (
     CallFinished,
@@ -86,3 +87,13 @@ def build(handler: Callable[[dict[str, Any]], Any], *, extensions: bool = False,
     driver = SessionDriver(core, connector, hook, options, timeouts,
                            lambda recorded, replayed: recorded == replayed)
     return Parts(core, connector, driver, hook, transport)
+
+
+@contextlib.asynccontextmanager
+async def turn(driver: SessionDriver, call: Call) -> AsyncIterator[None]:
+    """The session's turn for one call, as the client's calls take it."""
+    lock = take_turn(driver, call) or await wait_turn(driver, call)
+    try:
+        yield
+    finally:
+        end_turn(driver, lock)

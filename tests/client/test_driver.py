@@ -14,7 +14,7 @@ from envlink._sansio.session import Call
 from envlink.hooks import CallFinished, CallStarted, PhaseFinished, PhaseStarted
 from envlink.names import LOG_CLIENT_CLOSED, LOG_CONNECTION_DISCARDED
 
-from ._parts import build, obs
+from ._parts import build, obs, turn
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,7 +33,7 @@ async def test_a_call_reports_start_and_finish_with_its_outcome() -> None:
     driver = parts.driver
 
     async def run(call: Call) -> Any:
-        async with driver.turn(call):
+        async with turn(driver, call):
             return driver.expect(await driver.request(call, {"n": 1}), ObservationFrame,
                                  "reset")
 
@@ -60,7 +60,7 @@ async def test_a_sent_request_that_times_out_has_an_unknown_outcome() -> None:
     driver = parts.driver
 
     async def run(call: Call) -> Any:
-        async with driver.turn(call):
+        async with turn(driver, call):
             return await driver.request(call, {"n": 1})
 
     await driver.call("reset", 5.0, run)
@@ -102,7 +102,7 @@ async def test_close_cancels_the_call_in_flight() -> None:
     driver = parts.driver
 
     async def run(call: Call) -> Any:
-        async with driver.turn(call):
+        async with turn(driver, call):
             return await driver.request(call, {"n": 1})
 
     await driver.call("reset", 5.0, run)
@@ -123,7 +123,7 @@ async def test_turns_are_taken_first_come_first_served() -> None:
 
     async def take(n: int) -> None:
         nonlocal inside
-        async with driver.turn(Call("state")):
+        async with turn(driver, Call("state")):
             inside += 1
             assert inside == 1
             if n == 0:
@@ -165,7 +165,7 @@ async def test_an_answer_of_the_wrong_kind_discards_the_connection() -> None:
     driver = parts.driver
 
     async def run(call: Call) -> Any:
-        async with driver.turn(call):
+        async with turn(driver, call):
             return driver.expect(await driver.request(call, None), StateFrame, "state")
 
     with pytest.raises(ProtocolError):

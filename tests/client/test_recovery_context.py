@@ -15,7 +15,7 @@ from envlink._sansio.session import Action, Call, Decision, DropReason, Episode,
 from envlink.hooks import ClientEvent, PhaseStarted
 from envlink.names import HOOK_RECOVERY_FINISHED, LOG_SESSION_LOST
 
-from ._parts import Parts, build, obs
+from ._parts import Parts, build, obs, turn
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,7 +36,7 @@ async def play(parts: Parts, method: str, data: dict[str, Any]) -> ObservationFr
     driver, core = parts.driver, parts.core
 
     async def run(call: Call) -> ObservationFrame:
-        async with driver.turn(call):
+        async with turn(driver, call):
             frame = driver.expect(await driver.request(call, data), ObservationFrame, method)
             core.answered(method, data, frame, call=call)
             return frame

@@ -148,7 +148,7 @@ class Bridge(LoopThread):
                 "envlink: blocking bridged call from a thread that runs an event loop "
                 "(e.g. Jupyter); it blocks that loop while it waits. Use the async API "
                 "there. (Warned once per bridge.)",
-                RuntimeWarning, stacklevel=3,
+                RuntimeWarning, stacklevel=4,
             )
 
     def call(
@@ -184,6 +184,17 @@ class Bridge(LoopThread):
             TypeError: ``timeout`` is not a number (a bool is not a duration).
             ValueError: ``timeout`` is negative or NaN.
             BaseException: whatever the coroutine raised.
+        """
+        return self._call_packed(fn, args, kwargs, timeout, method)
+
+    def _call_packed(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], timeout: float | None, method: str | None) -> T:
+        """:meth:`call` with the arguments already packed: ``fn(*args, **kwargs)``.
+
+        The one implementation of a bridged call. A caller that holds the arguments as a
+        tuple and a dict (the blocking facades) passes them as they are: unpacking them
+        into :meth:`call` would pack them again, for thousands of instructions per call.
+        ``kwargs`` may hold ``timeout`` and ``method`` for ``fn``. Raises as :meth:`call`.
         """
         if self._closed:
             raise ClientClosedError("the bridge is closed")

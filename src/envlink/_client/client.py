@@ -473,9 +473,12 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         driver = self._driver
 
         async def run(call: Call) -> None:
-            async with driver.turn(call):
+            lock = take_turn(driver, call) or await wait_turn(driver, call)
+            try:
                 if not self.connected:
                     await driver.connector.open_session("connect", reason="connect")
+            finally:
+                end_turn(driver, lock)
 
         await driver.call("connect", call_seconds(timeout, self.timeouts.call), run)
         return self
@@ -499,7 +502,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         driver = self._driver
 
         async def run(call: Call) -> StepResult[ObsT]:
-            async with driver.turn(call):
+            lock = take_turn(driver, call) or await wait_turn(driver, call)
+            try:
                 if self._tape is not None:
                     self._tape.reset_started(self._core)
                 frame = driver.expect(await driver.request(call, data), ObservationFrame, "reset")
@@ -507,6 +511,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 if self._tape is not None:
                     self._tape.reset_answered(call, data, frame, self._core)
                 return _parse(self._parse_result, frame.raw_data, "observation")
+            finally:
+                end_turn(driver, lock)
 
         return await driver.call("reset", call_seconds(timeout, self.timeouts.call), run)
 
@@ -531,13 +537,12 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         payload = self._step_payload(action)
         driver, core, tape = self._driver, self._core, self._tape
 
-        # step is the hot call, so its turn (without a coroutine when nobody waits) and
-        # parse are written out here.
+        # The parse is written out here (step is the hot call); the turn is every call's.
         async def run(call: Call) -> StepResult[ObsT]:
             lock = take_turn(driver, call) or await wait_turn(driver, call)
             try:
                 call.step_index = core.journal.step_count
-                started = _perf()
+                started = 0.0 if tape is None else _perf()  # the tape's alone
                 try:
                     frame = await driver.request(call, payload)
                     if type(frame) is not ObservationFrame:  # an error frame, or out of step
@@ -579,10 +584,13 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         driver = self._driver
 
         async def run(call: Call) -> StateT:
-            async with driver.turn(call):
+            lock = take_turn(driver, call) or await wait_turn(driver, call)
+            try:
                 frame = driver.expect(await driver.request(call, None), StateFrame, "state")
                 self._core.answered("state", None, frame)
                 return _parse(self._parse_state, frame.data, "state")
+            finally:
+                end_turn(driver, lock)
 
         return await driver.call("state", call_seconds(timeout, self.timeouts.call), run)
 
@@ -597,8 +605,11 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         driver = self._driver
 
         async def run(call: Call) -> None:
-            async with driver.turn(call):
+            lock = take_turn(driver, call) or await wait_turn(driver, call)
+            try:
                 await driver.connector.close(graceful=True)
+            finally:
+                end_turn(driver, lock)
 
         await driver.call("disconnect", seconds, run)
 
@@ -759,10 +770,13 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         production = self._mode == "production"
 
         async def run(call: Call) -> Any:
-            async with driver.turn(call):
+            lock = take_turn(driver, call) or await wait_turn(driver, call)
+            try:
                 if production:
                     return await driver.connector.post_rpc(method, data["params"])
                 frame = driver.expect(await driver.request(call, data), McpFrame, "mcp")
+            finally:
+                end_turn(driver, lock)
             return jsonrpc.rpc_result(frame.data, rpc_id)
 
         return await driver.call("mcp", call_seconds(timeout, self.timeouts.call), run)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from envlink._bridge import INTERRUPTED
@@ -83,7 +83,7 @@ from envlink.names import (
     OUTCOME_TIMEOUT,
 )
 
-__all__ = ["SessionDriver", "Turn", "end_turn", "take_turn", "wait_turn"]
+__all__ = ["SessionDriver", "end_turn", "take_turn", "wait_turn"]
 
 _get_running_loop = running_loop_getter()
 _task_of = task_of_loop_getter()
@@ -160,7 +160,8 @@ class SessionDriver:
         try:
             try:
                 try:
-                    # The deadline's block written out (no coroutine for entering or leaving).
+                    # The deadline's own start and finish, without a coroutine to enter or
+                    # leave (``async with deadline(...)`` calls the same two).
                     timer = deadline(seconds, method)
                     timer.start()
                     try:
@@ -201,10 +202,6 @@ class SessionDriver:
             hook.call_finished(_record(CallFinished, (
                 method, outcome, _perf() - start, error, call.queue_wait,
                 call.step_index, core.session_id, endpoint.host, endpoint.port)), token)
-
-    def turn(self, call: Call) -> Turn:
-        """One request in flight per session; callers wait FIFO (asyncio.Lock is fair)."""
-        return Turn(self, call)
 
     def drop_if_inherited(self) -> None:
         """In a forked child, forget the parent's connection without any I/O on it.
@@ -291,33 +288,18 @@ class SessionDriver:
         """Send the call's request and return its answer, reconnecting or recovering."""
         core = self.core
         core.check_call(call.method)
-        attempt: Callable[[int], Awaitable[Frame]] | None = None
+        call.request_id = None  # a new request (a capacity wait may make the call again)
         try:
-            # The first try runs here; the retry loop is built only once it failed.
+            # The first try is made here; the retry loop is built only once it failed.
             start = core.clock()
-            conn = self.connector.conn
-            request_id: str | None = None
             try:
-                if (conn is not None and core.link is Link.OPEN and conn.is_open
-                        and not self._first_phases):
-                    # The first try on a trusted open connection, written out: no
-                    # closure and no coroutine of its own.
-                    request_id = core.next_request_id()
-                    try:
-                        result = await self.exchange(conn, call.method, data, request_id,
-                                                     call=call)
-                    except ConnectionLostError as exc:
-                        result = await self._lost(exc, call, data, request_id)
-                else:
-                    attempt = self._attempts(call, data, None)
-                    result = await attempt(1)
+                result = await self.attempt(call, data, 1)
             except BaseException as exc:
                 first = exc
             else:
                 return succeeded(self.connector.policy, result)
-            if attempt is None:
-                attempt = self._attempts(call, data, request_id)
-            return await self.connector.retry("resend").continue_after(first, attempt, start)
+            return await self.connector.retry("resend").continue_after(
+                first, functools.partial(self.attempt, call, data), start)
         except asyncio.CancelledError:
             # A deadline or a cancellation once the frame may be on the wire: the
             # server may have applied it; the journal says so until the client learns
@@ -325,42 +307,41 @@ class SessionDriver:
             core.interrupted(call, data)
             raise
 
-    def _attempts(self, call: Call, data: dict[str, Any] | None,
-                  request_id: str | None) -> Callable[[int], Awaitable[Frame]]:
-        """One try of the call's request, by number; every try sends the same request id."""
-        method = call.method
-        core = self.core
+    async def attempt(self, call: Call, data: dict[str, Any] | None, number: int) -> Frame:
+        """Try number ``number`` of the call's request: every try, the first included.
 
-        async def attempt(number: int) -> Frame:
-            nonlocal request_id
-            conn: Connection | None = self.connector.conn
-            if conn is None or core.link is not Link.OPEN or not conn.is_open:
-                # Anything but a trusted open connection: ask the core what to do.
-                conn = await self._connection_for(method, number)
-                if conn is None:
-                    return await recover(self.recovery(), core.lost_mid_episode(), call, data,
-                                         request_id, cause=None, earlier=core.take_lost_by())
-            if request_id is None:
-                request_id = core.next_request_id()
+        Every try sends the same request id (``call.request_id``, taken by the first
+        that sends). A lost connection is resent (:func:`again`), recovered or fails.
+        """
+        core, method = self.core, call.method
+        conn: Connection | None = self.connector.conn
+        if conn is None or core.link is not Link.OPEN or not conn.is_open:
+            # Anything but a trusted open connection: ask the core what to do.
+            conn = await self._connection_for(method, number)
+            if conn is None:
+                return await recover(self.recovery(), core.lost_mid_episode(), call, data,
+                                     call.request_id, cause=None,
+                                     earlier=core.take_lost_by())
+        request_id = call.request_id
+        if request_id is None:
+            request_id = call.request_id = core.next_request_id()
+        try:
+            if number == 1 and not self._first_phases:
+                return await self.exchange(conn, method, data, request_id, call=call)
+            # PhaseReport's work written out, as this runs on every call
+            # (docs/performance.md, hot path).
+            phase = PhaseStarted("attempt", method, number)
+            hook = self.hook
+            mark = hook.phase_started(phase)
             try:
-                if number == 1 and not self._first_phases:
-                    return await self.exchange(conn, method, data, request_id, call=call)
-                # PhaseReport's work written out, as this runs on every call
-                # (docs/performance.md, hot path).
-                phase = PhaseStarted("attempt", method, number)
-                hook = self.hook
-                mark = hook.phase_started(phase)
-                try:
-                    answer = await self.exchange(conn, method, data, request_id, call=call)
-                except BaseException as exc:
-                    hook.phase_finished(PhaseFinished(phase, exc), mark)
-                    raise
-                hook.phase_finished(PhaseFinished(phase, None), mark)
-                return answer
-            except ConnectionLostError as exc:
-                return await self._lost(exc, call, data, request_id)
-
-        return attempt
+                answer = await self.exchange(conn, method, data, request_id, call=call)
+            except BaseException as exc:
+                hook.phase_finished(PhaseFinished(phase, exc), mark)
+                raise
+            hook.phase_finished(PhaseFinished(phase, None), mark)
+            return answer
+        except ConnectionLostError as exc:
+            return await self._lost(exc, call, data, request_id)
 
     async def _lost(self, exc: ConnectionLostError, call: Call, data: dict[str, Any] | None,
                     request_id: str | None) -> Frame:
@@ -506,26 +487,6 @@ class SessionDriver:
         """What the recovery strategies work with, for one recovery of this session."""
         return RecoveryContext(self.core, self.connector, self.hook, self.exchange,
                                self.replay_verify)
-
-
-class Turn:
-    """:meth:`SessionDriver.turn`: the session's lock, held for one call (no generator frame)."""
-
-    __slots__ = ("_call", "_driver", "_lock")
-
-    def __init__(self, driver: SessionDriver, call: Call) -> None:
-        self._driver = driver
-        self._call = call
-        self._lock: asyncio.Lock | None = None
-
-    async def __aenter__(self) -> None:
-        driver = self._driver
-        self._lock = take_turn(driver, self._call) or await wait_turn(driver, self._call)
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        lock, self._lock = self._lock, None
-        end_turn(self._driver, lock)
 
 
 def take_turn(driver: SessionDriver, call: Call) -> asyncio.Lock | None:

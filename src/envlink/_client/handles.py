@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from envlink._client.configuration import ClientConfig
+from envlink._client.driver import end_turn, take_turn, wait_turn
 from envlink._config import UNSET, UnsetType, is_int
 from envlink._errors import (
     ConnectError,
@@ -234,7 +235,8 @@ async def detach(client: EnvClient[Any, Any, Any], driver: SessionDriver,
     core = driver.core
 
     async def run(call: Call) -> SessionHandle:
-        async with driver.turn(call):
+        lock = take_turn(driver, call) or await wait_turn(driver, call)
+        try:
             if core.episode is not Episode.ACTIVE:
                 raise EnvlinkError("detach() needs an episode in progress: reset first")
             token, detached = core.resume_token, core.detached_id
@@ -256,6 +258,8 @@ async def detach(client: EnvClient[Any, Any, Any], driver: SessionDriver,
                 resume_token=token)
             await driver.hand_off(seconds)
             return handle
+        finally:
+            end_turn(driver, lock)
 
     return await driver.call("detach", seconds, run)
 

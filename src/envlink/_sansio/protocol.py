@@ -575,47 +575,60 @@ def decode_response(
             obj = _loads(raw, code="", parsed=False)
     else:
         obj = _loads(raw, code="")
-    if type(obj) is dict and obj.get("type") == "observation":
-        # The common answer, checked here field by field as _ObservationModel would
-        # check it; anything this does not accept goes to the model, which decides.
-        data = obj.get("data")
-        if type(data) is dict:
-            request_id = obj.get("id")
-            reward = data.get("reward")
-            done = data.get("done", False)
-            metadata = data.get("metadata")
-            if (type(data.get("observation")) is dict
-                    and (reward is None or ((type(reward) is float or type(reward) is int)
-                                            and -_FLOAT_MAX < reward < _FLOAT_MAX))
-                    and (done is False or done is True)
-                    and (metadata is None or type(metadata) is dict)
-                    and (request_id is None or type(request_id) is str)):
-                return new_record(ObservationFrame, (request_id, data))
-    elif not isinstance(obj, dict):
+    if not isinstance(obj, dict):
         raise ProtocolError(f"frame is a JSON {_json_kind(obj)}, expected an object")
     kind = obj.get("type")
+    if kind == "observation":  # the common answer
+        return _observation_frame(obj)
     if "type" not in obj:
         raise ProtocolError("frame has no 'type' field")
     if not isinstance(kind, str) or kind not in _RESPONSE_TYPES:
         raise ProtocolError(f"unknown frame type {kind!r}")
-    model = _RESPONSE_MODELS[kind]
-    try:
-        # The frame's own model, as the tagged union would pick it, without the union.
-        frame: _ObservationModel | StateFrame | ErrorFrame | McpFrame = (
-            model.__pydantic_validator__.validate_python(obj))
-    except ValidationError:
-        try:  # the union's error, whose locations name the frame type
-            _RESPONSE_ADAPTER.validate_python(obj)
-        except ValidationError as exc:
-            raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
-        raise  # pragma: no cover - the union accepts nothing its member refuses
-    if isinstance(frame, _ObservationModel):
-        return new_record(ObservationFrame, (frame.id, obj["data"]))
+    frame: StateFrame | ErrorFrame | McpFrame = _validated(kind, obj)  # not an observation
     if type(frame) is ErrorFrame:
         # The frame was just built and nobody else holds it: set the exact ``data``
         # object on it in place rather than copy the whole (frozen) model for one field.
         object.__setattr__(frame, "raw_data", obj["data"])
     return frame
+
+
+def _observation_frame(obj: dict[str, Any]) -> ObservationFrame:
+    """The one check of an observation frame: ``_ObservationModel``'s rules, field by
+    field, as a server's values meet them.
+
+    A value they do not take goes to the model, which decides: it also accepts a few
+    lax values (a reward given as a numeric string, or as a boolean) and words the
+    error of what it refuses. The model is built only then.
+    """
+    data = obj.get("data")
+    if type(data) is dict:
+        request_id = obj.get("id")
+        reward = data.get("reward")
+        done = data.get("done", False)
+        metadata = data.get("metadata")
+        if (type(data.get("observation")) is dict
+                and (reward is None or ((type(reward) is float or type(reward) is int)
+                                        and -_FLOAT_MAX < reward < _FLOAT_MAX))
+                and (done is False or done is True)
+                and (metadata is None or type(metadata) is dict)
+                and (request_id is None or type(request_id) is str)):
+            return new_record(ObservationFrame, (request_id, data))
+    frame = _validated("observation", obj)
+    return new_record(ObservationFrame, (frame.id, obj["data"]))
+
+
+def _validated(kind: str, obj: dict[str, Any]) -> Any:
+    """``obj`` validated by the model of its frame type ``kind``, as the tagged union
+    would pick it, without the union; the union's error (whose locations name the frame
+    type) as a :class:`ProtocolError`."""
+    try:
+        return _RESPONSE_MODELS[kind].__pydantic_validator__.validate_python(obj)
+    except ValidationError:
+        try:
+            _RESPONSE_ADAPTER.validate_python(obj)
+        except ValidationError as exc:
+            raise ProtocolError(f"invalid {kind!r} frame: {_describe(exc)}") from exc
+        raise  # pragma: no cover - the union accepts nothing its member refuses
 
 
 def encode_response(

@@ -102,13 +102,9 @@ def blocking_call(bridge: Bridge, target: Any, margin: float, method: str,
         wait = None if seconds is None else seconds + margin
     else:
         kwargs, wait = _given_timeout(target, margin, method, fn, kwargs, timeout)
-    if kwargs:
-        # The caller's arguments are bound here: Bridge.call keeps `timeout=` and
-        # `method=` for itself, and an argument of the same name must reach the target.
-        return bridge.call(functools.partial(fn, *args, **kwargs), timeout=wait, method=method)
-    if len(args) == 1:  # step(action), the hot call: a plain call, no tuple unpacked
-        return bridge.call(fn, args[0], timeout=wait, method=method)
-    return bridge.call(fn, *args, timeout=wait, method=method)
+    # The arguments as they came (no unpacking and packing again); an argument named
+    # `timeout` or `method` reaches the target.
+    return bridge._call_packed(fn, args, kwargs, wait, method)
 
 
 def blocking_iterate(bridge: Bridge, target: Any, margin: float, method: str,

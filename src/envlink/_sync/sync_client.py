@@ -87,19 +87,32 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
                                                        client.meter_provider,
                                                        nested=bool(nested_spans))])
         super().__init__(client, bridge, owns_bridge=owns, timeout_margin=timeout_margin)
-        #: The client's step coroutine method, looked up once (the hot call).
-        step = getattr(client, "step", None)
-        self._envlink_step: Any = None if step is None else raw_method(step)
         #: Set once the first call claimed the client's blocking mode.
         self._envlink_claimed = False
+        #: The client's coroutine methods by name, each looked up at its first call once
+        #: the client's blocking mode is claimed (empty until then).
+        self._envlink_methods: dict[str, Callable[..., Any]] = {}
 
     # ------------------------------------------------------------------ plumbing
 
     def _envlink_method(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                         timeout: float | UnsetType | None) -> Any:
-        """Run the client's coroutine method named ``method`` on the bridge."""
-        return self._envlink_run(method, raw_method(getattr(self._envlink_target, method)),
-                                 args, kwargs, timeout)
+        """Run the client's coroutine method named ``method`` on the bridge: every call
+        of the facade's own methods, ``step`` included."""
+        fn = self._envlink_methods.get(method)
+        if fn is None:  # this method's first call (the facade's first claims)
+            fn = self._envlink_look_up(method)
+        # blocking_call itself, as _envlink_call binds it: a partial of three arguments
+        # given five more would copy the eight into a buffer it allocates, on every call.
+        return blocking_call(self._envlink_bridge, self._envlink_target, self._envlink_margin,
+                             method, fn, args, kwargs, timeout)
+
+    def _envlink_look_up(self, method: str) -> Callable[..., Any]:
+        if not self._envlink_claimed:
+            self._envlink_claim()
+        fn: Callable[..., Any] = raw_method(getattr(self._envlink_target, method))
+        self._envlink_methods[method] = fn
+        return fn
 
     def _envlink_run(self, method: str, fn: Callable[..., Any], args: tuple[Any, ...],
                      kwargs: dict[str, Any], timeout: Any) -> Any:
@@ -199,12 +212,7 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
             SessionLostError, ReplayDivergedError, OutcomeUnknownError, ServerError,
             CallTimeoutError, ProtocolError, ClientClosedError, ReentrantCallError.
         """
-        if not self._envlink_claimed:  # the first call claims (and looks the method up)
-            first: StepResult[ObsT] = self._envlink_method("step", (action,), kwargs, timeout)
-            return first
-        result: StepResult[ObsT] = blocking_call(
-            self._envlink_bridge, self._envlink_target, self._envlink_margin, "step",
-            self._envlink_step, (action,), kwargs, timeout)
+        result: StepResult[ObsT] = self._envlink_method("step", (action,), kwargs, timeout)
         return result
 
     def state(self, *, timeout: float | UnsetType | None = UNSET) -> StateT:
