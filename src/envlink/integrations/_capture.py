@@ -162,7 +162,32 @@ def turn_hook(factory: EnvlinkSessionFactory, url: str) -> ClientHook:
     return combine_client_hooks(list(config.hooks))
 
 
-class EnvlinkCaptureSession:
+class AgentOwnsTheLoop:
+    """What a loop-owning session answers of its own loop: its prompt, and no tools to
+    drive (the agent calls them itself). Shared by the ``/harness`` session and the
+    capture-proxy session."""
+
+    _messages: list[Message]
+
+    def initial_messages(self) -> list[Message]:
+        """The prompt messages of the rollout (built from the task, and the reset)."""
+        return list(self._messages)
+
+    def list_tools(self) -> list[Any]:
+        """Nothing: the agent calls the environment's tools itself in this mode."""
+        return []
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        """Refused: the agent owns the loop.
+
+        Raises:
+            EnvlinkError: always.
+        """
+        raise EnvlinkError(f"cannot call {name!r}: in a loop-owning session the agent "
+                           "calls the tools (use a harness_adapter to drive them)")
+
+
+class EnvlinkCaptureSession(AgentOwnsTheLoop):
     """One loop-owning rollout captured by OpenEnv's capture proxy: a ``TrainableSession``.
 
     Made (and started) by :meth:`EnvlinkSessionFactory.create
@@ -242,23 +267,6 @@ class EnvlinkCaptureSession:
             self._run = asyncio.get_running_loop().create_task(drive())
 
         client.bridge.call(start, timeout=5.0, method="harness.start")
-
-    def initial_messages(self) -> list[Message]:
-        """The prompt messages of the rollout (built from the task and the reset)."""
-        return list(self._messages)
-
-    def list_tools(self) -> list[Any]:
-        """Nothing: the agent calls the environment's tools itself in this mode."""
-        return []
-
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        """Refused: the agent owns the loop.
-
-        Raises:
-            EnvlinkError: always.
-        """
-        raise EnvlinkError(f"cannot call {name!r}: in a loop-owning session the agent "
-                           "calls the tools (use a harness_adapter to drive them)")
 
     def _result(self) -> StepResult[Any] | None:
         run = self._run

@@ -60,6 +60,7 @@ from envlink._sansio.policies import ReconnectPolicy
 from envlink._sync.default_bridge import lease_bridge
 from envlink.integrations._capture import (
     AgentEnv,
+    AgentOwnsTheLoop,
     CaptureProxy,
     EnvlinkCaptureSession,
     mint_until_ready,
@@ -316,7 +317,7 @@ def _task_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-class EnvlinkHarnessSession:
+class EnvlinkHarnessSession(AgentOwnsTheLoop):
     """One loop-owning rollout on the server's ``/harness``: OpenEnv's ``TrainableSession``.
 
     Made (and started) by :meth:`EnvlinkSessionFactory.create` in loop-owning mode: the
@@ -365,23 +366,6 @@ class EnvlinkHarnessSession:
             self._run = asyncio.get_running_loop().create_task(drive())
 
         self._bridge.call(start, timeout=5.0, method="harness.start")
-
-    def initial_messages(self) -> list[Message]:
-        """The prompt messages of the rollout (built from the task)."""
-        return list(self._messages)
-
-    def list_tools(self) -> list[Any]:
-        """Nothing: the agent calls the environment's tools itself in this mode."""
-        return []
-
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        """Refused: the agent owns the loop.
-
-        Raises:
-            EnvlinkError: always.
-        """
-        raise EnvlinkError(f"cannot call {name!r}: in a loop-owning harness session the "
-                           "agent calls the tools (use a harness_adapter to drive them)")
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
         """Wait for the agent's run to complete.
