@@ -34,3 +34,17 @@ def test_every_library_module_owns_a_guarantee() -> None:
                and "server" not in p.relative_to(SRC).parts}
     assert modules
     assert sorted(modules - NAMED) == []
+
+
+def test_the_import_graph_lists_what_the_bridge_imports() -> None:
+    """The graph's ``_bridge →`` line names exactly the envlink modules outside the bridge
+    that its modules import (at run time or for type checking)."""
+    (line,) = [x for x in DOC.splitlines() if x.strip().startswith("_bridge ")]
+    listed = set(re.findall(r"(_\w+)", line.split("→", 1)[1].split(" only")[0]))
+    imported = set()
+    for path in (SRC / "_bridge").glob("*.py"):
+        for module in re.findall(r"^\s*(?:from|import) envlink\.(\w+)", path.read_text(),
+                                 re.MULTILINE):
+            if module != "_bridge":
+                imported.add(module)
+    assert listed == imported
