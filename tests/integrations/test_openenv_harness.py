@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 
@@ -202,9 +203,17 @@ def test_a_stuck_run_times_out_and_a_close_wakes_its_waiter() -> None:
 def test_a_run_keeps_the_default_bridge_while_other_clients_come_and_go() -> None:
     """A loop-owning run holds a lease on the default bridge, as a facade does: the last
     other client closing does not end the loop thread under the run, and the run's close
-    gives the lease back (no envlink thread is left)."""
+    gives the lease back (no envlink thread is left once it held the last one)."""
+    from envlink._sync import default_bridge as shared
+
+    def leases() -> int:  # facades open on the current default bridge
+        return shared._users if shared._bridge is not None else 0
+
+    gc.collect()  # an earlier test's facade collected unclosed gives its lease back now
+    before = leases()
     with ServerThread(env="echo", ping_interval=None) as st:
         run = EnvlinkSessionFactory(st.url, loop_owning=True).create("!hang")
+        assert leases() == before + 1
         other = GenericEnvClient(st.url).sync()
         other.reset()
         other.close()  # before the fix, the default bridge's last lease: its thread ended
@@ -212,5 +221,7 @@ def test_a_run_keeps_the_default_bridge_while_other_clients_come_and_go() -> Non
         with pytest.raises(TimeoutError, match="did not complete"):
             run.wait_for_completion(0.2)
         run.close()
-        assert run._bridge.closed
+        assert leases() == before
+        # The run held the last lease unless an earlier test's facade still holds one.
+        assert run._bridge.closed is (before == 0)
         st.call(lambda s: s._counters.wait("session.destroyed", 1), timeout=30)
