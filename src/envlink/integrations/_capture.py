@@ -228,10 +228,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
         Raises:
             ClientClosedError: the session was closed.
         """
-        client = self._lease.client
-        if client is None:
-            raise ClientClosedError("the capture session is closed")
-        return client
+        return self._lease.held("capture session")
 
     def _start(self, content: str) -> None:
         client = self.client

@@ -25,6 +25,7 @@ from envlink._client.configuration import ClientConfig, config_from_options
 from envlink._errors import (
     CallTimeoutError,
     CapacityReachedError,
+    ClientClosedError,
     ConnectError,
     ConnectionLostError,
     SessionLostError,
@@ -175,6 +176,17 @@ class Lease:
         self.client: Any = None  # a SyncEnvClient once connected
         self._lock = threading.Lock()
         _live.add(self)
+
+    def held(self, what: str) -> Any:
+        """The client, while the lease holds it.
+
+        Raises:
+            ClientClosedError: released (``what`` names the session in the message).
+        """
+        client = self.client
+        if client is None:
+            raise ClientClosedError(f"the {what} is closed")
+        return client
 
     def release(self) -> None:
         """End the server session (``close`` on the wire) and drop the client. Idempotent."""

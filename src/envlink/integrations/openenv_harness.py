@@ -181,10 +181,7 @@ class EnvlinkResourceSession:
         Raises:
             ClientClosedError: the session was closed.
         """
-        client = self._lease.client
-        if client is None:
-            raise ClientClosedError("the harness session is closed")
-        return client
+        return self._lease.held("harness session")
 
     def initial_messages(self) -> list[Message]:
         """The prompt messages of the rollout (built from the task and the reset)."""
