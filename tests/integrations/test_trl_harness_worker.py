@@ -6,7 +6,9 @@ in-process, with the keyword arguments the worker forwards, and run as the child
 (``run()``: TRL's generate and score loops, its per-rollout ``_run_session``). In
 adapter mode TRL samples each turn from a scripted ``/v1/completions`` server standing
 in for vLLM; in loop-owning mode (the default) TRL samples nothing and reads the
-agent's captured calls back from the session.
+agent's captured calls back from the session: from envlink's reference ``/harness``, or
+(``capture_url=``) from OpenEnv's capture proxy in front of a stock OpenEnv harness
+server's agent.
 
 Needs TRL, openenv and aiohttp (``bash .ci/trl.sh``); elsewhere it reports itself skipped.
 """
@@ -50,7 +52,8 @@ from envlink.integrations.openenv_harness import (  # noqa: E402
 from envlink.server import ServerThread  # noqa: E402
 from envlink.server._environments.echo_harness import ECHO_LOGP  # noqa: E402
 
-from ..interop._interop_support import openenv_server  # noqa: E402
+from ..interop._interop_support import ServerProcess, openenv_server  # noqa: E402
+from ..interop.test_capture_sessions import FIRST, SECOND, ScriptedEngine  # noqa: E402
 from ._tiny_lm import build_tokenizer, conversation  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -151,6 +154,64 @@ def test_loop_owning_mode_trains_on_the_harness_captures(server: ServerThread,
         assert sample.completion[-1] == {"role": "assistant", "content": PROMPT}
     assert factory.failed == 0
     no_sessions_left(server, factory.created)
+
+
+def captured_calls(session: Any, transcript: Any) -> float:
+    """The episode's reward: how many model calls the proxy captured (module-level)."""
+    return float(len(session.fetch_proxy_trace()))
+
+
+@pytest.fixture
+def capture_stack(tmp_path: Any) -> Iterator[tuple[ServerProcess, ServerProcess,
+                                                  ScriptedEngine]]:
+    """OpenEnv's production harness server (its agent calls ``OPENAI_BASE_URL``) and
+    OpenEnv's CaptureServer in front of a scripted engine, all on 127.0.0.1."""
+    with ScriptedEngine() as engine:
+        capture = openenv_server("capture", sys.executable, tmp_path,
+                                 extra_args=["--llm-url", engine.url])
+        harness = openenv_server("agent_harness", sys.executable, tmp_path, max_sessions=4)
+        capture.start()
+        try:
+            harness.start()
+            try:
+                yield harness, capture, engine
+            finally:
+                harness.stop()
+        finally:
+            capture.stop()
+
+
+def test_loop_owning_mode_trains_from_openenv_capture_proxy(
+        capture_stack: tuple[ServerProcess, ServerProcess, ScriptedEngine],
+        tokenizer: Any) -> None:
+    """Loop-owning mode on stock OpenEnv: TRL calls the factory partial (with
+    ``capture_url=``) with its sampling policy; each rollout's agent, run by OpenEnv's own
+    harness server, calls the engine through OpenEnv's capture proxy, and each training
+    sample holds exactly the engine's token ids and logprobs of that run's two calls
+    (one row: the second call's prompt extends the first's), the tool result's tokens
+    between them untrained."""
+    harness, capture, engine = capture_stack
+    loop = build_loop(tokenizer, functools.partial(
+        EnvlinkSessionFactory, harness.base_url, capture_url=capture.base_url,
+        reward=captured_calls))
+    factory = loop._factory
+    assert factory.loop_owning and factory.capture_url == capture.base_url
+    samples = run_until(loop, 4)
+    between = SECOND["prompt"][len(FIRST["prompt"]) + len(FIRST["ids"]):]
+    completion = FIRST["ids"] + between + SECOND["ids"]
+    for sample in samples:
+        assert sample.input_ids.tolist() == FIRST["prompt"] + completion
+        mask = sample.completion_mask.tolist()
+        assert mask == [0] * len(FIRST["prompt"]) + [1] * len(FIRST["ids"]) + [0] * len(
+            between) + [1] * len(SECOND["ids"])
+        trained = [lp for lp, m in zip(sample.old_log_probs.tolist(), mask, strict=True) if m]
+        assert trained == pytest.approx(FIRST["logprobs"] + SECOND["logprobs"])
+        assert sample.metrics["rewards/harness_reward"] == 2.0
+        assert sample.completion[-1] == {"role": "assistant", "content": "done"}
+    # Every model call went through the proxy with the worker's policy applied.
+    assert len(engine.requests) >= 8
+    assert all(r["temperature"] == 0.7 for r in engine.requests)
+    assert factory.failed == 0 and factory.created >= 4
 
 
 def scripted_completions(tokenizer: Any, requests: list[dict[str, Any]]) -> Any:
