@@ -238,14 +238,11 @@ class CapacityGate:
         key = self.key
 
         def retryable(exc: BaseException) -> bool:
-            left = _left(expires)
-            return isinstance(exc, CapacityReachedError) and (left is None or left > 0)
+            return isinstance(exc, CapacityReachedError)
 
         async def sleep(seconds: float) -> None:
-            # The backoff, cut short when a session of this endpoint ends.
-            left = _left(expires)
-            if left is not None:
-                seconds = min(seconds, left)
+            # The backoff (cut to end at the deadline by the loop), cut short when a
+            # session of this endpoint ends.
             waker = _Waker()
             _wakers[waker.id] = waker
             LEDGER.watch(key, waker.id)
@@ -260,7 +257,9 @@ class CapacityGate:
         async def one(_: int) -> _R:
             return await attempt()
 
-        retry = Retry(policy, operation="capacity", sleep=sleep, retry_on=retryable)
+        # Tries go on until one ends at the deadline, the last backoff cut to end there.
+        retry = Retry(policy, operation="capacity", sleep=sleep, retry_on=retryable,
+                      deadline=expires)
         return await retry.run(one)
 
 
