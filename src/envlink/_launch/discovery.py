@@ -51,9 +51,6 @@ _M = TypeVar("_M", bound=BaseModel)
 _NOT_YET = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Poll attempts are limited by the deadline, not by a count.
 _UNBOUNDED_ATTEMPTS = 1 << 30
-#: The least time a poll gets, the last one (made at the deadline) included: a wait
-#: of ``timeout`` seconds ends within ``timeout + _LAST_POLL``, and never before ``timeout``.
-_LAST_POLL = 0.5
 
 
 class Health(BaseModel):
@@ -202,15 +199,14 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
     loop = asyncio.get_running_loop()
     deadline = None if limit is None else loop.time() + limit
     # The wait lasts until its deadline: backoffs are cut to end there and the last
-    # poll is made then (bounded by _LAST_POLL), never a backoff skipped to give up early.
+    # poll is made then (given at least LAST_TRY), never a backoff skipped to give up early.
     retry = Retry(polling, operation="ready", sleep=asyncio.sleep, clock=loop.time,
                   retry_on=lambda exc: isinstance(exc, _NotYet), deadline=deadline)
     last: list[_NotYet] = []
 
     async def poll(_attempt: int) -> Health:
-        bound = attempt_timeout
-        if deadline is not None:
-            left = max(deadline - loop.time(), _LAST_POLL)
+        bound, left = attempt_timeout, retry.time_for_try()
+        if left is not None:
             bound = left if bound is None else min(bound, left)
         try:
             async with bounded(bound):

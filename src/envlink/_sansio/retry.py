@@ -56,6 +56,9 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+#: The least time a try of a wait with a deadline gets, the last one (made at the
+#: deadline) included: such a wait ends within ``deadline + LAST_TRY``, never before.
+LAST_TRY = 0.5
 
 #: An async sleep: ``asyncio.sleep`` in the driver, a recorder in tests.
 Sleep = Callable[[float], Awaitable[None]]
@@ -223,6 +226,12 @@ class Retry:
         self._on_backoff = on_backoff
         self._rng = rng
         self._deadline = deadline
+
+    def time_for_try(self) -> float | None:
+        """Seconds a try may take: to the deadline, at least :data:`LAST_TRY` (``None``:
+        no deadline)."""
+        deadline = self._deadline
+        return None if deadline is None else max(deadline - self._clock(), LAST_TRY)
 
     def retrying(self, start: float | None = None) -> AsyncRetrying:
         """A fresh tenacity ``AsyncRetrying`` for this loop (for ``async for``).

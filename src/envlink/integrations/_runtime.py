@@ -61,8 +61,7 @@ _live: weakref.WeakSet[Lease] = weakref.WeakSet()
 _closing: dict[concurrent.futures.Future[None], Any] = {}
 #: How long the exit hook waits for the closes handed to a loop, in all.
 _EXIT_CLOSE_WAIT = 10.0
-#: The least time a waiting call's last try gets (made at its deadline).
-_LAST_TRY = 0.5
+
 
 
 def adapter_config(config: ClientConfig | None,
@@ -156,10 +155,12 @@ async def retry_until_ready(attempt: Callable[[float], Awaitable[T]], *, deadlin
     end = loop.time() + deadline
 
     async def run(_: int) -> T:
-        return await attempt(max(_LAST_TRY, end - loop.time()))
+        left = retry.time_for_try()
+        assert left is not None  # the loop has a deadline
+        return await attempt(left)
 
     # The wait lasts until the deadline: a backoff is cut to end there, and a last
-    # try (given at least _LAST_TRY seconds) is made then.
+    # try (given at least LAST_TRY seconds) is made then.
     retry = Retry(waiting, operation=operation, sleep=asyncio.sleep, clock=loop.time,
                   retry_on=retry_on, deadline=end)
     return await retry.run(run)
