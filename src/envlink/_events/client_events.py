@@ -364,3 +364,7 @@ class Recorder(Protocol):
     def tape(self, server: str, *, tracing: bool = False) -> EpisodeTape:
         """A new tape for one session on ``server`` (its URL, no credentials)."""
         ...
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until the episodes finished so far are on disk (``False``: timed out)."""
+        ...
