@@ -237,7 +237,7 @@ async def _replay_lost_answer(ctx: RecoveryContext, call: Call, data: dict[str, 
     """
     core, connector = ctx.core, ctx.connector
     core.replay_lost_answer()
-    connector.drop(DropReason.FAILED)  # the old session's socket: it stays, detached
+    connector.drop(DropReason.DETACHED)  # the old session stays, to close or return to
     try:
         frame = await STRATEGIES[RecoveryMechanism.REPLAY].recover(
             ctx, call, data, request_id, cause)
