@@ -163,19 +163,8 @@ class Tape:
     Everything runs on the client's event loop, one call at a time.
     """
 
-    __slots__ = (
-        "_limit",
-        "_sink",
-        "_tracing",
-        "episode",
-        "first",
-        "keeping",
-        "kept",
-        "lost",
-        "recovered",
-        "retries",
-        "server",
-    )
+    __slots__ = ("_limit", "_sink", "_tracing", "episode", "first", "keeping", "kept", "lost",
+                 "recovered", "retries", "server")
 
     def __init__(self, recorder: RolloutRecorder, server: str, tracing: bool) -> None:
         self._sink = recorder.sink
