@@ -12,7 +12,9 @@ tests check what the server really saw: one session, each action applied once.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,6 +52,12 @@ def _expected() -> list[dict[str, Any]]:
         observations.append({"metadata": {}, "total": total, "target": 1000,
                              "history": history, "label": ""})
     return observations
+
+
+def _records(directory: Path) -> list[dict[str, Any]]:
+    """Every line a recorder wrote into ``directory``."""
+    return [json.loads(text) for file in sorted(directory.glob("*.jsonl"))
+            for text in file.read_text(encoding="utf-8").splitlines()]
 
 
 def _ws_conns(server: RecordingServer, tag: str) -> list[Connection]:
@@ -168,6 +176,49 @@ async def test_resume_settles_a_step_that_was_applied(
     assert (journal.steps_applied, journal.unknown_steps) == (len(DELTAS), [])
     _assert_one_detached_session(server, tag)
     assert _steps_seen(_ws_conns(server, tag)) == [{"delta": d} for d in DELTAS]
+
+
+async def test_auto_answers_a_step_applied_with_its_answer_lost_by_replay(
+        stock: tuple[RecordingServer, CuttingProxy], tag: str,
+        tag_headers: dict[str, str], tmp_path: Path) -> None:
+    """auto: applied, answer lost: the episode is replayed on a fresh session and the
+    step's answer comes from it; the caller gets every answer, the recording matches,
+    the old session is closed."""
+    server, proxy = stock
+    rollouts = tmp_path / "rollouts"  # apart from the server's frame log
+    recorder = envlink.RolloutRecorder(rollouts)
+    env = _client(proxy.base_url, tag_headers, "auto", recorder=recorder)
+    try:
+        results = [await env.reset(**RESET)]
+        for index, delta in enumerate(DELTAS):
+            if index == 2:
+                armed = proxy.arm(Cut("after_answer"))
+            results.append(await env.step({"delta": delta}))
+        state = await env.state()
+    finally:
+        await env.close()
+
+    assert armed.fired.is_set() and armed.dropped_answer is not None
+    assert [r.observation for r in results] == _expected()
+    assert state["step_count"] == len(DELTAS)
+    rpc = read_rpc(server.frame_log, tag)
+    created = [x.response["result"]["session_id"] for x in rpc
+               if x.method == "openenv/session/create" and x.response]
+    closed = [x.request["params"]["session_id"] for x in rpc
+              if x.method == "openenv/session/close" and x.request]
+    assert len(created) == 2 and sorted(closed) == sorted(created)
+    # The old session applied the first three steps; the new one all six (three again).
+    by_session: dict[str | None, list[Any]] = {}
+    for conn in _ws_conns(server, tag):
+        by_session.setdefault(conn.session_id, []).extend(
+            f["data"]["delta"] for f in conn.sent if f["type"] == "step")
+    assert by_session == {created[0]: DELTAS[:3], created[1]: DELTAS}
+    assert recorder.close()
+    [line] = _records(rollouts)
+    assert [s["observation"] for s in line["steps"]] == _expected()[1:]
+    assert [s.get("recovery") for s in line["steps"]] == [
+        "replay" if index == 2 else None for index in range(len(DELTAS))]
+    assert line["outcome"] == "close"
 
 
 async def test_resume_after_a_cut_racing_the_server(

@@ -19,7 +19,7 @@ from envlink import (
     ReconnectPolicy,
 )
 from envlink._sansio.protocol import ErrorFrame, McpFrame, decode_response, server_error
-from envlink._sansio.session import SessionCore
+from envlink._sansio.session import Episode, SessionCore
 from envlink._transports.base import parse_endpoint
 from envlink._transports.http import NoAnswerError, post_json
 
@@ -184,6 +184,38 @@ def test_recovery_plan_for_each_policy() -> None:
     assert auto.recovery_plan() == ["openenv-resume", "replay"]
     auto.journal.record_unknown({"i": 0}, None)
     assert auto.recovery_plan() == ["openenv-resume"]  # not replayable with unknown steps
+
+
+@pytest.mark.parametrize("policy", ["auto", "resume"])
+def test_a_lost_answer_is_replayed_under_auto_only_and_a_failed_replay_undone(
+        policy: str) -> None:
+    """A step applied, its answer lost: auto may replay it (the step taken out of the
+    journal, the detached session let go); a failed replay puts both back as they were."""
+    core = _core(policy)
+    core.episode = Episode.ACTIVE
+    core.detached_id = "old"
+    core.journal.record_step({"i": 0}, {"observation": {}})
+    core.journal.record_unknown({"i": 1}, None)
+    assert core.journal.settle_applied(2) == 1
+    assert core.lost_answer_replayable is (policy == "auto")
+    if policy != "auto":
+        return
+    before = core.journal.snapshot()
+    core.replay_lost_answer()
+    assert core.detached_id is None
+    assert ([e.action for e in core.journal.entries], core.journal.steps_applied) == (
+        [{"i": 0}], 1)
+    core.detached_id = "new"  # the replay's session
+    core.lose_episode()  # a fresh session in mid-episode, until the replay rebuilt it
+    assert core.episode is Episode.LOST
+    assert core.lost_answer_kept() == "new"
+    assert (core.detached_id, core.journal, core.episode.value) == ("old", before, "active")
+    core.replay_lost_answer()
+    assert core.lost_answer_replayed() == "old"
+    assert core.lost_answer_replayed() is None
+    core.journal.record_step({"i": 1}, None)
+    core.journal.truncated = True
+    assert not core.lost_answer_replayable
 
 
 def test_resume_without_any_way_is_session_gone_unsupported() -> None:

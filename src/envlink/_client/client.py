@@ -47,7 +47,12 @@ from envlink._errors import (
     EnvlinkError,
     ProtocolError,
 )
-from envlink._events.client_events import ClientEvent, ClientHook, combine_client_hooks
+from envlink._events.client_events import (
+    ClientEvent,
+    ClientHook,
+    EpisodeTape,
+    combine_client_hooks,
+)
 from envlink._launch import discovery, lifecycle
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap
@@ -397,6 +402,15 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     def journal(self) -> EpisodeJournal:
         """A copy of the current episode's journal."""
         return self._core.journal.snapshot()
+
+    @property
+    def tape(self) -> EpisodeTape | None:
+        """This session's recording (its config's ``recorder``), or ``None`` without one.
+
+        A pool that rebuilds a lost session through another client hands the episode
+        from one tape to the other, so that it is recorded once.
+        """
+        return self._tape
 
     @property
     def extensions_active(self) -> bool:

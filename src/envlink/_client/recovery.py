@@ -195,6 +195,8 @@ class OpenEnvResumeStrategy:
                 # every unknown step was.
                 if own and method == "step" and applied == pending:
                     call.unanswered = False
+                    if core.lost_answer_replayable:
+                        raise _AnswerLost(count)  # "auto": replay answers it
                     raise OutcomeUnknownError(
                         "the connection was lost after step was sent; the step WAS "
                         f"applied (the session's step_count is {count}, which counts "
@@ -211,6 +213,55 @@ class OpenEnvResumeStrategy:
 
         return await _rounds(ctx, "resume", round_, lambda number: PhaseStarted(
             "resume", method, number, mechanism=self.name.value))
+
+
+class _AnswerLost(Exception):
+    """The interrupted step was applied on the resumed session, its answer lost, and
+    the policy may replay (``auto``): :func:`recover` answers it by replay."""
+
+    def __init__(self, count: int | None) -> None:
+        super().__init__(count)
+        self.count = count
+
+
+async def _replay_lost_answer(ctx: RecoveryContext, call: Call, data: dict[str, Any] | None,
+                              request_id: str | None, cause: BaseException | None,
+                              lost: _AnswerLost) -> Frame:
+    """Answer a step applied on the resumed session whose answer was lost: replay the
+    episode on a fresh session (each earlier answer checked), send the step there, and
+    end the old session. A replay that cannot be made or diverges leaves the client on
+    the old session, the step applied, as resume alone does.
+
+    Raises:
+        OutcomeUnknownError: ``applied=True``, when the replay failed.
+    """
+    core, connector = ctx.core, ctx.connector
+    core.replay_lost_answer()
+    connector.drop(DropReason.DETACHED)  # the old session stays, to close or return to
+    try:
+        frame = await STRATEGIES[RecoveryMechanism.REPLAY].recover(
+            ctx, call, data, request_id, cause)
+        if frame is None:  # not replayable after all
+            raise SessionLostError("the episode's journal cannot be replayed")
+    except BaseException as exc:
+        connector.drop(DropReason.DISTRUSTED)
+        created = core.lost_answer_kept()
+        if created is not None:
+            connector.close_detached_later(created)
+        call.unanswered = False
+        if not isinstance(exc, Exception):
+            raise
+        with contextlib.suppress(EnvlinkError):
+            await _attach(ctx, reason="resume")  # else the next call re-attaches
+        raise OutcomeUnknownError(
+            "the connection was lost after step was sent; the step WAS applied (the "
+            f"session's step_count is {lost.count}, which counts it) but its answer was "
+            f"lost, and replaying the episode to recover it failed ({type(exc).__name__}: "
+            f"{exc}); it is not resent", applied=True) from exc
+    old = core.lost_answer_replayed()
+    if old is not None:
+        connector.close_detached_later(old)
+    return frame
 
 
 async def _attach(ctx: RecoveryContext, *, reason: str) -> tuple[Connection, int | None]:
@@ -403,6 +454,14 @@ async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
             for index, name in enumerate(plan):
                 try:
                     frame = await strategies[name].recover(ctx, call, data, request_id, cause)
+                except _AnswerLost as lost:
+                    # "auto": resuming re-attached, but only replay can give the answer.
+                    hook.event(ClientEvent(LOG_RECOVERY_FALLBACK, core.session_id, {
+                        "mechanism": name.value, "next": RecoveryMechanism.REPLAY.value,
+                        "reason": "answer_lost"}))
+                    frame = await _replay_lost_answer(ctx, call, data, request_id, cause,
+                                                      lost)
+                    mechanism = RecoveryMechanism.REPLAY
                 except SessionGoneError as exc:
                     if index + 1 == len(plan):
                         raise

@@ -341,10 +341,30 @@ class EpisodeTape(Protocol):
         """The session ended: the episode in progress ends as ``close``."""
         ...
 
+    def keep_lost(self) -> None:
+        """Keep an episode this session loses for :meth:`hand_over` (a pool's rebuild)."""
+        ...
+
+    def hand_over(self) -> Any:
+        """The episode this session lost and kept, or ``None``; no longer written here."""
+        ...
+
+    def continue_episode(self, episode: Any, mechanism: str = "replay") -> None:
+        """This session rebuilt ``episode`` (handed over, or ``None``): continue it."""
+        ...
+
+    def rebuild_failed(self, episode: Any) -> None:
+        """The rebuild this session began failed: ``episode`` is written as lost."""
+        ...
+
 
 class Recorder(Protocol):
     """A client's ``recorder=``: gives each session its :class:`EpisodeTape`."""
 
     def tape(self, server: str, *, tracing: bool = False) -> EpisodeTape:
         """A new tape for one session on ``server`` (its URL, no credentials)."""
+        ...
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until the episodes finished so far are on disk (``False``: timed out)."""
         ...

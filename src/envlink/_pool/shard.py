@@ -355,9 +355,14 @@ class Shard:
         return self._handle.force_flush(timeout_s) if self._handle is not None else True
 
     async def close(self) -> None:
-        """Close the pool's sessions and stop the actor's telemetry (flushing it)."""
+        """Close the pool's sessions and stop the actor's telemetry (flushing it); the
+        episodes they recorded are on disk when it returns (the actor is killed next)."""
         try:
             await self.pool.close()
+            config = self.spec.options.client_config
+            flush = getattr(config.recorder if config is not None else None, "flush", None)
+            if callable(flush):
+                await asyncio.to_thread(flush)
         finally:
             if self._handle is not None:
                 self._handle.shutdown(10.0)

@@ -353,6 +353,8 @@ class SlotEngine:
                 placement.placed(ep)
                 self._report_placement(ep, "placed")
                 slot.client = client
+                if self.on_session_lost == "replay" and client.tape is not None:
+                    client.tape.keep_lost()  # for _rebuild
                 if slot.actions is None and _custom_payload(client):
                     slot.actions = []
                 self.set_state(slot, SlotState.ACTIVE, ep)
@@ -365,11 +367,21 @@ class SlotEngine:
         """Rebuild a lost episode on the least-loaded endpoint, then apply ``action``."""
         old = slot.endpoint
         actions = slot.actions
+        # The episode as recorded so far goes on in the new session's recording.
+        tape = slot.client.tape if slot.client is not None else None
+        episode = tape.hand_over() if tape is not None else None
         self.detach(slot, SlotState.RECOVERING)
         try:
             client = await self._replay_onto(slot, journal, actions)
+            if client.tape is not None:
+                client.tape.continue_episode(episode)
+                tape = None
             result = await self._send_step(slot, client, action)
         except BaseException as exc:
+            if tape is not None:  # not continued: written as lost, the rebuild dropped
+                if slot.client is not None and slot.client.tape is not None:
+                    tape = slot.client.tape
+                tape.rebuild_failed(episode)
             self._rebuild_failed(slot, journal, exc, old, " on another endpoint")
             raise
         self.hook.event(PoolEvent(LOG_POOL_SESSION_MOVED, {
@@ -387,10 +399,12 @@ class SlotEngine:
             ReplayDivergedError: the environment answered differently.
         """
         try:
-            await self._replay_onto(slot, journal, actions)
+            client = await self._replay_onto(slot, journal, actions)
         except BaseException as exc:
             self._rebuild_failed(slot, journal, exc, None, "")
             raise
+        if client.tape is not None:  # the first copy of the episode went with its process
+            client.tape.continue_episode(None)
         slot.reset_kwargs = dict(journal.reset_kwargs)
 
     def _rebuild_failed(self, slot: Slot, journal: EpisodeJournal, exc: BaseException,

@@ -163,8 +163,8 @@ class Tape:
     Everything runs on the client's event loop, one call at a time.
     """
 
-    __slots__ = ("_limit", "_sink", "_tracing", "episode", "first", "lost", "recovered",
-                 "retries", "server")
+    __slots__ = ("_limit", "_sink", "_tracing", "episode", "first", "keeping", "kept", "lost",
+                 "recovered", "retries", "server")
 
     def __init__(self, recorder: RolloutRecorder, server: str, tracing: bool) -> None:
         self._sink = recorder.sink
@@ -180,6 +180,10 @@ class Tape:
         self.lost = False
         #: Whether no step was recorded yet (the first tells whether tracing is on).
         self.first = True
+        #: Whether a lost episode is kept for a rebuild elsewhere (:meth:`keep_lost`),
+        #: and the one kept.
+        self.keeping = False
+        self.kept: Episode | None = None
 
     def wrap(self, hook: ClientHook) -> ClientHook:
         """The client's hook, with this tape watching retries and recoveries."""
@@ -249,13 +253,66 @@ class Tape:
         """The client closed: the episode in progress ends as ``close``."""
         if self.episode is not None:
             self._finish("close")
+        kept = self.hand_over()
+        if kept is not None:  # lost, and no rebuild took it
+            self._sink.submit(kept)
 
     def _finish(self, outcome: str) -> None:
         ep, self.episode = self.episode, None
         assert ep is not None
         ep.outcome = outcome
         ep.end = time.time()
+        if self.keeping and outcome == _LOST and not ep.truncated:
+            if self.kept is not None:
+                self._sink.submit(self.kept)
+            self.kept = ep  # written by close() unless a rebuild takes it
+            return
         self._sink.submit(ep)
+
+    # A pool that rebuilds a lost session on another server re-sends the episode
+    # through a new client: the new session's tape continues the episode the old one
+    # lost, so that it is recorded once (docs/recording.md, "Failover").
+
+    def keep_lost(self) -> None:
+        """From now on, an episode this session loses is kept for :meth:`hand_over`
+        (written as ``lost`` by :meth:`close` if nothing takes it)."""
+        self.keeping = True
+
+    def hand_over(self) -> Episode | None:
+        """The episode this session lost, kept by :meth:`keep_lost`, if any; this
+        tape no longer writes it."""
+        ep, self.kept = self.kept, None
+        return ep
+
+    def continue_episode(self, episode: Episode | None, mechanism: str = "replay") -> None:
+        """This session has just rebuilt an episode (a reset and the re-sent steps).
+
+        With ``episode`` (what the session that lost it handed over), the rebuild's
+        reset and re-sent steps are dropped, not recorded twice, and ``episode`` goes
+        on here; its step whose outcome the lost session never learned is the one
+        re-sent next (no longer unknown). Without one (the first copy went with its
+        process, as a dead Ray shard's), the rebuild's own steps are the record, each
+        marked recovered by ``mechanism``. Either way, the next step answered is
+        marked recovered by ``mechanism``.
+        """
+        if episode is not None:
+            after = len(episode.steps)
+            episode.unknown = [u for u in episode.unknown if u[1] != after]
+            episode.outcome = ""
+            self.episode = episode
+        elif self.episode is not None:
+            self.episode.steps[:] = [(*s[:6], mechanism, s[7])
+                                     for s in self.episode.steps]
+        self.retries, self.recovered = 0, mechanism
+
+    def rebuild_failed(self, episode: Episode | None) -> None:
+        """A rebuild that this session began failed: its reset and re-sent steps are
+        dropped, and ``episode`` (handed over by the session that lost it) is written
+        as ``lost``."""
+        self.episode = None
+        if episode is not None:
+            episode.outcome = _LOST
+            self._sink.submit(episode)
 
 
 class RecordingHook:

@@ -46,7 +46,7 @@ from envlink._errors import (
     SessionGoneError,
     SessionLostError,
 )
-from envlink._sansio.journal import EpisodeJournal
+from envlink._sansio.journal import EpisodeJournal, JournalEntry
 from envlink._sansio.limits import DEFAULT_MAX_MESSAGE_VALUES
 from envlink._sansio.policies import (
     ReconnectPolicy,
@@ -312,6 +312,9 @@ class SessionCore:
         self.lost_by: BaseException | None = None
         #: Set by :meth:`restore`: the next loss decided is the attach's own resume.
         self.restored = False
+        #: While a replay answers a step whose answer was lost: its journal entry and
+        #: the detached session it was applied on (:meth:`replay_lost_answer`).
+        self._answer_lost: tuple[JournalEntry, str | None, str | None] | None = None
         self._ids = itertools.count(1)
         self._id_prefix = id_prefix or uuid.uuid4().hex[:12]
         # Flapping: connections that die young continue one outage's attempt count.
@@ -751,6 +754,54 @@ class SessionCore:
         """Replay rebuilt the episode on a new server session."""
         self.episode = Episode.ACTIVE
         self.lost_journal = None
+
+    @property
+    def lost_answer_replayable(self) -> bool:
+        """Whether a step applied on the resumed session, its answer lost, may be
+        answered by replaying the episode on a fresh session (``auto``, with a journal
+        that records the whole episode)."""
+        return (self.on_session_lost is RecoveryPolicy.AUTO and self.journal.replayable
+                and bool(self.journal.entries))
+
+    def replay_lost_answer(self) -> None:
+        """The interrupted step was applied on the resumed session and its answer lost
+        (the journal's last entry, settled from the step count): replay will answer it.
+
+        After calling this method: let the connection go, open a fresh session (the
+        detached one is no longer held), replay the journal and send the step again;
+        then :meth:`lost_answer_replayed` (and end the session it returns), or
+        :meth:`lost_answer_kept` if the replay failed.
+        """
+        journal = self.journal
+        entry = journal.entries.pop()
+        journal.steps_applied -= 1
+        self._answer_lost = (entry, self.detached_id, self.session_id)
+        self.detached_id = None
+
+    def lost_answer_replayed(self) -> str | None:
+        """The replay answered the step: the old detached session to end (or ``None``)."""
+        kept, self._answer_lost = self._answer_lost, None
+        return None if kept is None else kept[1]
+
+    def lost_answer_kept(self) -> str | None:
+        """The replay failed: the journal and the detached session are as they were
+        before :meth:`replay_lost_answer` (the step applied, its answer lost).
+
+        Returns:
+            the detached session the failed replay created, to end (or ``None``).
+
+        After calling this method: re-attach to the old session (the next call does,
+        if this cannot) and report the step's outcome as applied.
+        """
+        kept, self._answer_lost = self._answer_lost, None
+        created = self.detached_id
+        if kept is not None:
+            entry, self.detached_id, self.session_id = kept
+            self.journal.entries.append(entry)
+            self.journal.steps_applied += 1
+            # The old session still holds the episode (the fresh one lost it).
+            self.episode, self.lost_journal = Episode.ACTIVE, None
+        return created
 
     def lose_episode(self) -> None:
         """The episode cannot go on: later step/state calls raise until reset()."""
