@@ -196,6 +196,26 @@ async def test_redaction_and_bounds(tmp_path: Path) -> None:
                               "episodes_dropped": 1, "steps_dropped": 4}
 
 
+async def test_a_recovery_outside_a_step_is_not_credited_to_the_next_step(
+        tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            GenericEnvClient(srv.url, on_session_lost="auto", recorder=recorder) as env:
+        await env.reset(seed=1, max_steps=3)
+        await env.step({"move": 1})
+        srv.faults.drop_after = 1  # the state() call's connection drops
+        srv.faults.drop_mode = "after_apply"
+        await env.state()
+        await env.step({"move": 2})
+        srv.faults.drop_after = 1  # and this step's
+        srv.faults.drop_mode = "after_apply"
+        await env.step({"move": 3})
+    recorder.close()
+    (record,) = load(tmp_path)
+    assert [s["recovered"] for s in record["steps"]] == [False, False, True]
+    assert [s["retries"] for s in record["steps"]] == [0, 0, 0]
+
+
 def _text(directory: Path) -> list[str]:
     return [p.read_text() for p in directory.glob("*.jsonl")]
 

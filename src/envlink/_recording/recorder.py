@@ -10,7 +10,8 @@ process's writer thread (:mod:`envlink._recording.writer`).
 
 Retries and recovery are seen through the client's hook: the tape wraps the client's
 hook, intercepting only the phases and events that say a step was retried or answered
-through recovery (not on the path of a call that is neither).
+through recovery (not on the path of a call that is neither). A retry or a recovery
+of another call (``state()``, an MCP call) is not a step's.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class Tape:
     """
 
     __slots__ = ("_limit", "_sink", "_tracing", "episode", "first", "lost", "recovered",
-                 "retries", "server")
+                 "recovering", "retries", "server")
 
     def __init__(self, recorder: RolloutRecorder, server: str, tracing: bool) -> None:
         self._sink = recorder.sink
@@ -172,10 +173,12 @@ class Tape:
         self._tracing = tracing
         self.server = server
         self.episode: Episode | None = None
-        #: Tries after the first of the call in progress, and the recovery mechanism
+        #: Tries after the first of the step in progress, and the recovery mechanism
         #: that answered it (from the client's hook).
         self.retries = 0
         self.recovered: str | None = None
+        #: The call whose session recovery is in progress (only a step's counts).
+        self.recovering: str | None = None
         #: Whether the session had lost the episode when a reset began.
         self.lost = False
         #: Whether no step was recorded yet (the first tells whether tracing is on).
@@ -275,12 +278,19 @@ class RecordingHook:
         self.message = inner.message
 
     def phase_started(self, phase: PhaseStarted) -> Any:
-        if phase.phase == "attempt" and phase.attempt > 1:
-            self.tape.retries += 1
+        kind = phase.phase
+        if kind == "attempt":
+            if phase.attempt > 1 and phase.method == "step":
+                self.tape.retries += 1
+        elif kind in ("resume", "replay"):
+            self.tape.recovering = phase.method
         return self.inner.phase_started(phase)
 
     def event(self, event: ClientEvent) -> None:
-        if event.name == HOOK_RECOVERY_FINISHED and event.fields.get("result") == "ok":
-            mechanism = event.fields.get("mechanism")
-            self.tape.recovered = mechanism if isinstance(mechanism, str) else "unknown"
+        if event.name == HOOK_RECOVERY_FINISHED:
+            tape = self.tape
+            if event.fields.get("result") == "ok" and tape.recovering == "step":
+                mechanism = event.fields.get("mechanism")
+                tape.recovered = mechanism if isinstance(mechanism, str) else "unknown"
+            tape.recovering = None
         self.inner.event(event)
