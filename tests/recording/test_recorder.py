@@ -76,19 +76,8 @@ async def test_async_client_records_each_episode_as_the_caller_got_it(
                 # The fault counts requests on one connection: a fresh one per episode.
                 await env.disconnect()
                 srv.faults.drop_after = None
-                first = await _episode(env, srv, seed, None) if drop_at is None else None
-                if first is None:
-                    await env.connect()
-                    reset = await env.reset(seed=seed, max_steps=len(MOVES))
-                    got, actions = [], []
-                    for i, move in enumerate(MOVES):
-                        if i == drop_at:
-                            srv.faults.drop_after = 1
-                            srv.faults.drop_mode = "after_apply"
-                        actions.append({"move": move})
-                        got.append(await env.step({"move": move}))
-                    first = (reset, got, actions)
-                runs.append((first, drop_at))
+                await env.connect()
+                runs.append((await _episode(env, srv, seed, drop_at), drop_at))
         finally:
             await env.close()
     assert recorder.close()
