@@ -235,9 +235,8 @@ class Tape:
             reset = (True, call.sent, call.received)
         else:
             reset = (False, encode_payload(kwargs), encode_payload(frame.raw_data))
-        ep = Episode(self.server, core.session_id, core.journal.episode_id, reset)
-        self.episode = ep
-        self._hold(ep)
+        # Its bytes are reserved with its first step's (one lock less per episode).
+        self.episode = Episode(self.server, core.session_id, core.journal.episode_id, reset)
 
     def step_answered(self, call: Any, action: dict[str, Any], frame: Any,
                       started: float) -> None:

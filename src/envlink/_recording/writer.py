@@ -9,7 +9,7 @@ with one ``write`` each, to a file of its own process (``pid`` and a random part
 its name), rotated by size. An episode is on disk well within a second of its end.
 
 Memory is bounded per recorder, in bytes: an open episode reserves the size of its
-frames in blocks, and keeps it until the writer has written it; past
+frames in blocks that double as it grows, and keeps it until the writer has written it; past
 ``max_buffered_bytes`` (or ``max_buffered_steps`` steps waiting for the writer) an
 episode is dropped whole, counted and logged; never waited for.
 
@@ -44,7 +44,7 @@ from typing import Any
 
 from pydantic_core import from_json, to_json
 
-from envlink._recording.rollouts import SCHEMA, split_answer
+from envlink._recording.rollouts import SCHEMA
 from envlink._version import __version__
 
 __all__ = [
@@ -66,8 +66,6 @@ ATTR_RECORDING_RESULT = "envlink.recording.result"
 _log = logging.getLogger("envlink.recording")
 #: Seconds the writer lets episodes gather once woken (unless a flush is waited for).
 _GATHER = 0.05
-#: Bytes an open episode reserves at a time against ``max_buffered_bytes``.
-BLOCK = 64 * 1024
 #: Seconds the exit hook waits for the writer.
 _EXIT_WAIT = 5.0
 
@@ -148,9 +146,24 @@ class Episode:
         return nxt
 
 
-def _data(text: Any) -> Any:
-    """The ``data`` of a frame's JSON text."""
-    return from_json(text)["data"]
+_OWN = frozenset(("observation", "reward", "done"))
+
+
+def _answer(data: Any, redact: Callable[[Any], Any] | None) -> tuple[Any, Any, bool,
+                                                                    dict[str, Any] | None]:
+    """An answer's ``observation``, ``reward``, ``done`` and other fields (``None`` if
+    there are none), redacted (what :func:`~envlink._recording.rollouts.split_answer`
+    keeps, written out: it runs for every step)."""
+    get = data.get
+    observation = get("observation")
+    extra = None
+    if data.keys() - _OWN:
+        extra = {k: v for k, v in data.items() if k not in _OWN}
+    if redact is not None:
+        observation = redact(observation)
+        if extra is not None:
+            extra = {key: redact(value) for key, value in extra.items()}
+    return observation, get("reward"), bool(get("done", False)), extra
 
 
 def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str, Any]:
@@ -160,60 +173,52 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
     the reset's kwargs (each value), observations, actions, every other field of an
     answer (each value: ``metadata``...) and the actions of unknown steps.
     """
-    clean: Callable[[Any], Any]
-    if redact is None:
-        def clean(value: Any) -> Any:
-            return value
-
-        def answer(data: Any) -> dict[str, Any]:
-            return split_answer(data)
-    else:
-        clean = redact
-
-        def answer(data: Any) -> dict[str, Any]:
-            out = split_answer(data)
-            out["observation"] = redact(out["observation"])
-            extra = out.get("extra")
-            if extra is not None:
-                out["extra"] = {key: redact(value) for key, value in extra.items()}
-            return out
-
     base_wall, base_perf = ep.start_wall, ep.start_perf
     reset: dict[str, Any] | None = None
     if ep.reset is not None:
         frames, request, reply = ep.reset
         if frames:
-            kwargs, reset_data = _data(request), _data(reply)
+            kwargs, reset_data = from_json(request)["data"], from_json(reply)["data"]
         else:
             kwargs, reset_data = from_json(request), from_json(reply)
         if not isinstance(kwargs, dict):
             kwargs = {}
         if redact is not None:
             kwargs = {key: redact(value) for key, value in kwargs.items()}
-        reset = {"kwargs": kwargs, **answer(reset_data)}
-    steps = []
+        observation, reward, done, extra = _answer(reset_data, redact)
+        reset = {"kwargs": kwargs, "observation": observation, "reward": reward,
+                 "done": done}
+        if extra is not None:
+            reset["extra"] = extra
+    steps: list[dict[str, Any]] = []
+    append = steps.append
     chain = ep.chain
     total = 0.0 if chain is None else chain.total
     for index, (frames, action, reply, start, latency, retries, recovered,
                 trace) in enumerate(ep.steps, ep.first_index):
         if frames:
-            action_data, answer_data = _data(action), _data(reply)
+            action, reply = from_json(action)["data"], from_json(reply)["data"]
         else:
-            action_data, answer_data = from_json(action), from_json(reply)
-        step = answer(answer_data)
-        reward = step["reward"]
-        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            action, reply = from_json(action), from_json(reply)
+        if redact is not None:
+            action = redact(action)
+        observation, reward, done, extra = _answer(reply, redact)
+        if reward.__class__ is float or (isinstance(reward, int)
+                                         and not isinstance(reward, bool)):
             total += reward
-        record: dict[str, Any] = {"index": index, "action": clean(action_data), **step,
-                                  "start": base_wall + (start - base_perf),
+        record: dict[str, Any] = {"index": index, "action": action,
+                                  "observation": observation, "reward": reward,
+                                  "done": done, "start": base_wall + (start - base_perf),
                                   "latency": latency, "retries": retries,
                                   "recovered": recovered is not None}
+        if extra is not None:
+            record["extra"] = extra
         if recovered is not None:
             record["recovery"] = recovered
         if trace is not None:
             record["trace_id"] = f"{trace[0]:032x}"
             record["span_id"] = f"{trace[1]:016x}"
-        steps.append(record)
+        append(record)
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "episode_id": ep.episode_id,
@@ -222,7 +227,8 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
         "part": ep.part,
         "reset": reset,
         "steps": steps,
-        "unknown_steps": [{"action": clean(from_json(action)), "after": after}
+        "unknown_steps": [{"action": from_json(action) if redact is None
+                           else redact(from_json(action)), "after": after}
                           for action, after in ep.unknown],
         "outcome": ep.outcome,
         "return": total,
@@ -230,7 +236,7 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
         "end": ep.end,
         "truncated": False,
         "envlink": __version__,
-        "pid": os.getpid(),
+        "pid": _PID,
     }
     if chain is not None:
         chain.total = total  # only once the whole part could be made
@@ -561,9 +567,17 @@ class _Writer:
             if self.idle:  # else the writer takes it with what it is gathering
                 self.idle = False
                 self.cond.notify()
-            elif not self.thread.is_alive():
-                self.thread = self._start()
+            if not self.thread.is_alive():
+                self._restart()
         return number
+
+    def _restart(self) -> None:
+        """A thread of the writer's that ended all the same: another (none at
+        interpreter shutdown, when no thread can start)."""
+        try:
+            self.thread = self._start()
+        except RuntimeError:
+            _log.warning("envlink rollout writer could not start again")
 
     def last(self) -> int:
         with self.cond:
@@ -575,7 +589,7 @@ class _Writer:
             if self.done >= number:
                 return True
             if not self.thread.is_alive():
-                self.thread = self._start()
+                self._restart()
             self.urgent = True
             self.cond.notify_all()
             return self.cond.wait_for(lambda: self.done >= number, timeout)
@@ -633,8 +647,9 @@ _SINKS: weakref.WeakSet[Sink] = weakref.WeakSet()
 _TAPES: weakref.WeakSet[Any] = weakref.WeakSet()
 #: The process whose exit hooks are registered.
 _HOOKED_PID = 0
-#: This process's generation: one more in a forked child.
+#: This process's generation: one more in a forked child; and its pid.
 _GENERATION = 0
+_PID = os.getpid()
 
 
 def _process_writer() -> _Writer:
@@ -688,9 +703,10 @@ def _write_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _WRITER, _WRITER_LOCK, _GENERATION
+    global _WRITER, _WRITER_LOCK, _GENERATION, _PID
     _WRITER, _WRITER_LOCK = None, threading.Lock()
     _GENERATION += 1
+    _PID = os.getpid()
     for sink in list(_SINKS):
         sink.after_fork_in_child()
     for tape in list(_TAPES):
