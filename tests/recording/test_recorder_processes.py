@@ -79,6 +79,21 @@ if __name__ == "__main__":
         for worker in workers:
             worker.join(60)
             assert worker.exitcode == 0, worker.exitcode
+    elif MODE == "osfork":
+        assert recorder.flush() and recorder.stats["episodes_written"] == 1
+        (parent_file,) = recorder.files
+        pid = os.fork()
+        if pid == 0:  # the child: a recorder state of its own
+            fresh = (recorder.stats["episodes_written"] == 0 and recorder.files == []
+                     and recorder.sink.fd is None)
+            closed(10)
+            recorder.close()
+            ok = fresh and recorder.stats["episodes_written"] == 2
+            ok = ok and parent_file not in recorder.files
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert recorder.files == [parent_file]
     elif MODE == "exit":
         unclosed(10)  # left open, never closed, no flush: sys.exit below
         sys.exit(3)
@@ -152,6 +167,13 @@ def test_a_worker_that_never_closes_its_client_leaves_its_episodes_on_disk(
         tmp_path: Path, server: ServerProcess, method: str) -> None:
     # A multiprocessing child ends with os._exit: its finalizers write them.
     _check_once(_run(tmp_path, server, "process", method), [10, 20])
+
+
+def test_a_forked_child_has_a_recorder_state_of_its_own(
+        tmp_path: Path, server: ServerProcess) -> None:
+    records = _run(tmp_path, server, "osfork")
+    assert _by_seed(records) == {1: ["done"], 2: ["close"], 10: ["done"], 1010: ["close"]}
+    assert len({r["pid"] for r in records}) == 2
 
 
 def test_sys_exit_with_an_episode_open_and_another_module_imported_first(
