@@ -256,12 +256,19 @@ def _redact(value: Any) -> Any:
 
 
 def test_a_recorder_pickles_as_its_settings(tmp_path: Path) -> None:
-    recorder = RolloutRecorder(tmp_path, redact=_redact, max_file_bytes=1000)
+    recorder = RolloutRecorder(tmp_path, redact=_redact, max_file_bytes=1000,
+                               max_buffered_bytes=2000, part_steps=30, part_bytes=4000)
     config = ClientConfig(recorder=recorder)
     copy = pickle.loads(pickle.dumps(config))
     assert copy.recorder is not recorder
-    assert (copy.recorder.directory, copy.recorder.redact, copy.recorder.max_file_bytes) == (
-        tmp_path, _redact, 1000)
+    got = copy.recorder
+    assert (got.directory, got.redact, got.max_file_bytes, got.max_buffered_bytes,
+            got.part_steps, got.part_bytes) == (tmp_path, _redact, 1000, 2000, 30, 4000)
+    for bad in ("max_buffered_bytes", "part_steps", "part_bytes"):
+        with pytest.raises(ValueError, match=bad):
+            RolloutRecorder(tmp_path, **{bad: 0})
+    with pytest.warns(DeprecationWarning, match="part_steps"):
+        assert RolloutRecorder(tmp_path, max_episode_steps=7).part_steps == 7
     assert dataclasses.replace(config, recorder=None).recorder is None
     with pytest.raises(TypeError, match="recorder"):
         ClientConfig(recorder="rollouts/")  # type: ignore[arg-type]
@@ -315,3 +322,17 @@ async def test_steps_carry_their_span_when_tracing_is_on(tmp_path: Path, otel: O
              for s in otel.spans()}
     for step in record["steps"]:
         assert "step" in spans[(step["trace_id"], step["span_id"])]
+
+
+async def test_a_clients_close_returns_once_its_episodes_are_on_disk(tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv:
+        for seed in range(3):
+            async with GenericEnvClient(srv.url, recorder=recorder) as env:
+                await env.reset(seed=seed, max_steps=2)
+                await env.step({"move": 1})
+                await env.step({"move": 2})
+                await env.reset(seed=seed + 100, max_steps=2)  # open: ends as "close"
+            # No flush: the client's close waited for its episodes.
+            assert len(load(tmp_path)) == 2 * (seed + 1)
+    recorder.close()

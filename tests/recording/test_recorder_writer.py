@@ -175,6 +175,7 @@ print(json.dumps(recorder.stats))
 """
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE")
 def test_a_short_write_never_glues_the_next_line_onto_a_partial_one(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", SHORT_WRITE, str(tmp_path)],
                          capture_output=True, text=True, timeout=50, check=True)
