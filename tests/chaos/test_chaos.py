@@ -50,7 +50,7 @@ def _assert_clean(report: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("bounded")
-def test_chaos_in_process_bounded(chaos_seed: int, chaos_report: Callable[[str], Path | None],
+def test_chaos_in_process_bounded(chaos_seed: int, chaos_report: Callable[[str], Path],
                                   chaos_summary: Callable[[str], None]) -> None:
     """Every face x policy x protocol under every in-process fault kind: no violation, no leak."""
     run = run_chaos(ChaosConfig(seed=chaos_seed, episodes=36, streams=("inprocess",),
@@ -68,7 +68,7 @@ def test_chaos_in_process_bounded(chaos_seed: int, chaos_report: Callable[[str],
 
 @pytest.mark.timeout(180)
 @pytest.mark.usefixtures("bounded")
-def test_chaos_kill_9_bounded(chaos_seed: int, chaos_report: Callable[[str], Path | None],
+def test_chaos_kill_9_bounded(chaos_seed: int, chaos_report: Callable[[str], Path],
                               chaos_summary: Callable[[str], None]) -> None:
     """kill -9 of real `envlink serve` processes, with and without --session-store: all clean."""
     run = run_chaos(ChaosConfig(seed=chaos_seed, episodes=0, kill_episodes=12,
@@ -123,7 +123,7 @@ def test_load_8_threads_share_one_sync_client(
 
 @pytest.mark.timeout(3600)
 def test_chaos_soak(request: pytest.FixtureRequest, chaos_seed: int,
-                    chaos_report: Callable[[str], Path | None],
+                    chaos_report: Callable[[str], Path],
                     chaos_summary: Callable[[str], None]) -> None:
     """Soak: >= 1,000 episodes and >= 500 injected faults of every kind, with no violation."""
     if not soak_enabled(request.config):

@@ -116,6 +116,8 @@ def test_demo_records_its_episode_with_the_recovered_step(tmp_path: Path) -> Non
                            "--record", str(tmp_path)], capture_output=True, text=True,
                           timeout=50)
     assert done.returncode == 0, done.stderr
+    (file,) = tmp_path.glob("*.jsonl")
+    assert f"\nrecorded (envlink rollouts / envlink replay read it):\n  {file}\n" in done.stdout
     (record,) = load(tmp_path)
     assert record["outcome"] == "close"
     assert [s["index"] for s in record["steps"] if s["recovered"]] == [0]
