@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from envlink._recording.rollouts import RolloutFiles, read_episodes, summarise
@@ -23,6 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``envlink rollouts``."""
     parser.add_argument("path", help="a rollout file, or a directory of *.jsonl files")
     parser.add_argument("--json", action="store_true", help="machine output")
+    parser.add_argument("--export", metavar="OUT", default=None,
+                        help="write the episodes as a table instead, to OUT: Parquet "
+                             "(OUT.parquet, needs pyarrow) or JSON lines (OUT.jsonl); "
+                             "observations, actions, reset kwargs and extra fields as JSON "
+                             "text columns, so that any recording loads as one dataset")
+    parser.add_argument("--per", choices=("episode", "step"), default="episode",
+                        help="with --export: a row per episode (its parts joined; the "
+                             "default) or per step")
 
 
 def plural(count: int, word: str) -> str:
@@ -50,6 +59,8 @@ def _num(value: Any, digits: int = 3) -> str:
 def rollouts_from_args(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
     """Run ``envlink rollouts`` with parsed arguments; the exit status."""
     report = RolloutFiles()
+    if args.export is not None:
+        return _export(args, report)
     try:
         summary = summarise(read_episodes(args.path, report))
     except OSError as exc:
@@ -89,6 +100,41 @@ def rollouts_from_args(args: argparse.Namespace, _parser: argparse.ArgumentParse
           for server, count in summary["servers"].items()),
     ]
     sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _export(args: argparse.Namespace, report: RolloutFiles) -> int:
+    from envlink._recording.export import export, format_of
+
+    episodes = 0
+
+    def counted() -> Iterator[dict[str, Any]]:
+        nonlocal episodes
+        for episode in read_episodes(args.path, report):
+            episodes += 1
+            yield episode
+
+    try:
+        format_of(args.export)  # a wrong suffix is a usage error before anything is read
+        count = export(counted(), args.export, per=args.per)
+    except (OSError, ValueError, ImportError) as exc:
+        sys.stderr.write(f"envlink rollouts: error: {exc}\n")
+        return 2
+    report_bad_lines("envlink rollouts", report)
+    if not episodes and not report.incomplete:
+        sys.stderr.write(f"envlink rollouts: error: no recorded episode in {args.path}\n")
+        return 2
+    done = {"exported": str(args.export), "rows": count, "per": args.per,
+            "episodes": episodes, "files": len(report.files),
+            "incomplete": len(report.incomplete), "skipped_lines": report.skipped}
+    if args.json:
+        sys.stdout.write(json.dumps(done) + "\n")
+    else:
+        left = (f"; {len(report.incomplete)} incomplete left out" if report.incomplete
+                else "")
+        sys.stdout.write(f"wrote {plural(count, args.per + ' row')} to {args.export} (from "
+                         f"{plural(episodes, 'episode')} in "
+                         f"{plural(len(report.files), 'file')}{left})\n")
     return 0
 
 
