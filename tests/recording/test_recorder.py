@@ -20,7 +20,7 @@ from envlink import (
     StepResult,
 )
 from envlink._recording.rollouts import read_episodes, summarise
-from envlink.server import EnvServer, ServerThread
+from envlink.server import EnvServer, ServerThread, Transition
 
 from .._otel_support import Otel
 from .conftest import load
@@ -76,19 +76,8 @@ async def test_async_client_records_each_episode_as_the_caller_got_it(
                 # The fault counts requests on one connection: a fresh one per episode.
                 await env.disconnect()
                 srv.faults.drop_after = None
-                first = await _episode(env, srv, seed, None) if drop_at is None else None
-                if first is None:
-                    await env.connect()
-                    reset = await env.reset(seed=seed, max_steps=len(MOVES))
-                    got, actions = [], []
-                    for i, move in enumerate(MOVES):
-                        if i == drop_at:
-                            srv.faults.drop_after = 1
-                            srv.faults.drop_mode = "after_apply"
-                        actions.append({"move": move})
-                        got.append(await env.step({"move": move}))
-                    first = (reset, got, actions)
-                runs.append((first, drop_at))
+                await env.connect()
+                runs.append((await _episode(env, srv, seed, drop_at), drop_at))
         finally:
             await env.close()
     assert recorder.close()
@@ -174,26 +163,81 @@ async def test_a_lost_step_is_recorded_as_unknown_never_as_applied(tmp_path: Pat
     assert (closed["outcome"], closed["steps"]) == ("close", [])
 
 
-async def test_redaction_and_bounds(tmp_path: Path) -> None:
-    recorder = RolloutRecorder(tmp_path, redact=_redact, max_episode_steps=3)
-    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+class _Secretive:
+    """An environment that echoes the reset's kwargs and the actions into observations
+    and into ``metadata``: every value the caller or it produces is a secret."""
+
+    def __init__(self) -> None:
+        self.prompt = ""
+
+    def reset(self, prompt: str = "", **kwargs: Any) -> Transition:
+        self.prompt = prompt
+        return Transition(observation={"text": f"obs-{prompt}"},
+                          metadata={"token": f"meta-{prompt}"})
+
+    def step(self, action: dict[str, Any]) -> Transition:
+        word = action["word"]
+        return Transition(observation={"text": f"obs-{word}"}, reward=1.0,
+                          done=word == "last-secret", metadata={"token": f"meta-{word}"})
+
+    def state(self) -> dict[str, Any]:
+        return {"episode_id": None, "step_count": 0}
+
+
+async def test_redaction_covers_everything_that_came_from_the_caller_or_the_environment(
+        tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    def replace_everything(value: Any) -> Any:
+        seen.append(value)
+        return "R"
+
+    recorder = RolloutRecorder(tmp_path, redact=replace_everything)
+    async with EnvServer(env=_Secretive, ping_interval=None) as srv, \
             GenericEnvClient(srv.url, recorder=recorder,
                              headers={"Authorization": "Bearer s3cret"}) as env:
-        await env.reset(seed=1, max_steps=2)
+        await env.reset(prompt="prompt-secret", seed="seed-secret")
+        await env.step({"word": "first-secret"})
+        await env.step({"word": "last-secret"})
+        await env.reset(prompt="open-secret")
+        srv.faults.drop_after = 1  # the next step's answer is lost once applied
+        srv.faults.drop_mode = "after_apply"
+        with pytest.raises(SessionLostError):
+            await env.step({"word": "unknown-secret"})
+    recorder.close()
+    done, lost = load(tmp_path)
+    text = "".join(_text(tmp_path))
+    for secret in ("secret", "s3cret"):
+        assert secret not in text
+    assert done["reset"]["kwargs"] == {"prompt": "R", "seed": "R"}
+    assert done["reset"]["observation"] == "R" and done["reset"]["extra"] == {"metadata": "R"}
+    assert [s["action"] for s in done["steps"]] == ["R", "R"]
+    assert {s["observation"] for s in done["steps"]} == {"R"}
+    assert [s["extra"] for s in done["steps"]] == [{"metadata": "R"}] * 2
+    assert lost["unknown_steps"] == [{"action": "R", "after": 0}]
+    for value in ("prompt-secret", {"word": "first-secret"}, {"word": "unknown-secret"},
+                  {"token": "meta-last-secret"}):
+        assert value in seen
+
+
+async def test_a_recovery_outside_a_step_is_not_credited_to_the_next_step(
+        tmp_path: Path) -> None:
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
+            GenericEnvClient(srv.url, on_session_lost="auto", recorder=recorder) as env:
+        await env.reset(seed=1, max_steps=3)
         await env.step({"move": 1})
+        srv.faults.drop_after = 1  # the state() call's connection drops
+        srv.faults.drop_mode = "after_apply"
+        await env.state()
         await env.step({"move": 2})
-        await env.reset(seed=1, max_steps=5)
-        for move in MOVES[:5]:
-            await env.step({"move": move})
+        srv.faults.drop_after = 1  # and this step's
+        srv.faults.drop_mode = "after_apply"
+        await env.step({"move": 3})
     recorder.close()
     (record,) = load(tmp_path)
-    text = "".join(_text(tmp_path))
-    assert "s3cret" not in text
-    assert [s["action"] for s in record["steps"]] == [{"move": "redacted"}] * 2
-    assert all(s["observation"]["draw"] == "redacted" for s in record["steps"])
-    assert record["reset"]["observation"]["draw"] == "redacted"
-    assert recorder.stats == {"episodes_written": 1, "steps_written": 2,
-                              "episodes_dropped": 1, "steps_dropped": 4}
+    assert [s["recovered"] for s in record["steps"]] == [False, False, True]
+    assert [s["retries"] for s in record["steps"]] == [0, 0, 0]
 
 
 def _text(directory: Path) -> list[str]:
@@ -271,17 +315,3 @@ async def test_steps_carry_their_span_when_tracing_is_on(tmp_path: Path, otel: O
              for s in otel.spans()}
     for step in record["steps"]:
         assert "step" in spans[(step["trace_id"], step["span_id"])]
-
-
-async def test_an_episode_past_max_episode_steps_is_dropped_whole(tmp_path: Path) -> None:
-    recorder = RolloutRecorder(tmp_path, max_episode_steps=1)
-    async with EnvServer(env="deterministic", ping_interval=None) as srv, \
-            GenericEnvClient(srv.url, recorder=recorder) as env:
-        await env.reset(seed=1, max_steps=1)
-        await env.step({"move": 1})
-        await env.reset(seed=1, max_steps=2)
-        await env.step({"move": 1})
-        await env.step({"move": 2})
-    recorder.close()
-    assert recorder.stats == {"episodes_written": 1, "steps_written": 1,
-                              "episodes_dropped": 1, "steps_dropped": 2}

@@ -6,11 +6,13 @@ hands the caller an answer (after reconnects, resume, replay, the server's
 de-duplication), what the reset or the step sent and received; the tape appends one
 small tuple per step (the frames as they were on the wire, not serialised) and, when
 the episode ends (``done``, a new reset, ``close()``, a lost session), hands it to the
-process's writer thread (:mod:`envlink._recording.writer`).
+process's writer thread (:mod:`envlink._recording.writer`). A long episode goes to
+the writer in parts, each of ``part_steps`` steps or ``part_bytes`` bytes at most.
 
 Retries and recovery are seen through the client's hook: the tape wraps the client's
 hook, intercepting only the phases and events that say a step was retried or answered
-through recovery (not on the path of a call that is neither).
+through recovery (not on the path of a call that is neither). A retry or a recovery
+of another call (``state()``, an MCP call) is not a step's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -27,7 +30,7 @@ from opentelemetry import trace
 
 from envlink._config import check_count
 from envlink._events.client_events import ClientEvent, ClientHook, PhaseStarted
-from envlink._recording.writer import Episode, Sink
+from envlink._recording.writer import Episode, Sink, track, writer_number
 from envlink._sansio.journal import encode_payload
 from envlink.names import HOOK_RECOVERY_FINISHED
 
@@ -36,6 +39,10 @@ __all__ = ["RecordingHook", "RolloutRecorder", "Tape"]
 _perf = time.perf_counter
 _get_current_span = trace.get_current_span
 _LOST = "lost"
+#: Seconds a client's close waits for its episodes to be on disk.
+CLOSE_WAIT = 10.0
+#: Bytes an episode reserves first against ``max_buffered_bytes`` (then doubling).
+_FIRST_RESERVE = 4096
 
 
 class RolloutRecorder:
@@ -43,24 +50,33 @@ class RolloutRecorder:
 
     One JSON object per episode per line (``docs/recording.md``), written by a
     background thread: a step costs its client one small tuple appended to a list,
-    never a wait for the disk. An episode is on disk within a second of its end;
-    :meth:`flush`, :meth:`close` and the context manager wait for the rest.
+    never a wait for the disk. An episode is on disk within a second of its end, and
+    when its client's ``close()`` returns; :meth:`flush`, :meth:`close` and the
+    context manager wait for the rest. A long episode is written in parts (lines
+    with the same ``episode_id`` and ``part`` 1, 2, ...), never dropped for its length.
 
     Picklable as its settings: a ``ClientConfig`` that carries one crosses to Ray
     workers and subprocesses, and each process writes files of its own (its pid and
-    a random part in their names) into the same directory.
+    a random part in their names) into the same directory. A forked child starts
+    with files, counts and a writer of its own.
 
     Args:
         directory: where the files go (made when the first episode is written).
-        redact: applied to every action and observation before it is written (on the
-            writer thread); returns what to write instead. Headers and tokens are
-            never recorded.
+        redact: applied, on the writer thread, to everything that came from the
+            caller or the environment: each action, each observation, each reset
+            keyword argument's value, each other field of an answer (``metadata``...)
+            and each unknown step's action; returns what to write instead. Headers
+            and tokens are never recorded.
         max_file_bytes: a file is closed and the next begun past this size.
+        max_buffered_bytes: bound on the bytes held for the disk, open episodes,
+            unknown steps and finished episodes waiting for the writer together; past
+            it an episode is dropped whole, counted and logged.
         max_buffered_steps: bound on the steps of finished episodes waiting for the
             disk; past it an episode is dropped whole, counted and logged.
-        max_episode_steps: an episode longer than this is dropped whole (counted)
-            rather than held in memory.
+        part_steps: an episode is written in parts of at most this many steps.
+        part_bytes: ... and of at most about this many bytes of frames.
         prefix: the files' name prefix.
+        max_episode_steps: the former name of ``part_steps`` (deprecated).
 
     Raises:
         TypeError: ``redact`` is not callable, or a bound is not a whole number.
@@ -70,26 +86,36 @@ class RolloutRecorder:
     def __init__(self, directory: str | os.PathLike[str], *,
                  redact: Callable[[Any], Any] | None = None,
                  max_file_bytes: int = 64 * 1024 * 1024,
+                 max_buffered_bytes: int = 1024 * 1024 * 1024,
                  max_buffered_steps: int = 1_000_000,
-                 max_episode_steps: int = 100_000,
-                 prefix: str = "rollouts") -> None:
+                 part_steps: int = 10_000,
+                 part_bytes: int = 16 * 1024 * 1024,
+                 prefix: str = "rollouts",
+                 max_episode_steps: int | None = None) -> None:
         if redact is not None and not callable(redact):
             raise TypeError(f"redact must be callable or None, got {type(redact).__name__}")
         if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
             raise ValueError(f"prefix must be a file name part, got {prefix!r}")
+        if max_episode_steps is not None:
+            warnings.warn("max_episode_steps is now part_steps: a longer episode is "
+                          "written in parts", DeprecationWarning, stacklevel=2)
+            part_steps = max_episode_steps
         self.directory = Path(directory)
         self.redact = redact
         self.max_file_bytes = check_count(max_file_bytes, "max_file_bytes", minimum=1)
+        self.max_buffered_bytes = check_count(max_buffered_bytes, "max_buffered_bytes",
+                                              minimum=1)
         self.max_buffered_steps = check_count(max_buffered_steps, "max_buffered_steps",
                                               minimum=1)
-        self.max_episode_steps = check_count(max_episode_steps, "max_episode_steps",
-                                             minimum=1)
+        self.part_steps = check_count(part_steps, "part_steps", minimum=1)
+        self.part_bytes = check_count(part_bytes, "part_bytes", minimum=1)
         self.prefix = prefix
         self._sink: Sink | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (str(self.directory), self.redact, self.max_file_bytes,
-                           self.max_buffered_steps, self.max_episode_steps, self.prefix))
+                           self.max_buffered_steps, self.part_steps, self.prefix,
+                           self.max_buffered_bytes, self.part_bytes))
 
     def __repr__(self) -> str:
         return f"RolloutRecorder({str(self.directory)!r})"
@@ -100,7 +126,8 @@ class RolloutRecorder:
         sink = self._sink
         if sink is None:
             sink = self._sink = Sink(self.directory, self.prefix, self.max_file_bytes,
-                                     self.max_buffered_steps, self.redact)
+                                     self.max_buffered_steps, self.redact,
+                                     self.max_buffered_bytes)
         return sink
 
     def tape(self, server: str, *, tracing: bool = False) -> Tape:
@@ -114,8 +141,9 @@ class RolloutRecorder:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Episodes and steps written and dropped so far by this process."""
-        return dict(self.sink.counts)
+        """Episodes and steps written and dropped so far by this process (a part of a
+        long episode counts as an episode)."""
+        return self.sink.snapshot()
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Wait until the episodes finished so far are on disk.
@@ -142,11 +170,13 @@ class RolloutRecorder:
 
 
 def _rebuild(directory: str, redact: Callable[[Any], Any] | None, max_file_bytes: int,
-             max_buffered_steps: int, max_episode_steps: int,
-             prefix: str) -> RolloutRecorder:
+             max_buffered_steps: int, part_steps: int, prefix: str,
+             max_buffered_bytes: int = 1024 * 1024 * 1024,
+             part_bytes: int = 16 * 1024 * 1024) -> RolloutRecorder:
     return RolloutRecorder(directory, redact=redact, max_file_bytes=max_file_bytes,
+                           max_buffered_bytes=max_buffered_bytes,
                            max_buffered_steps=max_buffered_steps,
-                           max_episode_steps=max_episode_steps, prefix=prefix)
+                           part_steps=part_steps, part_bytes=part_bytes, prefix=prefix)
 
 
 def _span_ids() -> tuple[int, int] | None:
@@ -163,23 +193,29 @@ class Tape:
     Everything runs on the client's event loop, one call at a time.
     """
 
-    __slots__ = ("_limit", "_sink", "_tracing", "episode", "first", "lost", "recovered",
-                 "retries", "server")
+    __slots__ = ("__weakref__", "_last", "_part_bytes", "_part_steps", "_sink", "_tracing",
+                 "episode", "first", "lost", "recovered", "recovering", "retries", "server")
 
     def __init__(self, recorder: RolloutRecorder, server: str, tracing: bool) -> None:
         self._sink = recorder.sink
-        self._limit = recorder.max_episode_steps
+        self._part_steps = recorder.part_steps
+        self._part_bytes = recorder.part_bytes
         self._tracing = tracing
         self.server = server
         self.episode: Episode | None = None
-        #: Tries after the first of the call in progress, and the recovery mechanism
+        #: Tries after the first of the step in progress, and the recovery mechanism
         #: that answered it (from the client's hook).
         self.retries = 0
         self.recovered: str | None = None
+        #: The call whose session recovery is in progress (only a step's counts).
+        self.recovering: str | None = None
         #: Whether the session had lost the episode when a reset began.
         self.lost = False
         #: Whether no step was recorded yet (the first tells whether tracing is on).
         self.first = True
+        #: The writer's number of this tape's last episode (what close waits for).
+        self._last = 0
+        track(self)
 
     def wrap(self, hook: ClientHook) -> ClientHook:
         """The client's hook, with this tape watching retries and recoveries."""
@@ -195,10 +231,13 @@ class Tape:
         if self.episode is not None:
             self._finish(_LOST if self.lost else "reset")
         self.retries, self.recovered, self.lost = 0, None, False
-        framed = call.answer is frame
-        answer = call.received if framed else encode_payload(frame.raw_data)
-        self.episode = Episode(self.server, core.session_id, core.journal.episode_id,
-                               encode_payload(kwargs), answer, framed)
+        if call.answer is frame:  # the frames as on the wire: nothing serialised here
+            reset = (True, call.sent, call.received)
+        else:
+            reset = (False, encode_payload(kwargs), encode_payload(frame.raw_data))
+        ep = Episode(self.server, core.session_id, core.journal.episode_id, reset)
+        self.episode = ep
+        self._hold(ep)
 
     def step_answered(self, call: Any, action: dict[str, Any], frame: Any,
                       started: float) -> None:
@@ -216,19 +255,23 @@ class Tape:
                 self._tracing = False
             self.first = False
         if call.answer is frame:  # the frames as on the wire: nothing serialised here
-            entry = (True, call.sent, call.received, started, now - started, self.retries,
+            sent, received = call.sent, call.received
+            entry = (True, sent, received, started, now - started, self.retries,
                      self.recovered, ids)
         else:  # answered through recovery: the answer the caller gets, as text now
-            entry = (False, encode_payload(action), encode_payload(frame.raw_data), started,
-                     now - started, self.retries, self.recovered, ids)
+            sent, received = encode_payload(action), encode_payload(frame.raw_data)
+            entry = (False, sent, received, started, now - started, self.retries,
+                     self.recovered, ids)
         steps = ep.steps
         steps.append(entry)
         self.retries, self.recovered = 0, None
-        if len(steps) > self._limit:
-            ep.truncated = True  # dropped whole (counted) rather than held
-            self._finish(_LOST)
-        elif frame.raw_data.get("done"):
+        size = ep.size = ep.size + len(sent) + len(received)
+        if size > ep.reserved and not self._hold(ep):
+            return
+        if frame.raw_data.get("done"):
             self._finish("done")
+        elif len(steps) >= self._part_steps or size >= self._part_bytes:
+            self._next_part(ep)
 
     def step_failed(self, call: Any, action: dict[str, Any], core: Any) -> None:
         """A step raised: if its request may have reached the server unanswered, its
@@ -241,21 +284,51 @@ class Tape:
         if call.unanswered:
             # An action that cannot be written is not what the step raises.
             with contextlib.suppress(Exception):
-                ep.unknown.append((encode_payload(action), len(ep.steps)))
+                text = encode_payload(action)
+                ep.unknown.append((text, ep.first_index + len(ep.steps)))
+                ep.size += len(text)
+                if ep.size > ep.reserved and not self._hold(ep):
+                    return
         if core.episode.value == _LOST:
             self._finish(_LOST)
 
-    def close(self) -> None:
-        """The client closed: the episode in progress ends as ``close``."""
+    def close(self, wait: bool = True) -> None:
+        """The client closed: the episode in progress ends as ``close``; then, unless
+        ``wait`` is false, wait (bounded) until this tape's episodes are on disk."""
         if self.episode is not None:
             self._finish("close")
+        if wait and self._last:
+            writer, last = writer_number()
+            writer.wait(min(self._last, last), CLOSE_WAIT)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child: the episode in progress is the parent's (which writes it)."""
+        self.episode, self._last = None, 0
+
+    def _hold(self, ep: Episode) -> bool:
+        """Reserve bytes for ``ep``'s frames (doubling); past ``max_buffered_bytes`` the
+        episode is dropped whole (counted, logged) and ``False`` returned."""
+        more = max(ep.size - ep.reserved, ep.reserved, _FIRST_RESERVE)
+        if self._sink.reserve(more):
+            ep.reserved += more
+            return True
+        self.episode = None
+        self._sink.dropped(ep, "more bytes are held for the disk than max_buffered_bytes")
+        return False
+
+    def _next_part(self, ep: Episode) -> None:
+        """The steps so far go to the writer as one part; the episode goes on."""
+        self.episode = ep.next_part()
+        ep.outcome = "continued"
+        ep.end = time.time()
+        self._last = self._sink.submit(ep) or self._last
 
     def _finish(self, outcome: str) -> None:
         ep, self.episode = self.episode, None
         assert ep is not None
         ep.outcome = outcome
         ep.end = time.time()
-        self._sink.submit(ep)
+        self._last = self._sink.submit(ep) or self._last
 
 
 class RecordingHook:
@@ -275,12 +348,19 @@ class RecordingHook:
         self.message = inner.message
 
     def phase_started(self, phase: PhaseStarted) -> Any:
-        if phase.phase == "attempt" and phase.attempt > 1:
-            self.tape.retries += 1
+        kind = phase.phase
+        if kind == "attempt":
+            if phase.attempt > 1 and phase.method == "step":
+                self.tape.retries += 1
+        elif kind in ("resume", "replay"):
+            self.tape.recovering = phase.method
         return self.inner.phase_started(phase)
 
     def event(self, event: ClientEvent) -> None:
-        if event.name == HOOK_RECOVERY_FINISHED and event.fields.get("result") == "ok":
-            mechanism = event.fields.get("mechanism")
-            self.tape.recovered = mechanism if isinstance(mechanism, str) else "unknown"
+        if event.name == HOOK_RECOVERY_FINISHED:
+            tape = self.tape
+            if event.fields.get("result") == "ok" and tape.recovering == "step":
+                mechanism = event.fields.get("mechanism")
+                tape.recovered = mechanism if isinstance(mechanism, str) else "unknown"
+            tape.recovering = None
         self.inner.event(event)

@@ -8,19 +8,35 @@ recorder's redaction, serialises each episode as one line and writes whole lines
 with one ``write`` each, to a file of its own process (``pid`` and a random part in
 its name), rotated by size. An episode is on disk well within a second of its end.
 
-Memory is bounded per recorder: past ``max_buffered_steps`` steps waiting for the
-writer, a finished episode is dropped whole, counted and logged; never waited for.
+Memory is bounded per recorder, in bytes: an open episode reserves the size of its
+frames in blocks, and keeps it until the writer has written it; past
+``max_buffered_bytes`` (or ``max_buffered_steps`` steps waiting for the writer) an
+episode is dropped whole, counted and logged; never waited for.
+
+The writer cannot die: whatever goes wrong with one episode or one write is caught,
+counted as dropped and logged, and a thread that ended all the same is started
+again by the next submit. A write that stopped short (``ENOSPC``, a file size limit)
+leaves a partial line, counted as dropped; the next line begins on a line of its own.
+
+Process edges: a forked child starts with a recorder state of its own (writer,
+counts, files; the parent's pending episodes are the parent's to write). At exit,
+episodes still open are written as ``close`` and the rest flushed: from ``atexit``
+and from ``multiprocessing``'s finalizers, which run before a child's ``os._exit``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import itertools
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -48,8 +64,12 @@ METRIC_RECORDING_STEPS = "envlink.recording.steps"
 ATTR_RECORDING_RESULT = "envlink.recording.result"
 
 _log = logging.getLogger("envlink.recording")
-#: Seconds the writer lets episodes gather once woken.
+#: Seconds the writer lets episodes gather once woken (unless a flush is waited for).
 _GATHER = 0.05
+#: Bytes an open episode reserves at a time against ``max_buffered_bytes``.
+BLOCK = 64 * 1024
+#: Seconds the exit hook waits for the writer.
+_EXIT_WAIT = 5.0
 
 #: One step as a tape keeps it: whether the first two are frames (request and answer,
 #: as on the wire) or payload texts, the action, the answer, its start
@@ -58,21 +78,36 @@ _GATHER = 0.05
 Step = tuple[bool, Any, Any, float, float, int, "str | None", "tuple[int, int] | None"]
 
 
-class Episode:
-    """One episode as a tape assembles it on the client's thread (nothing serialised)."""
+class Chain:
+    """What the parts of one episode share: its return so far (summed by the writer,
+    part after part) and whether a part was dropped (the later ones are then too)."""
 
-    __slots__ = ("end", "episode_id", "outcome", "reset_answer", "reset_frames",
-                 "reset_kwargs", "server", "session_id", "start_perf", "start_wall",
-                 "steps", "truncated", "unknown")
+    __slots__ = ("broken", "total")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.broken = False
+
+
+class Episode:
+    """One episode, or one part of a long one, as a tape assembles it on the client's
+    thread (nothing serialised).
+
+    ``reset`` is ``(frames, request, answer)``: the reset's request and answer frames
+    as on the wire (``frames`` true) or its kwargs and answer as payload texts; ``None``
+    in parts after the first.
+    """
+
+    __slots__ = ("chain", "end", "episode_id", "first_index", "generation", "outcome", "part",
+                 "reserved", "reset", "server", "session_id", "settled", "size",
+                 "start_perf", "start_wall", "steps", "unknown")
 
     def __init__(self, server: str, session_id: str | None, episode_id: str | None,
-                 reset_kwargs: str, reset_answer: Any, reset_frames: bool) -> None:
+                 reset: tuple[bool, Any, Any] | None) -> None:
         self.server = server
         self.session_id = session_id
         self.episode_id = episode_id
-        self.reset_kwargs = reset_kwargs
-        self.reset_answer = reset_answer
-        self.reset_frames = reset_frames
+        self.reset = reset
         self.steps: list[Step] = []
         #: Steps sent whose outcome the client never learned: (action text, after step).
         self.unknown: list[tuple[str, int]] = []
@@ -80,7 +115,37 @@ class Episode:
         self.start_perf = time.perf_counter()
         self.end = 0.0
         self.outcome = ""
-        self.truncated = False
+        self.part = 1
+        #: The episode-wide index of this part's first step.
+        self.first_index = 0
+        self.chain: Chain | None = None
+        #: Bytes of frames held, and bytes reserved for them in the sink.
+        self.size = 0 if reset is None else len(reset[1]) + len(reset[2])
+        self.reserved = 0
+        #: Whether the episode was counted, written or dropped.
+        self.settled = False
+        #: The process generation it was begun in (a fork child's is another).
+        self.generation = _GENERATION
+
+    def next_part(self) -> Episode:
+        """The part that follows this one: same ids and start, no reset, the step
+        indexes going on."""
+        nxt = Episode.__new__(Episode)
+        nxt.server, nxt.session_id, nxt.episode_id = (self.server, self.session_id,
+                                                      self.episode_id)
+        nxt.reset = None
+        nxt.steps, nxt.unknown = [], []
+        nxt.start_wall, nxt.start_perf = self.start_wall, self.start_perf
+        nxt.end, nxt.outcome = 0.0, ""
+        nxt.part = self.part + 1
+        nxt.first_index = self.first_index + len(self.steps)
+        if self.chain is None:
+            self.chain = Chain()
+        nxt.chain = self.chain
+        nxt.size = nxt.reserved = 0
+        nxt.settled = False
+        nxt.generation = self.generation
+        return nxt
 
 
 def _data(text: Any) -> Any:
@@ -89,27 +154,56 @@ def _data(text: Any) -> Any:
 
 
 def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """The JSON object of one episode (on the writer thread)."""
-    def clean(value: Any) -> Any:
-        return value if redact is None else redact(value)
+    """The JSON object of one episode or part (on the writer thread).
+
+    Everything that came from the caller or the environment goes through ``redact``:
+    the reset's kwargs (each value), observations, actions, every other field of an
+    answer (each value: ``metadata``...) and the actions of unknown steps.
+    """
+    clean: Callable[[Any], Any]
+    if redact is None:
+        def clean(value: Any) -> Any:
+            return value
+
+        def answer(data: Any) -> dict[str, Any]:
+            return split_answer(data)
+    else:
+        clean = redact
+
+        def answer(data: Any) -> dict[str, Any]:
+            out = split_answer(data)
+            out["observation"] = redact(out["observation"])
+            extra = out.get("extra")
+            if extra is not None:
+                out["extra"] = {key: redact(value) for key, value in extra.items()}
+            return out
 
     base_wall, base_perf = ep.start_wall, ep.start_perf
-    reset_data = _data(ep.reset_answer) if ep.reset_frames else from_json(ep.reset_answer)
-    reset = split_answer(reset_data)
-    reset["observation"] = clean(reset["observation"])
-    steps = []
-    total = 0.0
-    for index, (frames, action, answer, start, latency, retries, recovered,
-                trace) in enumerate(ep.steps):
+    reset: dict[str, Any] | None = None
+    if ep.reset is not None:
+        frames, request, reply = ep.reset
         if frames:
-            action_data, answer_data = _data(action), _data(answer)
+            kwargs, reset_data = _data(request), _data(reply)
         else:
-            action_data, answer_data = from_json(action), from_json(answer)
-        step = split_answer(answer_data)
+            kwargs, reset_data = from_json(request), from_json(reply)
+        if not isinstance(kwargs, dict):
+            kwargs = {}
+        if redact is not None:
+            kwargs = {key: redact(value) for key, value in kwargs.items()}
+        reset = {"kwargs": kwargs, **answer(reset_data)}
+    steps = []
+    chain = ep.chain
+    total = 0.0 if chain is None else chain.total
+    for index, (frames, action, reply, start, latency, retries, recovered,
+                trace) in enumerate(ep.steps, ep.first_index):
+        if frames:
+            action_data, answer_data = _data(action), _data(reply)
+        else:
+            action_data, answer_data = from_json(action), from_json(reply)
+        step = answer(answer_data)
         reward = step["reward"]
         if isinstance(reward, (int, float)) and not isinstance(reward, bool):
             total += reward
-        step["observation"] = clean(step["observation"])
         record: dict[str, Any] = {"index": index, "action": clean(action_data), **step,
                                   "start": base_wall + (start - base_perf),
                                   "latency": latency, "retries": retries,
@@ -125,7 +219,8 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
         "episode_id": ep.episode_id,
         "server": ep.server,
         "session_id": ep.session_id,
-        "reset": {"kwargs": from_json(ep.reset_kwargs), **reset},
+        "part": ep.part,
+        "reset": reset,
         "steps": steps,
         "unknown_steps": [{"action": clean(from_json(action)), "after": after}
                           for action, after in ep.unknown],
@@ -133,12 +228,14 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
         "return": total,
         "start": base_wall,
         "end": ep.end,
-        "truncated": ep.truncated,
+        "truncated": False,
         "envlink": __version__,
         "pid": os.getpid(),
     }
     if redact is not None:  # what replay compares is not what the server answered
         out["redacted"] = True
+    if chain is not None:
+        chain.total = total  # only once the whole part could be made
     return out
 
 
@@ -169,8 +266,27 @@ class _Counters:
 _COUNTERS = _Counters()
 
 
+class _File:
+    """A sink's open file descriptor, closed when the sink is garbage-collected."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class Sink:
     """One recorder's files in this process, and its share of the writer's queue.
+
+    ``lock`` guards the counts, the bytes and steps held, and ``closed``; ``io_lock``
+    the file: the writer holds it while it writes, :meth:`close` takes it to close
+    the file, so no file is opened or written after ``close()``.
 
     Args:
         directory: where the files go (made if missing).
@@ -178,121 +294,243 @@ class Sink:
         max_file_bytes: a file is closed and another begun past this size.
         max_buffered_steps: steps waiting for the writer past which a finished
             episode is dropped whole.
-        redact: applied to actions and observations on the writer thread.
+        max_buffered_bytes: bytes of frames held (open episodes, unknown steps and
+            episodes waiting for the writer) past which an episode is dropped whole.
+        redact: applied to what came from the caller or the environment, on the
+            writer thread.
     """
 
     def __init__(self, directory: Path, prefix: str, max_file_bytes: int,
-                 max_buffered_steps: int, redact: Callable[[Any], Any] | None) -> None:
+                 max_buffered_steps: int, redact: Callable[[Any], Any] | None,
+                 max_buffered_bytes: int = 1 << 62) -> None:
         self.directory = directory
         self.prefix = prefix
         self.max_file_bytes = max_file_bytes
         self.max_buffered_steps = max_buffered_steps
+        self.max_buffered_bytes = max_buffered_bytes
         self.redact = redact
+        self.closed = False
+        self._file = _File()
+        weakref.finalize(self, self._file.close)
+        self._fresh()
+        _SINKS.add(self)
+
+    def _fresh(self) -> None:
+        """This process's state: no file, nothing held, nothing counted."""
         self.pid = os.getpid()
         self.tag = secrets.token_hex(4)
         self.index = itertools.count(1)
-        self.fd: int | None = None
+        self.lock = threading.Lock()
+        self.io_lock = threading.Lock()
         self.size = 0
+        #: Whether the file ends with a partial line (a write stopped short).
+        self.partial = False
+        #: Steps of finished episodes waiting for the writer, and bytes reserved.
         self.buffered = 0
-        self.closed = False
+        self.held_bytes = 0
         #: episodes and steps written and dropped (read by ``RolloutRecorder.stats``).
         self.counts = {"episodes_written": 0, "steps_written": 0,
                        "episodes_dropped": 0, "steps_dropped": 0}
         self._last_warning = 0.0
         self.files: list[Path] = []
 
+    def after_fork_in_child(self) -> None:
+        """A forked child: the inherited descriptor closed, a state of its own."""
+        self._file.close()
+        self._fresh()
+
+    @property
+    def fd(self) -> int | None:
+        """The current file's descriptor, if one is open."""
+        return self._file.fd
+
     # ------------------------------------------------------------ client side
 
-    def submit(self, ep: Episode) -> None:
-        """Queue a finished episode for the writer, or drop it (never waits)."""
-        writer = _process_writer()
-        steps = len(ep.steps)
-        with writer.cond:
-            if self.closed or ep.truncated or self.buffered + steps > self.max_buffered_steps:
-                dropped = True
-            else:
-                dropped = False
-                self.buffered += steps
-                writer.queue.append((self, ep))
-                writer.submitted += 1
-                if writer.idle:  # else the writer takes it with what it is gathering
-                    writer.idle = False
-                    writer.cond.notify()
-        if dropped:
-            self.dropped(steps, "the recorder is closed" if self.closed else
-                         "the episode exceeded max_episode_steps" if ep.truncated else
-                         "more steps are waiting for the disk than max_buffered_steps")
+    def reserve(self, size: int) -> bool:
+        """Reserve ``size`` bytes for an open episode (``False``: past the bound)."""
+        with self.lock:
+            if self.held_bytes + size > self.max_buffered_bytes:
+                return False
+            self.held_bytes += size
+            return True
 
-    def dropped(self, steps: int, why: str) -> None:
-        """Count an episode dropped (and warn, at most every 10 s per recorder)."""
-        counts = self.counts
-        counts["episodes_dropped"] += 1
-        counts["steps_dropped"] += steps
+    def release(self, size: int, steps: int = 0) -> None:
+        """Give back an episode's reserved bytes (and its steps, if it was waiting)."""
+        with self.lock:
+            self.held_bytes -= size
+            self.buffered -= steps
+
+    def submit(self, ep: Episode) -> int:
+        """Queue a finished episode for the writer, or drop it (never waits).
+
+        Returns:
+            The writer's sequence number of the episode (:meth:`wait`), 0 if dropped.
+        """
+        steps = len(ep.steps)
+        if ep.generation != _GENERATION:
+            return 0  # begun before a fork: the parent's, which writes it
+        why = None
+        with self.lock:
+            if self.closed:
+                why = "the recorder is closed"
+            elif ep.chain is not None and ep.chain.broken:
+                why = "an earlier part of the episode was dropped"
+            elif self.buffered + steps > self.max_buffered_steps:
+                why = "more steps are waiting for the disk than max_buffered_steps"
+            else:
+                self.buffered += steps
+        if why is not None:
+            self.dropped(ep, why)
+            return 0
+        return _process_writer().put(self, ep)
+
+    def dropped(self, ep: Episode, why: str, *, waiting: bool = False) -> None:
+        """Count an episode dropped, give back what it held (and warn, at most every
+        10 s per recorder)."""
+        if ep.settled:
+            return
+        ep.settled = True
+        if ep.chain is not None:
+            ep.chain.broken = True
+        steps = len(ep.steps)
+        with self.lock:
+            self.held_bytes -= ep.reserved
+            if waiting:
+                self.buffered -= steps
+            ep.reserved = 0
+            counts = self.counts
+            counts["episodes_dropped"] += 1
+            counts["steps_dropped"] += steps
+            dropped = counts["episodes_dropped"]
+            now = time.monotonic()
+            warn = now - self._last_warning >= 10.0 or self._last_warning == 0.0
+            if warn:
+                self._last_warning = now
         _COUNTERS.add("dropped", 1, steps)
-        now = time.monotonic()
-        if now - self._last_warning >= 10.0 or self._last_warning == 0.0:
-            self._last_warning = now
+        if warn:
             _log.warning("envlink rollout recorder dropped an episode (%s); %d dropped "
-                         "so far in %s", why, counts["episodes_dropped"], self.directory)
+                         "so far in %s", why, dropped, self.directory)
+
+    def written(self, episodes: list[Episode]) -> None:
+        """Count episodes written and give back what they held."""
+        steps = sum(len(ep.steps) for ep in episodes)
+        size = sum(ep.reserved for ep in episodes)
+        for ep in episodes:
+            ep.settled = True
+            ep.reserved = 0
+        with self.lock:
+            self.held_bytes -= size
+            self.buffered -= steps
+            counts = self.counts
+            counts["episodes_written"] += len(episodes)
+            counts["steps_written"] += steps
+        _COUNTERS.add("written", len(episodes), steps)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts, all from one moment."""
+        with self.lock:
+            return dict(self.counts)
 
     def flush(self, timeout: float | None) -> bool:
         """Wait until every episode queued so far is written (``False``: timed out)."""
         writer = _process_writer()
-        with writer.cond:
-            target = writer.submitted
-            return writer.cond.wait_for(lambda: writer.done >= target, timeout)
+        return writer.wait(writer.last(), timeout)
 
     def close(self, timeout: float | None) -> bool:
         """Flush, then close the file; later episodes are dropped (counted)."""
         flushed = self.flush(timeout)
-        writer = _process_writer()
-        with writer.cond:
+        with self.lock:
             self.closed = True
-            fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
+        with self.io_lock:  # a write in progress ends first; none begins after
+            self._file.close()
         return flushed
 
     # ------------------------------------------------------------ writer side
 
-    def write(self, lines: list[bytes]) -> None:
-        """Write whole lines to this process's current file: as many whole lines as
-        fit in it with one ``write`` (a kill mid-write leaves one partial last line)."""
-        if self.pid != os.getpid():  # a forked child: files of its own
-            self.pid, self.fd, self.size = os.getpid(), None, 0
-            self.tag = secrets.token_hex(4)
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            if self.fd is None or (self.size + size and
-                                   self.size + size + len(line) > self.max_file_bytes):
-                self._write_all(b"".join(chunk))
-                chunk, size = [], 0
-                self._next_file()
-            chunk.append(line)
-            size += len(line)
-        self._write_all(b"".join(chunk))
+    def write(self, items: list[tuple[Episode, bytes]]) -> None:
+        """Write whole lines to this process's current file, as many as fit in it with
+        one ``write``, and count them written; a kill mid-write leaves one partial last
+        line. A write that stops short counts the lines it did not finish as dropped,
+        and the next line begins on a line of its own."""
+        with self.io_lock:
+            if self.closed:
+                for ep, _ in items:
+                    self.dropped(ep, "the recorder is closed", waiting=True)
+                return
+            chunk: list[tuple[Episode, bytes]] = []
+            size = 0
+            for item in items:
+                line = item[1]
+                if self._file.fd is None or (self.size + size and
+                                             self.size + size + len(line) > self.max_file_bytes):
+                    if not self._write_chunk(chunk):
+                        chunk, size = [], 0
+                        continue
+                    chunk, size = [], 0
+                    try:
+                        self._next_file()
+                    except OSError as exc:
+                        self.dropped(item[0], f"no file could be opened: {exc}",
+                                     waiting=True)
+                        continue
+                chunk.append(item)
+                size += len(line)
+            self._write_chunk(chunk)
 
-    def _write_all(self, data: bytes) -> None:
-        if not data:
-            return
-        assert self.fd is not None
+    def _write_chunk(self, chunk: list[tuple[Episode, bytes]]) -> bool:
+        """Write ``chunk`` with one ``write`` (more if the system writes less); count
+        its lines written or dropped. ``False``: the write failed."""
+        if not chunk:
+            return True
+        fd = self._file.fd
+        assert fd is not None
+        data = b"".join(line for _, line in chunk)
+        if self.partial:
+            data = b"\n" + data
+        lead = len(data) - sum(len(line) for _, line in chunk)
+        done = 0
+        error: OSError | None = None
         view = memoryview(data)
-        while view:
-            written = os.write(self.fd, view)
-            view = view[written:]
-        self.size += len(data)
+        try:
+            while done < len(data):
+                written = os.write(fd, view[done:])
+                if written == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += written
+        except OSError as exc:
+            error = exc
+        finally:
+            view.release()
+        self.size += done
+        if error is None:
+            self.partial = False
+            self.written([ep for ep, _ in chunk])
+            return True
+        if done >= lead:
+            self.partial = False  # the newline, at least, is there
+        end = lead
+        whole: list[Episode] = []
+        for ep, line in chunk:
+            end += len(line)
+            if end <= done:
+                whole.append(ep)
+            else:
+                if end - len(line) < done:
+                    self.partial = True  # a line begun and not finished
+                self.dropped(ep, f"it could not be written: {error}", waiting=True)
+        if whole:
+            self.written(whole)
+        return False
 
     def _next_file(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self._file.close()
         self.directory.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.directory / (f"{self.prefix}-{stamp}-{self.pid}-{self.tag}-"
                                  f"{next(self.index):04d}.jsonl")
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._file.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.size = 0
+        self.partial = False
         self.files.append(path)
 
 
@@ -301,31 +539,73 @@ class _Writer:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.cond = threading.Condition()
+        self.cond = threading.Condition(threading.Lock())
         self.queue: deque[tuple[Sink, Episode]] = deque()
         self.submitted = 0
         self.done = 0
-        #: Whether the thread waits for work (a submit then wakes it).
+        #: Whether the thread waits for work (a submit then wakes it), and whether a
+        #: caller waits for the queue (the writer then does not gather).
         self.idle = False
-        self.thread = threading.Thread(target=self._run, name="envlink-rollout-writer",
-                                       daemon=True)
-        self.thread.start()
+        self.urgent = False
+        self.thread = self._start()
+
+    def _start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="envlink-rollout-writer",
+                                  daemon=True)
+        thread.start()
+        return thread
+
+    def put(self, sink: Sink, ep: Episode) -> int:
+        with self.cond:
+            self.queue.append((sink, ep))
+            self.submitted += 1
+            number = self.submitted
+            if self.idle:  # else the writer takes it with what it is gathering
+                self.idle = False
+                self.cond.notify()
+            elif not self.thread.is_alive():
+                self.thread = self._start()
+        return number
+
+    def last(self) -> int:
+        with self.cond:
+            return self.submitted
+
+    def wait(self, number: int, timeout: float | None) -> bool:
+        """Wait until the episodes up to ``number`` are written or dropped."""
+        with self.cond:
+            if self.done >= number:
+                return True
+            if not self.thread.is_alive():
+                self.thread = self._start()
+            self.urgent = True
+            self.cond.notify_all()
+            return self.cond.wait_for(lambda: self.done >= number, timeout)
 
     def _run(self) -> None:
-        cond, queue = self.cond, self.queue
         while True:
-            with cond:
-                while not queue:
-                    self.idle = True
-                    cond.wait()
-                self.idle = False
+            try:
+                self._once()
+            except BaseException:  # never ends the writer (a redactor's SystemExit...)
+                _log.exception("envlink rollout writer failed; it goes on")
+
+    def _once(self) -> None:
+        cond, queue = self.cond, self.queue
+        with cond:
+            while not queue:
+                self.idle = True
+                cond.wait()
+            self.idle = False
             # Let the episodes ending meanwhile join this batch: one wake-up and one
-            # write per file for many episodes, each still on disk well within 1 s.
-            time.sleep(_GATHER)
-            with cond:
-                batch = list(queue)
-                queue.clear()
+            # write per file for many episodes, each still on disk well within 1 s;
+            # unless a caller waits.
+            cond.wait_for(lambda: self.urgent, _GATHER)
+            self.urgent = False
+            batch = list(queue)
+            queue.clear()
+        try:
             self._write(batch)
+        finally:
             with cond:
                 self.done += len(batch)
                 cond.notify_all()
@@ -336,34 +616,27 @@ class _Writer:
             try:
                 line = to_json(episode_record(ep, sink.redact),
                                inf_nan_mode="constants") + b"\n"
-            except Exception as exc:  # a redaction or an answer that cannot be written
-                with self.cond:
-                    sink.buffered -= len(ep.steps)
-                sink.dropped(len(ep.steps), f"it could not be serialised: {exc!r}")
+            except BaseException as exc:  # a redaction or an answer that cannot be written
+                sink.dropped(ep, f"it could not be serialised: {exc!r}", waiting=True)
                 continue
             by_sink.setdefault(sink, []).append((ep, line))
         for sink, items in by_sink.items():
-            steps = sum(len(ep.steps) for ep, _ in items)
             try:
-                if sink.closed:
-                    raise OSError("the recorder is closed")
-                sink.write([line for _, line in items])
-            except OSError as exc:
-                with self.cond:
-                    sink.buffered -= steps
-                for ep, _ in items:
-                    sink.dropped(len(ep.steps), f"it could not be written: {exc}")
-                continue
-            with self.cond:
-                sink.buffered -= steps
-            counts = sink.counts
-            counts["episodes_written"] += len(items)
-            counts["steps_written"] += steps
-            _COUNTERS.add("written", len(items), steps)
+                sink.write(items)
+            except BaseException as exc:
+                for ep, _ in items:  # those not counted yet
+                    sink.dropped(ep, f"it could not be written: {exc!r}", waiting=True)
 
 
 _WRITER: _Writer | None = None
 _WRITER_LOCK = threading.Lock()
+#: This process's sinks and tapes (a forked child resets them; exit closes the tapes).
+_SINKS: weakref.WeakSet[Sink] = weakref.WeakSet()
+_TAPES: weakref.WeakSet[Any] = weakref.WeakSet()
+#: The process whose exit hooks are registered.
+_HOOKED_PID = 0
+#: This process's generation: one more in a forked child.
+_GENERATION = 0
 
 
 def _process_writer() -> _Writer:
@@ -378,13 +651,57 @@ def _process_writer() -> _Writer:
         return _WRITER
 
 
-def _flush_at_exit() -> None:
+def writer_number() -> tuple[_Writer, int]:
+    """This process's writer and the number of the last episode queued to it."""
+    writer = _process_writer()
+    return writer, writer.last()
+
+
+def track(tape: Any) -> None:
+    """Know ``tape`` at exit; make sure this process's exit hooks are in place."""
+    _TAPES.add(tape)
+    if os.getpid() != _HOOKED_PID:
+        _hook_exit()
+
+
+def _hook_exit() -> None:
+    global _HOOKED_PID
+    with _WRITER_LOCK:
+        if os.getpid() == _HOOKED_PID:
+            return
+        _HOOKED_PID = os.getpid()
+    # A multiprocessing child ends with os._exit after running these finalizers.
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.Finalize(None, _write_at_exit, exitpriority=-100)
+
+
+def _write_at_exit() -> None:
+    """The episodes still open end as ``close``; then everything queued is written."""
+    for tape in list(_TAPES):
+        try:
+            tape.close(wait=False)
+        except Exception:
+            _log.exception("envlink rollout recorder could not end an episode at exit")
     writer = _WRITER
     if writer is None or writer.pid != os.getpid():
         return
-    with writer.cond:
-        target = writer.submitted
-        writer.cond.wait_for(lambda: writer.done >= target, 5.0)
+    writer.wait(writer.last(), _EXIT_WAIT)
 
 
-atexit.register(_flush_at_exit)
+def _after_fork_in_child() -> None:
+    global _WRITER, _WRITER_LOCK, _GENERATION
+    _WRITER, _WRITER_LOCK = None, threading.Lock()
+    _GENERATION += 1
+    for sink in list(_SINKS):
+        sink.after_fork_in_child()
+    for tape in list(_TAPES):
+        tape.after_fork_in_child()
+
+
+# atexit runs its hooks last registered first: this one, registered at import, may run
+# before a client's closes registered later; it ends the open episodes itself, and a
+# client closed after it finds none.
+atexit.register(_write_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
