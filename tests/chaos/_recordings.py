@@ -1,8 +1,9 @@
 """The recording check of the chaos suite: what the recorder wrote, against the caller.
 
 Every chaos client runs with a :class:`~envlink.RolloutRecorder`; after each phase
-the files are read back (``envlink rollouts``' reader, parts joined) and compared
-with the calls the caller made (:class:`_oracle.Call`, one segment per reset seed):
+the files are read back (by a reader of the documented format of its own here, parts
+joined; not envlink's, which is under test too) and compared with the calls the
+caller made (:class:`_oracle.Call`, one segment per reset seed):
 
 - every line whole (no partial, malformed or foreign line, no incomplete episode);
 - every episode once: one record for each segment whose reset the caller got, none
@@ -19,13 +20,12 @@ with the calls the caller made (:class:`_oracle.Call`, one segment per reset see
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-from envlink._recording.rollouts import OUTCOMES, RolloutFiles, read_episodes
 
 from ._oracle import Call, project
 
@@ -52,6 +52,69 @@ class RecordingCounts:
         return {k: self.counts[k] for k in keys}
 
 
+#: The outcomes the format allows an episode (``continued`` only ends a part).
+OUTCOMES = ("done", "reset", "close", "lost")
+
+
+@dataclass
+class _Read:
+    files: int = 0
+    broken: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    repeated: list[str] = field(default_factory=list)
+
+
+def _lines(directory: Path, read: _Read) -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted(directory.rglob("*.jsonl")):
+        read.files += 1
+        with path.open("rb") as stream:
+            for number, line in enumerate(stream, 1):
+                where = f"{path.name}:{number}"
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    record = None
+                if not line.endswith(b"\n") or not isinstance(record, dict) \
+                        or record.get("schema") != "envlink.rollout/1":
+                    read.broken.append(where)
+                    continue
+                yield where, record
+
+
+def read_recording(directory: Path, read: _Read) -> list[dict[str, Any]]:
+    """The episodes in ``directory``, a long one's parts joined (docs/recording.md):
+    parts share ``episode_id``, ``session_id``, ``pid`` and ``start``, are numbered from
+    1, all but the last with outcome ``continued``; the reset is part 1's, the steps and
+    unknown steps every part's in order, the outcome and return the last part's."""
+    parts: dict[tuple[Any, ...], list[tuple[int, str, dict[str, Any]]]] = {}
+    for where, record in _lines(directory, read):
+        key = (record.get("episode_id"), record.get("session_id"), record.get("pid"),
+               record.get("start"))
+        parts.setdefault(key, []).append((int(record.get("part", 1)), where, record))
+    episodes = []
+    for key, all_parts in parts.items():
+        all_parts.sort(key=lambda p: p[0])
+        found = []
+        for number, where, record in all_parts:
+            if found and found[-1][0] == number:
+                read.repeated.append(f"episode {key[0]} part {number} at {found[-1][1]} "
+                                     f"and again at {where}")
+            else:
+                found.append((number, where, record))
+        numbers = [n for n, _, _ in found]
+        last = found[-1][2]
+        if numbers != list(range(1, len(found) + 1)) or last.get("outcome") == "continued":
+            read.incomplete.append(f"episode {key[0]}: parts {numbers} "
+                                   f"(last {last.get('outcome')})")
+            continue
+        episode = dict(last, reset=found[0][2].get("reset"), where=found[0][1],
+                       steps=[s for _, _, r in found for s in r.get("steps") or ()],
+                       unknown_steps=[u for _, _, r in found
+                                      for u in r.get("unknown_steps") or ()])
+        episodes.append(episode)
+    return episodes
+
+
 def _answer(record: dict[str, Any]) -> dict[str, Any]:
     return project({"observation": record.get("observation"), "reward": record.get("reward"),
                     "done": record.get("done")})
@@ -70,14 +133,14 @@ def check_recording(directory: Path, segments: Sequence[_Segment], *, sequential
     ``optional``: seeds of episodes that may be missing (left open at a process's end,
     or dropped by a full disk; the caller checks why); when present, checked alike.
     """
-    report = RolloutFiles()
-    episodes = list(read_episodes(directory, report)) if directory.exists() else []
-    counts: Counter[str] = Counter(phases=1, files=len(report.files), episodes=len(episodes),
-                                   broken_lines=len(report.bad_lines),
-                                   incomplete=len(report.incomplete))
-    v = [f"{what}: recording has a broken line: {bad}" for bad in report.bad_lines]
-    v += [f"{what}: recorded episode {e.get('episode_id')} is incomplete ({e.get('missing')})"
-          for e in report.incomplete]
+    read = _Read()
+    episodes = read_recording(directory, read) if directory.exists() else []
+    counts: Counter[str] = Counter(phases=1, files=read.files, episodes=len(episodes),
+                                   broken_lines=len(read.broken),
+                                   incomplete=len(read.incomplete))
+    v = [f"{what}: recording has a broken line: {bad}" for bad in read.broken]
+    v += [f"{what}: recorded {text} is incomplete" for text in read.incomplete]
+    v += [f"{what}: recorded more than once: {text}" for text in read.repeated]
     by_seed: dict[Any, list[dict[str, Any]]] = {}
     for episode in episodes:
         seed = ((episode.get("reset") or {}).get("kwargs") or {}).get("seed")

@@ -66,6 +66,10 @@ def test_a_recording_of_what_the_caller_got_passes(tmp_path: Path) -> None:
 def test_each_defect_is_a_violation(tmp_path: Path) -> None:
     seg, record = _caller()
     (twice,) = _check(tmp_path, seg, record, record)
+    assert "recorded more than once: episode e part 1 at r.jsonl:1 and again at r.jsonl:2" \
+        in twice
+    again = dict(record, session_id="s2")  # the same episode from another session
+    (twice,) = _check(tmp_path, seg, record, again)
     assert "2 recorded episodes" in twice
     (missing,) = _check(tmp_path, seg)
     assert "0 recorded episodes" in missing
@@ -88,6 +92,16 @@ def test_each_defect_is_a_violation(tmp_path: Path) -> None:
     assert any("answered steps [8] listed as of unknown outcome" in v
                for v in _check(tmp_path, seg, known))
     assert any("broken line" in v for v in _check(tmp_path, seg, record, tail='{"sch'))
-    stranger = dict(record, reset=dict(record["reset"], kwargs={"seed": 99}))
+    stranger = dict(record, episode_id="f", reset=dict(record["reset"], kwargs={"seed": 99}))
     assert any("reset seed 99, which no reset of the caller began" in v
                for v in _check(tmp_path, seg, record, stranger))
+
+
+def test_parts_are_joined_and_a_missing_last_part_is_a_violation(tmp_path: Path) -> None:
+    seg, record = _caller()
+    first = dict(record, part=1, steps=record["steps"][:1], unknown_steps=[],
+                 outcome="continued")
+    second = dict(record, part=2, reset=None, steps=record["steps"][1:])
+    assert _check(tmp_path, seg, second, first) == []
+    found = _check(tmp_path, seg, first)
+    assert any("parts [1] (last continued) is incomplete" in v for v in found), found

@@ -282,3 +282,22 @@ def test_a_redacted_recording_cannot_be_verified(
         assert f"episode {record['episode_id']}" in out
         assert ": cannot verify (redacted)" in out and "differs" not in out
         assert "1 episode: 0 reproduced, 0 differ, 1 cannot verify (redacted)" in out
+
+
+def test_records_of_the_wrong_shape_are_named_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = {"schema": "envlink.rollout/1", "episode_id": "e", "session_id": "s", "pid": 1,
+            "start": 1.0, "reset": {"kwargs": {}, "observation": None}, "steps": [],
+            "outcome": "done"}
+    wrong = [dict(base, episode_id=["a"]), dict(base, steps=[{"index": 0}]),
+             dict(base, reset={"kwargs": [1]}), dict(base, part=0), dict(base, reset=None),
+             dict(base, outcome=None)]
+    (tmp_path / "w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in wrong),
+                                      encoding="utf-8")
+    for command in (["rollouts", str(tmp_path)],
+                    ["replay", str(tmp_path), "--url", "ws://127.0.0.1:9"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        for number in range(1, len(wrong) + 1):
+            assert f"w.jsonl:{number}: " in err
+        assert "no recorded episode" in err and "Traceback" not in err

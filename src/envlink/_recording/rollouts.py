@@ -140,12 +140,18 @@ def _problem(record: Any) -> str | None:
     part = record.get("part", 1)
     if isinstance(part, bool) or not isinstance(part, int) or part < 1:
         return f"its part is not a positive integer: {part!r}"
+    for name, kinds in (("episode_id", (str, type(None))), ("session_id", (str, type(None))),
+                        ("pid", (int, type(None))), ("start", (int, float, type(None)))):
+        if not isinstance(record.get(name), kinds):
+            return f"its {name} is not a {' or '.join(k.__name__ for k in kinds)}"
     if not isinstance(record.get("steps"), list) or not all(
-            isinstance(s, dict) for s in record["steps"]):
-        return "its steps are not a list of objects"
+            isinstance(s, dict) and "action" in s for s in record["steps"]):
+        return "its steps are not a list of objects with an action"
     reset = record.get("reset")
     if part == 1 and not isinstance(reset, dict):
         return "part 1 has no reset object"
+    if isinstance(reset, dict) and not isinstance(reset.get("kwargs", {}), dict):
+        return "its reset kwargs are not an object"
     if not isinstance(record.get("outcome"), str):
         return "it has no outcome"
     if not isinstance(record.get("unknown_steps", []), list):
