@@ -71,6 +71,8 @@ def test_replay_usage_and_connection_errors(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "missing"), "--url", "ws://127.0.0.1:9"]) == 2
     assert main(["replay", str(tmp_path), "--url", "ws://127.0.0.1:9"]) == 2  # no episode
+    assert main(["rollouts", str(tmp_path)]) == 2  # the same rule for both commands
+    assert capsys.readouterr().err.count(f"no recorded episode in {tmp_path}") == 2
     with ServerThread(env="deterministic", ping_interval=None) as st:
         _record(st.url, tmp_path)
         port = st.port
