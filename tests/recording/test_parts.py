@@ -143,3 +143,22 @@ def test_replay_joins_the_parts(tmp_path: Path, recorded: list[dict[str, Any]],
         out = capsys.readouterr().out
         assert "incomplete (final part missing), not replayed" in out
         assert "1 episode: 0 reproduced, 0 differ, 1 incomplete" in out
+
+
+def test_the_recorders_own_parts_are_joined_and_replayed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Parts as the recorder writes them (part_steps=2): one episode to rollouts, replay
+    and the export, its return the last part's."""
+    with ServerThread(env="deterministic", ping_interval=None) as st:
+        with RolloutRecorder(tmp_path / "rec", part_steps=2) as recorder, \
+                GenericEnvClient(st.url, recorder=recorder).sync() as env:
+            env.reset(seed=4, max_steps=5)
+            rewards = [env.step({"move": m}).reward for m in (1, 2, 3, 4, 5)]
+        lines = load(tmp_path / "rec")
+        assert [r.get("part", 1) for r in lines] == [1, 2, 3]
+        assert main(["rollouts", str(tmp_path / "rec"), "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert (summary["episodes"], summary["steps"], summary["incomplete"]) == (1, 5, 0)
+        assert summary["return"]["mean"] == pytest.approx(sum(rewards))
+        assert main(["replay", str(tmp_path / "rec"), "--url", st.url]) == 0
+        assert "reproduced (5 steps)" in capsys.readouterr().out
