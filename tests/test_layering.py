@@ -105,9 +105,11 @@ def test_import_envlink_never_imports_ray() -> None:
 def test_the_chaos_suite_uses_the_public_api_only() -> None:
     """tests/chaos imports envlink and envlink.server public names only (survives refactors)."""
     import envlink
+    import envlink.integrations
     import envlink.server
 
-    public = {"envlink": set(envlink.__all__), "envlink.server": set(envlink.server.__all__)}
+    public = {"envlink": set(envlink.__all__), "envlink.server": set(envlink.server.__all__),
+              "envlink.integrations": set(envlink.integrations.__all__)}
     files = sorted((ROOT / "tests" / "chaos").glob("*.py"))
     assert files
     for path in files:

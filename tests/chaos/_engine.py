@@ -7,8 +7,10 @@ server's deterministic environment while faults are injected. Everything is draw
 one seeded RNG per episode, so ``seed`` + episode number reproduces it (timing aside).
 
 After every episode the records of each segment (one reset seed) go through
-:func:`_oracle.check_segment`; threads, tasks, file descriptors and memory are watched
-across episodes. Only the public envlink API and the reference server are used.
+:func:`_oracle.check_segment`, and what the episode's recorder wrote goes through
+:func:`_recordings.check_recording`; threads, tasks, file descriptors and memory are
+watched across episodes. Only the public envlink API and the reference server are used
+(and envlink's own reader of rollout files).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from envlink import (
     EnvlinkError,
     GenericEnvClient,
     ReconnectPolicy,
+    RolloutRecorder,
     SessionLostError,
     SyncEnvClient,
     Timeout,
 )
 
 from ._oracle import MAX_STEPS, Call, Ledger, check_segment, project
+from ._recordings import check_recording
 from ._servers import (
     CLIENT_MAX_MESSAGE,
     FAULT_KINDS,
@@ -59,6 +63,9 @@ PROTOCOLS = ("plain", "ext")
 THREADS = 8
 #: Seconds a call may take beyond its own deadline.
 TOLERANCE = 0.1
+#: The recording checks' counts, in the report.
+RECORDING_KEYS = ("phases", "files", "episodes", "steps", "unknown_steps", "broken_lines",
+                  "incomplete")
 _HARNESS_THREADS = ("chaos-", "envlink-test-server", "asyncio_")
 
 
@@ -83,6 +90,8 @@ class ChaosConfig:
         streams: ``"inprocess"`` and/or ``"kill"``.
         report: where the JSON report goes (default: a temporary directory).
         label: name of the run in the report and the summary.
+        recordings: where each episode's recorder writes (a directory per episode,
+            removed once checked; default: a temporary directory, removed at the end).
     """
 
     seed: int = 9
@@ -97,6 +106,7 @@ class ChaosConfig:
     streams: tuple[str, ...] = ("inprocess", "kill")
     report: Path | None = None
     label: str = "bounded"
+    recordings: Path | None = None
 
     @property
     def waves(self) -> int:
@@ -121,6 +131,9 @@ class Stats:
     rss_mb: list[float] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    #: What the recording checks read: phases, files, episodes, steps, unknown steps,
+    #: broken lines, incomplete episodes.
+    recording: Counter[str] = field(default_factory=Counter)
 
     def violation(self, text: str) -> None:
         self.violation_count += 1
@@ -149,6 +162,7 @@ class Stats:
             "late_excused_by_cpu_starvation": self.late_excused,
             "rss_mb": _trend(self.rss_mb),
             "fds": _trend([float(n) for n in self.fds]),
+            "recording": {k: self.recording[k] for k in RECORDING_KEYS},
             "workers": 1,
         }
 
@@ -193,6 +207,7 @@ def merge_reports(reports: list[dict[str, Any]], *, label: str, seed: int,
                                               for r in reports),
         "rss_mb": [r["rss_mb"] for r in reports],
         "fds": [r["fds"] for r in reports],
+        "recording": {k: sum(r["recording"][k] for r in reports) for k in RECORDING_KEYS},
         "workers": len(reports),
     }
 
@@ -213,6 +228,12 @@ def format_summary(report: dict[str, Any], path: Path | None = None) -> str:
                 + ", ".join(f"{k}={v}" for k, v in sorted(calls.items())) + ")")
     rows.append("  errors by type: " + (", ".join(
         f"{k}={v}" for k, v in report["errors_by_type"].items()) or "none"))
+    recording = report["recording"]
+    rows.append(f"  recordings checked: {recording['phases']} phases, {recording['files']} "
+                f"files, {recording['episodes']} episodes, {recording['steps']} steps, "
+                f"{recording['unknown_steps']} steps of unknown outcome; "
+                f"{recording['broken_lines']} broken lines, {recording['incomplete']} "
+                "incomplete episodes")
     rows.append(f"  violations: {report['violations']}   leaks: {report['leaks']}   "
                 f"max past deadline: {report['max_seconds_past_deadline'] * 1000:.0f} ms "
                 f"(calls past deadline + {TOLERANCE * 1000:.0f} ms only by measured CPU "
@@ -254,7 +275,8 @@ class ChaosRun:
 # ---------------------------------------------------------------------- helpers
 
 
-def _client(url: str, policy: str, protocol: str, *, kill: bool = False) -> GenericEnvClient:
+def _client(url: str, policy: str, protocol: str, *, kill: bool = False,
+            recorder: RolloutRecorder | None = None) -> GenericEnvClient:
     reconnect = ReconnectPolicy(
         max_attempts=40 if kill else 6, max_elapsed=8.0 if kill else 3.0,
         initial_delay=0.01, max_delay=0.1 if kill else 0.02, stable_after=0.5,
@@ -263,7 +285,7 @@ def _client(url: str, policy: str, protocol: str, *, kill: bool = False) -> Gene
         base_url=url, timeout=Timeout(3.0, connect=2.0, close=2.0), reconnect=reconnect,
         on_session_lost=policy,  # type: ignore[arg-type]
         extensions=protocol == "ext", ping_interval=None, ping_timeout=0.3,
-        max_message_size=CLIENT_MAX_MESSAGE,
+        max_message_size=CLIENT_MAX_MESSAGE, recorder=recorder,
     )
 
 
@@ -443,9 +465,46 @@ class _Runner:
         self.servers = servers
         self.ledger = ledger
         self.caller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chaos-caller")
+        self._own_root = config.recordings is None
+        self.recordings = (Path(tempfile.mkdtemp(prefix="envlink-chaos-recordings-"))
+                           if config.recordings is None else config.recordings)
+        self.recorder: RolloutRecorder | None = None
+        self._recorded = 0
 
     def close(self) -> None:
         self.caller.shutdown(wait=True)
+        if self.recorder is not None:
+            self.recorder.close()
+        if self._own_root:
+            shutil.rmtree(self.recordings, ignore_errors=True)
+
+    # -------------------------------------------------------------- recording
+
+    def recording(self) -> RolloutRecorder:
+        """A recorder of its own for the next episode's client (checked by :meth:`check`)."""
+        if self.recorder is not None:  # an episode that was never checked
+            self.recorder.close()
+        self._recorded += 1
+        self.recorder = RolloutRecorder(self.recordings / f"episode-{self._recorded}")
+        return self.recorder
+
+    def check_recording(self, segments: list[_Segment], *, sequential: bool,
+                        tag: str) -> None:
+        """What the episode's recorder wrote, against what its caller got; then removed."""
+        recorder, self.recorder = self.recorder, None
+        if recorder is None:
+            return
+        if not recorder.close(timeout=30.0):
+            self.stats.violation(f"[{tag}] recording: not flushed within 30 s")
+        violations, counts = check_recording(recorder.directory, segments,
+                                             sequential=sequential, what=f"[{tag}] recording")
+        for text in violations:
+            self.stats.violation(text)
+        dropped = recorder.stats.get("episodes_dropped", 0)
+        if dropped:
+            self.stats.violation(f"[{tag}] recording: {dropped} episodes dropped")
+        self.stats.recording.update(counts)
+        shutil.rmtree(recorder.directory, ignore_errors=True)
 
     # -------------------------------------------------------------- faults
 
@@ -482,6 +541,7 @@ class _Runner:
                                    sequential=sequential, tolerance=TOLERANCE):
                 stats.violation(f"[{tag}] {v} | calls: {_describe(seg.calls)}")
         self.ledger.forget(seg.seed for seg in segments)
+        self.check_recording(segments, sequential=sequential, tag=tag)
 
     def after_episode(self, threads_before: set[int], tag: str) -> None:
         for name in _stray_threads(threads_before):
@@ -495,7 +555,7 @@ class _Runner:
         """One client (async, or its sync facade called from a caller thread)."""
         assert self.servers is not None
         url = self.servers.url(plan.protocol)
-        client = _client(url, plan.policy, plan.protocol)
+        client = _client(url, plan.policy, plan.protocol, recorder=self.recording())
         facade: SyncEnvClient[Any, Any, Any] | None = None
         loop = asyncio.get_running_loop()
         if plan.driver == "sync":
@@ -575,7 +635,8 @@ class _Runner:
     def threads_episode(self, plan: _Plan) -> list[_Segment]:
         """One sync facade shared by 8 caller threads, in waves of concurrent calls."""
         assert self.servers is not None
-        client = _client(self.servers.url(plan.protocol), plan.policy, plan.protocol)
+        client = _client(self.servers.url(plan.protocol), plan.policy, plan.protocol,
+                         recorder=self.recording())
         facade = client.sync()
         seg = _Segment(plan.base_seed)
         rng = plan.rng
@@ -645,7 +706,7 @@ class _Runner:
         """An episode on an ``envlink serve`` process that is killed with SIGKILL."""
         protocol = "ext" if kind == "kill9_store" or number % 2 else "plain"
         rng = random.Random(f"{self.config.seed}:kill:{number}")
-        client = _client(server.url, policy, protocol, kill=True)
+        client = _client(server.url, policy, protocol, kill=True, recorder=self.recording())
         target: Any = client.sync() if driver == "sync" else None
         loop = asyncio.new_event_loop() if target is None else None
 
@@ -733,7 +794,8 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
     where a drop under a step in flight ends the episode by design, an error frame,
     slow answers and an oversize frame (replayed from).
     """
-    client = _client(servers.url(protocol), policy, protocol)
+    runner = _Runner(ChaosConfig(seed=seed), stats, servers, ledger)
+    client = _client(servers.url(protocol), policy, protocol, recorder=runner.recording())
     seg = _Segment(seed)
     if protocol == "ext":
         kinds = ["drop_after_apply", "error", "corrupt", "slow"]
@@ -743,7 +805,6 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
         kinds = ["error", "slow", "oversize"]
     milestones = [((i + 1) * calls // (len(kinds) + 1), kind) for i, kind in enumerate(kinds)]
     rng = random.Random(seed)
-    runner = _Runner(ChaosConfig(seed=seed), stats, servers, ledger)
     done = threading.Event()
 
     def inject(base: int) -> None:
@@ -784,10 +845,10 @@ def load_async(servers: InProcessServers, ledger: Ledger, *, calls: int, policy:
 
     try:
         asyncio.run(main())
+        runner.check([seg], policy=policy, sequential=False, in_process=True,
+                     tag=f"load async {calls} calls {policy}/{protocol}")
     finally:
         runner.close()
-    runner.check([seg], policy=policy, sequential=False, in_process=True,
-                 tag=f"load async {calls} calls {policy}/{protocol}")
     return [seg]
 
 
@@ -831,6 +892,9 @@ def run_chaos(config: ChaosConfig) -> ChaosRun:
     # baseline, so that its thread and fds, if a facade elsewhere keeps it running,
     # are not leaks (its thread ends when the last facade on it closes).
     envlink.default_bridge().call(asyncio.sleep, 0, timeout=10)
+    # The process's one rollout writer thread (it lives as long as the process), too.
+    with tempfile.TemporaryDirectory() as scratch:
+        RolloutRecorder(scratch).flush()
     gc.collect()
     threads_before = {t.ident for t in threading.enumerate() if t.ident is not None}
     fds_before = _fds()

@@ -7,8 +7,8 @@
   (``ENVLINK_CHAOS_WORKERS``, default 3).
 
 ``--chaos-seed`` / ``ENVLINK_CHAOS_SEED`` changes the seed; ``--chaos-report`` /
-``ENVLINK_CHAOS_REPORT`` says where the JSON report goes (default: a directory under
-the system's temporary directory, printed in the summary).
+``ENVLINK_CHAOS_REPORT`` says where the JSON report goes (default: the test's temporary
+directory under pytest's, which pytest cleans; printed in the summary).
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture
-def chaos_report(request: pytest.FixtureRequest) -> Callable[[str], Path | None]:
-    """The report path asked for (a label is appended for each run), else ``None``."""
+def chaos_report(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Path]:
+    """The report path asked for (a label is appended for each run), else one in the
+    test's own temporary directory (pytest's, which pytest cleans): the suite never
+    writes outside it."""
     base = request.config.getoption("--chaos-report") or os.environ.get("ENVLINK_CHAOS_REPORT")
 
-    def path(label: str) -> Path | None:
+    def path(label: str) -> Path:
         if not base:
-            return None
+            return tmp_path / f"chaos-{label}.json"
         target = Path(base)
         return target.with_name(f"{target.stem}-{label}{target.suffix or '.json'}")
 

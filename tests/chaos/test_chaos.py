@@ -46,19 +46,29 @@ def bounded(request: pytest.FixtureRequest) -> None:
 def _assert_clean(report: dict[str, Any]) -> None:
     assert report["violations"] == 0, report["violation_samples"][:5]
     assert report["leaks"] == 0, report["leak_samples"][:5]
+    # Every phase ran with a recorder, and its files were checked against the caller.
+    recording = report["recording"]
+    assert recording["phases"] >= 1 and recording["episodes"] >= 1, recording
+    assert (recording["broken_lines"], recording["incomplete"]) == (0, 0), recording
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("bounded")
-def test_chaos_in_process_bounded(chaos_seed: int, chaos_report: Callable[[str], Path | None],
+def test_chaos_in_process_bounded(request: pytest.FixtureRequest, tmp_path: Path,
+                                  chaos_seed: int, chaos_report: Callable[[str], Path],
                                   chaos_summary: Callable[[str], None]) -> None:
-    """Every face x policy x protocol under every in-process fault kind: no violation, no leak."""
+    """Every face x policy x protocol under every in-process fault kind: no violation, no
+    leak, and every episode's recording exactly what its caller got."""
     run = run_chaos(ChaosConfig(seed=chaos_seed, episodes=36, streams=("inprocess",),
                                 report=chaos_report("bounded-inprocess"),
-                                label="bounded-inprocess"))
+                                label="bounded-inprocess", recordings=tmp_path / "rec"))
     chaos_summary(run.summary())
     report = run.report
     _assert_clean(report)
+    assert report["recording"]["phases"] == 36
+    if not (request.config.getoption("--chaos-report")
+            or os.environ.get("ENVLINK_CHAOS_REPORT")):
+        assert run.report_path.parent == tmp_path  # never outside pytest's directory
     assert report["episodes"]["total"] == 36
     for face in ("async", "sync", "threads"):
         assert report["episodes"][f"driver:{face}"] == 12
@@ -68,12 +78,13 @@ def test_chaos_in_process_bounded(chaos_seed: int, chaos_report: Callable[[str],
 
 @pytest.mark.timeout(180)
 @pytest.mark.usefixtures("bounded")
-def test_chaos_kill_9_bounded(chaos_seed: int, chaos_report: Callable[[str], Path | None],
+def test_chaos_kill_9_bounded(tmp_path: Path, chaos_seed: int,
+                              chaos_report: Callable[[str], Path],
                               chaos_summary: Callable[[str], None]) -> None:
     """kill -9 of real `envlink serve` processes, with and without --session-store: all clean."""
     run = run_chaos(ChaosConfig(seed=chaos_seed, episodes=0, kill_episodes=12,
                                 streams=("kill",), report=chaos_report("bounded-kill"),
-                                label="bounded-kill"))
+                                label="bounded-kill", recordings=tmp_path / "rec"))
     chaos_summary(run.summary())
     report = run.report
     _assert_clean(report)
@@ -123,7 +134,7 @@ def test_load_8_threads_share_one_sync_client(
 
 @pytest.mark.timeout(3600)
 def test_chaos_soak(request: pytest.FixtureRequest, chaos_seed: int,
-                    chaos_report: Callable[[str], Path | None],
+                    chaos_report: Callable[[str], Path],
                     chaos_summary: Callable[[str], None]) -> None:
     """Soak: >= 1,000 episodes and >= 500 injected faults of every kind, with no violation."""
     if not soak_enabled(request.config):

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Any
 
@@ -89,6 +89,8 @@ class _Episode:
     elapsed: float
     url: str
     recovery: _Recovery
+    #: the rollout files written (``--record``), else empty.
+    recorded: list[str] = field(default_factory=list)
 
 
 def percentile(samples: Sequence[float], p: int) -> float:
@@ -340,13 +342,15 @@ def _episode(steps: int, tracer_provider: Any, meter_provider: Any, *,
                 dedup_hits=counts[4], drops=counts[5])
             log.info("envlink.demo.episode_done", calls=len(calls), resumes=recovery.resumes)
         elapsed = time.perf_counter() - started
+        recorded: list[str] = []
         if recorder is not None:  # the client is closed: its episode ended as "close"
             recorder.close()
-            log.info("envlink.demo.recorded", files=[str(f) for f in recorder.files])
+            recorded = [str(f) for f in recorder.files]
+            log.info("envlink.demo.recorded", files=recorded)
     finally:
         server.__exit__(None, None, None)
     _check(recovery)
-    return _Episode(calls, elapsed, url, recovery)
+    return _Episode(calls, elapsed, url, recovery, recorded)
 
 
 def _check(r: _Recovery) -> None:
@@ -392,6 +396,10 @@ def _report(out: IO[str], episode: _Episode, spans: Sequence[Any]) -> None:
     tree = ([s for s in spans if s.context.trace_id == roots[-1].context.trace_id]
             if roots else [])
     _report_recovery(out, episode.recovery, tree)
+    if episode.recorded:
+        out.write("\nrecorded (envlink rollouts / envlink replay read it):\n")
+        for name in episode.recorded:
+            out.write(f"  {name}\n")
     if roots:
         trace_id = roots[-1].context.trace_id
         out.write(f"\nspan tree (trace {trace_id:032x}, {len(tree)} spans):\n")

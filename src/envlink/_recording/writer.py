@@ -238,6 +238,8 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
         "envlink": __version__,
         "pid": _PID,
     }
+    if redact is not None:  # what replay compares is not what the server answered
+        out["redacted"] = True
     if chain is not None:
         chain.total = total  # only once the whole part could be made
     return out
