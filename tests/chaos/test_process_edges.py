@@ -199,12 +199,7 @@ def test_a_disk_that_fills_up(tmp_path: Path, server: ServerThread) -> None:
 
 #: Marks the pool failover phase until a pool's failover records an episode once
 #: (issue 47, build item 2): the rebuild's re-sent steps are otherwise a second record.
-FAILOVER_RECORDED_TWICE = pytest.mark.xfail(
-    reason="a pool's failover records the rebuilt episode twice until it records it once "
-           "(issue 47, build item 2)", strict=False)
 
-
-@FAILOVER_RECORDED_TWICE
 async def test_a_pool_failing_over_between_two_servers(tmp_path: Path) -> None:
     """A pool with ``on_session_lost="replay"`` over two servers, one killed between two
     steps of a batch: every episode recorded once, every step once, in order, as the
