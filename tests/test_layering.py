@@ -416,3 +416,13 @@ def test_every_exception_class_is_defined_in_the_error_module() -> None:
     assert elsewhere == [], "public exception classes outside envlink._errors"
     names = [name.lstrip("_") for _module, name in classes]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_one_module_frames_a_json_rpc_request() -> None:
+    """The client's JSON-RPC envelope (``"jsonrpc": "2.0"``) is built in
+    ``_sansio/jsonrpc.py`` alone: the ``mcp`` frame and ``POST /mcp`` both take it from
+    there (the reference server frames its own answers)."""
+    found = [name for name, path in modules()
+             if re.search(r"""["']jsonrpc["']\s*:""", path.read_text())
+             and name != "envlink._sansio.jsonrpc" and not name.startswith("envlink.server")]
+    assert found == []
