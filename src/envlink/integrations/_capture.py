@@ -52,7 +52,7 @@ from envlink._events.client_events import (
 )
 from envlink._transports.base import parse_endpoint
 from envlink._transports.http import request_json
-from envlink.integrations._runtime import Lease, transient
+from envlink.integrations._runtime import Lease, stop_run, transient, wait_for_run
 from envlink.names import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
@@ -296,21 +296,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
         if run is None or self._closed:
             raise ClientClosedError("the capture session is closed")
 
-        async def wait() -> StepResult[Any]:
-            try:
-                return await asyncio.wait_for(asyncio.shield(run), timeout_s)
-            except asyncio.CancelledError:
-                if not run.cancelled():
-                    raise
-                raise ClientClosedError("the capture session was closed while its run "
-                                        "was awaited") from None
-
-        try:
-            result = self.client.bridge.call(wait, timeout=None, method="harness.wait")
-        except asyncio.TimeoutError as exc:
-            if isinstance(exc, EnvlinkError):
-                raise
-            raise TimeoutError(f"the agent's run did not complete in {timeout_s} s") from None
+        result = wait_for_run(self.client.bridge, run, timeout_s, "capture")
         metadata = _metadata(result)
         if metadata.get("error_type") or metadata.get("error"):
             raise HarnessTurnError(str(metadata.get("error") or "the agent's run failed"),
@@ -406,11 +392,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
         proxy, key = self._proxy, self._key
 
         async def stop() -> None:
-            if run is not None:
-                if not run.done():
-                    run.cancel()
-                with contextlib.suppress(BaseException):
-                    await run
+            await stop_run(run)
             with contextlib.suppress(Exception):
                 await proxy.delete(key)
 
