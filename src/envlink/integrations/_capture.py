@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from envlink._client.client import StepResult
@@ -62,11 +62,28 @@ from envlink.names import (
 )
 
 if TYPE_CHECKING:
-    from envlink.integrations.openenv_harness import EnvlinkSessionFactory
+    from envlink._client.configuration import ClientConfig
 
 __all__ = ["CaptureProxy", "EnvlinkCaptureSession", "openai_agent_env", "retryable"]
 
 Message = dict[str, Any]
+
+
+class CaptureFactory(Protocol):
+    """What a capture session reads of the factory that made it (an
+    ``EnvlinkSessionFactory``): declared here, so that this module does not import the
+    factory's, which imports it."""
+
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def client_config(self) -> ClientConfig: ...
+    @property
+    def run_timeout(self) -> float | None: ...
+    @property
+    def initial_messages(self) -> Callable[[StepResult[Any], Any], list[Message]]: ...
+    @property
+    def reward(self) -> Callable[[Any, list[Message]], float | None] | None: ...
 
 #: The largest capture document read back (a long agentic rollout's token ids).
 _MAX_CAPTURE = 256 * 1024 * 1024
@@ -151,7 +168,7 @@ class CaptureProxy:
         await self._request("DELETE", f"/sessions/{quote(key, safe='')}")
 
 
-def turn_hook(factory: EnvlinkSessionFactory, url: str) -> ClientHook:
+def turn_hook(factory: CaptureFactory, url: str) -> ClientHook:
     """The hook the ``harness_turn`` call is reported to: the factory's client hooks,
     else envlink's OpenTelemetry emitter (as the harness client does)."""
     config = factory.client_config
@@ -202,7 +219,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
     and :meth:`call_tool` raises.
     """
 
-    def __init__(self, factory: EnvlinkSessionFactory, lease: Lease, proxy: CaptureProxy,
+    def __init__(self, factory: CaptureFactory, lease: Lease, proxy: CaptureProxy,
                  minted: Mapping[str, Any], task: Any, reset: StepResult[Any]) -> None:
         self._factory = factory
         self._lease = lease
@@ -367,7 +384,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
         verify_cls = _openenv_types()[2]
         result = self._result()
         if self._factory.reward is not None:
-            reward = self._factory.reward(self, transcript)  # type: ignore[arg-type]
+            reward = self._factory.reward(self, transcript)
         else:
             reward = None if result is None or result.reward is None else float(result.reward)
         events = _metadata(result).get("turn_events")
