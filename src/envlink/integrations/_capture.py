@@ -220,8 +220,11 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
     """
 
     def __init__(self, factory: CaptureFactory, lease: Lease, proxy: CaptureProxy,
-                 minted: Mapping[str, Any], task: Any, reset: StepResult[Any]) -> None:
+                 minted: Mapping[str, Any], task: Any, reset: StepResult[Any],
+                 verify_result: type[Any]) -> None:
         self._factory = factory
+        #: OpenEnv's ``VerifyResult``, or its look-alike when OpenEnv is not installed.
+        self._verify_result = verify_result
         self._lease = lease
         self._proxy = proxy
         self._key = str(minted["session_id"])
@@ -379,9 +382,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
             run's step reward (``None``, unscored, when it gave none or did not
             complete), ``done``, and ``metrics`` with the run's tool calls.
         """
-        from envlink.integrations.openenv_harness import _openenv_types
-
-        verify_cls = _openenv_types()[2]
+        verify_cls = self._verify_result
         result = self._result()
         if self._factory.reward is not None:
             reward = self._factory.reward(self, transcript)

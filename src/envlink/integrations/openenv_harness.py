@@ -681,7 +681,8 @@ class EnvlinkSessionFactory:
             result: StepResult[Any] = bridge.call(
                 reset_until_ready, client.async_client, kwargs, deadline=left,
                 policy=policy, timeout=left + 5.0, method="harness.create")
-            session = EnvlinkCaptureSession(self, lease, proxy, minted, task, result)
+            session = EnvlinkCaptureSession(self, lease, proxy, minted, task, result,
+                                            _openenv_types()[2])
             session._start(_task_text(session.initial_messages()))
         except BaseException:
             if minted is not None:
