@@ -383,7 +383,7 @@ _DEPENDENCIES = ("asyncio", "websockets", "opentelemetry")
 #: dependency's.
 _OWN_OBJECTS = {
     ("_client/driver.py", "driver", "_lock"), ("_client/driver.py", "driver", "_loop"),
-    ("_client/driver.py", "driver", "_pid"), ("_sync/tasks.py", "client", "_endpoint"),
+    ("_client/driver.py", "driver", "_pid"), ("_client/tasks.py", "client", "_endpoint"),
     ("_config.py", "other", "_key"), ("_transports/mock.py", "self._transport", "_errors"),
     ("integrations/openenv_harness.py", "harness", "_endpoint"),
     ("integrations/openenv_harness.py", "session", "_start"),

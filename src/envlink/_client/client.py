@@ -33,6 +33,7 @@ from envlink._client.configuration import (
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
 from envlink._client.handles import SessionHandle
+from envlink._client.tasks import TaskAPI
 from envlink._config import (
     UNSET,
     CheckedTimeout,
@@ -62,7 +63,6 @@ from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame, Ste
 from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
 from envlink._sync.dispatch import AutoDispatch
-from envlink._sync.tasks import TaskAPI
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 from envlink.names import LOG_PROVIDER_STOP_FAILED
 
