@@ -63,10 +63,27 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from envlink._sansio.journal import EpisodeJournal
+
+class CarriedJournal(Protocol):
+    """An episode's journal as an error carries it: an
+    :class:`~envlink.EpisodeJournal` (``envlink._sansio.journal``), declared here by
+    what a caller reads of it, so that the error tree imports nothing of envlink."""
+
+    reset_kwargs: dict[str, Any]
+    entries: list[Any]
+    episode_id: str | None
+    unknown_steps: list[str]
+    steps_applied: int
+    truncated: bool
+
+    @property
+    def step_count(self) -> int: ...
+    @property
+    def replayable(self) -> bool: ...
+    def snapshot(self) -> Any: ...
+    def to_dict(self) -> dict[str, Any]: ...
 
 if sys.version_info >= (3, 11):
     _Timeout = TimeoutError
@@ -504,7 +521,7 @@ class SessionLostError(EnvlinkError):
 
     error_type = "session_lost"
 
-    def __init__(self, message: str, *, journal: EpisodeJournal | None = None) -> None:
+    def __init__(self, message: str, *, journal: CarriedJournal | None = None) -> None:
         super().__init__(message)
         self.journal = journal
 
@@ -527,7 +544,7 @@ class SessionGoneError(SessionLostError):
     error_type = "session_gone"
 
     def __init__(self, message: str, *, reason: str,
-                 journal: EpisodeJournal | None = None) -> None:
+                 journal: CarriedJournal | None = None) -> None:
         super().__init__(message, journal=journal)
         self.reason = reason
 
@@ -544,7 +561,7 @@ class ReplayDivergedError(SessionLostError):
     error_type = "replay_diverged"
 
     def __init__(self, message: str, *, index: int, expected: Any, actual: Any,
-                 journal: EpisodeJournal | None = None) -> None:
+                 journal: CarriedJournal | None = None) -> None:
         super().__init__(message, journal=journal)
         self.index = index
         self.expected = expected
