@@ -426,3 +426,86 @@ def test_one_module_frames_a_json_rpc_request() -> None:
              if re.search(r"""["']jsonrpc["']\s*:""", path.read_text())
              and name != "envlink._sansio.jsonrpc" and not name.startswith("envlink.server")]
     assert found == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import of every envlink module, wherever it is written (module level, in a
+    function, under ``if TYPE_CHECKING:``): module -> the envlink modules it imports."""
+    names = {name for name, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - node.level + 1]
+                    base = ".".join([*parts, *([base] if base else [])])
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in names else base
+                             for a in node.names)
+        graph[name] = {target for target in found if target in names and target != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected parts of the graph with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            part = set()
+            while True:
+                top = stack.pop()
+                part.add(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                cycles.append(part)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def _folder(module: str) -> str:
+    """The folder a module's file is in (a package's ``__init__`` is in its own)."""
+    path = SRC.parent.joinpath(*module.split("."))
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def test_no_import_cycle_between_folders_and_at_most_one_inside_a_folder() -> None:
+    """With every import counted, no two folders of envlink import each other (directly
+    or around a loop), and inside a folder at most one group of modules does."""
+    cycles = import_cycles(import_graph())
+    across = sorted(sorted(c) for c in cycles if len({_folder(m) for m in c}) > 1)
+    assert across == []
+    per_folder: dict[str, list[list[str]]] = {}
+    for cycle in cycles:
+        per_folder.setdefault(_folder(min(cycle)), []).append(sorted(cycle))
+    assert {f: c for f, c in per_folder.items() if len(c) > 1} == {}
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_type_checking_import() -> None:
+    """A self-test of the graph: an import under ``if TYPE_CHECKING:`` and one inside a
+    function count, and a loop through them is found."""
+    graph = {"a.x": {"a.y"}, "a.y": {"b.z"}, "b.z": {"a.x"}, "b.w": set()}
+    assert import_cycles(graph) == [{"a.x", "a.y", "b.z"}]
+    source = SRC / "_sync" / "dispatch.py"
+    assert "envlink._sync.sync_client" in import_graph()["envlink._sync.dispatch"], source
+
