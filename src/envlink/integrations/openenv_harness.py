@@ -24,7 +24,7 @@ On OpenEnv's own servers the trace comes from OpenEnv's capture proxy
 mints each rollout's key on the proxy, resets the environment with its agent pointed
 at the proxy under that key (``agent_env``), runs the task as one ``HarnessAction``
 step and reads the captured calls back from the proxy: an
-:class:`EnvlinkCaptureSession` (see :mod:`envlink.integrations._capture`).
+:class:`EnvlinkCaptureSession` (see :mod:`envlink.integrations._capture_proxy`).
 
 OpenEnv is not required: when it is installed the results are its own
 ``ToolResult``, ``VerifyResult`` and ``Tool`` types (imported on first use, never at
@@ -57,7 +57,7 @@ from envlink._errors import (
 from envlink._openenv.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sync.default_bridge import lease_bridge
-from envlink.integrations._capture import (
+from envlink.integrations._capture_proxy import (
     AgentEnv,
     AgentOwnsTheLoop,
     CaptureProxy,
