@@ -42,10 +42,9 @@ from envlink._errors import (
     HandshakeRejectedError,
     ProtocolError,
 )
-from envlink._heap import warm_read_buffers
 from envlink._redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
-from envlink._speedups import text_sender
+from envlink._speedups import text_sender, warm_read_buffers
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
 from envlink._transports.http import post_rpc
 from envlink._transports.proxy import resolve_proxy
