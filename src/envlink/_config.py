@@ -23,6 +23,10 @@ __all__ = [
     "check_number",
     "check_timeout",
     "is_int",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
 ]
 
 
@@ -390,3 +394,49 @@ def _check_headers(headers: object) -> None:
         if any(c in value for c in "\r\n\0"):
             # A CR/LF would start a header of its own: refused on every path.
             raise ValueError(f"the value of header {name!r} contains CR, LF or NUL")
+
+
+# ------------------------------------------------------------------
+# The command-line argument types every ``envlink`` command shares (``argparse`` ``type=``),
+# with the checks above.
+#
+# Each turns a string into a number, or raises :class:`argparse.ArgumentTypeError` with
+# the reason, which ``argparse`` prints as a usage error (exit status 2).
+
+def _usage_error(message: str) -> Exception:
+    # argparse is imported by the commands that parse arguments, not by every client.
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise _usage_error(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer of at least 0."""
+    value = int(text)
+    if value < 0:
+        raise _usage_error(f"must not be negative, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A number greater than 0 (not NaN)."""
+    value = float(text)
+    if not value > 0:
+        raise _usage_error(f"must be positive, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number of at least 0 (not NaN)."""
+    value = float(text)
+    if not value >= 0:
+        raise _usage_error(f"must not be negative, got {text}")
+    return value

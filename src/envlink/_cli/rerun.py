@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from envlink._argtypes import positive_float, positive_int
 from envlink._client.client import GenericEnvClient
+from envlink._config import positive_float, positive_int
 from envlink._errors import ConnectError, EnvlinkError, HandshakeRejectedError
 from envlink._recording.rollouts import answer_of, find_files, read_episodes, split_answer
 from envlink._sansio.replay import same_answer
