@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
+from envlink._config import is_sensitive_name, redact_text, redact_url
 from envlink._deadlines import bounded
 from envlink._errors import (
     ConnectError,
@@ -34,7 +35,6 @@ from envlink._errors import (
     NoAnswerError,
     ProtocolError,
 )
-from envlink._redact import is_sensitive_name, redact_text, redact_url
 from envlink._sansio.jsonrpc import rpc_request
 from envlink._transports.base import Endpoint, RpcAnswer
 from envlink._transports.proxy import resolve_proxy

@@ -33,7 +33,7 @@ from websockets.exceptions import (
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from envlink._config import ConnectionOptions
+from envlink._config import REDACTED, ConnectionOptions, is_sensitive_name, redact_text, redact_url
 from envlink._deadlines import bounded
 from envlink._errors import (
     ConnectError,
@@ -42,7 +42,6 @@ from envlink._errors import (
     HandshakeRejectedError,
     ProtocolError,
 )
-from envlink._redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._speedups import text_sender, warm_read_buffers
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer

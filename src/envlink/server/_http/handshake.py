@@ -25,7 +25,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from envlink import __version__
-from envlink._redact import is_sensitive_name, redact_url
+from envlink._config import is_sensitive_name, redact_url
 from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     EXTENSION_VERSION,
