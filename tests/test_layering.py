@@ -509,3 +509,8 @@ def test_the_cycle_finder_sees_a_cycle_through_a_type_checking_import() -> None:
     source = SRC / "_sync" / "dispatch.py"
     assert "envlink._sync.sync_client" in import_graph()["envlink._sync.dispatch"], source
 
+
+
+def test_at_most_twelve_modules_directly_in_the_package() -> None:
+    """The top level of ``src/envlink`` fits on one screen: at most 12 modules."""
+    assert len(sorted(SRC.glob("*.py"))) <= 12, sorted(p.name for p in SRC.glob("*.py"))
