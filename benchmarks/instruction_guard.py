@@ -39,6 +39,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BASELINE = HERE / "instruction_baseline.json"
+#: The baseline's dependency versions, as pip constraints (.ci/run installs them).
+CONSTRAINTS = HERE / "instruction_constraints.txt"
 #: How far a guarded count may move from its baseline, either way.
 TOLERANCE = 0.03
 #: The guarded figures: a step's instructions (run.py's names) and the SDK path's ratio.
@@ -119,8 +121,9 @@ def compare(figures: dict[str, float], base: dict[str, Any]) -> list[str]:
     moved = {k: (v, versions()[k]) for k, v in base.get("versions", {}).items()
              if versions().get(k) != v}
     if moved:
-        print("  versions since the baseline: " + ", ".join(
-            f"{k} {a} -> {b}" for k, (a, b) in moved.items()))
+        print("  NOT the baseline's dependency versions (install them with pip's "
+              f"-c {CONSTRAINTS.relative_to(ROOT)}): " + ", ".join(
+                  f"{k} {a} -> {b}" for k, (a, b) in moved.items()))
     return failures
 
 

@@ -17,16 +17,16 @@ and reports itself skipped otherwise.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = Path("/usr/include/valgrind/callgrind.h")
@@ -53,6 +53,7 @@ def _require_counts() -> None:
         pytest.skip(missing)
 
 
+@pytest.mark.timeout(900)
 def test_instruction_counts_are_within_the_committed_baseline(tmp_path: Path) -> None:
     """Every guarded count is within 3 % of this Python's baseline; the windows' profiles
     are readable as documented."""
@@ -92,3 +93,48 @@ def test_the_baseline_covers_the_guarded_figures() -> None:
     for entry in base["pythons"].values():
         assert set(instruction_guard.GUARDED) <= set(entry["figures"]), entry
         assert entry["commit"] and entry["versions"]["python"]
+
+
+def _guard() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "instruction_guard", ROOT / "benchmarks" / "instruction_guard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_constraints_pin_the_baselines_dependency_versions() -> None:
+    """The constraints file .ci/run counts with pins every dependency version each
+    baseline records, at that version (so CI counts with the baseline's versions, not
+    the newest release), and .ci/run installs it for the counting run."""
+    pins = {}
+    for line in (ROOT / "benchmarks" / "instruction_constraints.txt").read_text().splitlines():
+        name, sep, pinned = line.split("#")[0].strip().partition("==")
+        if sep:
+            pins[name.lower().replace("_", "-")] = pinned
+    baselines = json.loads((ROOT / "benchmarks" / "instruction_baseline.json").read_text())
+    for minor, base in baselines["pythons"].items():
+        recorded = {k: v for k, v in base["versions"].items() if k != "python"}
+        assert set(recorded) == set(_guard().PACKAGES), minor
+        assert {k: pins.get(k) for k in recorded} == recorded, minor
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = ci.index("-c benchmarks/instruction_constraints.txt")
+    assert install < ci.index("tests/test_benchmark_instructions.py")
+
+
+def test_the_guard_names_the_versions_that_differ_from_the_baselines(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A comparison made with other dependency versions than the baseline's says so,
+    naming each version and the constraints file that installs the baseline's."""
+    guard = _guard()
+    now = guard.versions()
+    base = {"commit": "abc1234", "figures": {},
+            "versions": {**now, "websockets": "0.1", "opentelemetry-sdk": now[
+                "opentelemetry-sdk"]}}
+    guard.compare({}, base)
+    out = capsys.readouterr().out
+    assert "NOT the baseline's dependency versions" in out
+    assert f"websockets 0.1 -> {now['websockets']}" in out
+    assert "benchmarks/instruction_constraints.txt" in out
+    assert "opentelemetry-sdk" not in out.partition("versions")[2]

@@ -354,20 +354,51 @@ def test_every_session_core_goes_by_a_core_name() -> None:
 _EXCEPTION_CLASSES = r"""
 import importlib, inspect, json, pkgutil, sys
 import envlink
-found = []
+found, unimported = [], []
 for info in pkgutil.walk_packages(envlink.__path__, "envlink."):
     if info.name.endswith("__main__"):
         continue
     try:
         module = importlib.import_module(info.name)
-    except ImportError:  # an optional extra (Ray, TRL...) that is not installed
+    except ModuleNotFoundError as exc:  # an optional extra (verifiers...) not installed
+        if (exc.name or "envlink").partition(".")[0] == "envlink":
+            raise
+        unimported.append(info.name)
         continue
     for name, value in vars(module).items():
         if (inspect.isclass(value) and issubclass(value, BaseException)
                 and value.__module__ == info.name and value.__qualname__ == name):
             found.append([info.name, name])
-json.dump(found, sys.stdout)
+json.dump([found, unimported], sys.stdout)
 """
+
+
+def _exception_classes_by_source(module: str) -> list[tuple[str, str]]:
+    """The exception classes a module defines, read from its source: for a module whose
+    optional extra is not installed, so it cannot be imported. A class counts when a
+    base is a builtin exception, an ``envlink._errors`` class, a name ending in
+    ``Error``, ``Exception`` or ``Warning``, or an exception class defined before it."""
+    import builtins
+
+    from envlink import _errors
+
+    known = {n for n, v in vars(builtins).items()
+             if isinstance(v, type) and issubclass(v, BaseException)}
+    known |= {n for n, v in vars(_errors).items()
+              if isinstance(v, type) and issubclass(v, BaseException)}
+    path = SRC.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    if not path.exists():
+        path = SRC.joinpath(*module.split(".")[1:], "__init__.py")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = {ast.unparse(b).rpartition(".")[2] for b in node.bases}
+        if bases & known or any(b.endswith(("Error", "Exception", "Warning")) for b in bases):
+            known.add(node.name)
+            found.append((module, node.name))
+    return found
+
 
 
 def test_every_exception_class_is_defined_in_the_error_module() -> None:
@@ -377,10 +408,111 @@ def test_every_exception_class_is_defined_in_the_error_module() -> None:
                          text=True, timeout=60, check=True).stdout
     import json
 
-    classes = [tuple(pair) for pair in json.loads(out)]
+    imported, unimported = json.loads(out)
+    classes = [tuple(pair) for pair in imported]
+    # A module whose extra is missing is still checked, from its source.
+    classes += [pair for module in unimported for pair in _exception_classes_by_source(module)]
     assert ("envlink._errors", "EnvlinkError") in classes  # the walk saw the tree
     elsewhere = sorted(f"{module}.{name}" for module, name in classes
                        if module != "envlink._errors" and not name.startswith("_"))
     assert elsewhere == [], "public exception classes outside envlink._errors"
     names = [name.lstrip("_") for _module, name in classes]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_one_module_frames_a_json_rpc_request() -> None:
+    """The client's JSON-RPC envelope (``"jsonrpc": "2.0"``) is built in
+    ``_sansio/jsonrpc.py`` alone: the ``mcp`` frame and ``POST /mcp`` both take it from
+    there (the reference server frames its own answers)."""
+    found = [name for name, path in modules()
+             if re.search(r"""["']jsonrpc["']\s*:""", path.read_text())
+             and name != "envlink._sansio.jsonrpc" and not name.startswith("envlink.server")]
+    assert found == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import of every envlink module, wherever it is written (module level, in a
+    function, under ``if TYPE_CHECKING:``): module -> the envlink modules it imports."""
+    names = {name for name, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - node.level + 1]
+                    base = ".".join([*parts, *([base] if base else [])])
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in names else base
+                             for a in node.names)
+        graph[name] = {target for target in found if target in names and target != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected parts of the graph with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            part = set()
+            while True:
+                top = stack.pop()
+                part.add(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                cycles.append(part)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def _folder(module: str) -> str:
+    """The folder a module's file is in (a package's ``__init__`` is in its own)."""
+    path = SRC.parent.joinpath(*module.split("."))
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def test_no_import_cycle_between_folders_and_at_most_one_inside_a_folder() -> None:
+    """With every import counted, no two folders of envlink import each other (directly
+    or around a loop), and inside a folder at most one group of modules does."""
+    cycles = import_cycles(import_graph())
+    across = sorted(sorted(c) for c in cycles if len({_folder(m) for m in c}) > 1)
+    assert across == []
+    per_folder: dict[str, list[list[str]]] = {}
+    for cycle in cycles:
+        per_folder.setdefault(_folder(min(cycle)), []).append(sorted(cycle))
+    assert {f: c for f, c in per_folder.items() if len(c) > 1} == {}
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_type_checking_import() -> None:
+    """A self-test of the graph: an import under ``if TYPE_CHECKING:`` and one inside a
+    function count, and a loop through them is found."""
+    graph = {"a.x": {"a.y"}, "a.y": {"b.z"}, "b.z": {"a.x"}, "b.w": set()}
+    assert import_cycles(graph) == [{"a.x", "a.y", "b.z"}]
+    source = SRC / "_sync" / "dispatch.py"
+    assert "envlink._sync.sync_client" in import_graph()["envlink._sync.dispatch"], source
+
+
+
+def test_at_most_twelve_modules_directly_in_the_package() -> None:
+    """The top level of ``src/envlink`` fits on one screen: at most 12 modules."""
+    assert len(sorted(SRC.glob("*.py"))) <= 12, sorted(p.name for p in SRC.glob("*.py"))

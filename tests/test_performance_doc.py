@@ -26,11 +26,15 @@ DOC = ROOT / "docs" / "performance.md"
 BENCHMARKS = ROOT / "benchmarks"
 
 #: A measured figure: a number and a unit.
-FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:k\b|M\b|KiB|MiB|ms\b|µs|\u00d7|%|x\b)")
-#: A benchmark script and what follows it on its line or in its code span.
-COMMAND = re.compile(r"(?<![\w/])(?:benchmarks/)?([a-z_]+\.py)\b([^`\n]*)")
-#: A test file named as the check of a figure.
-TEST = re.compile(r"\btests/[\w/]+\.py\b")
+FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?"
+                    r"(?:k\b|M\b|[KMG]iB\b|ns\b|µs\b|ms\b|s\b|\u00d7|%|x\b)")
+#: A benchmark script and what follows it in its code span: a command is a code span
+#: that starts with the script (``python3 benchmarks/run.py --quick``), not a mention.
+COMMAND = re.compile(r"`(?:python3?\s+)?(?:benchmarks/)?([a-z_]+\.py)\b([^`]*)`")
+#: A test file named as the check of a figure, in a code span.
+TEST = re.compile(r"(?<=`)(?:pytest )?(tests/[\w/]+\.py)\b(?=[^`]*`)")
+#: A commit, as a historical section names the one its figures were measured at.
+COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
 #: Sections whose items are checked one by one.
 ITEMISED = ("## Decisions", "## Not done")
 
@@ -80,20 +84,24 @@ def _historical(body: str) -> str | None:
 
 def test_every_figure_names_its_command() -> None:
     """Each paragraph, list or table that gives a figure names the command (or test) it
-    comes from; a table may take it from the paragraph or table just before it. A
-    section marked historical names its commands once, in that paragraph."""
+    comes from; a table may take it from the paragraph just before it (its caption),
+    not from another table. A section marked historical names its commands and the
+    commits its figures were measured at once, in that paragraph."""
     missing = []
     for title, body in _sections(DOC.read_text(encoding="utf-8")):
         historical = _historical(body)
         if historical is not None:
             if FIGURE.search(body) and not _names_a_command(historical):
                 missing.append(f"{title}: its 'Historical' paragraph names no command")
+            if FIGURE.search(body) and not COMMIT.search(historical):
+                missing.append(f"{title}: its 'Historical' paragraph names no commit")
             continue
-        covered = False
+        caption = False  # the paragraph just before names a command
         for block in re.split(r"\n\s*\n", body):
-            covered = _names_a_command(block) or (covered and block.lstrip().startswith("|"))
-            if FIGURE.search(block) and not covered:
+            table = block.lstrip().startswith("|")
+            if FIGURE.search(block) and not (_names_a_command(block) or (table and caption)):
                 missing.append(f"{title}: {block.strip()[:100]!r}")
+            caption = not table and _names_a_command(block)
     assert not missing, missing
 
 
@@ -123,17 +131,43 @@ def test_every_named_command_exists_with_the_options_it_is_given() -> None:
         t for t in tests if not (ROOT / t).exists())
 
 
-@pytest.mark.parametrize("script", ["run.py", "bench_bridge.py", "bench_journal.py"])
-def test_the_option_reader_sees_a_scripts_options(script: str) -> None:
-    """The check reads options from the source (a self-test of the reader)."""
-    assert {"--help"} < _options(script)
-    assert "--no-such-option" not in _options(script)
+@pytest.mark.parametrize(("script", "option"), [
+    ("run.py", "--instructions"), ("bench_bridge.py", "--calls"),
+    ("bench_journal.py", "--record-frames")])
+def test_the_option_reader_sees_a_scripts_options(script: str, option: str) -> None:
+    """The check reads options from the source (a self-test of the reader): an option the
+    script's parser takes is found, and one it does not take is not."""
+    assert option in _options(script)
+    assert "--instruction" not in _options(script)
+    assert option[:-1] not in _options(script)
+
+
+@pytest.mark.parametrize(("text", "figure"), [
+    ("took 12 ns", True), ("took 3.5 µs", True), ("took 12 ms", True), ("in 2 s,", True),
+    ("in 2.5s.", True), ("12 KiB", True), ("3 MiB", True), ("1.5 GiB", True),
+    ("40 %", True), ("1.2\u00d7", True), ("310 k instructions", True), ("issue 32", False),
+    ("Python 3.11", False), ("2 sessions", False)])
+def test_the_figure_pattern_sees_every_unit(text: str, figure: bool) -> None:
+    """A number with any unit the document uses is a figure; a bare number is not."""
+    assert bool(FIGURE.search(text)) is figure
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("`python3 benchmarks/run.py --quick`", True), ("`run.py --only scale`", True),
+    ("`tests/test_import_laziness.py`", True), ("the script run.py", False),
+    ("`benchmarks/no_such_script.py`", False), ("tests/test_readme.py", False)])
+def test_a_command_is_a_code_span_that_starts_with_an_existing_script(
+        text: str, named: bool) -> None:
+    """A mention of a script in prose is not a command; a code span of a script or a
+    test that exists is."""
+    assert _names_a_command(text) is named
 
 
 CHANGELOG = ROOT / "CHANGELOG.md"
 #: Sizes in the changelog that are settings or an incident's size, not measurements.
 _NOT_MEASURED = ("100 MiB default", "256 KiB read buffer", "256 KiB buffer", "384 KiB block",
-                 "14 KiB compressed message", "800 MiB")
+                 "14 KiB compressed message", "800 MiB", "a fixed 0.5 s", "(was 30 s)",
+                 "(was 5 s", "(0.005 s … 10 s)", "600 s by default")
 
 
 def test_every_changelog_figure_names_its_command_or_its_section() -> None:

@@ -61,12 +61,31 @@ it (``docs/migrating-from-openenv.md`` has the table).
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from envlink._sansio.journal import EpisodeJournal
+
+class CarriedJournal(Protocol):
+    """An episode's journal as an error carries it: an
+    :class:`~envlink.EpisodeJournal` (``envlink._sansio.journal``), declared here by
+    what a caller reads of it, so that the error tree imports nothing of envlink."""
+
+    reset_kwargs: dict[str, Any]
+    entries: list[Any]
+    episode_id: str | None
+    unknown_steps: list[str]
+    steps_applied: int
+    truncated: bool
+
+    @property
+    def step_count(self) -> int: ...
+    @property
+    def replayable(self) -> bool: ...
+    def snapshot(self) -> Any: ...
+    def to_dict(self) -> dict[str, Any]: ...
 
 if sys.version_info >= (3, 11):
     _Timeout = TimeoutError
@@ -121,6 +140,7 @@ __all__ = [
     "SpaceNotAwakeError",
     "ToolCallError",
     "TrainingTraceUnavailableError",
+    "shorten",
 ]
 
 #: How a call ended (the ``envlink.outcome`` telemetry attribute): the one set for the
@@ -504,7 +524,7 @@ class SessionLostError(EnvlinkError):
 
     error_type = "session_lost"
 
-    def __init__(self, message: str, *, journal: EpisodeJournal | None = None) -> None:
+    def __init__(self, message: str, *, journal: CarriedJournal | None = None) -> None:
         super().__init__(message)
         self.journal = journal
 
@@ -527,7 +547,7 @@ class SessionGoneError(SessionLostError):
     error_type = "session_gone"
 
     def __init__(self, message: str, *, reason: str,
-                 journal: EpisodeJournal | None = None) -> None:
+                 journal: CarriedJournal | None = None) -> None:
         super().__init__(message, journal=journal)
         self.reason = reason
 
@@ -544,7 +564,7 @@ class ReplayDivergedError(SessionLostError):
     error_type = "replay_diverged"
 
     def __init__(self, message: str, *, index: int, expected: Any, actual: Any,
-                 journal: EpisodeJournal | None = None) -> None:
+                 journal: CarriedJournal | None = None) -> None:
         super().__init__(message, journal=journal)
         self.index = index
         self.expected = expected
@@ -665,3 +685,81 @@ class ActionRejectedError(ValueError):
     :class:`EnvlinkError`: an environment raises it, envlink never does.
     ``envlink.server.InvalidActionError`` is its earlier name.
     """
+
+
+# ------------------------------------------------------------------
+# Short tracebacks for envlink's own errors: the caller's frames and the error's origin.
+#
+# An error that leaves envlink has passed through the driver, the retry loop (tenacity,
+# which re-raises through ``concurrent.futures``), the bridge's hand-off and the facade:
+# forty frames between the caller's line and the line that raised it, none of which
+# tells the caller anything. :func:`shorten` drops them from the error's traceback,
+# keeping every frame of anyone else's code (a typed client's hooks) and the innermost
+# frame, where the error was raised; each exception it was raised from (the root cause,
+# such as the ``OSError`` of a refused connection) keeps its innermost frame. Only
+# tracebacks are touched, never the exceptions' types, messages or chain.
+
+#: Modules whose frames add nothing to an envlink error's traceback, by package folder.
+_MACHINERY = ("tenacity", "concurrent.futures")
+_ENVLINK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_dirs: tuple[str, ...] | None = None
+
+
+def _machinery_dirs() -> tuple[str, ...]:
+    global _dirs
+    if _dirs is None or len(_dirs) <= len(_MACHINERY):
+        found = [_ENVLINK_DIR]
+        for name in _MACHINERY:
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None)
+            if path:
+                found.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+        _dirs = tuple(found)
+    return _dirs
+
+
+def _innermost(tb: TracebackType) -> TracebackType:
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
+def _filtered(tb: TracebackType, dirs: tuple[str, ...]) -> TracebackType:
+    """``tb`` without the machinery's frames, but its innermost one."""
+    kept: list[TracebackType] = []
+    entry: TracebackType | None = tb
+    while entry is not None:
+        if entry.tb_next is None or not entry.tb_frame.f_code.co_filename.startswith(dirs):
+            kept.append(entry)
+        entry = entry.tb_next
+    if len(kept) == 1:
+        return kept[0]
+    rebuilt: TracebackType | None = None
+    for entry in reversed(kept):
+        rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    assert rebuilt is not None
+    return rebuilt
+
+
+def shorten(error: BaseException) -> BaseException:
+    """Drop the frames of envlink and its retry machinery from ``error``'s traceback.
+
+    Kept: every other frame, and the innermost one (where ``error`` was raised). Each
+    exception in its chain (``__cause__``, or an unsuppressed ``__context__``) keeps
+    only its innermost frame. Call it where the error is about to leave envlink;
+    frames added as it propagates further (the public method's, the caller's) show.
+
+    Returns:
+        ``error`` itself.
+    """
+    tb = error.__traceback__
+    if tb is not None:
+        error.__traceback__ = _filtered(tb, _machinery_dirs())
+    seen = {id(error)}
+    link = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if link.__traceback__ is not None:
+            link.__traceback__ = _innermost(link.__traceback__)
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    return error

@@ -10,6 +10,9 @@ docs/performance.md.
 Imports of asyncio and OpenTelemetry happen inside the factory functions, which only
 the I/O and telemetry layers call, so the sans-I/O core can use the JSON scanner
 without loading either.
+
+At the end, the one measured tweak that needs no private name: the allocator warm-up
+that makes asyncio's read buffers come from the heap (:func:`warm_read_buffers`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "task_of_loop_getter",
     "text_sender",
     "tracer_provider_unset_check",
+    "warm_read_buffers",
 ]
 
 #: The environment variable that turns every fast path off.
@@ -372,3 +376,29 @@ async def _send_one(connection: Any, protocol: Any, transport: Any, open_state: 
     connection.send_data()
     if connection.paused:
         await connection.drain()
+
+
+# ------------------------------------------------------------------
+# Per-process allocator warm-up for asyncio's socket read buffers (client and server).
+#
+# asyncio's socket transport reads with ``sock.recv(256 KiB)`` for every frame. Above
+# glibc's malloc mmap threshold (128 KiB until the process frees a larger block) each
+# such buffer is a fresh mmap, shrunk with mremap and unmapped. That is three system
+# calls and a page fault per message received; docs/performance.md ("read buffers from
+# the heap") has the cost. glibc raises the threshold
+# to the size of the first mmapped block a program frees; heavy programs do that by
+# accident at import time, a lean process never does. Freeing one block larger than
+# the read buffer once makes every later read buffer come from the heap. Harmless where
+# the allocator works otherwise; costs one allocation per process.
+
+_READ_BUFFER_WARMUP = 384 * 1024
+_warmed = False
+
+
+def warm_read_buffers() -> None:
+    """Allocate and free one block larger than asyncio's read buffer, once per process."""
+    global _warmed
+    if not _warmed:
+        _warmed = True
+        block = bytes(_READ_BUFFER_WARMUP)  # allocated, then freed at once
+        del block

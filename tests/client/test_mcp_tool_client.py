@@ -9,6 +9,7 @@ import warnings
 from typing import Any, ClassVar
 
 import pytest
+from pydantic import BaseModel, model_serializer
 
 from envlink import (
     CallToolAction,
@@ -267,3 +268,31 @@ def test_openenv_shapes_build_directly() -> None:
         CallToolObservation()  # type: ignore[call-arg]
     listed = ListToolsObservation(tools=[{"name": "t", "inputSchema": {"a": 1}}])  # type: ignore[list-item]
     assert listed.tools[0].input_schema == {"a": 1} and listed.done is False
+
+
+def test_reading_an_observation_by_key_dumps_that_field_alone() -> None:
+    """obs[key] and obs.get(key) give the field as model_dump() does (a tool error as a
+    dict) without dumping the rest of the observation (a large result is not copied
+    for each key read)."""
+    dumped: list[str] = []
+
+    class Counted(BaseModel):
+        name: str
+
+        @model_serializer
+        def _dump(self) -> dict[str, str]:
+            dumped.append(self.name)
+            return {"name": self.name}
+
+    obs = CallToolObservation(
+        tool_name="t", result={"big": Counted(name="result")},
+        error={"error_type": "execution_error", "message": "m"}, note=Counted(name="note"))
+    assert obs["tool_name"] == "t" and obs.get("tool_name") == "t"
+    assert obs.get("missing", 7) == 7
+    with pytest.raises(KeyError):
+        obs["missing"]
+    assert dumped == []
+    assert obs["error"] == obs.model_dump()["error"] == {
+        "error_type": ToolErrorType.EXECUTION_ERROR, "message": "m"}
+    dumped.clear()
+    assert obs["note"] == {"name": "note"} and dumped == ["note"]

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from envlink import ConnectError, ConnectionOptions, EnvPool, GenericEnvClient, ReconnectPolicy
-from envlink._redact import redact_text, redact_url
+from envlink._config import redact_text, redact_url
 from envlink.server import EnvServer
 
 from .._otel_support import Otel

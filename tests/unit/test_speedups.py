@@ -189,11 +189,14 @@ def test_the_provider_checks_agree_with_the_public_api() -> None:
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast path", "fallback"])
-async def test_lock_turns_take_and_give_a_lock_as_acquire_and_release_do(fast: bool) -> None:
+async def test_lock_turns_take_and_give_a_lock_as_acquire_and_release_do(
+        fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """take() takes only a lock nobody holds or waits for (a woken waiter keeps its
-    place: FIFO), give() wakes the next waiter; the fallback never takes and releases."""
-    take, give = (_speedups.lock_turns() if fast
-                  else (_speedups._take_lock_never, asyncio.Lock.release))
+    place: FIFO), give() wakes the next waiter; with the fast paths off, lock_turns()
+    gives a pair that never takes and that releases."""
+    if not fast:
+        monkeypatch.setattr(_speedups, "ENABLED", False)
+    take, give = _speedups.lock_turns()
     takes = fast and _speedups.ENABLED
     lock = asyncio.Lock()
     assert take(lock) is takes
@@ -380,7 +383,7 @@ _DEPENDENCIES = ("asyncio", "websockets", "opentelemetry")
 #: dependency's.
 _OWN_OBJECTS = {
     ("_client/driver.py", "driver", "_lock"), ("_client/driver.py", "driver", "_loop"),
-    ("_client/driver.py", "driver", "_pid"), ("_sync/tasks.py", "client", "_endpoint"),
+    ("_client/driver.py", "driver", "_pid"), ("_client/tasks.py", "client", "_endpoint"),
     ("_config.py", "other", "_key"), ("_transports/mock.py", "self._transport", "_errors"),
     ("integrations/openenv_harness.py", "harness", "_endpoint"),
     ("integrations/openenv_harness.py", "session", "_start"),

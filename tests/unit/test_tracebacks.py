@@ -8,8 +8,8 @@ import traceback
 import pytest
 
 from envlink import InvalidActionError
+from envlink._errors import shorten
 from envlink._sansio.protocol import encode_call
-from envlink._tracebacks import shorten
 
 pytestmark = pytest.mark.timeout(30)
 

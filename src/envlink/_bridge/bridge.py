@@ -37,9 +37,9 @@ from envlink._errors import (
     ClientClosedError,
     EnvlinkError,
     ReentrantCallError,
+    shorten,
 )
 from envlink._speedups import new_record, running_loop_getter
-from envlink._tracebacks import shorten
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

@@ -160,9 +160,13 @@ def run_demo(argv: list[str] | None = None) -> int:
         0 on success, 1 on failure (with a one-line reason on stderr), 2 on a
         usage error.
     """
-    from envlink._cli.main import main
-
-    return main(["demo", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="envlink demo", description=DESCRIPTION)
+    add_arguments(parser)
+    try:
+        return demo_from_args(parser.parse_args(sys.argv[1:] if argv is None else argv),
+                              parser)
+    except SystemExit as exc:  # --help, or a usage error reported on stderr
+        return exc.code if isinstance(exc.code, int) else 2
 
 
 def demo_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -25,9 +25,14 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
-from envlink._argtypes import non_negative_float, positive_float, positive_int
 from envlink._client.client import GenericEnvClient
-from envlink._config import ConnectionOptions, Timeout
+from envlink._config import (
+    ConnectionOptions,
+    Timeout,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from envlink._errors import (
     CapacityReachedError,
     ConnectError,

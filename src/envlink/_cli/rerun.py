@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from envlink._argtypes import positive_float, positive_int
 from envlink._cli.rollout_summary import plural, report_bad_lines
 from envlink._client.client import GenericEnvClient
+from envlink._config import positive_float, positive_int
 from envlink._errors import ConnectError, EnvlinkError, HandshakeRejectedError
 from envlink._recording.rollouts import RolloutFiles, answer_of, read_episodes, split_answer
 

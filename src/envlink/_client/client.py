@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel
@@ -34,6 +33,7 @@ from envlink._client.configuration import (
 from envlink._client.connector import Connector
 from envlink._client.driver import SessionDriver, end_turn, take_turn, wait_turn
 from envlink._client.handles import SessionHandle
+from envlink._client.tasks import TaskAPI
 from envlink._config import (
     UNSET,
     CheckedTimeout,
@@ -64,11 +64,10 @@ from envlink._sansio.policies import (
     RecoveryMechanism,
     SessionLostPolicy,
 )
-from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame
+from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame, StepResult
 from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
 from envlink._sync.dispatch import AutoDispatch
-from envlink._sync.tasks import TaskAPI
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 from envlink.names import LOG_PROVIDER_STOP_FAILED
 
@@ -93,23 +92,6 @@ StateT = TypeVar("StateT")
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 _perf = time.perf_counter
-
-
-@dataclass
-class StepResult(Generic[ObsT]):
-    """The result of a reset or a step, as in OpenEnv.
-
-    Attributes:
-        observation: the environment's observation.
-        reward: the reward, if the environment gives one.
-        done: whether the episode is over.
-        metadata: extra data the server sent beside the observation.
-    """
-
-    observation: ObsT
-    reward: float | None = None
-    done: bool = False
-    metadata: dict[str, Any] | None = None
 
 
 def _websocket() -> Transport:

@@ -89,15 +89,6 @@ def client_mode(mode: str | None, default: str | None = None) -> str:
                          f"or OPENENV_CLIENT_MODE), got {raw!r}")
     return raw.lower()
 
-def rpc_request(rpc_id: int, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``data`` of an ``mcp`` message: one JSON-RPC request.
-
-    Raises:
-        TypeError: ``method`` is not a non-empty string.
-    """
-    if not isinstance(method, str) or not method:
-        raise TypeError(f"method must be a non-empty str, got {method!r}")
-    return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params or {})}
 
 #: Fields that hold objects of the process that made the config: never pickled.
 _PROCESS_BOUND = ("tracer_provider", "meter_provider")

@@ -32,6 +32,7 @@ from envlink._errors import (
     ConnectionLostError,
     EnvlinkError,
     ProtocolError,
+    shorten,
 )
 from envlink._events.client_events import (
     CallFinished,
@@ -69,7 +70,6 @@ from envlink._speedups import (
     running_loop_getter,
     task_of_loop_getter,
 )
-from envlink._tracebacks import shorten
 from envlink._transports.base import Connection, NotWrittenError
 from envlink.names import (
     LOG_CLIENT_CLOSED,

@@ -11,6 +11,7 @@ and ``from_env``: awaited, a connected client; ``.sync()``, a connected facade.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
@@ -113,6 +114,9 @@ class Target:
         """
         target = cls._resolve(base_url, provider, headers, token)
         target.requested, target.token = base_url, token
+        handle = _building.get()
+        if handle is not None:  # the last client a handle's build makes is the one built
+            handle.target = target
         return target
 
     @classmethod
@@ -260,17 +264,31 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
         self._build = build
         self._used = False
         self._entered: Any = None
+        #: The built client's :class:`Target`: a target resolved while the handle builds
+        #: its client joins it (:meth:`Target.resolve`), the last one made staying.
+        self.target: Target | None = None
 
     def _consume(self) -> _C:
         if self._used:
             raise RuntimeError("this bootstrap handle was already resolved; call the "
                                "factory again for another environment")
         self._used = True
-        client = self._build()
-        target = getattr(client, "_target", None)
-        if isinstance(target, Target):
-            target.bootstrapped = True
+        building = _building.set(self)
+        try:
+            client = self._build()
+        finally:
+            _building.reset(building)
+        if self.target is not None:
+            self.target.bootstrapped = True
         return client
+
+    def _skip_pending_stop(self) -> Target | _NoTarget:
+        """The client's :class:`Target`, told that the stop its failed connect just tried
+        is not tried again by the cleanup close (one stop try per user call)."""
+        if self.target is None:
+            return _NoTarget()
+        self.target.skip_pending_stop = True
+        return self.target
 
     def _start(self) -> Coroutine[Any, Any, _C]:
         return self._resolve()
@@ -280,7 +298,7 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
         try:
             await client.connect()
         except BaseException as exc:
-            target = _target_of(client)
+            target = self._skip_pending_stop()
             try:
                 await client.close()
             except asyncio.CancelledError:
@@ -306,7 +324,7 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
         try:
             facade.connect()
         except BaseException as exc:
-            target = _target_of(client)
+            target = self._skip_pending_stop()
             try:
                 facade.close()
             except Exception as failure:
@@ -342,14 +360,9 @@ class _NoTarget:
     skip_pending_stop = False
 
 
-def _target_of(client: object) -> Target | _NoTarget:
-    """The client's :class:`Target`, told that the stop its failed connect just tried is
-    not tried again by the cleanup close (one stop try per user call)."""
-    target = getattr(client, "_target", None)
-    if not isinstance(target, Target):
-        return _NoTarget()
-    target.skip_pending_stop = True
-    return target
+#: The bootstrap handle building its client, in this context (see :meth:`Target.resolve`).
+_building: contextvars.ContextVar[Bootstrap[Any] | None] = contextvars.ContextVar(
+    "envlink_bootstrap_building", default=None)
 
 
 def _note_cleanup(error: BaseException, failure: Exception) -> None:

@@ -178,12 +178,14 @@ class MCPObservation(BaseModel):
         return ToolError(message=str(value))  # a server that sends the error as text
 
     def __getitem__(self, key: str) -> Any:
-        data = self.model_dump()
+        # That field alone, dumped as model_dump() would (a tool as a dict): a key read
+        # never dumps the whole observation.
+        data = self.model_dump(include={key})
         return data[key]
 
     def get(self, key: str, default: Any = None) -> Any:
         """The field ``key``, or ``default``."""
-        return self.model_dump().get(key, default)
+        return self.model_dump(include={key}).get(key, default)
 
 
 class CallToolObservation(MCPObservation):

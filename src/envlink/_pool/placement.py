@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from envlink._config import redact_url
 from envlink._errors import InvalidURLError
 from envlink._pool.breaker import BreakerState, CircuitBreaker
-from envlink._redact import redact_url
 from envlink._sansio.policies import ReconnectPolicy
 
 __all__ = ["PoolServer", "Placement", "parse_endpoints"]

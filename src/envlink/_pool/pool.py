@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
-from envlink._config import UNSET, UnsetType
+from envlink._config import UNSET, UnsetType, redact_url
 from envlink._errors import ClientClosedError
 from envlink._events.pool_events import PoolHook
 from envlink._pool.batch import BatchRunner, seed_list
@@ -24,7 +24,6 @@ from envlink._pool.options import DEFAULT_CAPACITY_POLICY, AutoresetMode, PoolOp
 from envlink._pool.placement import Placement
 from envlink._pool.results import Batch, EndpointView, PoolView, SlotRecord
 from envlink._pool.slot import Slot, SlotEngine, SlotState
-from envlink._redact import redact_url
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.replay import same_answer
 

@@ -221,7 +221,7 @@ class SlotEngine:
             raise
         except SessionLostError as exc:
             journal = exc.journal
-            if (self.on_session_lost != "replay" or journal is None
+            if (self.on_session_lost != "replay" or not isinstance(journal, EpisodeJournal)
                     or not journal.replayable):
                 self.detach(slot, SlotState.LOST)
                 raise

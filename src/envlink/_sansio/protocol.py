@@ -16,7 +16,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -55,6 +55,7 @@ __all__ = [
     "ResponseFrame",
     "StateFrame",
     "StateRequest",
+    "StepResult",
     "StepRequest",
     "decode_request",
     "decode_response",
@@ -700,3 +701,23 @@ def _describe(exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "<frame>"
         parts.append(f"{loc}: {err['msg']}")
     return "; ".join(parts)
+
+
+ObsT = TypeVar("ObsT")
+
+
+@dataclass
+class StepResult(Generic[ObsT]):
+    """The result of a reset or a step, as in OpenEnv.
+
+    Attributes:
+        observation: the environment's observation.
+        reward: the reward, if the environment gives one.
+        done: whether the episode is over.
+        metadata: extra data the server sent beside the observation.
+    """
+
+    observation: ObsT
+    reward: float | None = None
+    done: bool = False
+    metadata: dict[str, Any] | None = None

@@ -35,7 +35,6 @@ from envlink._errors import ExecutionModeError
 from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
-    from envlink._client.client import EnvClient
     from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "aclose_after_failed_enter", "claim",
@@ -70,7 +69,7 @@ def dispatched(fn: F) -> F:
     name = fn.__name__
 
     @functools.wraps(fn)
-    def method(self: EnvClient[Any, Any, Any], *args: Any, **kwargs: Any) -> Any:
+    def method(self: AutoDispatch, *args: Any, **kwargs: Any) -> Any:
         # The async path: one check, then the plain coroutine.
         if self._execution_mode is ASYNC and _get_running_loop() is not None:
             return fn(self, *args, **kwargs)
@@ -298,7 +297,7 @@ class AutoResult(LazyCoroutine[Any]):
     __slots__ = ("_args", "_client", "_ctx", "_error", "_fn", "_kwargs", "_name",
                  "_resolved", "_value")
 
-    def __init__(self, client: EnvClient[Any, Any, Any], fn: Callable[..., Any], name: str,
+    def __init__(self, client: AutoDispatch, fn: Callable[..., Any], name: str,
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__()
         self._client = client

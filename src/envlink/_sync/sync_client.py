@@ -18,10 +18,11 @@ the loop itself is stuck.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy, blocking_wrapper
 from envlink._config import UNSET, UnsetType
+from envlink._sansio.protocol import StepResult
 from envlink._sync.dispatch import (
     SYNC,
     AutoDispatch,
@@ -33,16 +34,52 @@ from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
 
 if TYPE_CHECKING:
-    from envlink._client.client import EnvClient, StepResult
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
-__all__ = ["TIMEOUT_MARGIN", "SyncEnvClient"]
+    from envlink._sansio.journal import EpisodeJournal
+    from envlink._sansio.policies import ReconnectPolicy
+
+__all__ = ["TIMEOUT_MARGIN", "AsyncEnv", "SyncEnvClient"]
 
 ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
+_ActT = TypeVar("_ActT", contravariant=True)
+_ObsT = TypeVar("_ObsT")
+_StateT = TypeVar("_StateT", covariant=True)
 
 
-class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
+class AsyncEnv(Protocol[_ActT, _ObsT, _StateT]):
+    """The async environment client a :class:`SyncEnvClient` runs (an
+    :class:`~envlink.EnvClient`), as the blocking layer sees it: declared here, so
+    that this layer does not import the client that it serves."""
+
+    tracer_provider: TracerProvider | None
+    meter_provider: MeterProvider | None
+
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def journal(self) -> EpisodeJournal: ...
+    @property
+    def reconnect_policy(self) -> ReconnectPolicy: ...
+    @property
+    def tasks(self) -> Any: ...
+
+    def call_deadline(self, method: str,
+                      timeout: float | UnsetType | None = UNSET) -> float | None: ...
+    async def connect(self, *, timeout: float | UnsetType | None = UNSET) -> Any: ...
+    async def reset(self, *, timeout: float | UnsetType | None = UNSET,
+                    **kwargs: Any) -> StepResult[_ObsT]: ...
+    async def step(self, action: _ActT, *, timeout: float | UnsetType | None = UNSET,
+                   **kwargs: Any) -> StepResult[_ObsT]: ...
+    async def state(self, *, timeout: float | UnsetType | None = UNSET) -> _StateT: ...
+    async def disconnect(self, *, timeout: float | UnsetType | None = UNSET) -> None: ...
+    async def close(self, *, timeout: float | UnsetType | None = UNSET) -> None: ...
+
+
+class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
                     Generic[ActT, ObsT, StateT]):
     """Blocking facade of an async environment client; get one with ``client.sync()``.
 
@@ -76,7 +113,7 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
             (``envlink.bridge.queue_wait_s``); see ``docs/telemetry.md``.
     """
 
-    def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
+    def __init__(self, client: AsyncEnv[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN, nested_spans: bool = False) -> None:
         owns = False
         if bridge is None and (client.tracer_provider is not None
@@ -156,7 +193,7 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
     # ------------------------------------------------------------------ properties
 
     @property
-    def async_client(self) -> EnvClient[ActT, ObsT, StateT]:
+    def async_client(self) -> AsyncEnv[ActT, ObsT, StateT]:
         """The wrapped async client (use it only from the bridge's loop)."""
         return self._envlink_target
 

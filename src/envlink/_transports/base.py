@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
+from envlink._config import redact_url
 from envlink._errors import InvalidURLError, NotWrittenError
-from envlink._redact import redact_url
 
 if TYPE_CHECKING:
     from envlink._config import ConnectionOptions

@@ -1,4 +1,4 @@
-"""envlink's HTTP requests (OpenEnv's ``POST /mcp``, discovery GETs).
+"""envlink's HTTP requests (OpenEnv's ``POST /mcp``: :func:`post_rpc`, discovery GETs).
 
 A direct request (no proxy) is one HTTP/1.1 exchange on asyncio streams
 (:mod:`envlink._transports.http11`), which spares a client's first request the
@@ -23,9 +23,10 @@ import json
 import ssl as ssl_module
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
+from envlink._config import is_sensitive_name, redact_text, redact_url
 from envlink._deadlines import bounded
 from envlink._errors import (
     ConnectError,
@@ -34,10 +35,14 @@ from envlink._errors import (
     NoAnswerError,
     ProtocolError,
 )
-from envlink._redact import is_sensitive_name, redact_text, redact_url
+from envlink._sansio.jsonrpc import rpc_request
+from envlink._transports.base import Endpoint, RpcAnswer
 from envlink._transports.proxy import resolve_proxy
 
-__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]
+if TYPE_CHECKING:
+    from envlink._config import ConnectionOptions
+
+__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "post_rpc", "request_json"]
 
 #: Default bound on an answer's body.
 DEFAULT_MAX_ANSWER = 1024 * 1024
@@ -295,3 +300,29 @@ async def get_json(url: str, *, headers: HeaderPairs = (),
     return await request_json("GET", url, headers=headers, ssl=ssl, proxy=proxy,
                               max_size=max_size, timeout=timeout,
                               follow_redirects=follow_redirects)
+
+
+async def post_rpc(endpoint: Endpoint, options: ConnectionOptions, method: str,
+                   params: Mapping[str, Any], *, request_id: int) -> RpcAnswer:
+    """Post one JSON-RPC request, framed by :func:`~envlink._sansio.jsonrpc.rpc_request`,
+    to ``endpoint.mcp_url`` with the connection's headers, credentials, SSL context,
+    proxy and size bound (the transports' ``rpc``; the caller bounds it).
+
+    Raises:
+        ConnectError: the server (or the proxy) could not be reached; nothing was sent.
+        ConnectionLostError: the connection failed after the request was sent.
+        ProtocolError: the answer is not HTTP/1.x, too large, or not JSON.
+    """
+    headers: list[tuple[str, str]] = list(options.headers)
+    if endpoint.auth_header is not None and not any(
+        k.lower() == "authorization" for k, _ in headers
+    ):
+        headers.append(("Authorization", endpoint.auth_header))
+    if options.user_agent is not None:
+        headers.append(("User-Agent", options.user_agent))
+    context = (options.ssl or ssl_module.create_default_context()) if endpoint.secure \
+        else None
+    answer = await post_json(endpoint.mcp_url, rpc_request(request_id, method, params),
+                             headers=headers, ssl=context, proxy=options.proxy,
+                             max_size=options.max_message_size)
+    return RpcAnswer(answer.status, answer.body)

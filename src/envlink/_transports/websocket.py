@@ -33,7 +33,7 @@ from websockets.exceptions import (
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from envlink._config import ConnectionOptions
+from envlink._config import REDACTED, ConnectionOptions, is_sensitive_name, redact_text, redact_url
 from envlink._deadlines import bounded
 from envlink._errors import (
     ConnectError,
@@ -42,12 +42,10 @@ from envlink._errors import (
     HandshakeRejectedError,
     ProtocolError,
 )
-from envlink._heap import warm_read_buffers
-from envlink._redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
-from envlink._speedups import text_sender
+from envlink._speedups import text_sender, warm_read_buffers
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
-from envlink._transports.http import post_json
+from envlink._transports.http import post_rpc
 from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["CLIENT_LOGGER", "WebSocketConnection", "WebSocketTransport", "open_connection"]
@@ -391,21 +389,7 @@ class WebSocketTransport:
         request_id: int,
     ) -> RpcAnswer:
         """Post one JSON-RPC request to the server's ``/mcp`` (see :class:`RpcTransport`)."""
-        headers: list[tuple[str, str]] = list(options.headers)
-        if endpoint.auth_header is not None and not any(
-            k.lower() == "authorization" for k, _ in headers
-        ):
-            headers.append(("Authorization", endpoint.auth_header))
-        if options.user_agent is not None:
-            headers.append(("User-Agent", options.user_agent))
-        context = (options.ssl or ssl_module.create_default_context()) if endpoint.secure \
-            else None
-        answer = await post_json(
-            endpoint.mcp_url,
-            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)},
-            headers=headers, ssl=context, proxy=options.proxy,
-            max_size=options.max_message_size)
-        return RpcAnswer(answer.status, answer.body)
+        return await post_rpc(endpoint, options, method, params, request_id=request_id)
 
     def __repr__(self) -> str:
         return "WebSocketTransport()"

@@ -28,6 +28,7 @@ from envlink._errors import (
     ClientClosedError,
     ConnectError,
     ConnectionLostError,
+    EnvlinkError,
     SessionLostError,
 )
 from envlink._sansio.policies import ReconnectPolicy
@@ -42,7 +43,9 @@ __all__ = [
     "retry_until_ready",
     "reset_until_ready",
     "shared_bridge",
+    "stop_run",
     "transient",
+    "wait_for_run",
 ]
 
 T = TypeVar("T")
@@ -250,3 +253,44 @@ def _release_all_at_exit() -> None:
 
 def _loop_closed(loop: asyncio.AbstractEventLoop | None) -> bool:
     return loop is None or loop.is_closed()
+
+
+def wait_for_run(bridge: Bridge, run: asyncio.Task[T], timeout_s: float | None,
+                 what: str) -> T:
+    """Wait on the bridge's loop for a loop-owning session's background ``run``, without
+    cancelling it when the wait ends (``asyncio.shield``): the run goes on.
+
+    Raises:
+        TimeoutError: ``timeout_s`` passed (or the run's own ``CallTimeoutError``).
+        ClientClosedError: the session was closed (its run cancelled) during the wait.
+        Exception: what the run raised.
+    """
+    async def wait() -> T:
+        try:
+            return await asyncio.wait_for(asyncio.shield(run), timeout_s)
+        except asyncio.CancelledError:
+            if not run.cancelled():
+                raise
+            # close() from another thread (TRL closes live sessions on stop): a typed
+            # error for the waiter, never a bare cancellation out of a pool thread,
+            # which a trainer's ``except Exception`` would not catch.
+            raise ClientClosedError(f"the {what} session was closed while its run "
+                                    "was awaited") from None
+
+    try:
+        return bridge.call(wait, timeout=None, method="harness.wait")
+    except asyncio.TimeoutError as exc:
+        if isinstance(exc, EnvlinkError):
+            raise
+        raise TimeoutError(f"the {what} run did not complete in {timeout_s} s") from None
+
+
+async def stop_run(run: asyncio.Task[Any] | None) -> None:
+    """Cancel a loop-owning session's background run if it is still going, and retrieve
+    its outcome, so that a run nobody waited for logs no warning."""
+    if run is None:
+        return
+    if not run.done():
+        run.cancel()
+    with contextlib.suppress(BaseException):
+        await run

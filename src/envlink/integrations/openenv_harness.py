@@ -24,7 +24,7 @@ On OpenEnv's own servers the trace comes from OpenEnv's capture proxy
 mints each rollout's key on the proxy, resets the environment with its agent pointed
 at the proxy under that key (``agent_env``), runs the task as one ``HarnessAction``
 step and reads the captured calls back from the proxy: an
-:class:`EnvlinkCaptureSession` (see :mod:`envlink.integrations._capture`).
+:class:`EnvlinkCaptureSession` (see :mod:`envlink.integrations._capture_proxy`).
 
 OpenEnv is not required: when it is installed the results are its own
 ``ToolResult``, ``VerifyResult`` and ``Tool`` types (imported on first use, never at
@@ -50,7 +50,6 @@ from envlink._deadlines import deadline
 from envlink._errors import (
     CaptureProxyError,
     ClientClosedError,
-    EnvlinkError,
     HandshakeRejectedError,
     ToolCallError,
     TrainingTraceUnavailableError,
@@ -58,7 +57,7 @@ from envlink._errors import (
 from envlink._openenv.harness import HarnessClient, HarnessEvent, HarnessEventType
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sync.default_bridge import lease_bridge
-from envlink.integrations._capture import (
+from envlink.integrations._capture_proxy import (
     AgentEnv,
     AgentOwnsTheLoop,
     CaptureProxy,
@@ -74,6 +73,8 @@ from envlink.integrations._runtime import (
     reset_until_ready,
     retry_until_ready,
     shared_bridge,
+    stop_run,
+    wait_for_run,
 )
 
 __all__ = [
@@ -387,24 +388,7 @@ class EnvlinkHarnessSession(AgentOwnsTheLoop):
         if run is None or self._closed:
             raise ClientClosedError("the harness session is closed")
 
-        async def wait() -> None:
-            try:
-                await asyncio.wait_for(asyncio.shield(run), timeout_s)
-            except asyncio.CancelledError:
-                if not run.cancelled():
-                    raise
-                # close() from another thread (TRL closes live sessions on stop): a
-                # typed error for the waiter, never a bare cancellation out of a pool
-                # thread, which a trainer's ``except Exception`` would not catch.
-                raise ClientClosedError("the harness session was closed while its run "
-                                        "was awaited") from None
-
-        try:
-            self._bridge.call(wait, timeout=None, method="harness.wait")
-        except asyncio.TimeoutError as exc:
-            if isinstance(exc, EnvlinkError):
-                raise
-            raise TimeoutError(f"the harness run did not complete in {timeout_s} s") from None
+        wait_for_run(self._bridge, run, timeout_s, "harness")
         return 0
 
     def training_turns(self) -> list[dict[str, Any]]:
@@ -483,12 +467,7 @@ class EnvlinkHarnessSession(AgentOwnsTheLoop):
         run = self._run
 
         async def stop() -> None:
-            if run is not None:
-                if not run.done():
-                    run.cancel()
-                # Retrieved here, so that a run nobody waited for logs no warning.
-                with contextlib.suppress(BaseException):
-                    await run
+            await stop_run(run)
             await self._harness.close()
 
         try:
@@ -702,7 +681,8 @@ class EnvlinkSessionFactory:
             result: StepResult[Any] = bridge.call(
                 reset_until_ready, client.async_client, kwargs, deadline=left,
                 policy=policy, timeout=left + 5.0, method="harness.create")
-            session = EnvlinkCaptureSession(self, lease, proxy, minted, task, result)
+            session = EnvlinkCaptureSession(self, lease, proxy, minted, task, result,
+                                            _openenv_types()[2])
             session._start(_task_text(session.initial_messages()))
         except BaseException:
             if minted is not None:

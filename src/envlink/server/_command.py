@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
-from envlink._argtypes import (
+from envlink._config import (
     non_negative_float,
     non_negative_int,
     positive_float,

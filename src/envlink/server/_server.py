@@ -33,9 +33,9 @@ from websockets.exceptions import ConnectionClosed
 from envlink._config import check_number
 from envlink._deadlines import bounded
 from envlink._errors import ErrorCode
-from envlink._heap import warm_read_buffers
 from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink._sansio.protocol import encode_response
+from envlink._speedups import warm_read_buffers
 from envlink.server._connection import ConnectionHandle
 from envlink.server._counters import AwaitableCounters
 from envlink.server._environments.deterministic import DeterministicEnvironment

@@ -15,7 +15,7 @@ import http
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from opentelemetry import propagate
@@ -25,7 +25,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from envlink import __version__
-from envlink._redact import is_sensitive_name, redact_url
+from envlink._config import is_sensitive_name, redact_url
 from envlink._sansio.protocol import (
     EXTENSION_HEADER,
     EXTENSION_VERSION,
@@ -50,9 +50,25 @@ from envlink.server._http.routes import (
 from envlink.server._store import Session, new_session_id, new_token
 
 if TYPE_CHECKING:
-    from envlink.server._server import EnvServer
+    from envlink.server._counters import AwaitableCounters
+    from envlink.server._faults import Faults
+    from envlink.server._http.access import Access
+    from envlink.server._registry import SessionRegistry
 
 __all__ = ["REDACTING_LOGGER", "Handshake", "Plan", "format_seconds"]
+
+
+class Served(Protocol):
+    """What the upgrade reads of the server it serves (an ``EnvServer``): declared
+    here, so that the HTTP layer does not import the server that imports it."""
+
+    max_sessions: int
+    access: Access
+    extensions: bool
+    faults: Faults
+    detached_sessions: bool
+    _counters: AwaitableCounters
+    _registry: SessionRegistry
 
 
 @dataclass
@@ -75,7 +91,7 @@ class Plan:
 class Handshake:
     """The upgrade hooks of one server (``process_request`` / ``process_response``)."""
 
-    def __init__(self, server: EnvServer) -> None:
+    def __init__(self, server: Served) -> None:
         self._server = server
         self._plans: dict[ServerConnection, Plan] = {}
 
@@ -176,7 +192,7 @@ class Handshake:
             self._server._registry.release(connection, plan.session, destroy=False)
 
 
-def _plain_http(connection: ServerConnection, server: EnvServer, path: str) -> Response:
+def _plain_http(connection: ServerConnection, server: Served, path: str) -> Response:
     """The HTTP routes of :mod:`envlink.server._http.routes` (404 or 405 for the rest)."""
     body = getattr(connection, "rpc_body", None)
     method = "GET" if body is None else "POST"

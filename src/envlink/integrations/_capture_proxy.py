@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from envlink._client.client import StepResult
@@ -52,7 +52,7 @@ from envlink._events.client_events import (
 )
 from envlink._transports.base import parse_endpoint
 from envlink._transports.http import request_json
-from envlink.integrations._runtime import Lease, transient
+from envlink.integrations._runtime import Lease, stop_run, transient, wait_for_run
 from envlink.names import (
     OUTCOME_CANCELLED,
     OUTCOME_ERROR,
@@ -62,11 +62,28 @@ from envlink.names import (
 )
 
 if TYPE_CHECKING:
-    from envlink.integrations.openenv_harness import EnvlinkSessionFactory
+    from envlink._client.configuration import ClientConfig
 
 __all__ = ["CaptureProxy", "EnvlinkCaptureSession", "openai_agent_env", "retryable"]
 
 Message = dict[str, Any]
+
+
+class CaptureFactory(Protocol):
+    """What a capture session reads of the factory that made it (an
+    ``EnvlinkSessionFactory``): declared here, so that this module does not import the
+    factory's, which imports it."""
+
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def client_config(self) -> ClientConfig: ...
+    @property
+    def run_timeout(self) -> float | None: ...
+    @property
+    def initial_messages(self) -> Callable[[StepResult[Any], Any], list[Message]]: ...
+    @property
+    def reward(self) -> Callable[[Any, list[Message]], float | None] | None: ...
 
 #: The largest capture document read back (a long agentic rollout's token ids).
 _MAX_CAPTURE = 256 * 1024 * 1024
@@ -151,7 +168,7 @@ class CaptureProxy:
         await self._request("DELETE", f"/sessions/{quote(key, safe='')}")
 
 
-def turn_hook(factory: EnvlinkSessionFactory, url: str) -> ClientHook:
+def turn_hook(factory: CaptureFactory, url: str) -> ClientHook:
     """The hook the ``harness_turn`` call is reported to: the factory's client hooks,
     else envlink's OpenTelemetry emitter (as the harness client does)."""
     config = factory.client_config
@@ -202,9 +219,12 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
     and :meth:`call_tool` raises.
     """
 
-    def __init__(self, factory: EnvlinkSessionFactory, lease: Lease, proxy: CaptureProxy,
-                 minted: Mapping[str, Any], task: Any, reset: StepResult[Any]) -> None:
+    def __init__(self, factory: CaptureFactory, lease: Lease, proxy: CaptureProxy,
+                 minted: Mapping[str, Any], task: Any, reset: StepResult[Any],
+                 verify_result: type[Any]) -> None:
         self._factory = factory
+        #: OpenEnv's ``VerifyResult``, or its look-alike when OpenEnv is not installed.
+        self._verify_result = verify_result
         self._lease = lease
         self._proxy = proxy
         self._key = str(minted["session_id"])
@@ -296,21 +316,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
         if run is None or self._closed:
             raise ClientClosedError("the capture session is closed")
 
-        async def wait() -> StepResult[Any]:
-            try:
-                return await asyncio.wait_for(asyncio.shield(run), timeout_s)
-            except asyncio.CancelledError:
-                if not run.cancelled():
-                    raise
-                raise ClientClosedError("the capture session was closed while its run "
-                                        "was awaited") from None
-
-        try:
-            result = self.client.bridge.call(wait, timeout=None, method="harness.wait")
-        except asyncio.TimeoutError as exc:
-            if isinstance(exc, EnvlinkError):
-                raise
-            raise TimeoutError(f"the agent's run did not complete in {timeout_s} s") from None
+        result = wait_for_run(self.client.bridge, run, timeout_s, "capture")
         metadata = _metadata(result)
         if metadata.get("error_type") or metadata.get("error"):
             raise HarnessTurnError(str(metadata.get("error") or "the agent's run failed"),
@@ -376,12 +382,10 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
             run's step reward (``None``, unscored, when it gave none or did not
             complete), ``done``, and ``metrics`` with the run's tool calls.
         """
-        from envlink.integrations.openenv_harness import _openenv_types
-
-        verify_cls = _openenv_types()[2]
+        verify_cls = self._verify_result
         result = self._result()
         if self._factory.reward is not None:
-            reward = self._factory.reward(self, transcript)  # type: ignore[arg-type]
+            reward = self._factory.reward(self, transcript)
         else:
             reward = None if result is None or result.reward is None else float(result.reward)
         events = _metadata(result).get("turn_events")
@@ -406,11 +410,7 @@ class EnvlinkCaptureSession(AgentOwnsTheLoop):
         proxy, key = self._proxy, self._key
 
         async def stop() -> None:
-            if run is not None:
-                if not run.done():
-                    run.cancel()
-                with contextlib.suppress(BaseException):
-                    await run
+            await stop_run(run)
             with contextlib.suppress(Exception):
                 await proxy.delete(key)
 

@@ -15,16 +15,25 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from envlink._config import UNSET, UnsetType
 from envlink._launch import discovery
 from envlink._sync.dispatch import dispatch_call
 
 if TYPE_CHECKING:
-    from envlink._client.client import EnvClient
+    from envlink._config import ConnectionOptions
+    from envlink._transports.base import Endpoint
 
-    _Client = EnvClient[Any, Any, Any]
+
+class _Client(Protocol):
+    """What the Task API reads of its client (an ``EnvClient``): its server's endpoint,
+    its connection options, and the check and deadline before a plain-HTTP read."""
+
+    _endpoint: Endpoint
+    _options: ConnectionOptions
+
+    async def _before_http(self, timeout: float | UnsetType | None) -> float | None: ...
 
 __all__ = ["TaskAPI"]
 
@@ -166,7 +175,7 @@ class TaskAPI:
 
     __slots__ = ("_client",)
 
-    def __init__(self, client: EnvClient[Any, Any, Any]) -> None:
+    def __init__(self, client: _Client) -> None:
         self._client = client
 
     list_environments = _task_call(_list_environments)
