@@ -715,7 +715,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         if target.lease is not None:
             await self._provider_first(UNSET)
         if self.closed:
-            raise ClientClosedError("the client is closed")
+            raise ClientClosedError("the client is closed: its close() was called")
         url = target.requested
         if target.lease is not None:
             url = self.base_url
@@ -978,7 +978,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     async def _before_http(self, timeout: float | UnsetType | None) -> float | None:
         """Before a plain-HTTP read: the client is open, the server started; the deadline."""
         if self.closed:
-            raise ClientClosedError("the client is closed")
+            raise ClientClosedError("the client is closed: its close() was called")
         seconds = call_seconds(timeout, self.timeouts.call)
         await self._prepare_server()
         return seconds

@@ -147,7 +147,7 @@ class SessionDriver:
                    run: Callable[[Call], Awaitable[_R]]) -> _R:
         """Run one public call: its hooks, its deadline, its turn in the queue."""
         if self.lifecycle is _CLOSED:
-            raise ClientClosedError("the client is closed")
+            raise ClientClosedError("the client is closed: its close() was called")
         core, endpoint = self.core, self.connector.endpoint
         call = Call(method)
         hook = self.hook
@@ -178,7 +178,7 @@ class SessionDriver:
                 except asyncio.CancelledError as exc:
                     if self.lifecycle is _CLOSED:
                         raise ClientClosedError(
-                            f"the client was closed during {method}") from exc
+                            f"the client's close() was called during {method}") from exc
                     raise
                 except CallTimeoutError as exc:
                     if call.unanswered:
@@ -524,7 +524,7 @@ async def wait_turn(driver: SessionDriver, call: Call) -> asyncio.Lock:
         call.queue_wait = _perf() - queued
     if driver.lifecycle is _CLOSED:
         lock.release()
-        raise ClientClosedError("the client is closed")
+        raise ClientClosedError("the client is closed: its close() was called")
     driver.active = task
     return lock
 
