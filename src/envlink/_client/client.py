@@ -250,6 +250,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                         f"not both (the keyword arguments set {', '.join(conflicting)})")
         self._config: ClientConfig = config
         self._mode = client_mode(config.mode, self._default_mode)
+        #: Whether MCP calls go over ``POST /mcp`` (production mode); an MCP client's
+        #: ``use_production_mode`` sets it, as OpenEnv's attribute of that name.
+        self._production = self._mode == "production"
         wanted = dict(config.options.headers) or None
         self._target = lifecycle.Target.resolve(base_url, provider, wanted, token)
         self._children: list[EnvClient[Any, Any, Any]] = []
@@ -280,7 +283,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             hook = self._tape.wrap(hook)
         self._core = SessionCore(policy=policy, on_session_lost=config.on_session_lost,
                                  max_journal_steps=config.max_journal_steps,
-                                 production=self._mode == "production")
+                                 production=self._production)
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, config.extensions, self._core, hook)
         self._driver: SessionDriver = SessionDriver(
@@ -767,7 +770,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         rpc_id = next(self._mcp_ids)
         data = jsonrpc.rpc_request(rpc_id, method, params)
         driver = self._driver
-        production = self._mode == "production"
+        production = self._production
 
         async def run(call: Call) -> Any:
             lock = take_turn(driver, call) or await wait_turn(driver, call)

@@ -303,13 +303,30 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
 
     @property
     def use_production_mode(self) -> bool:
-        """Whether the client is in production mode (OpenEnv's attribute of that name)."""
-        return self.mode == "production"
+        """Whether tool calls go over ``POST /mcp`` (production mode), as OpenEnv's
+        attribute of that name; ``True`` when the client is in production mode.
+
+        Settable, as in OpenEnv: ``False`` runs ``list_tools()`` and ``call_tool()`` as
+        steps (what OpenEnv's ``MCPToolClient``, which refuses ``mode="simulation"``,
+        offers instead), ``True`` sends them over ``POST /mcp``; from the next call,
+        and the next connection for the session it opens. ``mode`` stays as created.
+
+        Raises:
+            TypeError: set to something else than a bool.
+        """
+        return self._production
+
+    @use_production_mode.setter
+    def use_production_mode(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"use_production_mode must be a bool, got {type(value).__name__}")
+        self._production = value
+        self._core.production = value
 
     async def _tools_over_http(self) -> bool:
         """Whether tool calls go over ``POST /mcp`` (production mode on a server that
         offers HTTP MCP sessions and answers tool calls there), not through ``step()``."""
-        if self.mode != "production":
+        if not self._production:
             return False
         if self.config.mode is not None:
             return True  # asked for: a server without HTTP MCP sessions is an error
