@@ -104,10 +104,13 @@ async def test_a_body_of_the_wrong_shape_is_a_protocol_error(server: EnvServer) 
     await client.close()
 
 
-async def test_closed_client_refuses_discovery(server: EnvServer) -> None:
-    """After close(), discovery calls raise ClientClosedError."""
+async def test_a_closed_client_reads_again_unless_closed_for_good(server: EnvServer) -> None:
+    """After close(), discovery calls work again (as every call); after
+    close(final=True) they raise ClientClosedError."""
     client = GenericEnvClient(server.http_url)
     await client.close()
+    assert (await client.health()).status == "healthy"
+    await client.close(final=True)
     with pytest.raises(ClientClosedError):
         await client.health()
 

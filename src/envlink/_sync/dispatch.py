@@ -197,10 +197,12 @@ def run_blocking(client: AutoDispatch, fn: Callable[..., Any], name: str,
         kwargs = dict(kwargs)
         timeout = kwargs.pop("timeout")
     if name == "close":
-        facade.close(timeout=timeout)
+        facade.close(timeout=timeout, final=bool(kwargs.get("final")))
         return None
     if name == "new_session":
         return facade.new_session()
+    if facade._envlink_closed:  # a call after close() opens the client again
+        facade._envlink_reopen()
     result = facade._envlink_call(name, fn.__get__(client), args, kwargs, timeout)
     return client if name == "connect" else result
 
