@@ -321,7 +321,7 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
         if not isinstance(value, bool):
             raise TypeError(f"use_production_mode must be a bool, got {type(value).__name__}")
         self._production = value
-        self._core.production = value
+        self._core.set_production(value)
 
     async def _tools_over_http(self) -> bool:
         """Whether tool calls go over ``POST /mcp`` (production mode on a server that
