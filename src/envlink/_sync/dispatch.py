@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from envlink._bridge import LazyCoroutine, is_bridge_loop
 from envlink._config import UNSET
 from envlink._errors import ExecutionModeError
+from envlink._launch.providers import one_user_call
 from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
@@ -239,12 +240,13 @@ class AutoDispatch:
             ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
         """
         claim(self, SYNC)  # refused: nothing was taken
-        try:
-            run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
-        except BaseException as exc:
-            close_after_failed_enter(
-                exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
-            raise
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
+            except BaseException as exc:
+                close_after_failed_enter(
+                    exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
+                raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -263,11 +265,12 @@ class AutoDispatch:
             ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
         """
         claim(self, ASYNC)
-        try:
-            await self.connect()
-        except BaseException as exc:
-            await aclose_after_failed_enter(exc, self.close)
-            raise
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                await self.connect()
+            except BaseException as exc:
+                await aclose_after_failed_enter(exc, self.close)
+                raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy, blocking_wrapper
 from envlink._config import UNSET, UnsetType
+from envlink._launch.providers import one_user_call
 from envlink._sync.dispatch import (
     SYNC,
     AutoDispatch,
@@ -303,11 +304,12 @@ class SyncEnvClient(BlockingFacade["EnvClient[ActT, ObsT, StateT]"],
         Raises:
             As :meth:`connect`.
         """
-        try:
-            return self.connect()
-        except BaseException as exc:
-            close_after_failed_enter(exc, self.close)
-            raise
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                return self.connect()
+            except BaseException as exc:
+                close_after_failed_enter(exc, self.close)
+                raise
 
 
 class _BlockingMethods(SyncProxy[Any]):
