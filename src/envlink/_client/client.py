@@ -290,8 +290,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             self._core, connector, hook, self._options, self.timeouts,
             config.replay_verify or same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
-        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity,
-                            self._core)
+        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity)
         self._driver.capacity = gate if self._target.started else None
         connector.prepare = self._prepare_server
 
@@ -929,8 +928,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     async def wait_until_ready(self, timeout: float | UnsetType | None = UNSET) -> Health:
         """Wait until the server answers ``GET /health`` healthy (a Space wakes up).
 
-        Polls with the client's backoff under its reconnect policy (every retry
-        charged to its retry budget). A client with a provider starts it first.
+        Polls with the client's backoff (a wait: its retry budget is not spent, and it
+        ends at ``timeout``, not after a number of tries). A client with a provider
+        starts it first.
 
         Args:
             timeout: seconds to wait at most (default: the client's call timeout).
