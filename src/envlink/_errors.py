@@ -40,7 +40,8 @@ as ``__cause__``)::
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── TrainingTraceUnavailableError loop-owning training, and the server has no trace
     │   └── CaptureProxyError         ... OpenEnv's capture proxy refused or failed a request
-    ├── ClientClosedError             the client or bridge was closed
+    ├── ClientClosedError             the client or bridge was closed, or a provider's
+    │                                 cleanup is pending (also a RuntimeError)
     ├── ReentrantCallError            a blocking call from the bridge's own loop thread
     │                                 (also a RuntimeError)
     └── ExecutionModeError            a client used both with and without ``await``
@@ -609,8 +610,12 @@ class CaptureProxyError(TrainingTraceUnavailableError):
         self.retryable = status >= 500 or status in (408, 429)
 
 
-class ClientClosedError(EnvlinkError):
-    """The client (or the bridge it runs on) is closed."""
+class ClientClosedError(EnvlinkError, RuntimeError):
+    """The client (or the bridge it runs on) was closed, or its cleanup is pending.
+
+    Also a :class:`RuntimeError`, as OpenEnv 0.10 raises for a closed client or a
+    pending provider cleanup; the message names ``close()``.
+    """
 
     error_type = "client_closed"
 

@@ -216,6 +216,49 @@ def test_enter_leaves_a_context_entered_after_its_caller_gave_up(bridge: Bridge)
     assert res.exited == [CallTimeoutError]
 
 
+class LateEntry(Resource):
+    """Ignores its entry's cancellation and finishes entering only when told, after the
+    bridge's cancel grace has run out; says when it was left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = threading.Event()
+        self.finish = threading.Event()
+        self.left = threading.Event()
+
+    async def __aenter__(self) -> Resource:
+        try:
+            await asyncio.Event().wait()  # until the bridge's timeout cancels it
+        except asyncio.CancelledError:
+            self.cancelled.set()
+        await asyncio.get_running_loop().run_in_executor(None, self.finish.wait, 10)
+        return await super().__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        try:
+            return await super().__aexit__(*exc)
+        finally:
+            self.left.set()
+
+
+def test_enter_leaves_a_context_entered_after_the_cancel_grace() -> None:
+    """__aenter__ finished on the loop only after the bridge's cancel grace, when the
+    caller had already got its timeout: the bridge still leaves the context (entered
+    once, exited once), on the loop."""
+    bridge = Bridge(cancel_grace=0.01)
+    try:
+        res = LateEntry()
+        with pytest.raises(CallTimeoutError), bridge.enter(res, timeout=0.05):
+            raise AssertionError("entered")  # pragma: no cover
+        assert res.cancelled.is_set() and res.entered == 0
+        res.finish.set()
+        assert res.left.wait(10)
+        assert res.entered == 1
+        assert res.exited == [CallTimeoutError]
+    finally:
+        bridge.close()
+
+
 def test_enter_rejects_non_context_managers(bridge: Bridge) -> None:
     """enter() of something that is not an async context manager is a TypeError."""
     with pytest.raises(TypeError):

@@ -202,8 +202,10 @@ def test_context_manager_on_the_default_bridge_ends_its_thread_with_the_last_fac
     assert fake.loop_threads == other.loop_threads == {thread.ident}
     thread.join(timeout=10)
     assert not thread.is_alive()
-    with pytest.raises(ClientClosedError):
-        env.reset()
+    fake.closed = False  # an EnvClient opens again on its next call
+    env.reset()  # ... and its closed facade leases the default bridge again
+    assert env.bridge is default_bridge() and env.bridge.thread is not thread
+    env.close()
     third = FakeClient()
     with third.sync() as env3:
         env3.step(2)

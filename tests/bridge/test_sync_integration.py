@@ -249,3 +249,28 @@ def test_forked_child_never_touches_the_parents_session() -> None:
                           timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ok", "2"]  # the parent's session and the child's own
+
+
+@pytest.mark.parametrize("how", ["sync", "plain", "own-bridge"])
+def test_a_closed_client_is_used_again_in_blocking_code(server_thread: ServerThread,
+                                                        how: str) -> None:
+    """As OpenEnv's: after close() (no envlink thread left), the next blocking call opens a
+    new connection on a bridge again (the default bridge leased anew, or a new bridge of
+    the facade's own), and close() ends it again; `with` twice on one client works.
+    close(final=True) refuses later calls."""
+    before = envlink_threads()
+    opened = server_thread.server.connections_opened
+    client = GenericEnvClient(server_thread.url)
+    env = client if how == "plain" else client.sync(nested_spans=how == "own-bridge")
+    for n in range(3):
+        with env:
+            env.reset()
+            assert env.step({"message": str(n)}).observation["echoed_message"] == str(n)
+        assert envlink_threads() - before == set()
+    env.reset()
+    env.close(final=True)
+    assert envlink_threads() - before == set()
+    with pytest.raises(RuntimeError, match=r"close\(final=True\)"):
+        env.reset()
+    assert envlink_threads() - before == set()
+    assert server_thread.server.connections_opened - opened == 4

@@ -199,17 +199,41 @@ async def test_many_tasks_on_one_client_each_get_their_own_answer(server: EnvSer
     assert server.steps_applied == 4000
 
 
-async def test_close_is_idempotent_and_final(server: EnvServer) -> None:
-    """close() twice is fine; every call after it raises ClientClosedError."""
+async def test_close_releases_and_a_later_call_opens_the_client_again(
+        server: EnvServer) -> None:
+    """As OpenEnv's: close() twice is fine and ends the connection; a later call opens a
+    new connection and session. close(final=True) makes every later call raise
+    ClientClosedError (a RuntimeError)."""
     env = GenericEnvClient(server.url)
     await env.reset()
     await env.close()
     await env.close()
-    assert env.closed
-    with pytest.raises(ClientClosedError):
-        await env.reset()
-    with pytest.raises(ClientClosedError):
-        await env.connect()
+    assert env.closed and not env.connected
+    await server.wait_for_disconnect(1)
+    result = await env.reset()
+    assert result.observation["echoed_message"] == "Echo environment ready!"
+    assert not env.closed and env.connected
+    assert server.connections_opened == 2
+    await env.connect()
+    assert server.connections_opened == 2
+    await env.close(final=True)
+    for call in (env.reset, env.connect, env.new_session, env.health):
+        with pytest.raises(RuntimeError, match=r"close\(final=True\)") as caught:
+            await call()
+        assert isinstance(caught.value, ClientClosedError)
+    assert server.connections_opened == 2
+    await env.close()  # still idempotent
+
+
+async def test_async_with_twice_on_one_client(server: EnvServer) -> None:
+    """The reconnect pattern of OpenEnv code: the same client in two `async with` blocks."""
+    env = GenericEnvClient(server.url)
+    for n in (1, 2):
+        async with env:
+            await env.reset()
+            assert (await env.step({"message": str(n)})).observation["echoed_message"] == str(n)
+        assert env.closed
+    assert server.connections_opened == 2
 
 
 async def test_close_fails_the_inflight_and_queued_calls(server: EnvServer) -> None:

@@ -73,19 +73,28 @@ async def test_a_sent_request_that_times_out_has_an_unknown_outcome() -> None:
     await driver.close(1.0)
 
 
-async def test_a_closed_driver_refuses_calls() -> None:
-    """After close(), call() raises ClientClosedError before anything is reported."""
+async def test_a_closed_driver_opens_again_unless_closed_for_good() -> None:
+    """After close(), the next call() opens the driver again; after close(final=True),
+    call() raises ClientClosedError before anything is reported."""
     parts = build(echo)
     await parts.driver.close(1.0)
     assert parts.driver.closed
     assert parts.hook.events() == [LOG_CLIENT_CLOSED]
 
+    async def ran(call: Call) -> Any:
+        return "ran"
+
+    assert await parts.driver.call("reset", 1.0, ran) == "ran"
+    assert not parts.driver.closed
+    await parts.driver.close(1.0, final=True)
+    started = len(parts.hook.of(CallStarted))
+
     async def run(call: Call) -> Any:
         raise AssertionError("never run")
 
-    with pytest.raises(ClientClosedError):
+    with pytest.raises(ClientClosedError, match=r"final=True"):
         await parts.driver.call("reset", 1.0, run)
-    assert parts.hook.of(CallStarted) == []
+    assert len(parts.hook.of(CallStarted)) == started
 
 
 async def test_close_cancels_the_call_in_flight() -> None:
@@ -109,8 +118,9 @@ async def test_close_cancels_the_call_in_flight() -> None:
     pending = asyncio.ensure_future(driver.call("step", 10.0, run))
     await answered.wait()
     await driver.close(1.0)
-    with pytest.raises(ClientClosedError, match="closed during step"):
+    with pytest.raises(RuntimeError, match=r"close\(\) was called during step") as caught:
         await pending
+    assert isinstance(caught.value, ClientClosedError)
 
 
 async def test_turns_are_taken_first_come_first_served() -> None:

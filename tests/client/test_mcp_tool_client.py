@@ -16,6 +16,7 @@ from envlink import (
     CallToolObservation,
     EchoEnv,
     EchoObservation,
+    EnvlinkError,
     GenericEnvClient,
     ListToolsAction,
     ListToolsObservation,
@@ -101,6 +102,29 @@ def test_call_tool_is_a_step_where_the_server_has_no_http_tools(
         assert env.call_tool("echo_with_length", message="four") == {"message": "four",
                                                                       "length": 4}
         assert env.state().step_count == 2
+
+
+def test_use_production_mode_is_settable_with_openenvs_effect(
+        server_thread: ServerThread) -> None:
+    """As in OpenEnv, `env.use_production_mode = False` runs tools as steps on a client
+    made in production mode (which goes over POST /mcp, absent on this server), and
+    `= True` sends a simulation client's tool calls over POST /mcp; `mode` stays."""
+    with EchoEnv(server_thread.url, mode="production") as env:
+        env.reset()
+        with pytest.raises(EnvlinkError, match=r"POST /mcp|HTTP MCP"):
+            env.call_tool("echo_message", message="hi")
+        env.use_production_mode = False
+        assert env.use_production_mode is False and env.mode == "production"
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert [t.name for t in env.list_tools()] == ECHO_TOOLS
+        assert env.state().step_count == 2
+    with EchoEnv(server_thread.url, mode="simulation") as env:
+        env.reset()
+        env.use_production_mode = True
+        with pytest.raises(EnvlinkError, match=r"POST /mcp|HTTP MCP"):
+            env.call_tool("echo_message", message="hi")
+    with pytest.raises(TypeError, match="bool"):
+        EchoEnv(URL).use_production_mode = 1  # type: ignore[assignment]
 
 
 def test_a_tool_error_is_typed(server_thread: ServerThread) -> None:

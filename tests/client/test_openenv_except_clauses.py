@@ -241,8 +241,22 @@ def test_every_error_of_the_tree_is_still_an_envlink_error() -> None:
         "ServerError": RuntimeError, "CapacityReachedError": RuntimeError,
         "ToolCallError": RuntimeError, "McpError": RuntimeError,
         "CallTimeoutError": TimeoutError, "InvalidArgumentError": ValueError,
-        "ExecutionModeError": RuntimeError,
+        "ExecutionModeError": RuntimeError, "ClientClosedError": RuntimeError,
     }
     for name, builtin in builtins.items():
         cls = getattr(envlink, name)
         assert issubclass(cls, EnvlinkError) and issubclass(cls, builtin), name
+
+
+def test_a_closed_client_or_bridge_is_a_runtime_error(server_thread: ServerThread) -> None:
+    """OpenEnv: `except RuntimeError` for a call on a client that cannot run (closed, or
+    its cleanup pending). envlink: the same clause, and `except EnvlinkError`, catch
+    ClientClosedError, whose message names close()."""
+    bridge = envlink.Bridge()
+    env = GenericEnvClient(server_thread.url).sync(bridge=bridge)
+    bridge.close()
+    for clause in (RuntimeError, EnvlinkError):
+        with pytest.raises(clause, match=r"close\(\)") as caught:
+            env.reset()
+        assert isinstance(caught.value, envlink.ClientClosedError)
+    env.close()

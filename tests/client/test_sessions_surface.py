@@ -35,10 +35,15 @@ async def test_new_session_opens_a_second_session_closed_with_the_parent(
     await any_server.wait_for("session.destroyed", 2)
 
 
-async def test_new_session_on_a_closed_client_is_refused(server: EnvServer) -> None:
-    """A closed client opens no new session."""
+async def test_new_session_on_a_closed_client_opens_it_again(server: EnvServer) -> None:
+    """As OpenEnv's, new_session() on a closed client works (and the child is closed with
+    the client); after close(final=True) it is refused."""
     client = GenericEnvClient(server.url, timeout=5.0)
     await client.close()
+    child = await client.new_session()
+    assert (await child.reset()).done is False
+    await client.close(final=True)
+    assert child.closed
     with pytest.raises(envlink.ClientClosedError):
         await client.new_session()
 

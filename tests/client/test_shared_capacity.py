@@ -159,6 +159,26 @@ def test_wait_retries_the_servers_refusal_until_a_session_ends(server: ServerThr
     assert server.call(lambda srv: srv.connections_opened) >= 4  # refused, then admitted
 
 
+async def test_a_capacity_wait_has_no_try_cap_before_its_deadline() -> None:
+    """Waiting for room is no retry of a failure: the server's CAPACITY_REACHED is waited
+    out for as many tries as fit before the call's deadline (here 1500, the backoffs
+    removed), not given up after a count of its own."""
+    gate = capacity.CapacityGate("ws://127.0.0.1:9/ws", None, "wait")
+    tries = 0
+
+    async def attempt() -> str:
+        nonlocal tries
+        tries += 1
+        if tries < 1500:
+            raise CapacityReachedError("full", active_sessions=1, max_sessions=1)
+        return "admitted"
+
+    with set_testing():
+        assert await gate.call("reset", 30.0, attempt) == "admitted"
+    gate.release()
+    assert tries == 1500
+
+
 @pytest.mark.usefixtures("shared_limit")
 def test_a_queued_wait_ends_at_the_deadline_with_the_typed_error(server: ServerThread) -> None:
     """A client queued behind a full limit gets CapacityReachedError when its call's

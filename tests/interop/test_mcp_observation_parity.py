@@ -11,8 +11,10 @@ the same JSON.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from typing import Any
 
@@ -35,6 +37,15 @@ IMPORTS = {
         from envlink import (
             CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation,
             MCPToolClient, Tool, ToolError, ToolErrorType)
+    """,
+    # Only the client import swapped: OpenEnv's types, envlink's client (both installed).
+    "mixed": """
+        import os, sys
+        sys.path.append(os.environ["OPENENV_SITE"])
+        from openenv.core.env_server.mcp_types import (
+            CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool,
+            ToolError, ToolErrorType)
+        from envlink import MCPToolClient
     """,
 }
 
@@ -86,6 +97,7 @@ async def episode(env):
     out["error_type_is_enum"] = isinstance(error.error_type, ToolErrorType)
     out["error_type"] = error.error_type.value
     out["not_found"] = error.error_type == ToolErrorType.TOOL_NOT_FOUND
+    out["not_found_is"] = error.error_type is ToolErrorType.TOOL_NOT_FOUND
     out["names_tool"] = "nope" in error.message
     return out
 
@@ -107,11 +119,12 @@ print("REPORT " + json.dumps(asyncio.run(main()), default=repr))
 """
 
 
-def _run(python: str, client: str, url: str) -> dict[str, Any]:
+def _run(python: str, client: str, url: str, **env: str) -> dict[str, Any]:
     script = (f"import json\nURL = {url!r}\n" + textwrap.dedent(IMPORTS[client])
               + textwrap.dedent(SCRIPT))
     done = subprocess.run([python, "-c", script], capture_output=True, text=True,
-                          timeout=SCRIPT_DEADLINE, check=False, stdin=subprocess.DEVNULL)
+                          timeout=SCRIPT_DEADLINE, check=False, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **env})
     assert done.returncode == 0, f"{client} failed:\n{done.stderr[-4000:]}"
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     assert len(lines) == 1, done.stdout
@@ -133,8 +146,25 @@ def test_tool_step_observations_are_typed_alike(openenv_py: str,
     assert plain["called"] == plain["failed"] == {"call": True, "list": False}
     assert plain["tools"] == ["echo_message", "echo_with_length"]
     assert plain["error_type"] == "tool_not_found" and plain["not_found"] is True
+    assert plain["not_found_is"] is True
     assert plain["error_is_tool_error"] and plain["error_type_is_enum"]
     assert theirs["sync"] == {"call": True, "list": False, "error": None}
     assert theirs["seen"] == ["other", "ListToolsObservation", "CallToolObservation",
                               "CallToolObservation"]
     assert ours == theirs
+
+
+def test_openenv_types_hold_with_only_the_client_import_swapped(
+        openenv_py: str, echo_server: RecordingServer) -> None:
+    """OpenEnv code that swapped only its client import (envlink's MCPToolClient, OpenEnv's
+    mcp_types, both installed): isinstance against OpenEnv's CallToolObservation,
+    ListToolsObservation, Tool and ToolError, and `error.error_type is
+    ToolErrorType.TOOL_NOT_FOUND`, hold as with OpenEnv's own client."""
+    done = subprocess.run([openenv_py, "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    site = done.stdout.strip()
+    assert sysconfig.get_paths()["purelib"] != site, "the check needs both interpreters"
+    theirs = _run(openenv_py, "openenv", echo_server.base_url)
+    mixed = _run(sys.executable, "mixed", echo_server.base_url, OPENENV_SITE=site)
+    assert mixed == theirs

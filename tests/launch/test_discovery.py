@@ -18,7 +18,6 @@ from envlink import (
     ProtocolError,
     ReconnectPolicy,
     RetryBudget,
-    RetryBudgetExhaustedError,
 )
 from envlink.server import EnvServer, ServerThread
 
@@ -72,13 +71,22 @@ async def test_a_wait_lasts_until_its_deadline_with_a_last_poll_then() -> None:
     await client.close()
 
 
-async def test_retries_are_charged_to_the_budget() -> None:
-    """Each poll after the first spends the shared retry budget; an empty one stops it."""
+async def test_a_wait_spends_no_retry_budget_and_ends_at_its_deadline() -> None:
+    """A wait is no retry of a failure: under a client whose shared retry budget is
+    empty (and a policy of 2 tries), wait_until_ready(N) still polls until N seconds,
+    ends with NotReadyError, and leaves the budget as it was."""
     budget = RetryBudget(max_tokens=2)
+    assert budget.try_spend() and not budget.try_spend()
+    left = budget.tokens
     client = GenericEnvClient(f"http://127.0.0.1:{_closed_port()}",
-                              reconnect=ReconnectPolicy(budget=budget))
-    with pytest.raises(RetryBudgetExhaustedError):
-        await client.wait_until_ready(10)
+                              reconnect=ReconnectPolicy(max_attempts=2, budget=budget))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(NotReadyError, match=r"within 1\.5s") as info:
+        await client.wait_until_ready(1.5)
+    assert loop.time() - started >= 1.5
+    assert info.value.attempts > 2
+    assert budget.tokens == left
     await client.close()
 
 
@@ -104,10 +112,13 @@ async def test_a_body_of_the_wrong_shape_is_a_protocol_error(server: EnvServer) 
     await client.close()
 
 
-async def test_closed_client_refuses_discovery(server: EnvServer) -> None:
-    """After close(), discovery calls raise ClientClosedError."""
+async def test_a_closed_client_reads_again_unless_closed_for_good(server: EnvServer) -> None:
+    """After close(), discovery calls work again (as every call); after
+    close(final=True) they raise ClientClosedError."""
     client = GenericEnvClient(server.http_url)
     await client.close()
+    assert (await client.health()).status == "healthy"
+    await client.close(final=True)
     with pytest.raises(ClientClosedError):
         await client.health()
 

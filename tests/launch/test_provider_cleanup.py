@@ -10,8 +10,8 @@
 
 The provider is a ledger of resources whose next start overwrites its only handle (so
 a stop tried at the wrong time would lose one); the server is a MockTransport, whose
-``connections`` count says whether anything connected. Where envlink differs by design
-(``close()`` is final: a closed client does not reconnect), the test says so.
+``connections`` count says whether anything connected. As in OpenEnv, a client is used
+again after ``close()``.
 """
 
 from __future__ import annotations
@@ -226,12 +226,13 @@ async def test_recovered_cleanup_stops_original_resource_before_restart(
         await close_quietly(client, execution_mode, ledger)
 
 
-async def test_failed_explicit_close_raises_the_provider_error_and_retries_once_per_call(
+@pytest.mark.parametrize("retry_method", ["connect", "new_session", "reset"])
+async def test_failed_explicit_close_blocks_restart_until_cleanup_succeeds(
         ledger: ResourceLedger, execution_mode: str, client_type: type[GenericEnvClient],
-        transport: MockTransport) -> None:
-    """close() raises the provider's own error; each later call tries the stop once and
-    raises it again, connecting nothing. (envlink: close() is final, so once the stop
-    succeeds the call raises ClientClosedError instead of starting a new resource.)"""
+        transport: MockTransport, retry_method: str) -> None:
+    """close() raises the provider's own error; the next call tries the stop once, raises
+    it again and connects nothing; once the stop succeeds, the call stops the original
+    resource and starts a new one (the client reused after close(), sync and async)."""
     client = make_client(client_type, ledger, execution_mode, transport)
     cleanup_error = RuntimeError("close failed")
     try:
@@ -240,31 +241,23 @@ async def test_failed_explicit_close_raises_the_provider_error_and_retries_once_
         with pytest.raises(RuntimeError) as caught:
             await invoke(client, execution_mode, "close")
         assert caught.value is cleanup_error
-        for method in ("connect", "new_session", "reset", "close"):
-            previous_events = list(ledger.events)
-            with pytest.raises((RuntimeError, ClientClosedError)) as caught:
-                await invoke(client, execution_mode, method)
-            if isinstance(caught.value, ClientClosedError):
-                # The blocking facade whose bridge closed with it refuses at once,
-                # touching nothing; its close() again tries the stop.
-                assert execution_mode == "sync" and method != "close"
-                assert ledger.events == previous_events
-            else:
-                assert caught.value is cleanup_error
-                assert ledger.events == [*previous_events, ("stop", 1)]
-            assert transport.connections == 1
-            assert ledger.live_resources == {1}
+        previous_events = list(ledger.events)
+
+        with pytest.raises(RuntimeError) as caught:
+            await invoke(client, execution_mode, retry_method)
+        assert caught.value is cleanup_error
+        assert ledger.events == [*previous_events, ("stop", 1)]
+        assert transport.connections == 1
+        assert ledger.live_resources == {1}
 
         ledger.stop_error = None
         previous_events = list(ledger.events)
-        with pytest.raises(ClientClosedError):
-            await invoke(client, execution_mode, "connect")
-        if execution_mode == "sync" and ledger.live_resources:
-            await invoke(client, execution_mode, "close")
-        assert ledger.events == [*previous_events, ("stop", 1)]
+        await invoke(client, execution_mode, retry_method)
+        assert ledger.events == [*previous_events, ("stop", 1), ("start", 2), ("ready", 2)]
+        await invoke(client, execution_mode, "close")
         assert ledger.live_resources == set()
         await invoke(client, execution_mode, "close")  # stopped: never tried again
-        assert ledger.events == [*previous_events, ("stop", 1)]
+        assert ledger.events.count(("stop", 2)) == 1
     finally:
         await close_quietly(client, execution_mode, ledger)
 
@@ -317,10 +310,11 @@ async def test_sibling_constructor_failure_keeps_live_child_usable(
 async def test_multiple_failure_recovery_cycles_leave_no_orphaned_resources(
         ledger: ResourceLedger, execution_mode: str, client_type: type[GenericEnvClient],
         transport: MockTransport) -> None:
-    """Each cycle with a client of its own (envlink: close() is final)."""
-    for cycle, failure in enumerate(["start", "readiness", "constructor"]):
-        client = make_client(client_type, ledger, execution_mode, transport)
-        try:
+    """One client through three cycles of failure, recovery and close(): each cycle
+    reuses the client closed by the one before."""
+    client = make_client(client_type, ledger, execution_mode, transport)
+    try:
+        for cycle, failure in enumerate(["start", "readiness", "constructor"]):
             original_error = fail_setup(ledger, failure)
             ledger.stop_error = RuntimeError("cleanup temporarily unavailable")
             with pytest.raises(ValueError, match="failed") as caught:
@@ -336,8 +330,8 @@ async def test_multiple_failure_recovery_cycles_leave_no_orphaned_resources(
             await invoke(client, execution_mode, "close")
             assert ledger.live_resources == set()
             assert ledger.events.count(("stop", current_resource)) == 1
-        finally:
-            await close_quietly(client, execution_mode, ledger)
+    finally:
+        await close_quietly(client, execution_mode, ledger)
 
 
 @pytest.mark.parametrize("retry_method", ["connect", "new_session"])
@@ -364,10 +358,9 @@ async def test_factory_pending_cleanup_requires_explicit_close(
         connections = transport.connections
 
         for _ in range(2):
-            # (A blocking facade whose bridge closed with it says "the bridge is closed".)
-            with pytest.raises(ClientClosedError,
-                               match=r"close\(\)" if execution_mode == "async" else None):
+            with pytest.raises(RuntimeError, match=r"close\(\)") as refused:
                 await invoke(client, execution_mode, retry_method)
+            assert isinstance(refused.value, ClientClosedError)
         assert ledger.events == previous_events
         assert ledger.live_resources == {1}
         assert transport.connections == connections

@@ -76,6 +76,33 @@ async def test_a_deadline_cuts_the_last_backoff_and_tries_once_more_at_it() -> N
     assert numbers == [1, 2, 3, 4, 5]
 
 
+async def test_a_wait_ends_at_its_deadline_whatever_the_budget_and_the_try_cap() -> None:
+    """A wait (deadline=) is no retry of a failure: a policy allowing 2 tries and an empty
+    retry budget neither end it early; it neither spends nor earns the budget back."""
+    t = FakeTime()
+    budget = RetryBudget(max_tokens=2, token_ratio=0.5)
+    assert budget.try_spend() and not budget.try_spend()  # down to half: it refuses now
+    left = budget.tokens
+    policy = ReconnectPolicy(max_attempts=2, max_elapsed=None, initial_delay=0.25,
+                             multiplier=1.0, max_delay=0.25, jitter="none", budget=budget)
+    numbers, attempt = failing()
+    with set_testing(False), pytest.raises(ConnectError):
+        await Retry(policy, operation="capacity", sleep=t.sleep, clock=t.clock,
+                    deadline=t.now + 1.0).run(attempt)
+    assert t.now == pytest.approx(101.0)
+    assert numbers == [1, 2, 3, 4, 5]
+    assert budget.tokens == left
+
+    async def later(number: int) -> str:
+        if number < 5:
+            raise ConnectError("not yet")
+        return "ready"
+
+    assert await Retry(policy, operation="ready", sleep=t.sleep, clock=t.clock,
+                       waiting=True).run(later) == "ready"
+    assert budget.tokens == left
+
+
 async def test_a_deadline_honours_a_longer_retry_after_only_up_to_the_deadline() -> None:
     """A server's Retry-After longer than the time left is cut to the deadline too."""
     t = FakeTime()

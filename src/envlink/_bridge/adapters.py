@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -81,6 +82,16 @@ def _aclose(bridge: Bridge, ait: AsyncIterator[Any], timeout: float | None, name
         _log.warning("envlink bridge: closing async iterator %r failed", ait, exc_info=True)
 
 
+async def _exit_late(acm: Any, exc: BaseException) -> None:
+    """Leave ``acm``, entered after its caller gave up with ``exc``; a failure is logged
+    (nobody is left to raise it to)."""
+    try:
+        await type(acm).__aexit__(acm, type(exc), exc, exc.__traceback__)
+    except Exception:
+        _log.warning("envlink bridge: leaving %r after its abandoned entry failed", acm,
+                     exc_info=True)
+
+
 class BridgedContext(Generic[T]):
     """A context manager that runs an async context manager's ``__aenter__``/``__aexit__``
     on a bridge, each under ``timeout``. It keeps no state between the two, so one
@@ -99,19 +110,34 @@ class BridgedContext(Generic[T]):
 
     def __enter__(self) -> T:
         acm = self._acm
+        # Who leaves a context entered after its caller stopped waiting: the caller, if
+        # the entry finished first, else the entry itself, on the loop. The lock makes
+        # the two checks one decision.
+        decided = threading.Lock()
         entered = False
+        abandoned: BaseException | None = None
 
         async def enter() -> Any:
             nonlocal entered
             result = await type(acm).__aenter__(acm)
-            entered = True
+            with decided:
+                entered = True
+                gave_up = abandoned
+            if gave_up is not None:
+                # Finished after the caller's wait and its cancel grace (the entry
+                # ignored the cancellation): nobody will exit it but this task, and a
+                # cancellation still on its way must not cut the exit short.
+                await asyncio.shield(_exit_late(acm, gave_up))
             return result
 
         try:
             return cast(T, self._bridge.call(enter, timeout=self._timeout,
                                              method=f"{self._method}.__aenter__"))
         except BaseException as exc:
-            if entered:
+            with decided:
+                abandoned = exc
+                left_to_caller = entered
+            if left_to_caller:
                 # Entered on the loop, but this caller stopped waiting first (its
                 # timeout came too late to cancel the entry, or an interrupt): no
                 # __exit__ follows, so leave the context now.

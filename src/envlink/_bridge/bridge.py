@@ -197,7 +197,7 @@ class Bridge(LoopThread):
         ``kwargs`` may hold ``timeout`` and ``method`` for ``fn``. Raises as :meth:`call`.
         """
         if self._closed:
-            raise ClientClosedError("the bridge is closed")
+            raise ClientClosedError("the bridge is closed: its close() was called")
         running = _get_running_loop()
         if running is not None:
             self._check_running_loop(running)
@@ -237,7 +237,7 @@ class Bridge(LoopThread):
                     raise RuntimeError("closed")
                 self._inbox.post(_start_job, self, job)  # type: ignore[union-attr]  # started
             except RuntimeError:  # closed, or the loop closed under us
-                error = ClientClosedError("the bridge is closed")
+                error = ClientClosedError("the bridge is closed: its close() was called")
             else:
                 error = self._wait_for(job, loop, timeout, method)
             if error is not None:
@@ -291,7 +291,8 @@ class Bridge(LoopThread):
         if job.cancel_requested or self._closed:
             # Timed out, interrupted or closed before the loop got to it: never start it.
             if not job.cancel_requested:
-                job.exc = ClientClosedError("the bridge was closed before the call started")
+                job.exc = ClientClosedError(
+                    "the bridge's close() was called before the call started")
             job.done = True
             job.wake()
             return
@@ -310,7 +311,7 @@ class Bridge(LoopThread):
             if job.done and not (self._closed and isinstance(exc, asyncio.CancelledError)):
                 return exc
             # Woken by close(), or cancelled by the loop's shutdown at close.
-            return ClientClosedError("the bridge was closed during the call")
+            return ClientClosedError("the bridge's close() was called during the call")
         # Timed out: cancel on the loop and give the cleanup a bounded grace.
         request_cancel(job, loop)
         job.waiter.acquire(timeout=self._cancel_grace)

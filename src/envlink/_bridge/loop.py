@@ -168,7 +168,7 @@ class LoopThread:
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._closed:
-                raise ClientClosedError("the bridge is closed")
+                raise ClientClosedError("the bridge is closed: its close() was called")
             loop = self._loop
             if loop is not None:
                 return loop

@@ -8,8 +8,8 @@ session (``close``, ``disconnect``) or fails to open one. With a limit set
 endpoint full either fails at once with :class:`~envlink.CapacityReachedError`
 (``on_capacity="raise"``, the default) or queues, FIFO, until a session of that
 endpoint ends (``on_capacity="wait"``). Under ``"wait"``, a ``CAPACITY_REACHED``
-answer from the server is retried too: through the one retry primitive (so each
-retry is charged to the retry budget), sleeping the backoff or until one of the
+answer from the server is waited out too: through the one retry primitive, as a wait
+(no try cap, the retry budget not spent), sleeping the backoff or until one of the
 process's sessions of that endpoint ends, whichever comes first. Both waits end at
 the call's deadline, with the typed error, never a hang.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import os
 import time
@@ -28,7 +27,6 @@ from typing import Literal, TypeVar
 from envlink._errors import CapacityReachedError, ConnectError
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Retry
-from envlink._sansio.session import SessionCore
 from envlink._sansio.session_limits import Limits, SessionLedger, get_limits
 
 __all__ = ["CAPACITY_POLICY", "CapacityGate", "CapacityMode", "LEDGER"]
@@ -40,8 +38,8 @@ CapacityMode = Literal["raise", "wait"]
 
 #: Waiting for the server to have room: many short waits (each also ended early by
 #: a session of that endpoint ending), bounded by the call's deadline.
-CAPACITY_POLICY = ReconnectPolicy(max_attempts=1000, initial_delay=0.05, max_delay=1.0,
-                                  max_elapsed=None)
+CAPACITY_POLICY = ReconnectPolicy(initial_delay=0.05, max_delay=1.0, max_elapsed=None,
+                                  budget=None)
 
 #: The process's one ledger: every client, pool and integration counts against it.
 LEDGER = SessionLedger()
@@ -112,19 +110,15 @@ class CapacityGate:
         limits: the client's own :class:`Limits` (``None``: the process-wide ones,
             read at each session's start).
         mode: ``"raise"`` or ``"wait"``.
-        core: the client's session core, whose reconnect policy's retry budget the
-            capacity retries spend.
     """
 
-    def __init__(self, key: str, limits: Limits | None, mode: CapacityMode,
-                 core: SessionCore) -> None:
+    def __init__(self, key: str, limits: Limits | None, mode: CapacityMode) -> None:
         if limits is not None and not isinstance(limits, Limits):
             raise TypeError(f"limits must be an envlink.Limits or None, "
                             f"got {type(limits).__name__}")
         self.key = key
         self.limits = limits
         self.mode: CapacityMode = check_mode(mode)
-        self._core = core
         self._held_pid: int | None = None
         self._acquiring: asyncio.Future[None] | None = None
 
@@ -160,9 +154,7 @@ class CapacityGate:
 
         Raises:
             CapacityReachedError: the endpoint is full (locally or on the server) and
-                ``on_capacity`` is ``"raise"``, or it stayed full until the deadline,
-                or the retry budget refused another try.
-            RetryBudgetExhaustedError: the shared retry budget refused a retry.
+                ``on_capacity`` is ``"raise"``, or it stayed full until the deadline.
         """
         if method in ("close", "disconnect"):
             try:
@@ -234,7 +226,6 @@ class CapacityGate:
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[_R]],
                             expires: float | None) -> _R:
-        policy = dataclasses.replace(CAPACITY_POLICY, budget=self._core.policy.budget)
         key = self.key
 
         def retryable(exc: BaseException) -> bool:
@@ -258,8 +249,10 @@ class CapacityGate:
             return await attempt()
 
         # Tries go on until one ends at the deadline, the last backoff cut to end there.
-        retry = Retry(policy, operation="capacity", sleep=sleep, retry_on=retryable,
-                      deadline=expires)
+        # A wait, not a retry of a failure: no try cap, and the client's retry budget
+        # is not spent.
+        retry = Retry(CAPACITY_POLICY, operation="capacity", sleep=sleep,
+                      retry_on=retryable, deadline=expires, waiting=True)
         return await retry.run(one)
 
 

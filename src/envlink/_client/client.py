@@ -237,6 +237,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                         f"not both (the keyword arguments set {', '.join(conflicting)})")
         self._config: ClientConfig = config
         self._mode = client_mode(config.mode, self._default_mode)
+        #: Whether MCP calls go over ``POST /mcp`` (production mode); an MCP client's
+        #: ``use_production_mode`` sets it, as OpenEnv's attribute of that name.
+        self._production = self._mode == "production"
         wanted = dict(config.options.headers) or None
         self._target = lifecycle.Target.resolve(base_url, provider, wanted, token)
         self._children: list[EnvClient[Any, Any, Any]] = []
@@ -267,15 +270,14 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             hook = self._tape.wrap(hook)
         self._core = SessionCore(policy=policy, on_session_lost=config.on_session_lost,
                                  max_journal_steps=config.max_journal_steps,
-                                 production=self._mode == "production")
+                                 production=self._production)
         connector = Connector(self._endpoint, self._options, self._transport, self.timeouts,
                               policy, config.extensions, self._core, hook)
         self._driver: SessionDriver = SessionDriver(
             self._core, connector, hook, self._options, self.timeouts,
             config.replay_verify or same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
-        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity,
-                            self._core)
+        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity)
         self._driver.capacity = gate if self._target.started else None
         connector.prepare = self._prepare_server
 
@@ -364,7 +366,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called; a closed client cannot be reopened."""
+        """Whether :meth:`close` was called and no call has opened the client again since
+        (a later call does, as OpenEnv's, unless it was ``close(final=True)``)."""
         return self._driver.closed
 
     @property
@@ -609,11 +612,12 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
 
         await driver.call("disconnect", seconds, run)
 
-    async def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
-        """Close the client for good. Idempotent.
+    async def close(self, *, timeout: float | UnsetType | None = UNSET,
+                    final: bool = False) -> None:
+        """Close the client: release what it holds, as OpenEnv's ``close()``. Idempotent.
 
         A call in flight is cancelled and its caller gets :class:`ClientClosedError`,
-        as does every queued or later call. The server session is ended (an OpenEnv
+        as does every call queued behind it. The server session is ended (an OpenEnv
         detached session with ``openenv/session/close``, attached or not), and so are
         the sessions opened with :meth:`new_session`.
 
@@ -621,12 +625,23 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         closes, with one try, as OpenEnv stops it; a stop that failed is tried once more
         by each later call (closing again included), and one that succeeded never again.
 
+        As with OpenEnv, a later call (``connect()``, ``reset()``, ``new_session()``...)
+        opens the client again: a new connection and session, and with a provider a new
+        server (once a pending stop succeeded).
+
+        Args:
+            timeout: deadline in seconds (default: the client's close deadline).
+            final: close for good: every later call raises :class:`ClientClosedError`
+                (for a client that must never come back).
+
         Raises:
             Exception: the provider's own stop error, unchanged (the same object, with a
                 note on Python 3.11+ and an ``envlink.provider_stop_failed`` log event):
                 its server may still run.
         """
         if self.closed:
+            if final:
+                self._driver.make_final()
             # A provider whose stop failed is stopped again (it raises if it fails still).
             try:
                 await self._target.retry_stop()
@@ -637,10 +652,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         seconds = call_seconds(timeout, self.timeouts.close)
         children, self._children = self._children, []
         if children:
-            await asyncio.gather(*(child.close(timeout=timeout) for child in children),
-                                 return_exceptions=True)
+            await asyncio.gather(*(child.close(timeout=timeout, final=final)
+                                   for child in children), return_exceptions=True)
         try:
-            await self._driver.close(seconds)
+            await self._driver.close(seconds, final=final)
         finally:
             if self._tape is not None:
                 self._tape.close()  # the episode in progress ends as "close"
@@ -711,7 +726,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         if target.lease is not None:
             await self._provider_first(UNSET)
         if self.closed:
-            raise ClientClosedError("the client is closed")
+            self._driver.reopen()
         url = target.requested
         if target.lease is not None:
             url = self.base_url
@@ -763,7 +778,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         rpc_id = next(self._mcp_ids)
         data = jsonrpc.rpc_request(rpc_id, method, params)
         driver = self._driver
-        production = self._mode == "production"
+        production = self._production
 
         async def run(call: Call) -> Any:
             lock = take_turn(driver, call) or await wait_turn(driver, call)
@@ -909,8 +924,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     async def wait_until_ready(self, timeout: float | UnsetType | None = UNSET) -> Health:
         """Wait until the server answers ``GET /health`` healthy (a Space wakes up).
 
-        Polls with the client's backoff under its reconnect policy (every retry
-        charged to its retry budget). A client with a provider starts it first.
+        Polls with the client's backoff (a wait: its retry budget is not spent, and it
+        ends at ``timeout``, not after a number of tries). A client with a provider
+        starts it first.
 
         Args:
             timeout: seconds to wait at most (default: the client's call timeout).
@@ -974,7 +990,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     async def _before_http(self, timeout: float | UnsetType | None) -> float | None:
         """Before a plain-HTTP read: the client is open, the server started; the deadline."""
         if self.closed:
-            raise ClientClosedError("the client is closed")
+            self._driver.reopen()
         seconds = call_seconds(timeout, self.timeouts.call)
         await self._prepare_server()
         return seconds
@@ -983,25 +999,22 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         """Before a call, with a provider: its pending stop, then its start.
 
         Outside the call's deadline, as OpenEnv starts it: ``wait_for_ready`` keeps the
-        provider's own timeout unless the call was given ``timeout=``. On a closed
-        client a pending stop is tried once (the call then raises
-        :class:`ClientClosedError`), except on a client a bootstrap handle made, whose
-        stop only ``close()`` tries again, as OpenEnv's.
+        provider's own timeout unless the call was given ``timeout=``. A pending stop
+        is tried once, by the start, and the start follows once it succeeds, as
+        OpenEnv's; except on a closed client a bootstrap handle made, whose stop only
+        ``close()`` tries again, as OpenEnv's.
+
+        Raises:
+            ClientClosedError: closed with ``close(final=True)``, or a bootstrapped
+                client's stop is pending.
         """
         target = self._target
         if self.closed:
-            if target.stop_pending and not target.held:
-                if not target.bootstrapped:
-                    try:
-                        await target.retry_stop()
-                    except BaseException:
-                        self._report_stop_failure()
-                        raise
-                if target.stop_pending:
-                    raise ClientClosedError(
-                        "the client is closed and its provider's stop is pending: call "
-                        "close() again to finish the cleanup, then create a new client")
-            return
+            self._driver.check_reopen()
+            if target.bootstrapped and target.stop_pending and not target.held:
+                raise ClientClosedError(
+                    "Provider cleanup is pending for this client: retry close() to finish "
+                    "the cleanup, then create a new client")
         if not target.held:
             await self._prepare_server(None if timeout is UNSET else timeout)
 

@@ -99,9 +99,13 @@ _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 
 class _Lifecycle(enum.Enum):
     OPEN = "open"
+    #: close() was called; the next call opens the client again.
     CLOSED = "closed"
+    #: close(final=True) was called: every later call is refused.
+    FINAL = "final"
 
 
+_OPEN = _Lifecycle.OPEN
 _CLOSED = _Lifecycle.CLOSED
 
 
@@ -138,16 +142,41 @@ class SessionDriver:
 
     @property
     def closed(self) -> bool:
-        """Whether the client was closed for good."""
-        return self.lifecycle is _Lifecycle.CLOSED
+        """Whether the client was closed, and no call has opened it again since."""
+        return self.lifecycle is not _OPEN
+
+    def reopen(self) -> None:
+        """A call on a closed client: open it again, as OpenEnv's client does after
+        ``close()`` (the call then opens a new connection).
+
+        Raises:
+            ClientClosedError: the client was closed with ``close(final=True)``.
+        """
+        self.check_reopen()
+        self.lifecycle = _OPEN
+
+    def check_reopen(self) -> None:
+        """Whether a call may open the client again (:meth:`reopen`).
+
+        Raises:
+            ClientClosedError: the client was closed with ``close(final=True)``.
+        """
+        if self.lifecycle is _Lifecycle.FINAL:
+            raise ClientClosedError(
+                "the client is closed for good: its close(final=True) was called; "
+                "create a new client")
+
+    def make_final(self) -> None:
+        """``close(final=True)`` on a closed client: refuse every later call."""
+        self.lifecycle = _Lifecycle.FINAL
 
     # -------------------------------------------------------------------- calls
 
     async def call(self, method: str, seconds: float | None,
                    run: Callable[[Call], Awaitable[_R]]) -> _R:
         """Run one public call: its hooks, its deadline, its turn in the queue."""
-        if self.lifecycle is _CLOSED:
-            raise ClientClosedError("the client is closed")
+        if self.lifecycle is not _OPEN:
+            self.reopen()
         core, endpoint = self.core, self.connector.endpoint
         call = Call(method)
         hook = self.hook
@@ -176,9 +205,9 @@ class SessionDriver:
                     timer.finish(None)
                     return result
                 except asyncio.CancelledError as exc:
-                    if self.lifecycle is _CLOSED:
+                    if self.lifecycle is not _OPEN:
                         raise ClientClosedError(
-                            f"the client was closed during {method}") from exc
+                            f"the client's close() was called during {method}") from exc
                     raise
                 except CallTimeoutError as exc:
                     if call.unanswered:
@@ -263,10 +292,14 @@ class SessionDriver:
         if conn is not None:
             await conn.close(seconds)
 
-    async def close(self, seconds: float | None) -> None:
-        """Close for good: cancel the call in flight, end the session, bounded."""
+    async def close(self, seconds: float | None, *, final: bool = False) -> None:
+        """Close: cancel the call in flight, end the session, bounded.
+
+        After calling this method: the next call opens the client again
+        (:meth:`reopen`), unless ``final``.
+        """
         self.drop_if_inherited()
-        self.lifecycle = _Lifecycle.CLOSED
+        self.lifecycle = _Lifecycle.FINAL if final else _CLOSED
         active = self.active
         if active is not None and not active.done() and active is not asyncio.current_task():
             active.cancel()
@@ -499,7 +532,7 @@ def take_turn(driver: SessionDriver, call: Call) -> asyncio.Lock | None:
     loop = _get_running_loop()
     lock = driver._lock
     if (not _FREE_LOCKS or lock is None or driver._loop is not loop
-            or driver.lifecycle is _CLOSED or driver._pid != _getpid()
+            or driver.lifecycle is not _OPEN or driver._pid != _getpid()
             or not _take_free_lock(lock)):
         return None
     call.queue_wait = 0.0
@@ -522,9 +555,10 @@ async def wait_turn(driver: SessionDriver, call: Call) -> asyncio.Lock:
         queued = _perf()
         await lock.acquire()
         call.queue_wait = _perf() - queued
-    if driver.lifecycle is _CLOSED:
+    if driver.lifecycle is not _OPEN:
         lock.release()
-        raise ClientClosedError("the client is closed")
+        raise ClientClosedError("the client's close() was called while the call waited "
+                                "for its turn")
     driver.active = task
     return lock
 

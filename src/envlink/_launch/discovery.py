@@ -49,8 +49,6 @@ __all__ = ["EnvironmentMetadata", "EnvironmentSchema", "Health", "fetch", "fetch
 _M = TypeVar("_M", bound=BaseModel)
 #: Statuses of a server that is starting (or a Space waking up): poll again.
 _NOT_YET = frozenset({408, 425, 429, 500, 502, 503, 504})
-#: Poll attempts are limited by the deadline, not by a count.
-_UNBOUNDED_ATTEMPTS = 1 << 30
 
 
 class Health(BaseModel):
@@ -173,7 +171,7 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
 
     Refused connections, 5xx/429 answers and a 200 that is not the health JSON (a
     Space's waking page) are "not ready yet": polled again after the policy's
-    backoff, each retry charged to its budget, until ``timeout`` (or the policy's
+    backoff (a wait: the retry budget is not spent), until ``timeout`` (or the policy's
     ``max_elapsed`` when ``timeout`` is ``None``). The wait lasts the whole
     ``timeout``: a backoff that would pass the deadline is cut to end at it, and a
     last poll (bounded by half a second) is made then.
@@ -195,13 +193,15 @@ async def wait_until_ready(endpoint: Endpoint, options: ConnectionOptions,
     """
     url = endpoint.http_url("/health")
     limit = timeout if timeout is not None else policy.max_elapsed
-    polling = dataclasses.replace(policy, max_attempts=_UNBOUNDED_ATTEMPTS, max_elapsed=None)
+    polling = dataclasses.replace(policy, max_elapsed=None)
     loop = asyncio.get_running_loop()
     deadline = None if limit is None else loop.time() + limit
     # The wait lasts until its deadline: backoffs are cut to end there and the last
     # poll is made then (given at least LAST_TRY), never a backoff skipped to give up early.
+    # A wait, not a retry of a failure: no try cap, and the retry budget is not spent.
     retry = Retry(polling, operation="ready", sleep=asyncio.sleep, clock=loop.time,
-                  retry_on=lambda exc: isinstance(exc, _NotYet), deadline=deadline)
+                  retry_on=lambda exc: isinstance(exc, _NotYet), deadline=deadline,
+                  waiting=True)
     last: list[_NotYet] = []
 
     async def poll(_attempt: int) -> Health:

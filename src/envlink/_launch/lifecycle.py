@@ -24,6 +24,7 @@ from envlink._launch.providers import (
     ProviderLease,
     bound_container,
     lease_for,
+    one_user_call,
 )
 from envlink._launch.spaces import (
     hf_space_subdomain,
@@ -91,9 +92,6 @@ class Target:
         self.awake = space is None
         #: Made by ``from_docker_image`` / ``from_env`` (a bootstrap handle).
         self.bootstrapped = False
-        #: Set while a failed bootstrap closes its client: the stop it just tried is
-        #: not tried again in the same user call.
-        self.skip_pending_stop = False
         self._held = False
         self._lock: asyncio.Lock | None = None
 
@@ -219,8 +217,9 @@ class Target:
         if self._held:
             self._held = False
             await self.lease.release()
-        elif not self.skip_pending_stop:
-            # Never started here, or the start failed and so did its stop: try that.
+        else:
+            # Never started here, or the start failed and so did its stop: try that
+            # (unless this user call did already).
             await self.lease.retry_stop()
 
     async def retry_stop(self) -> None:
@@ -239,8 +238,7 @@ class Target:
             Exception: the provider's stop failed again (unchanged).
         """
         lease = self.lease
-        if (lease is not None and not self._held and lease.stop_pending
-                and lease.users == 0 and lease.base_url is None):
+        if lease is not None and not self._held and lease.retry_due():
             lease.stop_blocking()
 
     def __repr__(self) -> str:  # no headers: they may hold a token
@@ -282,32 +280,22 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
             self.target.bootstrapped = True
         return client
 
-    def _skip_pending_stop(self) -> Target | _NoTarget:
-        """The client's :class:`Target`, told that the stop its failed connect just tried
-        is not tried again by the cleanup close (one stop try per user call)."""
-        if self.target is None:
-            return _NoTarget()
-        self.target.skip_pending_stop = True
-        return self.target
-
     def _start(self) -> Coroutine[Any, Any, _C]:
         return self._resolve()
 
     async def _resolve(self) -> _C:
         client = self._consume()
-        try:
-            await client.connect()
-        except BaseException as exc:
-            target = self._skip_pending_stop()
+        with one_user_call():  # the close after a failed connect tries no stop again
             try:
-                await client.close()
-            except asyncio.CancelledError:
-                pass
-            except Exception as failure:
-                _note_cleanup(exc, failure)
-            finally:
-                target.skip_pending_stop = False
-            raise
+                await client.connect()
+            except BaseException as exc:
+                try:
+                    await client.close()
+                except asyncio.CancelledError:
+                    pass
+                except Exception as failure:
+                    _note_cleanup(exc, failure)
+                raise
         return client
 
     def sync(self) -> Any:
@@ -321,17 +309,15 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
         """
         client = self._consume()
         facade = client.sync()
-        try:
-            facade.connect()
-        except BaseException as exc:
-            target = self._skip_pending_stop()
+        with one_user_call():  # the close after a failed connect tries no stop again
             try:
-                facade.close()
-            except Exception as failure:
-                _note_cleanup(exc, failure)
-            finally:
-                target.skip_pending_stop = False
-            raise
+                facade.connect()
+            except BaseException as exc:
+                try:
+                    facade.close()
+                except Exception as failure:
+                    _note_cleanup(exc, failure)
+                raise
         return facade
 
     def __enter__(self) -> Any:
@@ -354,10 +340,6 @@ class Bootstrap(LazyCoroutine[_C], Generic[_C]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pending (await it, or call .sync())>"
-
-
-class _NoTarget:
-    skip_pending_stop = False
 
 
 #: The bootstrap handle building its client, in this context (see :meth:`Target.resolve`).

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import inspect
 import os
 import shutil
@@ -42,13 +43,13 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from envlink._errors import EnvlinkError, InvalidArgumentError, ProviderError
 from envlink._launch.provider_errors import provider_error_class
 
-__all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "add_note",
+__all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "add_note", "one_user_call",
            "bound_container", "docker_run_command", "lease_for",
            "required_start_parameters", "start_provider", "stop_once", "stop_provider"]
 
@@ -193,6 +194,28 @@ def stop_provider(provider: object) -> BaseException | None:
     return None
 
 
+#: The leases whose stop the user call in progress has tried (``id()``s): a stop is
+#: tried once per user call. ``None`` outside :func:`one_user_call`, where each client
+#: call is a user call of its own. Set in the caller's context, so that the bridge's
+#: copy of it, and the worker thread that stops, hold the same set.
+_STOPS_TRIED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
+    "envlink_stops_tried", default=None)
+
+
+@contextlib.contextmanager
+def one_user_call() -> Iterator[None]:
+    """Make the client calls run inside one user call: a ``with`` / ``async with`` block
+    (its connect, then the close of its failed entry) or a bootstrap handle. A
+    provider's stop is tried at most once in it; a stop already tried and failed is not
+    tried again by the close that cleans up, and stays pending for the next user call.
+    """
+    token = _STOPS_TRIED.set(set())
+    try:
+        yield
+    finally:
+        _STOPS_TRIED.reset(token)
+
+
 class ProviderLease:
     """One provider's server, shared by the clients that use it.
 
@@ -240,8 +263,8 @@ class ProviderLease:
             return self.base_url
         if self._starting is None:
             loop = asyncio.get_running_loop()
-            starting = loop.run_in_executor(None, _capture, self._start_blocking,
-                                            ready_timeout)
+            starting = loop.run_in_executor(None, contextvars.copy_context().run, _capture,
+                                            self._start_blocking, ready_timeout)
             self._starting = starting
             starting.add_done_callback(self._started)
         outcome = await asyncio.shield(self._starting)
@@ -250,10 +273,17 @@ class ProviderLease:
         return outcome
 
     def _start_blocking(self, ready_timeout: float | None) -> str:
-        if self.stop_failure is not None:
+        failure = self.stop_failure
+        if failure is not None:
             # The previous server may still run: stop it first, or start nothing.
+            if self._tried_in_this_call():
+                raise failure  # tried already in this user call: once per call
             self.stop_blocking()
         return start_provider(self.provider, ready_timeout, self)
+
+    def _tried_in_this_call(self) -> bool:
+        tried = _STOPS_TRIED.get()
+        return tried is not None and id(self) in tried
 
     def stop_blocking(self) -> None:
         """Stop the server now (blocking, one try); record or clear a pending stop.
@@ -262,6 +292,9 @@ class ProviderLease:
             Exception: the provider's own failure, unchanged (the same object), with a
                 note saying that its server may still run; the stop is then pending.
         """
+        tried = _STOPS_TRIED.get()
+        if tried is not None:
+            tried.add(id(self))
         try:
             stop_once(self.provider)
         except Exception as exc:
@@ -302,14 +335,19 @@ class ProviderLease:
             await _in_thread(self.stop_blocking)
 
     async def retry_stop(self) -> None:
-        """Try a pending stop once more (nothing to do if none is pending, or the server
-        is used).
+        """Try a pending stop once more (nothing to do if none is pending, the server is
+        used, or this user call has tried it already: see :func:`one_user_call`).
 
         Raises:
             Exception: the provider's stop failed again (unchanged).
         """
-        if self.stop_failure is not None and self.users == 0 and self.base_url is None:
+        if self.retry_due():
             await _in_thread(self.stop_blocking)
+
+    def retry_due(self) -> bool:
+        """Whether :meth:`retry_stop` would try the stop now."""
+        return (self.stop_failure is not None and self.users == 0 and self.base_url is None
+                and not self._tried_in_this_call())
 
     def __repr__(self) -> str:
         return (f"ProviderLease({type(self.provider).__name__}, users={self.users}, "
@@ -341,7 +379,8 @@ def _capture(fn: Callable[..., Any], *args: Any) -> Any:
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` in the loop's executor; what it raises is raised unchanged."""
-    outcome = await asyncio.get_running_loop().run_in_executor(None, _capture, fn, *args)
+    outcome = await asyncio.get_running_loop().run_in_executor(
+        None, contextvars.copy_context().run, _capture, fn, *args)
     if isinstance(outcome, _Raised):
         raise outcome.error
     return outcome

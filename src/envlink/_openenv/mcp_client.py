@@ -18,16 +18,36 @@ does, a step's observation is a :class:`CallToolObservation` when it names a
 ``tool_name`` (after a ``call_tool`` step; a tool error is a :class:`ToolError`,
 ``.error_type`` and ``.message``) and a :class:`ListToolsObservation` when it
 lists ``tools``; both are :class:`MCPObservation` objects, readable by key.
+
+One rule for every type envlink mirrors from OpenEnv and returns (the MCP
+observations, :class:`Tool`, :class:`ToolError`, :class:`~envlink.State`): where
+``openenv`` is importable, the object is built as a class that is both envlink's and
+OpenEnv's of the same name (:func:`mirrored`, made once; OpenEnv's models are imported
+on an MCP client's creation), so ``isinstance`` against either holds, and an enum's
+members are OpenEnv's own (``error.error_type is ToolErrorType.TOOL_NOT_FOUND`` with
+OpenEnv's ``ToolErrorType``; equal to envlink's). Without ``openenv``, envlink's
+classes and members stand alone.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 from collections.abc import Iterator
-from enum import Enum
-from typing import Any, ClassVar, Literal, TypeVar, cast
+from enum import Enum, EnumMeta
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    PlainSerializer,
+    PlainValidator,
+    field_validator,
+)
 
 from envlink._client.client import EnvClient, StepResult
 from envlink._errors import McpError, ToolCallError
@@ -37,7 +57,7 @@ from envlink._sync.dispatch import dispatched
 
 __all__ = ["CallToolAction", "CallToolObservation", "ListToolsAction",
            "ListToolsObservation", "MCPClientBase", "MCPObservation", "MCPToolClient", "Tool",
-           "ToolError", "ToolErrorType"]
+           "ToolError", "ToolErrorType", "mirrored", "openenv_mirrors"]
 
 
 _METHOD_NOT_FOUND = -32601
@@ -88,7 +108,7 @@ class Tool(_ReadableByKey):
         if not isinstance(payload, dict):
             raise TypeError(f"a tool must be an object, got {type(payload).__name__}")
         schema = payload.get("input_schema", payload.get("inputSchema"))
-        return cls(name=payload.get("name", ""),
+        return mirrored(cls)(name=payload.get("name", ""),
                    description=payload.get("description") or "",
                    input_schema=schema if isinstance(schema, dict) else {})
 
@@ -114,20 +134,39 @@ class ToolErrorType(str, Enum):
         return member
 
 
+def _error_kind(value: Any) -> Any:
+    """A tool error's kind: OpenEnv's member where ``openenv`` is importable and names
+    it, else envlink's (another server's kind kept with its value)."""
+    raw = value.value if isinstance(value, Enum) else value
+    if not isinstance(raw, str):
+        raise ValueError(f"a tool error's type must be a string, got {type(raw).__name__}")
+    theirs = openenv_mirrors()
+    if theirs is not None:
+        try:
+            return theirs(raw)
+        except ValueError:
+            pass  # a kind OpenEnv does not list
+    return ToolErrorType(raw)
+
+
+def _kind_out(value: Any, info: FieldSerializationInfo) -> Any:
+    return value.value if info.mode_is_json() and isinstance(value, Enum) else value
+
+
 class ToolError(_ReadableByKey):
-    """A tool call's error in a step's observation, as OpenEnv's ``ToolError``."""
+    """A tool call's error in a step's observation, as OpenEnv's ``ToolError``.
+
+    ``error_type``'s members are OpenEnv's ``ToolErrorType``'s where ``openenv`` is
+    importable (see the module), else :class:`ToolErrorType`'s; they compare equal.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    error_type: ToolErrorType = ToolErrorType.EXECUTION_ERROR
+    error_type: Annotated[
+        ToolErrorType, PlainValidator(_error_kind, json_schema_input_type=ToolErrorType),
+        PlainSerializer(_kind_out, return_type=str),
+    ] = Field(default=ToolErrorType.EXECUTION_ERROR, validate_default=True)
     message: str = ""
-
-    @field_validator("error_type", mode="before")
-    @classmethod
-    def _kind(cls, value: Any) -> Any:
-        # Through the enum's own lookup, so that another server's kind is kept whatever
-        # pydantic's enum validation does with an unlisted value.
-        return ToolErrorType(value) if isinstance(value, str) else value
 
 
 class CallToolAction(BaseModel):
@@ -173,9 +212,12 @@ class MCPObservation(BaseModel):
     @field_validator("error", mode="before")
     @classmethod
     def _error(cls, value: Any) -> Any:
-        if value is None or value == "" or isinstance(value, ToolError | dict):
+        if value is None or value == "" or isinstance(value, ToolError):
             return value or None
-        return ToolError(message=str(value))  # a server that sends the error as text
+        if isinstance(value, dict):
+            return mirrored(ToolError).model_validate(value)
+        # A server that sends the error as text.
+        return mirrored(ToolError)(message=str(value))
 
     def __getitem__(self, key: str) -> Any:
         # That field alone, dumped as model_dump() would (a tool as a dict): a key read
@@ -221,7 +263,7 @@ class ListToolsObservation(MCPObservation):
 def _restore_observation(kind: type[MCPObservation], base: type[MCPObservation],
                          state: Any) -> MCPObservation:
     """Unpickles an observation of a class made by :func:`_observation_class`."""
-    cls = _observation_class(kind, base)
+    cls = mirrored(_observation_class(kind, base))
     observation = cls.__new__(cls)
     observation.__setstate__(state)
     return observation
@@ -291,27 +333,51 @@ class MCPClientBase(EnvClient[Any, _ObsT, State]):
             kind = CallToolObservation
         else:
             return StepResult(
-                observation=cast(_ObsT, self._observation_type.model_validate(observation)),
+                observation=cast(_ObsT, mirrored(self._observation_type)
+                                 .model_validate(observation)),
                 reward=reward, done=done, metadata=metadata)
         fields = {**observation, "done": done, "reward": reward,
                   "metadata": metadata or observation.get("metadata") or {}}
         return StepResult(
-            observation=cast(_ObsT, _observation_class(kind, self._observation_type)
+            observation=cast(_ObsT, mirrored(_observation_class(kind, self._observation_type))
                              .model_validate(fields)),
             reward=reward, done=done, metadata=metadata)
 
     def _parse_state(self, payload: dict[str, Any]) -> State:
-        return State.model_validate(payload)
+        return mirrored(State).model_validate(payload)
+
+    def __init__(self, base_url: str | None = None, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        # What this client returns is also an instance of OpenEnv's classes (see the
+        # module): their models imported now, not on the loop at the first answer.
+        _openenv()
 
     @property
     def use_production_mode(self) -> bool:
-        """Whether the client is in production mode (OpenEnv's attribute of that name)."""
-        return self.mode == "production"
+        """Whether tool calls go over ``POST /mcp`` (production mode), as OpenEnv's
+        attribute of that name; ``True`` when the client is in production mode.
+
+        Settable, as in OpenEnv: ``False`` runs ``list_tools()`` and ``call_tool()`` as
+        steps (what OpenEnv's ``MCPToolClient``, which refuses ``mode="simulation"``,
+        offers instead), ``True`` sends them over ``POST /mcp``; from the next call,
+        and the next connection for the session it opens. ``mode`` stays as created.
+
+        Raises:
+            TypeError: set to something else than a bool.
+        """
+        return self._production
+
+    @use_production_mode.setter
+    def use_production_mode(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"use_production_mode must be a bool, got {type(value).__name__}")
+        self._production = value
+        self._core.set_production(value)
 
     async def _tools_over_http(self) -> bool:
         """Whether tool calls go over ``POST /mcp`` (production mode on a server that
         offers HTTP MCP sessions and answers tool calls there), not through ``step()``."""
-        if self.mode != "production":
+        if not self._production:
             return False
         if self.config.mode is not None:
             return True  # asked for: a server without HTTP MCP sessions is an error
@@ -418,3 +484,81 @@ class MCPToolClient(MCPClientBase[_ObsT]):
         if isinstance(value, dict) and "data" in value:
             return value["data"]
         return value
+
+
+
+#: Where OpenEnv defines the classes envlink mirrors, and their names there.
+_MIRRORED = (
+    ("openenv.core.env_server.mcp_types",
+     ("Tool", "ToolError", "CallToolObservation", "ListToolsObservation")),
+    ("openenv.core.env_server.types", ("State",)),
+)
+
+
+@functools.cache
+def _openenv() -> tuple[dict[str, type], EnumMeta | None] | None:
+    """OpenEnv's classes that envlink mirrors, by name, and its ``ToolErrorType``
+    (imported once, on first use); ``None`` without ``openenv``."""
+    try:
+        if importlib.util.find_spec("openenv") is None:
+            return None
+        modules = [(importlib.import_module(name), names) for name, names in _MIRRORED]
+    except Exception:  # an openenv that does not import: envlink's classes stand alone
+        return None
+    classes = {name: theirs for module, names in modules for name in names
+               if isinstance(theirs := getattr(module, name, None), type)
+               and issubclass(theirs, BaseModel)}
+    kinds = getattr(modules[0][0], "ToolErrorType", None)
+    return classes, kinds if isinstance(kinds, EnumMeta) else None
+
+
+def openenv_mirrors() -> EnumMeta | None:
+    """OpenEnv's ``ToolErrorType`` where ``openenv`` is importable, else ``None`` (the
+    rule of the module: envlink's members then, OpenEnv's classes as bases)."""
+    found = _openenv()
+    return None if found is None else found[1]
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _restore_mirrored(cls: type[BaseModel], state: Any) -> BaseModel:
+    """Unpickles an object of a class made by :func:`mirrored`."""
+    made = mirrored(cls)
+    obj = made.__new__(made)
+    obj.__setstate__(state)
+    return obj
+
+
+def mirrored(cls: type[_M]) -> type[_M]:
+    """The class an object of envlink's ``cls`` is built as (see the module): where
+    ``openenv`` is importable and ``cls`` (or a base) mirrors one of OpenEnv's classes,
+    a class of the same name that is both (envlink's fields, validators and
+    configuration first), made once; else ``cls`` itself."""
+    return cast(type[_M], _mirror_of(cls))
+
+
+@functools.cache
+def _mirror_of(cls: type[BaseModel]) -> type[BaseModel]:
+    found = _openenv()
+    if found is None:
+        return cls
+    from envlink._sansio.state import State as OurState
+
+    ours: dict[type, str] = {Tool: "Tool", ToolError: "ToolError",
+                             CallToolObservation: "CallToolObservation",
+                             ListToolsObservation: "ListToolsObservation", OurState: "State"}
+    name = next((ours[c] for c in cls.__mro__ if c in ours), None)
+    theirs = found[0].get(name) if name is not None else None
+    if theirs is None or issubclass(cls, theirs):
+        return cls
+
+    def __reduce__(self: BaseModel) -> tuple[Any, ...]:
+        return _restore_mirrored, (cls, self.__getstate__())
+
+    namespace: dict[str, Any] = {
+        "model_config": dict(cls.model_config), "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+    if "__reduce__" not in vars(cls):  # a made class keeps its own way back (mirrored)
+        namespace["__reduce__"] = __reduce__
+    return cast(type[BaseModel], type(cls.__name__, (cls, theirs), namespace))

@@ -7,15 +7,18 @@ retry the same way: tenacity's ``AsyncRetrying`` with
   the most tries of one operation, the first included, whatever the operation;
 - ``stop_before_delay(max_elapsed)``: never start a backoff that would end past
   the elapsed-time cap, only to give up after it;
-- or, for a *wait* with a deadline (readiness, a training adapter's opening step),
-  ``deadline=``: the backoff is cut to end at the deadline and one last try is made
-  then, so the wait ends at its deadline, never before it;
+- or, for a *wait* (readiness, a capacity wait, a training adapter's opening step),
+  ``deadline=`` (or ``waiting=True`` without one): no try cap; the backoff is cut to
+  end at the deadline and one last try is made then, so the wait ends at its
+  deadline, never before it;
 - ``wait_random_exponential`` (full jitter; ``wait_exponential`` without jitter),
   raised to the server's ``Retry-After`` when it sent one;
 - a retry predicate (:func:`~envlink._sansio.policies.is_retryable` for connects,
   the caller's own for the other operations);
-- the shared :class:`RetryBudget`, charged before *every* retry: a retry the
-  budget refuses ends the loop with :class:`RetryBudgetExhaustedError`.
+- the shared :class:`RetryBudget`, charged before *every* retry of a failure: a retry
+  the budget refuses ends the loop with :class:`RetryBudgetExhaustedError`. A wait's
+  tries are not retries of a failure: a wait neither spends the budget nor earns it
+  back.
 
 Sleep and clock are injected: the asyncio driver passes ``asyncio.sleep`` and
 ``time.monotonic``, unit tests pass fakes. :func:`~envlink.set_testing` removes
@@ -37,6 +40,7 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_before_delay,
+    stop_never,
     wait_none,
 )
 from tenacity.stop import stop_base
@@ -197,7 +201,10 @@ class Retry:
         deadline: for a wait that must last until a moment (on ``clock``): tries
             go on until one ends at or after it, each backoff cut to end at it, so
             the last try is made at the deadline. The policy's ``max_elapsed`` still
-            applies; a waiting caller sets it to ``None``.
+            applies; a waiting caller sets it to ``None``. Makes the loop a wait.
+        waiting: the loop is a wait (implied by ``deadline``): the policy's
+            ``max_attempts`` does not cap it and its budget is neither charged nor
+            credited; without a deadline it ends only at ``max_elapsed``, if any.
     """
 
     def __init__(
@@ -213,6 +220,7 @@ class Retry:
         on_backoff: Callable[[BackoffDetails], None] | None = None,
         rng: random.Random | None = None,
         deadline: float | None = None,
+        waiting: bool = False,
     ) -> None:
         self.policy = policy
         self.operation = operation
@@ -226,6 +234,7 @@ class Retry:
         self._on_backoff = on_backoff
         self._rng = rng
         self._deadline = deadline
+        self._waiting = waiting or deadline is not None
 
     def time_for_try(self) -> float | None:
         """Seconds a try may take: to the deadline, at least :data:`LAST_TRY` (``None``:
@@ -241,8 +250,11 @@ class Retry:
                 elapsed-time cap counts from it.
         """
         policy = self.policy
-        remaining = max(1, policy.max_attempts - self.attempts_used)
-        stop: stop_base = stop_after_attempt(remaining)
+        stop: stop_base
+        if self._waiting:
+            stop = stop_never  # a wait ends at its deadline (or max_elapsed), never a count
+        else:
+            stop = stop_after_attempt(max(1, policy.max_attempts - self.attempts_used))
         if policy.max_elapsed is not None:
             stop = stop | _OnClock(stop_before_delay(policy.max_elapsed), self._clock, start)
         wait: wait_base = (_HonourRetryAfter(policy.wait(self._rng))
@@ -303,6 +315,8 @@ class Retry:
         return self._succeeded(result)
 
     def _succeeded(self, result: _T) -> _T:
+        if self._waiting:
+            return result  # a wait's success is no retry's: the budget earns nothing
         return succeeded(self.policy, result)
 
     async def _wait(self, seconds: float) -> None:
@@ -314,7 +328,7 @@ class Retry:
         exc = outcome.exception() if outcome is not None else None
         exc = carried(exc) if exc is not None else None
         budget = self.policy.budget
-        if budget is not None and not budget.try_spend():
+        if budget is not None and not self._waiting and not budget.try_spend():
             raise RetryBudgetExhaustedError(
                 f"the shared retry budget refused a {self.operation} retry"
             ) from exc

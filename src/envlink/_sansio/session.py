@@ -362,6 +362,14 @@ class SessionCore:
         self.on_session_lost = checked = RecoveryPolicy(policy)
         return checked
 
+    def set_production(self, value: bool) -> None:
+        """The caller switched OpenEnv's production mode (``use_production_mode``).
+
+        After calling this method: nothing; the next connection opens accordingly
+        (:attr:`production`).
+        """
+        self.production = value
+
     def set_record_steps(self, value: bool | None) -> None:
         """The caller decided whether the journal keeps each step (``None``: per policy).
 

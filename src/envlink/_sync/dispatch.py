@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from envlink._bridge import LazyCoroutine, is_bridge_loop
 from envlink._config import UNSET
 from envlink._errors import ExecutionModeError
+from envlink._launch.providers import one_user_call
 from envlink._speedups import running_loop_getter
 
 if TYPE_CHECKING:
@@ -196,10 +197,12 @@ def run_blocking(client: AutoDispatch, fn: Callable[..., Any], name: str,
         kwargs = dict(kwargs)
         timeout = kwargs.pop("timeout")
     if name == "close":
-        facade.close(timeout=timeout)
+        facade.close(timeout=timeout, final=bool(kwargs.get("final")))
         return None
     if name == "new_session":
         return facade.new_session()
+    if facade._envlink_closed:  # a call after close() opens the client again
+        facade._envlink_reopen()
     result = facade._envlink_call(name, fn.__get__(client), args, kwargs, timeout)
     return client if name == "connect" else result
 
@@ -236,12 +239,13 @@ class AutoDispatch:
             ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
         """
         claim(self, SYNC)  # refused: nothing was taken
-        try:
-            run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
-        except BaseException as exc:
-            close_after_failed_enter(
-                exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
-            raise
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
+            except BaseException as exc:
+                close_after_failed_enter(
+                    exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
+                raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -260,11 +264,12 @@ class AutoDispatch:
             ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
         """
         claim(self, ASYNC)
-        try:
-            await self.connect()
-        except BaseException as exc:
-            await aclose_after_failed_enter(exc, self.close)
-            raise
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                await self.connect()
+            except BaseException as exc:
+                await aclose_after_failed_enter(exc, self.close)
+                raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

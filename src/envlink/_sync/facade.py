@@ -18,7 +18,9 @@ ends with its last facade) or closes its own. A caller in another thread meanwhi
 waits for that close to finish, bounded the same way (its own ``timeout=`` or the
 close deadline, plus the margin), and raises :class:`~envlink.CallTimeoutError` if it
 did not. From the bridge's own loop thread, ``close()`` raises
-:class:`~envlink.ReentrantCallError` at once and leaves the facade open.
+:class:`~envlink.ReentrantCallError` at once and leaves the facade open. A facade
+that reopens (the client's, as OpenEnv's starts its loop again after ``close()``)
+runs on a bridge again: the default bridge leased anew, or a new bridge of its own.
 """
 
 from __future__ import annotations
@@ -138,18 +140,22 @@ class BlockingFacade(SyncProxy[T]):
             (leased until :meth:`close`).
         owns_bridge: :meth:`close` closes ``bridge`` too.
         timeout_margin: seconds the bridge waits beyond a call's own deadline.
+        new_bridge: with ``owns_bridge``, how a reopened facade makes its next bridge.
 
     Raises:
         TypeError, ValueError: ``timeout_margin`` is not a number of seconds >= 0.
     """
 
     def __init__(self, target: T, bridge: Bridge | None, *, owns_bridge: bool = False,
-                 timeout_margin: float = TIMEOUT_MARGIN) -> None:
+                 timeout_margin: float = TIMEOUT_MARGIN,
+                 new_bridge: Callable[[], Bridge] | None = None) -> None:
         margin = check_timeout(timeout_margin, "timeout_margin", allow_zero=True)
         if margin is None:
             raise TypeError("timeout_margin must be a number of seconds, not None")
         # On the default bridge, a lease until close(): its thread ends with its last facade.
         bridge, self._envlink_release = lease_bridge(bridge, self)
+        self._envlink_leased = self._envlink_release is not None
+        self._envlink_new_bridge = new_bridge
         deadline = target.call_deadline("call")  # type: ignore[attr-defined]
         super().__init__(target, bridge, timeout=None if deadline is None else deadline + margin)
         self._envlink_owns_bridge = owns_bridge
@@ -160,6 +166,8 @@ class BlockingFacade(SyncProxy[T]):
         self._envlink_call = functools.partial(blocking_call, bridge, target, margin)
         self._envlink_close_lock = threading.Lock()
         self._envlink_closed = False
+        #: Set by ``close(final=True)``: the facade never reopens.
+        self._envlink_final = False
         self._envlink_close_done = threading.Event()
 
     @property
@@ -172,6 +180,46 @@ class BlockingFacade(SyncProxy[T]):
 
     def _envlink_closed_again(self) -> None:
         """A later ``close()`` once the first has finished (nothing to do by default)."""
+
+    def _envlink_reopen(self) -> None:
+        """A call on the closed facade: run on a bridge again (the default bridge leased
+        anew, a new bridge of its own, or the bridge it was given, still open).
+
+        Raises:
+            ClientClosedError: closed with ``close(final=True)``, a close is still
+                running in another thread, or the bridge it was given is closed.
+        """
+        with self._envlink_close_lock:
+            if not self._envlink_closed:
+                return
+            if self._envlink_final:
+                raise ClientClosedError(
+                    "the client is closed for good: its close(final=True) was called; "
+                    "create a new client")
+            if not self._envlink_close_done.is_set():
+                raise ClientClosedError(
+                    "the client's close() is running in another thread; call again once "
+                    "it returned")
+            bridge = self._envlink_bridge
+            if self._envlink_leased:
+                bridge, self._envlink_release = lease_bridge(None, self)
+            elif self._envlink_owns_bridge and self._envlink_new_bridge is not None:
+                bridge = self._envlink_new_bridge()
+            elif bridge.closed:
+                raise ClientClosedError(
+                    "the bridge this client was given is closed: its close() was called; "
+                    "give the client an open bridge")
+            self._envlink_bridge = bridge
+            self._envlink_call = functools.partial(blocking_call, bridge,
+                                                   self._envlink_target, self._envlink_margin)
+            self._envlink_forget_wrappers()
+            self._envlink_close_done = threading.Event()
+            self._envlink_closed = False
+
+    def _envlink_forget_wrappers(self) -> None:
+        """Drop the cached blocking wrappers: they run on the bridge of their time."""
+        for name in [name for name in self.__dict__ if not name.startswith("_envlink_")]:
+            del self.__dict__[name]
 
     def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
         """Close the wrapped object, and the bridge if this facade owns it. Idempotent.
@@ -190,6 +238,12 @@ class BlockingFacade(SyncProxy[T]):
                 anyway when owned), or, for a second caller, the first close did not.
             ReentrantCallError: called from the bridge's own loop thread.
         """
+        self._envlink_close(timeout, {})
+
+    def _envlink_close(self, timeout: float | UnsetType | None,
+                       kwargs: dict[str, Any]) -> None:
+        """:meth:`close`, with ``kwargs`` for the wrapped object's ``close()``
+        (``final=True``: the facade never reopens either)."""
         bridge = self._envlink_bridge
         if bridge.on_loop_thread():
             # Checked before claiming the close, so that a proper close() can follow.
@@ -200,6 +254,8 @@ class BlockingFacade(SyncProxy[T]):
         with self._envlink_close_lock:
             first = not self._envlink_closed
             self._envlink_closed = True
+            if kwargs.get("final"):
+                self._envlink_final = True
         if not first:
             self._envlink_wait_for_close(timeout)
             return
@@ -207,7 +263,8 @@ class BlockingFacade(SyncProxy[T]):
             if not bridge.closed:
                 # ClientClosedError: the shared bridge closed under us; nothing to do.
                 with contextlib.suppress(ClientClosedError):
-                    self._envlink_call("close", self._envlink_close_method(), (), {}, timeout)
+                    self._envlink_call("close", self._envlink_close_method(), (), kwargs,
+                                       timeout)
         finally:
             try:
                 if self._envlink_owns_bridge:
@@ -215,6 +272,7 @@ class BlockingFacade(SyncProxy[T]):
                 elif self._envlink_release is not None:
                     self._envlink_release()  # the last facade closes the default bridge
             finally:
+                self._envlink_forget_wrappers()
                 self._envlink_close_done.set()
 
     def _envlink_close_method(self) -> Callable[..., Any]:

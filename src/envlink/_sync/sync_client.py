@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy, blocking_wrapper
 from envlink._config import UNSET, UnsetType
+from envlink._launch.providers import one_user_call
 from envlink._sansio.protocol import StepResult
 from envlink._sync.dispatch import (
     SYNC,
@@ -116,14 +117,20 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
     def __init__(self, client: AsyncEnv[ActT, ObsT, StateT], *, bridge: Bridge | None = None,
                  timeout_margin: float = TIMEOUT_MARGIN, nested_spans: bool = False) -> None:
         owns = False
+        new_bridge = None
         if bridge is None and (client.tracer_provider is not None
                                or client.meter_provider is not None or nested_spans):
             # The bridge's telemetry goes where the client's goes.
             owns = True
-            bridge = Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
-                                                       client.meter_provider,
-                                                       nested=bool(nested_spans))])
-        super().__init__(client, bridge, owns_bridge=owns, timeout_margin=timeout_margin)
+
+            def new_bridge() -> Bridge:
+                return Bridge(hooks=[BridgeTelemetryHook(client.tracer_provider,
+                                                         client.meter_provider,
+                                                         nested=bool(nested_spans))])
+
+            bridge = new_bridge()
+        super().__init__(client, bridge, owns_bridge=owns, timeout_margin=timeout_margin,
+                         new_bridge=new_bridge)
         #: Set once the first call claimed the client's blocking mode.
         self._envlink_claimed = False
         #: The client's coroutine methods by name, each looked up at its first call once
@@ -136,6 +143,8 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
                         timeout: float | UnsetType | None) -> Any:
         """Run the client's coroutine method named ``method`` on the bridge: every call
         of the facade's own methods, ``step`` included."""
+        if self._envlink_closed:  # a call after close() opens the facade again
+            self._envlink_reopen()
         fn = self._envlink_methods.get(method)
         if fn is None:  # this method's first call (the facade's first claims)
             fn = self._envlink_look_up(method)
@@ -155,6 +164,8 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
                      kwargs: dict[str, Any], timeout: Any) -> Any:
         """Run the client's coroutine function ``fn`` (named ``method``) on the bridge,
         claiming the client's blocking mode first."""
+        if self._envlink_closed:
+            self._envlink_reopen()
         if not self._envlink_claimed:
             self._envlink_claim()
         return self._envlink_call(method, fn, args, kwargs, timeout)
@@ -177,6 +188,8 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
         return blocking_wrapper(self, name, raw_method(attr))
 
     def _envlink_invoke(self) -> Callable[..., Any]:
+        if self._envlink_closed:  # a wrapper made after close() is for a call: reopen
+            self._envlink_reopen()
         if not self._envlink_claimed:
             self._envlink_claim()  # a first call through another method claims too
         return self._envlink_call
@@ -290,7 +303,8 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
         return SyncEnvClient(child, bridge=self._envlink_bridge,
                              timeout_margin=self._envlink_margin)
 
-    def close(self, *, timeout: float | UnsetType | None = UNSET) -> None:
+    def close(self, *, timeout: float | UnsetType | None = UNSET,
+              final: bool = False) -> None:
         """Close the client, and the bridge if this facade owns it. Idempotent.
 
         Afterwards, with an owned bridge, no envlink thread is left running; nor with
@@ -300,9 +314,14 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
         as a close may take (the close deadline plus the margin); a later one
         retries a provider's failed stop.
 
+        As OpenEnv's, a later call opens the client again, on a bridge again (the
+        default bridge leased anew, or a new bridge of its own), unless ``final``.
+
         Args:
             timeout: deadline in seconds for the client's close (default: the
                 client's close deadline).
+            final: close for good (:meth:`EnvClient.close`): later calls raise
+                :class:`~envlink.ClientClosedError`.
 
         Raises:
             CallTimeoutError: the client did not close in time (the bridge is
@@ -310,7 +329,7 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
             ProviderError: the provider's server did not stop (closing again retries).
             ReentrantCallError: called from the bridge's own loop thread.
         """
-        super().close(timeout=timeout)
+        self._envlink_close(timeout, {"final": True} if final else {})
 
     def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """``with client.sync() as env``: connect now.
@@ -322,11 +341,12 @@ class SyncEnvClient(BlockingFacade["AsyncEnv[ActT, ObsT, StateT]"],
         Raises:
             As :meth:`connect`.
         """
-        try:
-            return self.connect()
-        except BaseException as exc:
-            close_after_failed_enter(exc, self.close)
-            raise
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                return self.connect()
+            except BaseException as exc:
+                close_after_failed_enter(exc, self.close)
+                raise
 
 
 class _BlockingMethods(SyncProxy[Any]):

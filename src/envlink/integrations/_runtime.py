@@ -113,21 +113,20 @@ async def reset_until_ready(client: EnvClient[Any, Any, Any], kwargs: Mapping[st
                             ) -> StepResult[Any]:
     """``client.reset(**kwargs)``, tried again while it fails transiently, within ``deadline``.
 
-    The tries go through envlink's retry primitive with the client's reconnect policy
-    (its backoff and its shared retry budget), the attempt cap lifted and the elapsed
-    cap set to ``deadline``: a full server is waited for, a dropped connection is
-    reopened, and the last error is raised once the deadline or the budget says stop.
+    The tries go through envlink's retry primitive as a wait, with the client's
+    reconnect policy's backoff (no try cap, its retry budget not spent), until
+    ``deadline``: a full server is waited for, a dropped connection is reopened, and
+    the last error is raised once the deadline passed.
 
     Args:
         client: the async client (called on its own loop).
         kwargs: the reset arguments.
         deadline: seconds the whole reset may take.
-        policy: backoff and budget (default: the client's reconnect policy).
+        policy: the backoff (default: the client's reconnect policy).
         retry_on: which failures are tried again.
 
     Raises:
         CallTimeoutError: the deadline expired during a try.
-        RetryBudgetExhaustedError: the shared budget refused a retry.
         EnvlinkError: the last failure, when it is not transient.
     """
     async def attempt(remaining: float) -> StepResult[Any]:
@@ -144,16 +143,15 @@ async def retry_until_ready(attempt: Callable[[float], Awaitable[T]], *, deadlin
     """``attempt(remaining_seconds)``, tried again while it fails transiently, within ``deadline``.
 
     The waiting behind :func:`reset_until_ready` for any idempotent opening step (a
-    harness session's connect, for one): ``policy``'s backoff and retry budget, the
-    attempt cap lifted, tries going on until ``deadline``: a backoff that would pass it
-    is cut to end at it and a last try is made then, never a wait ended early.
+    harness session's connect, for one): a wait with ``policy``'s backoff (no try cap,
+    its retry budget not spent), tries going on until ``deadline``: a backoff that would
+    pass it is cut to end at it and a last try is made then, never a wait ended early.
 
     Raises:
         CallTimeoutError: the deadline expired during a try.
-        RetryBudgetExhaustedError: the shared budget refused a retry.
         EnvlinkError: the last failure, when it is not transient.
     """
-    waiting = dataclasses.replace(policy, max_attempts=1_000_000, max_elapsed=None)
+    waiting = dataclasses.replace(policy, max_elapsed=None)
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
 
