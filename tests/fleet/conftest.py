@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -70,3 +71,61 @@ def most_at_once(spans: list[list[float]]) -> int:
         now += delta
         best = max(best, now)
     return best
+
+
+def require_redis() -> None:
+    """Skip the calling module without the ``redis`` client library; fail instead under
+    ``ENVLINK_REQUIRE_REDIS=1`` (set by ``.ci/run``)."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        if os.environ.get("ENVLINK_REQUIRE_REDIS") == "1":
+            pytest.fail("ENVLINK_REQUIRE_REDIS=1: the redis client is not installed",
+                        pytrace=False)
+        pytest.skip("the redis client is not installed (envlink[redis])",
+                    allow_module_level=True)
+
+
+class RedisServer:
+    """A real ``redis-server`` on a free loopback port, no persistence."""
+
+    def __init__(self, workdir: Path) -> None:
+        import shutil
+        import socket
+
+        binary = shutil.which("redis-server") or (
+            "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+        if binary is None:
+            if os.environ.get("ENVLINK_REQUIRE_REDIS") == "1":
+                pytest.fail("redis-server is required (ENVLINK_REQUIRE_REDIS=1) but missing")
+            pytest.skip("redis-server is not installed")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if "Ready to accept connections" in line:
+                break
+        else:
+            raise AssertionError(f"redis-server did not start: {self.proc.wait()}")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -39,9 +39,17 @@ def open_store(limits: FleetLimits) -> Store:
     Raises:
         FleetStoreError: the store cannot be used.
     """
-    if limits.kind != "directory":
-        raise FleetStoreError(f"the {limits.kind} store is not available yet",
-                              store=limits.shown_store)
+    kind = limits.kind
+    if kind == "redis":
+        try:
+            from envlink._fleet.redis_store import RedisStore
+        except ImportError:
+            raise FleetStoreError("a redis:// store needs the redis client: pip install "
+                                  "'envlink[redis]'", store=limits.shown_store) from None
+        return RedisStore(limits.store, limits.store_timeout, limits.increase_every,
+                          limits.lease)
+    if kind == "ray":
+        raise FleetStoreError("the ray store is not available yet", store=limits.shown_store)
     from envlink._fleet.directory import DirectoryStore
     return DirectoryStore(limits.store, limits.store_timeout, limits.increase_every)
 
@@ -341,6 +349,8 @@ class Fleet:
             if time.monotonic() - self._renewed >= self.limits.lease / 3:
                 with self._cond:
                     held = list(self._held.values())
+                # The queue places are leases too (Redis, Ray): kept with the slots.
+                held += [w.want for w in self._waiting]
                 if held:
                     store.renew(held)
                 self._renewed = time.monotonic()
