@@ -7,6 +7,9 @@ Modes (``mode`` in the JSON):
 - ``churn``: ``rounds`` times, open ``sessions`` sessions at once, step each, close
   them; print one JSON line of every session's ``[opened, closing]`` (CLOCK_MONOTONIC,
   shared by the processes of a host), and the seconds the process took.
+- ``pool``: an ``EnvPool`` of ``sessions`` over ``urls``, ``episodes`` resets of
+  ``steps`` steps, once a line comes on stdin (so that processes start together);
+  print one JSON line of the errors its slots answered.
 - ``starts``: ``starts`` clients with a provider each (started on connect), paced and
   bounded by the fleet; print one JSON line of the start times (wall clock).
 """
@@ -92,6 +95,23 @@ async def _starts(spec: dict[str, Any]) -> None:
     print(json.dumps({"starts": starts}), flush=True)
 
 
+async def _pool(spec: dict[str, Any]) -> None:
+    config = _config(spec)
+    errors: list[str] = []
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    async with envlink.EnvPool(spec["urls"], spec["sessions"], client_config=config,
+                               batch_timeout=spec.get("timeout", 30.0)) as pool:
+        for _ in range(spec["episodes"]):
+            results = list(await pool.reset())
+            for _ in range(spec.get("steps", 2)):
+                results += list(await pool.step([{"message": "x"}] * spec["sessions"]))
+            errors += [f"{type(r).__name__}: {r}" for r in results
+                       if isinstance(r, BaseException)]
+    print(json.dumps({"errors": errors, "end": time.monotonic()}), flush=True)
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
-    asyncio.run({"hold": _hold, "churn": _churn, "starts": _starts}[spec["mode"]](spec))
+    modes = {"hold": _hold, "churn": _churn, "starts": _starts, "pool": _pool}
+    asyncio.run(modes[spec["mode"]](spec))

@@ -45,6 +45,34 @@ def test_total_limit_spans_endpoints(tmp_path: Path, workers: Workers) -> None:
     assert most_at_once([s for r in results for s in r["spans"]]) <= 2
 
 
+def test_pools_wait_their_turn_without_a_refusal(tmp_path: Path, workers: Workers) -> None:
+    """4 processes x EnvPool(8 sessions) over two servers of 8 sessions each, sharing
+    FleetLimits(max_sessions=16): no slot answers an error, the servers refuse no
+    session open (the pools place their sessions one pool at a time)."""
+    import json
+    import urllib.request
+
+    with ServerThread(env="echo", max_sessions=8) as one, \
+            ServerThread(env="echo", max_sessions=8) as two:
+        fleet = {"store": str(tmp_path), "max_sessions": 16, "max_sessions_per_endpoint": 8}
+        procs = [workers.start(mode="pool", urls=[one.url, two.url], fleet=fleet, sessions=8,
+                               episodes=2, timeout=60.0) for _ in range(4)]
+        for proc in procs:
+            assert workers.line(proc) == "ready"
+        for proc in procs:                      # all at once
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = [workers.result(p) for p in procs]
+        refused = 0
+        for st in (one, two):
+            with urllib.request.urlopen(f"http://127.0.0.1:{st.port}/health",
+                                        timeout=10) as answer:
+                refused += json.loads(answer.read())["counters"].get("capacity_refused", 0)
+    assert [r["errors"] for r in results] == [[]] * 4
+    assert refused == 0
+
+
 def test_sigkilled_holders_slots_come_back(tmp_path: Path, workers: Workers) -> None:
     """A process SIGKILLed while it holds every slot: a waiting process gets them at once
     (well within 10 s), with no server-side help."""
@@ -154,3 +182,59 @@ def test_store_that_cannot_be_used_fails_typed(tmp_path: Path) -> None:
             str(blocker / "store"), on_store_error="local"), timeout=envlink.Timeout(10))
         with envlink.GenericEnvClient(st.url, config=local).sync() as env:
             env.reset()
+
+
+def test_fleet_status_command_shows_holders_waiters_and_limits(tmp_path: Path,
+                                                                workers: Workers) -> None:
+    """`envlink fleet status DIR` lists the endpoint's holders, their process, the live
+    waiters and the limit; a missing store is exit status 1 with the reason."""
+    import json
+    import subprocess
+    import sys
+
+    fleet = {"store": str(tmp_path / "fleet"), "max_sessions_per_endpoint": 2}
+    with ServerThread(env="echo") as st:
+        holder = workers.start(mode="hold", url=st.url, fleet=fleet, sessions=2)
+        assert workers.line(holder) == "held"
+        waiter = workers.start(mode="churn", url=st.url, fleet=fleet, sessions=1, rounds=1)
+        assert workers.line(waiter) == "ready"
+        command = [sys.executable, "-m", "envlink", "fleet", "status", fleet["store"]]
+        deadline = time.monotonic() + 20
+        while True:
+            out = subprocess.run([*command, "--json"], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            (row,) = [json.loads(line) for line in out.splitlines()]
+            if row["waiters"] == 1:
+                break
+            assert time.monotonic() < deadline, row
+        assert row["scope"] == f"session ws://127.0.0.1:{st.port}/ws"
+        assert (row["holders"], row["limit"]) == (2, 2)
+        assert row["processes"] == [f"{os.uname().nodename}:{holder.pid}"]
+        table = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                               check=True).stdout
+        assert "HOLDERS  WAITERS  LIMIT" in table and str(holder.pid) in table
+    missing = subprocess.run([sys.executable, "-m", "envlink", "fleet", "status",
+                              str(tmp_path / "none")], capture_output=True, text=True,
+                             timeout=30)
+    assert missing.returncode == 1 and "no fleet store" in missing.stderr
+
+
+async def test_two_pools_placing_at_once_do_not_hold_and_wait(tmp_path: Path) -> None:
+    """Two pools of 8 resetting at once under max_sessions=8: one places all of its
+    sessions, the other waits its turn and places them once the first closes (never 4
+    each, both waiting for the rest until the deadline)."""
+    import asyncio
+
+    config = envlink.ClientConfig(fleet=envlink.FleetLimits(str(tmp_path), max_sessions=8),
+                                  timeout=envlink.Timeout(20))
+    with ServerThread(env="echo", max_sessions=64) as st:
+
+        async def run() -> list[object]:
+            async with envlink.EnvPool(st.url, 8, client_config=config,
+                                       batch_timeout=20) as pool:
+                results = list(await pool.reset())
+                results += list(await pool.step([{"message": "x"}] * 8))
+            return [r for r in results if isinstance(r, BaseException)]
+
+        first, second = await asyncio.wait_for(asyncio.gather(run(), run()), 60)
+    assert first == [] and second == []

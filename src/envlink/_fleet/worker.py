@@ -28,7 +28,10 @@ from envlink._fleet.backend import STARTS, Store, Want, session_scope
 from envlink._fleet.reporting import Providers, record_wait
 from envlink._fleet.settings import FleetLimits
 
-__all__ = ["Fleet", "Hold", "fleet_for", "open_store"]
+__all__ = ["PLACING", "Fleet", "Hold", "fleet_for", "open_store"]
+
+#: The scope of a pool's turn to place its sessions (one pool at a time, fleet-wide).
+PLACING = "@placing"
 
 _T = TypeVar("_T")
 
