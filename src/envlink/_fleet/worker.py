@@ -52,7 +52,9 @@ def open_store(limits: FleetLimits) -> Store:
         return RedisStore(limits.store, limits.store_timeout, limits.increase_every,
                           limits.lease)
     if kind == "ray":
-        raise FleetStoreError("the ray store is not available yet", store=limits.shown_store)
+        from envlink._fleet.ray_store import RayStore
+        return RayStore(limits.store[4:], limits.store_timeout, limits.increase_every,
+                        limits.lease)
     from envlink._fleet.directory import DirectoryStore
     return DirectoryStore(limits.store, limits.store_timeout, limits.increase_every)
 
