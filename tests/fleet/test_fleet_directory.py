@@ -238,3 +238,26 @@ async def test_two_pools_placing_at_once_do_not_hold_and_wait(tmp_path: Path) ->
 
         first, second = await asyncio.wait_for(asyncio.gather(run(), run()), 60)
     assert first == [] and second == []
+
+
+def test_a_pace_is_shared_by_every_store_on_the_directory(tmp_path: Path) -> None:
+    """Two stores (as two processes) taking turns of one pace of 4 per second: no second
+    holds more than 4 of their turns together."""
+    stores = [DirectoryStore(str(tmp_path), 2.0, 60.0) for _ in range(2)]
+    taken: list[float] = []
+    try:
+        deadline = time.monotonic() + 2.5
+        i = 0
+        while time.monotonic() < deadline:
+            wait = stores[i % 2].pace("opens", 4)
+            i += 1
+            if wait == 0.0:
+                taken.append(time.time())
+            else:
+                time.sleep(min(wait, 0.05))     # the pace's own wait, as a caller's
+    finally:
+        for store in stores:
+            store.close()
+    assert len(taken) >= 8
+    for i, first in enumerate(taken):
+        assert sum(1 for t in taken[i:] if t < first + 1.0) <= 4, taken

@@ -124,3 +124,24 @@ def test_waiters_are_served_in_arrival_order(redis_server: RedisServer) -> None:
         b.close()
 
 
+
+
+def test_a_refusal_lowers_the_limit_for_every_host(redis_server: RedisServer) -> None:
+    """One host's CAPACITY_REACHED lowers the endpoint's limit that another host reads,
+    to what the fleet held there, and it grows back by one per interval."""
+    a = RedisStore(redis_server.url, 2.0, 0.5, lease=30.0)
+    b = RedisStore(redis_server.url, 2.0, 0.5, lease=30.0)
+    try:
+        wants = [Want("session y", None) for _ in range(3)]
+        for want in wants:
+            a.join(want)
+        assert a.grant(wants) == [True, True, True]
+        assert a.refused("session y", None) == 2
+        assert b.limit("session y", None) == 2
+        deadline = time.monotonic() + 10
+        while b.limit("session y", 5) != 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        a.close()
+        b.close()
