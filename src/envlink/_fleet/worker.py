@@ -68,13 +68,12 @@ class Hold:
 
 
 class _Wait:
-    __slots__ = ("done", "future", "joined", "want")
+    __slots__ = ("future", "joined", "want")
 
     def __init__(self, want: Want) -> None:
         self.want = want
         self.future: concurrent.futures.Future[Hold] = concurrent.futures.Future()
         self.joined = False
-        self.done = False
 
 
 class Fleet:
