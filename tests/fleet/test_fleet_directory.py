@@ -74,13 +74,13 @@ def test_pools_wait_their_turn_without_a_refusal(tmp_path: Path, workers: Worker
 
 
 def test_sigkilled_holders_slots_come_back(tmp_path: Path, workers: Workers) -> None:
-    """A process SIGKILLed while it holds every slot: a waiting process gets them at once
-    (well within 10 s), with no server-side help."""
-    fleet = {"store": str(tmp_path), "max_sessions_per_endpoint": 4}
-    with ServerThread(env="echo", max_sessions=64) as st:
-        holder = workers.start(mode="hold", url=st.url, fleet=fleet, sessions=4)
+    """A process SIGKILLed while it holds all 32 slots: a waiting process gets them all
+    within 10 s, with no server-side help."""
+    fleet = {"store": str(tmp_path), "max_sessions_per_endpoint": 32}
+    with ServerThread(env="echo", max_sessions=128) as st:
+        holder = workers.start(mode="hold", url=st.url, fleet=fleet, sessions=32)
         assert workers.line(holder) == "held"
-        waiter = workers.start(mode="churn", url=st.url, fleet=fleet, sessions=4, rounds=1,
+        waiter = workers.start(mode="churn", url=st.url, fleet=fleet, sessions=32, rounds=1,
                                timeout=30.0)
         assert workers.line(waiter) == "ready"
         killed = time.monotonic()
@@ -88,7 +88,7 @@ def test_sigkilled_holders_slots_come_back(tmp_path: Path, workers: Workers) -> 
         result = workers.result(waiter)
         took = time.monotonic() - killed
     assert result["errors"] == []
-    assert len(result["spans"]) == 4
+    assert len(result["spans"]) == 32
     assert min(s for s, _ in result["spans"]) > killed
     assert took < 10.0
 

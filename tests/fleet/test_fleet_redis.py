@@ -145,3 +145,26 @@ def test_a_refusal_lowers_the_limit_for_every_host(redis_server: RedisServer) ->
     finally:
         a.close()
         b.close()
+
+
+def test_steps_never_touch_the_store(redis_server: RedisServer) -> None:
+    """Once a session is open, its steps go on with the store stopped (a step never
+    reaches it), and closing the session does not hang on it."""
+    import envlink
+
+    fleet = envlink.FleetLimits(redis_server.url, max_sessions_per_endpoint=4,
+                                store_timeout=1.0)
+    config = envlink.ClientConfig(fleet=fleet, timeout=envlink.Timeout(10))
+    with ServerThread(env="echo") as st:
+        env = envlink.GenericEnvClient(st.url, config=config).sync()
+        try:
+            env.reset()
+            redis_server.stop()
+            started = time.monotonic()
+            for _ in range(20):
+                env.step({"message": "x"})
+            assert time.monotonic() - started < 5
+        finally:
+            started = time.monotonic()
+            env.close()
+            assert time.monotonic() - started < 5
