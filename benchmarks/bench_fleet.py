@@ -18,9 +18,11 @@ N``), then runs three variants, each with fresh servers:
   max_sessions=servers x server_sessions, max_sessions_per_endpoint=server_sessions))``.
 
 Each process resets its pool and steps it for ``--steps`` steps, ``--episodes`` times,
-then closes it; all start at one signal. Reported: aggregate steps per second, the
-session opens the servers refused (their ``/health`` counters), the most sessions a
-server held, errors callers saw, and each process's finish time over the median.
+then closes it; all start at one signal. The variants run ``--repeats`` rounds (3),
+interleaved in a rotating order. Reported, as medians over the rounds: aggregate steps
+per second and its ratio to ``fit`` within each round, the session opens the servers
+refused (their ``/health`` counters), the most sessions a server held, errors callers
+saw, and the slowest process's finish time over the median.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def run_variant(name: str, args: argparse.Namespace, processes: int) -> dict[str
             "refused": sum(h["counters"].get("capacity_refused", 0) for h in health),
             "server_peak": max(h["counters"].get("sessions_peak", 0) for h in health),
             "errors": errors, "slowest_over_median": max(finish) / median,
+            "finish_s": sorted(finish),
         }
     finally:
         for p in [*servers, *extra]:
@@ -187,6 +190,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--store", choices=("directory", "redis"), default="directory")
     parser.add_argument("--variants", default="fit,none,fleet")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds, the variants interleaved in a rotating order")
     parser.add_argument("--json", default=str(HERE / "results" / "bench_fleet.json"))
     args = parser.parse_args()
     if args.worker is not None:
@@ -195,20 +200,44 @@ def main() -> int:
     if args.quick:
         args.processes, args.sessions, args.servers = 4, 8, 1
         args.server_sessions, args.episodes, args.steps = 16, 2, 5
+        args.repeats = 1
+    names = args.variants.split(",")
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for r in range(args.repeats):
+        # Variants interleaved, in a rotating order: the machine's load changes.
+        order = names[r % len(names):] + names[:r % len(names)]
+        got = {}
+        for name in order:
+            processes = args.processes // 2 if name == "fit" else args.processes
+            got[name] = run_variant(name, args, processes)
+            print(json.dumps(got[name]), file=sys.stderr, flush=True)
+        rounds.append(got)
     rows = []
-    for name in args.variants.split(","):
-        processes = args.processes // 2 if name == "fit" else args.processes
-        rows.append(run_variant(name, args, processes))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    fit = next((r["steps_per_s"] for r in rows if r["variant"] == "fit"), None)
+    for name in names:
+        runs = [got[name] for got in rounds]
+        row = {"variant": name, "processes": runs[0]["processes"],
+               "steps_per_s": statistics.median(x["steps_per_s"] for x in runs),
+               "refused": int(statistics.median(x["refused"] for x in runs)),
+               "server_peak": max(x["server_peak"] for x in runs),
+               "slowest_over_median": statistics.median(
+                   x["slowest_over_median"] for x in runs),
+               "errors": {k: v for x in runs for k, v in x["errors"].items()},
+               "runs": runs}
+        if "fit" in names:
+            ratios = [got[name]["steps_per_s"] / got["fit"]["steps_per_s"] for got in rounds]
+            row["vs_fit"] = {"median": statistics.median(ratios), "min": min(ratios),
+                             "max": max(ratios)}
+        rows.append(row)
     print(f"{args.processes} processes x {args.sessions} sessions, {args.servers} servers x "
           f"{args.server_sessions} sessions, {args.episodes} episodes x {args.steps} steps, "
-          f"store {args.store}")
-    print(f"{'variant':<8} {'procs':>5} {'steps/s':>9} {'vs fit':>7} {'refused':>8} "
+          f"store {args.store}, {args.repeats} round(s), load {os.getloadavg()[0]:.1f}")
+    print(f"{'variant':<8} {'procs':>5} {'steps/s':>9} {'vs fit (range)':>18} {'refused':>8} "
           f"{'peak':>5} {'slowest/median':>15}  errors")
     for r in rows:
-        ratio = "" if fit is None else f"{r['steps_per_s'] / fit:.2f}x"
-        print(f"{r['variant']:<8} {r['processes']:>5} {r['steps_per_s']:>9.0f} {ratio:>7} "
+        ratio = ("" if "vs_fit" not in r else
+                 f"{r['vs_fit']['median']:.2f}x ({r['vs_fit']['min']:.2f}-"
+                 f"{r['vs_fit']['max']:.2f})")
+        print(f"{r['variant']:<8} {r['processes']:>5} {r['steps_per_s']:>9.0f} {ratio:>18} "
               f"{r['refused']:>8} {r['server_peak']:>5} {r['slowest_over_median']:>15.2f}  "
               f"{r['errors'] or '-'}")
     out = Path(args.json)

@@ -142,20 +142,20 @@ def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
     b = DirectoryStore(str(tmp_path), 2.0, 60.0)
     try:
         held = Want("session x", 1)
-        a.join(held)
+        a.join([held])
         assert a.grant([held]) == [True]
         first, later = Want("session x", 1), Want("session x", 1)
-        b.join(first)
-        a.join(later)
+        b.join([first])
+        a.join([later])
         assert a.grant([later]) == [False] and b.grant([first]) == [False]
         a.release([held])
         assert a.grant([later]) == [False]          # first is ahead
         assert b.grant([first]) == [True]
         b.release([first])
         gone = Want("session x", 1)
-        b.join(gone)
+        b.join([gone])
         last = Want("session x", 1)
-        a.join(last)
+        a.join([last])
         b.forget()                                   # b's process is gone
         assert a.grant([later, last]) == [True, False]
     finally:

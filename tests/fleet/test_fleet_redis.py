@@ -95,11 +95,11 @@ def test_waiters_are_served_in_arrival_order(redis_server: RedisServer) -> None:
     b = RedisStore(redis_server.url, 2.0, 60.0, lease=0.2)
     try:
         held = Want("session x", 1)
-        a.join(held)
+        a.join([held])
         assert a.grant([held]) == [True]
         first, later = Want("session x", 1), Want("session x", 1)
-        b.join(first)
-        a.join(later)
+        b.join([first])
+        a.join([later])
         a.renew([later])
         b.renew([first])
         a.release([held])
@@ -108,9 +108,9 @@ def test_waiters_are_served_in_arrival_order(redis_server: RedisServer) -> None:
         b.release([first])
         assert a.grant([later]) == [True]
         gone = Want("session x", 1)
-        b.join(gone)                                   # never renewed: gone after 0.2 s
+        b.join([gone])                                   # never renewed: gone after 0.2 s
         last = Want("session x", 1)
-        a.join(last)
+        a.join([last])
         a.release([later])
         assert a.grant([last]) == [False]              # gone is ahead, for now
         deadline = time.monotonic() + 10
@@ -134,7 +134,7 @@ def test_a_refusal_lowers_the_limit_for_every_host(redis_server: RedisServer) ->
     try:
         wants = [Want("session y", None) for _ in range(3)]
         for want in wants:
-            a.join(want)
+            a.join([want])
         assert a.grant(wants) == [True, True, True]
         assert a.refused("session y", None) == 2
         assert b.limit("session y", None) == 2

@@ -258,11 +258,16 @@ class CapacityGate:
         # the server's refusal lowers the endpoint's shared limit, and the session
         # queues again under it, until the deadline.
         from envlink._fleet.backend import session_scope
-        from envlink._fleet.worker import fleet_for
+        from envlink._fleet.worker import PLACING_TURN, fleet_for
         fleet = fleet_for(limits)
         scope = session_scope(self.key)
+        turn = PLACING_TURN.get()
         while True:
             self._hold = await fleet.session(self.key, expires, self._providers)
+            if turn is not None:
+                # A pool's session got its slot: the pool's turn may pass on sooner.
+                turn.placed()
+                turn = None
             try:
                 return await attempt()
             except CapacityReachedError as exc:

@@ -76,8 +76,9 @@ class Store(Protocol):
     #: The holders and limit of each scope at the last :meth:`grant`.
     seen: dict[str, tuple[int, int | None]]
 
-    def join(self, want: Want) -> None:
-        """Queue ``want`` behind every want that joined its scope before."""
+    def join(self, wants: list[Want]) -> None:
+        """Queue ``wants``, in their order, behind every want that joined before: in one
+        step, so that another process's wants never come between them."""
 
     def grant(self, wants: list[Want]) -> list[bool]:
         """Give a slot to each of ``wants`` (this process's, in the order they joined)

@@ -174,19 +174,20 @@ class DirectoryStore:
 
     # ------------------------------------------------------------------ the queue
 
-    def join(self, want: Want) -> None:
+    def join(self, wants: list[Want]) -> None:
         with self._locked() as state:
-            want.ticket = ticket = int(state.get("tickets", 0)) + 1
-            state["tickets"] = ticket
-            if want.limit is not None:
-                state.setdefault("configured", {})[want.scope] = want.limit
-            if want.total is not None:
-                state.setdefault("configured", {})[TOTAL] = want.total
-            kind = "s" if want.total is not None else "x"
-            name = f"{ticket:012d}-{_hash(want.scope)}-{kind}-{os.getpid()}"
-            fd = os.open(self.root / "queue" / name, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._queued[want.token] = (fd, name)
+            for want in wants:
+                want.ticket = ticket = int(state.get("tickets", 0)) + 1
+                state["tickets"] = ticket
+                if want.limit is not None:
+                    state.setdefault("configured", {})[want.scope] = want.limit
+                if want.total is not None:
+                    state.setdefault("configured", {})[TOTAL] = want.total
+                kind = "s" if want.total is not None else "x"
+                name = f"{ticket:012d}-{_hash(want.scope)}-{kind}-{os.getpid()}"
+                fd = os.open(self.root / "queue" / name, os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._queued[want.token] = (fd, name)
 
     def _unqueue(self, want: Want) -> None:
         entry = self._queued.pop(want.token, None)
@@ -220,10 +221,40 @@ class DirectoryStore:
                     os.unlink(path)
         return live
 
+    def _alive(self, name: str, mine: set[str], memo: dict[str, bool]) -> bool:
+        """Whether the queue entry ``name`` has a live waiter (a dead one's is removed)."""
+        if name in mine:
+            return True
+        known = memo.get(name)
+        if known is not None:
+            return known
+        path = self.root / "queue" / name
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            memo[name] = False
+            return False
+        try:
+            alive = not _free(fd)
+        finally:
+            os.close(fd)
+        if not alive:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        memo[name] = alive
+        return alive
+
     def grant(self, wants: list[Want]) -> list[bool]:
         granted = [False] * len(wants)
         with self._locked() as state:
-            live = self._live_queue()
+            # Only the entries ahead of a want are looked at, and each waiter's liveness
+            # once: a process whose wants are far back in the queue does little per poll.
+            names = sorted(os.listdir(self.root / "queue"))
+            mine = {name for _, name in self._queued.values()}
+            memo: dict[str, bool] = {}
+            taken: set[str] = set()
+            #: Scopes (by hash) no later want may get in this pass; "*": the total.
+            blocked: set[str] = set()
             now = time.time()
             counts: dict[str, tuple[int, Path | None]] = {}
             for i, want in enumerate(wants):
@@ -232,27 +263,35 @@ class DirectoryStore:
                     continue
                 _, name = entry
                 h = _hash(want.scope)
+                if h in blocked or (want.total is not None and "*" in blocked):
+                    continue
                 ahead = False
-                for other in live:
+                for other in names:
                     if other >= name:
                         break
+                    if other in taken:
+                        continue
                     _, oh, okind, _ = other.split("-", 3)
-                    if oh == h or (want.total is not None and okind == "s"):
+                    if (oh == h or (want.total is not None and okind == "s")) \
+                            and self._alive(other, mine, memo):
                         ahead = True
                         break
                 if ahead:
+                    blocked.add(h)
                     continue
                 limit = self._limit(state, want.scope, want.limit, now)
                 held, free = counts.get(want.scope) or self._count(want.scope)
                 self.seen[want.scope] = (held, limit)
                 if limit is not None and held >= limit:
                     counts[want.scope] = (held, free)
+                    blocked.add(h)
                     continue
                 total_held, total_free = (0, None)
                 if want.total is not None:
                     total_held, total_free = counts.get(TOTAL) or self._count(TOTAL)
                     if total_held >= want.total:
                         counts[TOTAL] = (total_held, total_free)
+                        blocked.add("*")
                         continue
                 fds = [self._take(want.scope, free)]
                 if want.total is not None:
@@ -262,7 +301,7 @@ class DirectoryStore:
                 self.seen[want.scope] = (held + 1, limit)
                 self._held[want.token] = fds
                 self._unqueue(want)
-                live.remove(name)
+                taken.add(name)
                 granted[i] = True
         return granted
 

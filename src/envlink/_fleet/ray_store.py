@@ -73,6 +73,9 @@ class LeaseBook:
             self._configured[scope] = limit
         return next(self._tickets)
 
+    def join_all(self, wants: list[_Wire], lease: float) -> list[int]:
+        return [self.join(want, lease) for want in wants]
+
     def grant(self, wants: list[_Wire], lease: float, every: float
               ) -> list[tuple[bool, int, int | None]]:
         now = self._clock()
@@ -193,8 +196,10 @@ class RayStore:
             raise FleetStoreError(f"the fleet store {self.shown} could not be reached: "
                                   f"{type(exc).__name__}", store=self.shown) from None
 
-    def join(self, want: Want) -> None:
-        want.ticket = int(self._get("join", _wire(want), self.lease))
+    def join(self, wants: list[Want]) -> None:
+        tickets = self._get("join_all", [_wire(w) for w in wants], self.lease)
+        for want, ticket in zip(wants, tickets, strict=True):
+            want.ticket = int(ticket)
 
     def grant(self, wants: list[Want]) -> list[bool]:
         out = self._get("grant", [_wire(w) for w in wants], self.lease, self.every)

@@ -50,20 +50,25 @@ end
 """
 
 _JOIN = _NOW + """
-local P, lease, tok, scope = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local limit, total = tonumber(ARGV[5]), tonumber(ARGV[6])
-local ticket = redis.call('INCR', P .. 'tickets')
-redis.call('ZADD', P .. 'q:' .. scope, ticket, tok)
-if total >= 0 then
-  redis.call('ZADD', P .. 'qs', ticket, tok)
-  redis.call('HSET', P .. 'conf', '@total', total)
-  redis.call('SADD', P .. 'scopes', '@total')
+local P, lease = ARGV[1], tonumber(ARGV[2])
+local tickets = {}
+for i = 3, #ARGV, 4 do
+  local tok, scope = ARGV[i], ARGV[i + 1]
+  local limit, total = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local ticket = redis.call('INCR', P .. 'tickets')
+  redis.call('ZADD', P .. 'q:' .. scope, ticket, tok)
+  if total >= 0 then
+    redis.call('ZADD', P .. 'qs', ticket, tok)
+    redis.call('HSET', P .. 'conf', '@total', total)
+    redis.call('SADD', P .. 'scopes', '@total')
+  end
+  if limit >= 0 then redis.call('HSET', P .. 'conf', scope, limit) end
+  redis.call('ZADD', P .. 'alive', now + lease, tok)
+  redis.call('HSET', P .. 'wscope', tok, scope)
+  redis.call('SADD', P .. 'scopes', scope)
+  tickets[#tickets + 1] = ticket
 end
-if limit >= 0 then redis.call('HSET', P .. 'conf', scope, limit) end
-redis.call('ZADD', P .. 'alive', now + lease, tok)
-redis.call('HSET', P .. 'wscope', tok, scope)
-redis.call('SADD', P .. 'scopes', scope)
-return ticket
+return tickets
 """
 
 _GRANT = _NOW + _LIMIT + """
@@ -195,10 +200,13 @@ class RedisStore:
         with self._reached():
             return fn()
 
-    def join(self, want: Want) -> None:
-        want.ticket = int(self._run("join", [
-            _PREFIX, self.lease_ms, want.token, want.scope,
-            -1 if want.limit is None else want.limit, -1 if want.total is None else want.total]))
+    def join(self, wants: list[Want]) -> None:
+        args: list[Any] = [_PREFIX, self.lease_ms]
+        for want in wants:
+            args += [want.token, want.scope, -1 if want.limit is None else want.limit,
+                     -1 if want.total is None else want.total]
+        for want, ticket in zip(wants, self._run("join", args), strict=True):
+            want.ticket = int(ticket)
 
     def grant(self, wants: list[Want]) -> list[bool]:
         args: list[Any] = [_PREFIX, self.lease_ms, self.every_ms, len(wants)]

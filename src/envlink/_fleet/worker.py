@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import contextvars
 import os
 import random
 import threading
@@ -28,7 +29,8 @@ from envlink._fleet.backend import STARTS, Store, Want, session_scope
 from envlink._fleet.reporting import Providers, record_wait
 from envlink._fleet.settings import FleetLimits
 
-__all__ = ["PLACING", "Fleet", "Hold", "fleet_for", "open_store"]
+__all__ = ["PLACING", "PLACING_TURN", "Fleet", "Hold", "PlacingTurn", "fleet_for",
+           "open_store"]
 
 #: The scope of a pool's turn to place its sessions (one pool at a time, fleet-wide).
 PLACING = "@placing"
@@ -67,6 +69,40 @@ class Hold:
     local: bool = False
 
 
+class PlacingTurn:
+    """A pool's turn to place its sessions, ended once each of them got its slot (or by
+    the pool at the end of the batch, whichever comes first).
+
+    Args:
+        fleet: the process's fleet.
+        hold: the turn's slot.
+        sessions: how many sessions the pool places in this turn.
+    """
+
+    def __init__(self, fleet: Fleet, hold: Hold, sessions: int) -> None:
+        self._fleet = fleet
+        self._hold = hold
+        self._left = sessions
+        self._ended = False
+
+    def placed(self) -> None:
+        """One of the pool's sessions got its slot."""
+        self._left -= 1
+        if self._left <= 0:
+            self.end()
+
+    def end(self) -> None:
+        """Give the turn to the next pool; idempotent."""
+        if not self._ended:
+            self._ended = True
+            self._fleet.release(self._hold)
+
+
+#: The turn of the pool whose batch is running (the slots' tasks inherit it).
+PLACING_TURN: contextvars.ContextVar[PlacingTurn | None] = contextvars.ContextVar(
+    "envlink_placing_turn", default=None)
+
+
 class _Wait:
     __slots__ = ("future", "joined", "want")
 
@@ -96,6 +132,8 @@ class Fleet:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._renewed = time.monotonic()
+        #: Polls in a row that granted nothing: the next poll waits longer (up to 50 ms).
+        self._misses = 0
         #: The last holders and limit seen per scope (for telemetry and errors).
         self.seen: dict[str, tuple[int, int | None]] = {}
 
@@ -318,8 +356,11 @@ class Fleet:
                 return
 
     def _poll(self) -> float:
+        # Waiting costs the host little: polls that found nothing come less often, and a
+        # grant or a release of the process's own brings them back to the store's pace.
         store = self._store
-        return store.poll if store is not None else 0.05
+        base = store.poll if store is not None else 0.05
+        return min(base * (1 << min(self._misses, 8)), max(base, 0.05))
 
     def _open(self) -> Store:
         if self._store is None:
@@ -329,6 +370,8 @@ class Fleet:
     def _work(self, new: list[_Wait], leaving: list[_Wait], releases: list[Want],
               ops: list[tuple[Callable[[Store], Any], concurrent.futures.Future[Any]]]) -> None:
         self._waiting.extend(new)
+        if new or releases:
+            self._misses = 0
         try:
             store = self._open()
             if releases:
@@ -338,9 +381,10 @@ class Fleet:
                     self._waiting.remove(wait)
                 if wait.joined:
                     store.leave(wait.want)
-            for wait in list(self._waiting):
-                if not wait.joined:
-                    store.join(wait.want)
+            joining = [wait for wait in self._waiting if not wait.joined]
+            if joining:
+                store.join([wait.want for wait in joining])
+                for wait in joining:
                     wait.joined = True
             for op, future in ops:
                 try:
@@ -364,6 +408,7 @@ class Fleet:
     def _grant(self, store: Store) -> None:
         waiting = self._waiting
         granted = store.grant([w.want for w in waiting])
+        self._misses = 0 if any(granted) else self._misses + 1
         # Before a caller wakes: it reports what the store held.
         self.seen.update(store.seen)
         keep = []

@@ -453,17 +453,21 @@ class EnvPool(AsyncPool[ActT, ObsT]):
         # Under the fleet's shared limits, one pool at a time places its sessions (in
         # arrival order across processes): a pool that got some of its slots never
         # waits for the rest while holding them against another pool doing the same.
-        from envlink._fleet.worker import PLACING, fleet_for
+        from envlink._fleet.worker import PLACING, PLACING_TURN, PlacingTurn, fleet_for
         shared = fleet_for(fleet)
         expires = None if seconds is None else time.monotonic() + seconds
         try:
-            turn = await shared.acquire(PLACING, 1, None, expires, "pool_placing")
+            hold = await shared.acquire(PLACING, 1, None, expires, "pool_placing")
         except BaseException:
             for coro in calls.values():
                 coro.close()
             raise
+        # The turn ends as soon as every session being placed got its slot.
+        turn = PlacingTurn(shared, hold, sum(1 for i in calls if self._slots[i].client is None))
+        token = PLACING_TURN.set(turn)
         try:
             left = None if expires is None else max(0.001, expires - time.monotonic())
             return await self._batches.run(method, calls, left, autoreset, final)
         finally:
-            shared.release(turn)
+            PLACING_TURN.reset(token)
+            turn.end()
