@@ -261,13 +261,12 @@ class CapacityGate:
         from envlink._fleet.worker import PLACING_TURN, fleet_for
         fleet = fleet_for(limits)
         scope = session_scope(self.key)
+        # A pool's session in the queue: once all of them are, its turn passes on.
         turn = PLACING_TURN.get()
         while True:
-            self._hold = await fleet.session(self.key, expires, self._providers)
-            if turn is not None:
-                # A pool's session got its slot: the pool's turn may pass on sooner.
-                turn.placed()
-                turn = None
+            self._hold = await fleet.session(self.key, expires, self._providers,
+                                             None if turn is None else turn.placed)
+            turn = None
             try:
                 return await attempt()
             except CapacityReachedError as exc:

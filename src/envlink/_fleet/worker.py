@@ -70,8 +70,9 @@ class Hold:
 
 
 class PlacingTurn:
-    """A pool's turn to place its sessions, ended once each of them got its slot (or by
-    the pool at the end of the batch, whichever comes first).
+    """A pool's turn to queue its sessions, ended once each of them is in the queue (or
+    by the pool at the end of the batch, whichever comes first): a pool's wants are then
+    one after another in the queue, which serves them in that order.
 
     Args:
         fleet: the process's fleet.
@@ -86,7 +87,7 @@ class PlacingTurn:
         self._ended = False
 
     def placed(self) -> None:
-        """One of the pool's sessions got its slot."""
+        """One of the pool's sessions is in the queue (called on the fleet's worker)."""
         self._left -= 1
         if self._left <= 0:
             self.end()
@@ -104,10 +105,11 @@ PLACING_TURN: contextvars.ContextVar[PlacingTurn | None] = contextvars.ContextVa
 
 
 class _Wait:
-    __slots__ = ("future", "joined", "want")
+    __slots__ = ("future", "joined", "on_joined", "want")
 
-    def __init__(self, want: Want) -> None:
+    def __init__(self, want: Want, on_joined: Callable[[], None] | None = None) -> None:
         self.want = want
+        self.on_joined = on_joined
         self.future: concurrent.futures.Future[Hold] = concurrent.futures.Future()
         self.joined = False
 
@@ -141,15 +143,17 @@ class Fleet:
 
     async def acquire(self, scope: str, limit: int | None, total: int | None,
                       expires: float | None, kind: str,
-                      providers: Providers | None = None) -> Hold:
-        """Wait (FIFO across processes) for a slot of ``scope``, until ``expires``.
+                      providers: Providers | None = None,
+                      on_joined: Callable[[], None] | None = None) -> Hold:
+        """Wait (FIFO across processes) for a slot of ``scope``, until ``expires``;
+        ``on_joined`` is called (on the worker) once the want is in the queue.
 
         Raises:
             CapacityReachedError: no slot came before ``expires`` (``details["fleet"]``).
             FleetStoreError: the store cannot be reached (``on_store_error="raise"``).
         """
         start = time.monotonic()
-        wait = self._submit(Want(scope, limit, total))
+        wait = self._submit(Want(scope, limit, total), on_joined)
         try:
             left = None if expires is None else max(0.0, expires - time.monotonic())
             hold = await asyncio.wait_for(asyncio.wrap_future(wait.future), left)
@@ -273,14 +277,16 @@ class Fleet:
     # ------------------------------------------------------------------ session helpers
 
     async def session(self, endpoint: str, expires: float | None,
-                      providers: Providers | None = None) -> Hold:
+                      providers: Providers | None = None,
+                      on_joined: Callable[[], None] | None = None) -> Hold:
         """Pace (``session_rate``), then a session slot of ``endpoint``."""
         limits = self.limits
         if limits.session_rate is not None:
             await self.pace("@session-opens", limits.session_rate, expires, "session_rate",
                             providers)
         return await self.acquire(session_scope(endpoint), limits.max_sessions_per_endpoint,
-                                  limits.max_sessions, expires, "session", providers)
+                                  limits.max_sessions, expires, "session", providers,
+                                  on_joined)
 
     @contextlib.contextmanager
     def provider_start(self, expires: float | None) -> Iterator[None]:
@@ -302,8 +308,8 @@ class Fleet:
 
     # ------------------------------------------------------------------ the worker
 
-    def _submit(self, want: Want) -> _Wait:
-        wait = _Wait(want)
+    def _submit(self, want: Want, on_joined: Callable[[], None] | None = None) -> _Wait:
+        wait = _Wait(want, on_joined)
         with self._cond:
             if self._closed:
                 raise FleetStoreError("the fleet's store was closed (the process is ending)",
@@ -386,6 +392,9 @@ class Fleet:
                 store.join([wait.want for wait in joining])
                 for wait in joining:
                     wait.joined = True
+                    if wait.on_joined is not None:
+                        with contextlib.suppress(Exception):
+                            wait.on_joined()
             for op, future in ops:
                 try:
                     future.set_result(op(store))

@@ -462,7 +462,7 @@ class EnvPool(AsyncPool[ActT, ObsT]):
             for coro in calls.values():
                 coro.close()
             raise
-        # The turn ends as soon as every session being placed got its slot.
+        # The turn ends as soon as every session being placed is in the fleet's queue.
         turn = PlacingTurn(shared, hold, sum(1 for i in calls if self._slots[i].client is None))
         token = PLACING_TURN.set(turn)
         try:
