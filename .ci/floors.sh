@@ -32,7 +32,7 @@ echo "floors: $(tr '\n' ' ' <"$CONSTRAINTS")"
 
 rm -rf .venv-floors
 "$PY" -m venv .venv-floors
-.venv-floors/bin/pip install -q -c "$CONSTRAINTS" -e '.[otlp,prometheus,socks]' \
+.venv-floors/bin/pip install -q -c "$CONSTRAINTS" -e '.[otlp,prometheus,redis,socks]' \
   pytest pytest-asyncio pytest-timeout hypothesis trustme pyyaml opentelemetry-proto import-linter \
   jsonschema
 # Proof that the floors, not newer versions, are what got installed.

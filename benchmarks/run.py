@@ -37,7 +37,10 @@ Sections:
    the same round (``--only scale-count``: the same client under ``callgrind
    --cache-sim=yes``, instructions and cache misses per step; ``--python 3.X``: on
    another interpreter);
-6. **import time** of ``import envlink`` and of OpenEnv's client, both from bytecode.
+6. **import time** of ``import envlink`` and of OpenEnv's client, both from bytecode;
+7. **fleet** (``--only fleet``): 8 processes x 32 sessions against two servers of 64,
+   without and with ``FleetLimits``, against the 4 processes that fit
+   (``bench_fleet.py``; ``--quick``: 4 x 8 against one server of 16).
 
 Every client is its own process (so its CPU time is its own: the bridge's loop
 thread and the SDK's export threads count, the server does not), and the
@@ -241,6 +244,23 @@ def section_recorder(python: str, quick: bool) -> dict[str, Any]:
                         "--json", str(out_json)], cwd=ROOT, check=True, stdout=sys.stderr)
         result[str(sessions)] = json.loads(out_json.read_text())
     return result
+
+
+def section_fleet(python: str, quick: bool) -> dict[str, Any]:
+    """The fleet's shared limits: 8 processes x 32 sessions (EnvPool, 4 episodes of 10
+    steps) against two servers of 64 sessions, without and with FleetLimits, against the
+    4 processes that fit (bench_fleet.py; --quick: 4 x 8 against one server of 16)."""
+    log("section: fleet")
+    out_json = LOG_DIR / "fleet.json"
+    subprocess.run([python, str(HERE / "bench_fleet.py"), *(["--quick"] if quick else []),
+                    "--json", str(out_json)], cwd=ROOT, check=True, stdout=sys.stderr)
+    rows = json.loads(out_json.read_text())["rows"]
+    for r in rows:
+        print(f"fleet, {r['variant']} ({r['processes']} processes): "
+              f"{r['vs_fit']['median']:.2f}x the steps/s of those that fit, "
+              f"{r['refused']} refused session opens, slowest/median "
+              f"{r['slowest_over_median']:.2f}")
+    return {"rows": rows}
 
 
 def section_bridge(python: str, quick: bool) -> dict[str, Any]:
@@ -1088,7 +1108,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write the figures (default: %(default)s)")
     parser.add_argument("--only", default="bridge,steps,scale,imports",
                         help="comma-separated sections: bridge, steps, scale, imports, "
-                             "scale-count (not by default: under callgrind, many minutes)")
+                             "scale-count (not by default: under callgrind, many minutes), "
+                             "fleet, recorder (not by default)")
     parser.add_argument("--python", default=None,
                         help="run the clients and servers on this Python version (e.g. 3.12): "
                              "virtualenvs .venv-bench-3.12 and .venv-openenv-3.12, made from "
@@ -1171,6 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
         res["scale_count"] = section_scale_count(pythons, args.quick, max(1, args.repeats))
     if "imports" in only:
         res["imports"] = section_imports(pythons, args.quick)
+    if "fleet" in only:  # not in the default run: --only fleet
+        res["fleet"] = section_fleet(pythons["envlink"], args.quick)
     if "recorder" in only:  # not in the default run: --only recorder
         res["recorder"] = section_recorder(pythons["envlink"], args.quick)
         for sessions, rec in res["recorder"].items():

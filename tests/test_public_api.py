@@ -23,7 +23,7 @@ EXPECTED = {
     # configuration and policies
     "ClientConfig", "Timeout", "UNSET", "ConnectionOptions", "ReconnectPolicy", "RetryBudget",
     "SessionLostPolicy", "set_testing", "EpisodeJournal", "JournalEntry",
-    "Limits", "set_limits", "get_limits", "SessionHandle",
+    "Limits", "set_limits", "get_limits", "SessionHandle", "FleetLimits",
     # testing without a server
     "MockTransport",
     # rollouts on disk
@@ -43,7 +43,7 @@ EXPECTED = {
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
-    "ExecutionModeError",
+    "ExecutionModeError", "FleetStoreError",
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "InvalidArgumentError",
     "InvalidURLError",

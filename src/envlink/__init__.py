@@ -27,6 +27,7 @@ from envlink._errors import (
     ErrorCode,
     ExecutionModeError,
     FactoryError,
+    FleetStoreError,
     HandshakeRejectedError,
     HttpStatusError,
     InvalidActionError,
@@ -48,6 +49,7 @@ from envlink._errors import (
     SpaceNotAwakeError,
     ToolCallError,
 )
+from envlink._fleet import FleetLimits
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap
 from envlink._launch.providers import DockerProvider, LocalServerProvider
@@ -215,6 +217,7 @@ __all__ = [
     "ClientConfig",
     "ConnectionOptions",
     "EpisodeJournal",
+    "FleetLimits",
     "JournalEntry",
     "Limits",
     "ReconnectPolicy",
@@ -259,6 +262,7 @@ __all__ = [
     "ErrorCode",
     "ExecutionModeError",
     "FactoryError",
+    "FleetStoreError",
     "HandshakeRejectedError",
     "HttpStatusError",
     "InvalidActionError",

@@ -38,6 +38,8 @@ as ``__cause__``)::
     │   ├── SessionGoneError          ... and resuming it is impossible (says why)
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
+    ├── FleetStoreError               the store of the fleet's shared limits could not be
+    │                                 reached (also a ConnectionError)
     ├── TrainingTraceUnavailableError loop-owning training, and the server has no trace
     │   └── CaptureProxyError         ... OpenEnv's capture proxy refused or failed a request
     ├── ClientClosedError             the client or bridge was closed, or a provider's
@@ -116,6 +118,7 @@ __all__ = [
     "ErrorCode",
     "ExecutionModeError",
     "FactoryError",
+    "FleetStoreError",
     "HandshakeRejectedError",
     "HarnessProtocolError",
     "HarnessTurnError",
@@ -576,6 +579,26 @@ class RetryBudgetExhaustedError(EnvlinkError):
     """The shared retry budget refused a retry: too many recent failures in the fleet."""
 
     error_type = "retry_budget_exhausted"
+
+
+class FleetStoreError(EnvlinkError, ConnectionError):
+    """The store of the fleet's shared limits (:class:`~envlink.FleetLimits`) could not
+    be reached or used: a directory that cannot be written, a Redis server that does not
+    answer, a Ray actor that is gone.
+
+    Raised instead of waiting on a store that is not there, when ``FleetLimits``'s
+    ``on_store_error`` is ``"raise"`` (the default); with ``"local"``, the process
+    goes on under its own limits instead.
+
+    Attributes:
+        store: the store, its credentials removed.
+    """
+
+    error_type = "fleet_store_error"
+
+    def __init__(self, message: str, *, store: str = "") -> None:
+        super().__init__(message)
+        self.store = store
 
 
 class TrainingTraceUnavailableError(EnvlinkError):

@@ -28,12 +28,21 @@ __all__ = [
     "ATTR_SESSION_STATE",
     "ATTR_BREAKER_STATE",
     "ATTR_PLACEMENT_RESULT",
+    "ATTR_FLEET_KIND",
+    "ATTR_FLEET_SCOPE",
+    "ATTR_FLEET_WAITED",
+    "ATTR_FLEET_HOLDERS",
+    "ATTR_FLEET_LIMIT",
     "METRIC_POOL_BATCH_DURATION",
     "METRIC_POOL_STRAGGLERS",
     "METRIC_POOL_SESSIONS",
     "METRIC_POOL_BREAKER_TRANSITIONS",
     "METRIC_POOL_BREAKER_STATE",
     "METRIC_POOL_PLACEMENTS",
+    "METRIC_FLEET_WAIT_DURATION",
+    "METRIC_FLEET_HOLDERS",
+    "METRIC_FLEET_LIMIT",
+    "SLOT_BUCKETS",
     "SPAN_POOL_PREFIX",
     "SPAN_POOL_RECV",
     "LOG_POOL_BREAKER_CHANGED",
@@ -72,6 +81,7 @@ __all__ = [
     "ATTR_TRANSPARENT",
     "DURATION_BUCKETS",
     "EVENT_ATTACH_WAIT",
+    "EVENT_FLEET_WAIT",
     "EVENT_EXCEPTION",
     "EVENT_RECONNECT_SCHEDULED",
     "EVENT_SESSION_LOST",
@@ -167,6 +177,14 @@ ATTR_POOL_MIN_READY = "envlink.pool.min_ready"
 ATTR_SESSION_STATE = "envlink.pool.session.state"
 ATTR_BREAKER_STATE = "envlink.breaker.state"
 ATTR_PLACEMENT_RESULT = "envlink.placement.result"
+# The fleet's shared limits (FleetLimits): what a wait was for (``session``,
+# ``session_rate``, ``provider_start``, ``provider_start_rate``), its scope (an
+# endpoint's URL, or the fleet-wide starts), how long it took, and what the store held.
+ATTR_FLEET_KIND = "envlink.fleet.kind"
+ATTR_FLEET_SCOPE = "envlink.fleet.scope"
+ATTR_FLEET_WAITED = "envlink.fleet.waited_s"
+ATTR_FLEET_HOLDERS = "envlink.fleet.holders"
+ATTR_FLEET_LIMIT = "envlink.fleet.limit"
 
 #: ``rpc.method`` of a failed ``connect()`` on ``envlink.client.errors``. Connecting is
 #: not an RPC (no ``rpc.client.call.duration`` record), but a client that cannot
@@ -194,13 +212,19 @@ METRIC_POOL_BREAKER_TRANSITIONS = "envlink.pool.breaker.transitions"
 #: state, 0 for the others), read when metrics are collected.
 METRIC_POOL_BREAKER_STATE = "envlink.pool.breaker.state"
 METRIC_POOL_PLACEMENTS = "envlink.pool.placements"
+#: Each wait for a fleet slot or pace token: how long, and the holders and the limit
+#: the store had when it ended.
+METRIC_FLEET_WAIT_DURATION = "envlink.fleet.wait.duration"
+METRIC_FLEET_HOLDERS = "envlink.fleet.holders"
+METRIC_FLEET_LIMIT = "envlink.fleet.limit"
 #: Every metric envlink emits (the contract documented in docs/telemetry.md).
 METRIC_NAMES: tuple[str, ...] = (
     METRIC_CALL_DURATION, METRIC_CONNECT_DURATION, METRIC_BRIDGE_WAIT_DURATION,
     METRIC_BRIDGE_CALL_DURATION, METRIC_ATTEMPTS, METRIC_RECONNECTS, METRIC_ERRORS,
     METRIC_INFLIGHT, METRIC_MESSAGE_SIZE, METRIC_RECOVERIES, METRIC_POOL_BATCH_DURATION,
     METRIC_POOL_STRAGGLERS, METRIC_POOL_SESSIONS, METRIC_POOL_BREAKER_TRANSITIONS,
-    METRIC_POOL_BREAKER_STATE, METRIC_POOL_PLACEMENTS,
+    METRIC_POOL_BREAKER_STATE, METRIC_POOL_PLACEMENTS, METRIC_FLEET_WAIT_DURATION,
+    METRIC_FLEET_HOLDERS, METRIC_FLEET_LIMIT,
 )
 
 # Span names: a protocol call's span is named for its method (``reset``, ``step``...),
@@ -220,11 +244,13 @@ EVENT_SESSION_LOST = "envlink.session_lost"
 #: Span event when the server refused an attach for now (its old socket is still
 #: attached) and the client waits within the call's deadline before asking again.
 EVENT_ATTACH_WAIT = "envlink.attach_wait"
+#: Span event on the call's span after it waited for a fleet slot or pace token.
+EVENT_FLEET_WAIT = "envlink.fleet_wait"
 #: The semantic conventions' span event for an exception (``Span.record_exception``).
 EVENT_EXCEPTION = "exception"
 #: Every span event envlink emits.
 SPAN_EVENTS: tuple[str, ...] = (EVENT_RECONNECT_SCHEDULED, EVENT_SESSION_LOST,
-                                EVENT_ATTACH_WAIT, EVENT_EXCEPTION)
+                                EVENT_ATTACH_WAIT, EVENT_FLEET_WAIT, EVENT_EXCEPTION)
 
 # structlog event names (logger ``envlink``); the client's hooks report the same names.
 LOG_CONNECT = "envlink.connect"
@@ -296,6 +322,8 @@ DURATION_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 #: Histogram boundaries in bytes for message sizes.
+#: Buckets of the fleet's holders and limits (slots).
+SLOT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SIZE_BUCKETS: tuple[float, ...] = (
     64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 104857600,
 )

@@ -14,6 +14,7 @@ from envlink import (
     ClientConfig,
     ConnectionOptions,
     EnvClient,
+    FleetLimits,
     GenericEnvClient,
     HarnessClient,
     Limits,
@@ -132,6 +133,8 @@ SAMPLES: dict[str, Any] = {
     "recorder": None, "connect_timeout_s": 3.0, "message_timeout_s": 7.0,
     "max_message_size_mb": 2, "websocket_ping_interval_s": None,
     "websocket_ping_timeout_s": 4.0, "mode": "production",
+    # A value only: no store is touched until a session opens.
+    "fleet": FleetLimits("/nonexistent/envlink-fleet", max_sessions=8),
 }
 
 

@@ -158,6 +158,7 @@ def run_scripted_episode() -> Episode:
             from envlink import HarnessClient
             with HarnessClient(st.url, tracer_provider=tp, meter_provider=mp).sync() as harness:
                 harness.turn("one harness turn")
+            _run_scripted_fleet(st, tp, mp)
             dead_port, while_open = _run_scripted_pool(st, otel)
         metrics = otel.metrics()
         # Gauges read from a live pool (breaker states) end with it: take them as
@@ -165,6 +166,18 @@ def run_scripted_episode() -> Episode:
         ended = {m.name for m in metrics}
         metrics += [m for m in while_open if m.name not in ended]
         return Episode(otel.spans(), metrics, list(logs), port, session_ids, (dead_port,))
+
+
+def _run_scripted_fleet(st: Any, tp: Any, mp: Any) -> None:
+    """A session under the fleet's shared limits (a directory store): its wait reported."""
+    import tempfile
+
+    from envlink import EchoEnv, FleetLimits
+
+    with tempfile.TemporaryDirectory() as store, EchoEnv(
+            base_url=st.url, tracer_provider=tp, meter_provider=mp,
+            fleet=FleetLimits(store, max_sessions_per_endpoint=4)).sync() as env:
+        env.reset()
 
 
 def _run_scripted_pool(st: Any, otel: Otel) -> tuple[int, list[Any]]:

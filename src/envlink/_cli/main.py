@@ -1,4 +1,5 @@
-"""The ``envlink`` command: ``serve``, ``demo``, ``probe``, ``replay``, ``rollouts``, ``version``.
+"""The ``envlink`` command: ``serve``, ``demo``, ``probe``, ``replay``, ``rollouts``, ``fleet``,
+``version``.
 
 One :mod:`argparse` parser with a subcommand each; the subcommands' options are
 defined next to what they run (:mod:`envlink.server._command`, :mod:`envlink._cli.demo`,
@@ -15,6 +16,9 @@ from envlink import __version__
 from envlink._cli.demo import DESCRIPTION as DEMO_DESCRIPTION
 from envlink._cli.demo import add_arguments as add_demo_arguments
 from envlink._cli.demo import demo_from_args
+from envlink._cli.fleet_status import DESCRIPTION as FLEET_DESCRIPTION
+from envlink._cli.fleet_status import add_arguments as add_fleet_arguments
+from envlink._cli.fleet_status import fleet_from_args
 from envlink._cli.probe import DESCRIPTION as PROBE_DESCRIPTION
 from envlink._cli.probe import EPILOG as PROBE_EPILOG
 from envlink._cli.probe import add_arguments as add_probe_arguments
@@ -70,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise recorded episodes (envlink rollouts --help)")
     add_rollouts_arguments(rollouts)
     rollouts.set_defaults(run=rollouts_from_args, parser=rollouts)
+    fleet = commands.add_parser(
+        "fleet", description=FLEET_DESCRIPTION,
+        help="look at the store of a fleet's shared limits: holders, waiters, limits "
+             "(envlink fleet status --help)")
+    add_fleet_arguments(fleet)
+    fleet.set_defaults(run=fleet_from_args, parser=fleet)
     version = commands.add_parser("version", help="print envlink's version")
     version.set_defaults(run=_version, parser=version)
     help_ = commands.add_parser("help", help="print this help")

@@ -22,12 +22,17 @@ import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-from envlink._errors import CapacityReachedError, ConnectError
+from envlink._errors import CapacityReachedError, ConnectError, FleetStoreError
+from envlink._fleet.settings import FleetLimits
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._sansio.retry import Retry
 from envlink._sansio.session_limits import Limits, SessionLedger, get_limits
+
+if TYPE_CHECKING:
+    from envlink._fleet.reporting import Providers
+    from envlink._fleet.worker import Hold
 
 __all__ = ["CAPACITY_POLICY", "CapacityGate", "CapacityMode", "LEDGER"]
 
@@ -110,9 +115,15 @@ class CapacityGate:
         limits: the client's own :class:`Limits` (``None``: the process-wide ones,
             read at each session's start).
         mode: ``"raise"`` or ``"wait"``.
+        fleet: the fleet's shared limits (``None``: none): a session also takes a
+            slot of the fleet's, waiting for it in arrival order across processes, and
+            a ``CAPACITY_REACHED`` lowers the endpoint's shared limit and is retried.
+        providers: the client's tracer and meter providers (for the fleet's waits).
     """
 
-    def __init__(self, key: str, limits: Limits | None, mode: CapacityMode) -> None:
+    def __init__(self, key: str, limits: Limits | None, mode: CapacityMode,
+                 fleet: FleetLimits | None = None,
+                 providers: Providers | None = None) -> None:
         if limits is not None and not isinstance(limits, Limits):
             raise TypeError(f"limits must be an envlink.Limits or None, "
                             f"got {type(limits).__name__}")
@@ -121,6 +132,10 @@ class CapacityGate:
         self.mode: CapacityMode = check_mode(mode)
         self._held_pid: int | None = None
         self._acquiring: asyncio.Future[None] | None = None
+        self.fleet = fleet
+        self._providers = providers
+        #: The fleet's slot held with the permit (``None``: no fleet, or none yet).
+        self._hold: Hold | None = None
 
     @property
     def held(self) -> bool:
@@ -137,8 +152,12 @@ class CapacityGate:
     def release(self) -> None:
         """Give the permit back (the client's session ended); idempotent."""
         held, self._held_pid = self.held, None
+        hold, self._hold = self._hold, None
         if not held:
             return
+        if hold is not None and self.fleet is not None:
+            from envlink._fleet.worker import fleet_for
+            fleet_for(self.fleet).release(hold)
         granted, watcher = LEDGER.release(self.key)
         _wake(granted)
         _wake(watcher)
@@ -181,10 +200,12 @@ class CapacityGate:
                         mine.set_result(None)
                 acquired = True
         try:
+            if acquired and self.fleet is not None:
+                return await self._with_fleet(self.fleet, attempt, expires)
             if self.mode == "raise":
                 return await attempt()
             return await self._with_retries(attempt, expires)
-        except (CapacityReachedError, ConnectError):
+        except (CapacityReachedError, ConnectError, FleetStoreError):
             # No session was opened: the permit is not this client's to keep.
             if acquired:
                 self.release()
@@ -223,6 +244,43 @@ class CapacityGate:
                 raise _local_refusal(self.key, limit, waited=True) from None
             raise
         self._held_pid = _pid
+
+    async def _with_fleet(self, limits: FleetLimits, attempt: Callable[[], Awaitable[_R]],
+                          expires: float | None) -> _R:
+        # A slot of the fleet's for the session, in arrival order across processes;
+        # the server's refusal lowers the endpoint's shared limit, and the session
+        # queues again under it, until the deadline.
+        from envlink._fleet.backend import session_scope
+        from envlink._fleet.worker import PLACING_TURN, fleet_for
+        fleet = fleet_for(limits)
+        scope = session_scope(self.key)
+        # A pool's session in the queue: once all of them are, its turn passes on.
+        turn = PLACING_TURN.get()
+        while True:
+            self._hold = await fleet.session(self.key, expires, self._providers,
+                                             None if turn is None else turn.placed)
+            turn = None
+            try:
+                return await attempt()
+            except CapacityReachedError as exc:
+                if (exc.details or {}).get("local"):
+                    raise
+                hold, self._hold = self._hold, None
+                try:
+                    await fleet.call_async(lambda store: store.refused(
+                        scope, limits.max_sessions_per_endpoint))
+                except FleetStoreError:
+                    if limits.on_store_error == "raise":
+                        raise
+                finally:
+                    if hold is not None:
+                        fleet.release(hold)
+                left = _left(expires)
+                if left is not None and left <= 0:
+                    raise
+                if hold is None or hold.local:
+                    # No shared queue to wait in (the store is unreachable): back off.
+                    await asyncio.sleep(min(0.05, left if left is not None else 0.05))
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[_R]],
                             expires: float | None) -> _R:

@@ -173,11 +173,13 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         limits, on_capacity: sessions per endpoint, and ``"raise"`` or ``"wait"`` when full.
         recorder: a :class:`~envlink.RolloutRecorder` that records every episode of
             the client (``docs/recording.md``).
+        fleet: a :class:`~envlink.FleetLimits`: session, start and open-rate limits
+            shared by every process that names its store (``docs/fleet.md``).
         provider: an OpenEnv ``ContainerProvider`` or ``RuntimeProvider``, started on
             connect (without ``base_url``), stopped on close, shared with children.
         token: a Space's Hugging Face token (default: ``HF_TOKEN``, the token file).
         config: the whole configuration as one :class:`ClientConfig`, instead of the
-            keyword arguments above from ``timeout`` to ``recorder`` (which must
+            keyword arguments above from ``timeout`` to ``fleet`` (which must
             then be left out); ``client.config`` is it. The keyword arguments build
             one with :meth:`ClientConfig.from_keywords`.
 
@@ -242,6 +244,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         self._production = self._mode == "production"
         wanted = dict(config.options.headers) or None
         self._target = lifecycle.Target.resolve(base_url, provider, wanted, token)
+        if config.fleet is not None and self._target.lease is not None:
+            # The provider's starts are paced and bounded fleet-wide.
+            self._target.lease.fleet = config.fleet
         self._children: list[EnvClient[Any, Any, Any]] = []
         self._mcp_ids = itertools.count(1)
         self._endpoint = parse_endpoint(self._target.base_url)
@@ -277,7 +282,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             self._core, connector, hook, self._options, self.timeouts,
             config.replay_verify or same_answer)
         # A provider's server is the client's own (started on connect): no shared limit.
-        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity)
+        gate = CapacityGate(self._endpoint.ws_url, config.limits, config.on_capacity,
+                            config.fleet,
+                            (config.tracer_provider, config.meter_provider))
         self._driver.capacity = gate if self._target.started else None
         connector.prepare = self._prepare_server
 

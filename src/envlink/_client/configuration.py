@@ -35,6 +35,7 @@ from envlink._config import (
     UnsetType,
     check_count,
 )
+from envlink._fleet.settings import FleetLimits
 from envlink._sansio.policies import ReconnectPolicy, RecoveryPolicy, SessionLostPolicy
 from envlink._sansio.replay import ReplayVerify
 from envlink._sansio.session_limits import Limits
@@ -149,6 +150,7 @@ class ClientOptions(CommonOptions, total=False):
     limits: Limits | None
     on_capacity: CapacityMode
     recorder: Recorder | None
+    fleet: FleetLimits | None
 
 
 class OpenEnvOptions(TypedDict, total=False):
@@ -218,6 +220,10 @@ class ClientConfig:
             :class:`~envlink.MockTransport` to test code without a server.
         recorder: a :class:`~envlink.RolloutRecorder` that records every episode of
             the client (``docs/recording.md``); pickles as its settings.
+        fleet: a :class:`~envlink.FleetLimits`: session, start and open-rate limits
+            shared with every process that names the same store (``docs/fleet.md``).
+            A session waits for its slot in arrival order, within the call's deadline;
+            a ``CAPACITY_REACHED`` lowers the endpoint's shared limit and is retried.
 
     Raises:
         TypeError: a part of the wrong type.
@@ -239,6 +245,7 @@ class ClientConfig:
     meter_provider: MeterProvider | None = None
     transport: Transport | None = None
     recorder: Recorder | None = None
+    fleet: FleetLimits | None = None
 
     def __post_init__(self) -> None:
         policy = check_policy(self.on_session_lost)
@@ -263,6 +270,9 @@ class ClientConfig:
                 raise TypeError(f"hooks must be a sequence of ClientHook or None, "
                                 f"got {type(self.hooks).__name__}")
             object.__setattr__(self, "hooks", tuple(self.hooks))
+        if self.fleet is not None and not isinstance(self.fleet, FleetLimits):
+            raise TypeError(f"fleet must be an envlink.FleetLimits or None, "
+                            f"got {type(self.fleet).__name__}")
         if self.recorder is not None and not callable(getattr(self.recorder, "tape", None)):
             raise TypeError(f"recorder must be an envlink.RolloutRecorder or None, "
                             f"got {type(self.recorder).__name__}")

@@ -44,10 +44,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envlink._errors import EnvlinkError, InvalidArgumentError, ProviderError
 from envlink._launch.provider_errors import provider_error_class
+
+if TYPE_CHECKING:
+    from envlink._fleet.settings import FleetLimits
 
 __all__ = ["DockerProvider", "LocalServerProvider", "ProviderLease", "add_note", "one_user_call",
            "bound_container", "docker_run_command", "lease_for",
@@ -235,6 +238,8 @@ class ProviderLease:
         self.provider = provider
         self.base_url = base_url
         self.users = 0
+        #: The fleet's shared limits its starts are paced and bounded by (``None``: none).
+        self.fleet: FleetLimits | None = None
         #: The last stop's failure while it is pending (its server may still run).
         self.stop_failure: BaseException | None = None
         self._starting: asyncio.Future[str | _Raised] | None = None
@@ -279,7 +284,12 @@ class ProviderLease:
             if self._tried_in_this_call():
                 raise failure  # tried already in this user call: once per call
             self.stop_blocking()
-        return start_provider(self.provider, ready_timeout, self)
+        if self.fleet is None:
+            return start_provider(self.provider, ready_timeout, self)
+        from envlink._fleet.worker import fleet_for  # its worker, only once a fleet is used
+        expires = None if ready_timeout is None else time.monotonic() + ready_timeout
+        with fleet_for(self.fleet).provider_start(expires):
+            return start_provider(self.provider, ready_timeout, self)
 
     def _tried_in_this_call(self) -> bool:
         tried = _STOPS_TRIED.get()

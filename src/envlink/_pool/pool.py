@@ -10,6 +10,7 @@ another endpoint under ``on_session_lost="replay"``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,6 +31,8 @@ from envlink._sansio.replay import same_answer
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
+
+    from envlink._fleet.settings import FleetLimits
 
 __all__ = ["DEFAULT_CAPACITY_POLICY", "AutoresetMode", "EnvPool", "pool_telemetry_hook"]
 
@@ -437,4 +440,33 @@ class EnvPool(AsyncPool[ActT, ObsT]):
             for coro in calls.values():
                 coro.close()
             raise
+        config = self._options.client_config
+        fleet = config.fleet if config is not None else None
+        if fleet is not None and any(self._slots[i].client is None for i in calls):
+            return await self._placing_turn(fleet, seconds, method, calls, autoreset, final)
         return await self._batches.run(method, calls, seconds, autoreset, final)
+
+    async def _placing_turn(self, fleet: FleetLimits, seconds: float | None, method: str,
+                            calls: dict[int, Any], autoreset: set[int],
+                            final: dict[int, StepResult[ObsT]]) -> Batch[ObsT]:
+        # Under the fleet's shared limits, one pool at a time places its sessions (in
+        # arrival order across processes): a pool that got some of its slots never
+        # waits for the rest while holding them against another pool doing the same.
+        from envlink._fleet.worker import PLACING, PLACING_TURN, PlacingTurn, fleet_for
+        shared = fleet_for(fleet)
+        expires = None if seconds is None else time.monotonic() + seconds
+        try:
+            hold = await shared.acquire(PLACING, 1, None, expires, "pool_placing")
+        except BaseException:
+            for coro in calls.values():
+                coro.close()
+            raise
+        # The turn ends as soon as every session being placed is in the fleet's queue.
+        turn = PlacingTurn(shared, hold, sum(1 for i in calls if self._slots[i].client is None))
+        token = PLACING_TURN.set(turn)
+        try:
+            left = None if expires is None else max(0.001, expires - time.monotonic())
+            return await self._batches.run(method, calls, left, autoreset, final)
+        finally:
+            PLACING_TURN.reset(token)
+            turn.end()

@@ -61,6 +61,9 @@ from envlink.names import (
     METRIC_CALL_DURATION,
     METRIC_CONNECT_DURATION,
     METRIC_ERRORS,
+    METRIC_FLEET_HOLDERS,
+    METRIC_FLEET_LIMIT,
+    METRIC_FLEET_WAIT_DURATION,
     METRIC_INFLIGHT,
     METRIC_MESSAGE_SIZE,
     METRIC_POOL_BATCH_DURATION,
@@ -74,6 +77,7 @@ from envlink.names import (
     RPC_DURATION_BUCKETS,
     SCOPE_NAME,
     SIZE_BUCKETS,
+    SLOT_BUCKETS,
 )
 
 __all__ = [
@@ -189,6 +193,15 @@ _SYNC_INSTRUMENTS: dict[str, tuple[type, str, str, str, tuple[float, ...]]] = {
         "Circuit-breaker transitions of EnvPool endpoints, by new state.", ()),
     "pool_placements": (Counter, METRIC_POOL_PLACEMENTS, "{placement}",
                         "Attempts to place an EnvPool session on an endpoint, by result.", ()),
+    "fleet_wait_duration": (Histogram, METRIC_FLEET_WAIT_DURATION, "s",
+                            "Time a caller waited for a fleet slot or pace token.",
+                            DURATION_BUCKETS),
+    "fleet_holders": (Histogram, METRIC_FLEET_HOLDERS, "{slot}",
+                      "Slots the fleet held on the scope when a wait for one ended.",
+                      SLOT_BUCKETS),
+    "fleet_limit": (Histogram, METRIC_FLEET_LIMIT, "{slot}",
+                    "The fleet's limit on the scope when a wait for a slot ended.",
+                    SLOT_BUCKETS),
 }
 
 
@@ -213,6 +226,9 @@ class Telemetry:
     pool_sessions: UpDownCounter
     pool_breaker_transitions: Counter
     pool_placements: Counter
+    fleet_wait_duration: Histogram
+    fleet_holders: Histogram
+    fleet_limit: Histogram
 
     def __init__(
         self,

@@ -369,6 +369,8 @@ class EnvServer(Observable):
         """A new session for the connection, or the error frame refusing it."""
         registry = self._registry
         if len(registry) >= self.max_sessions:
+            # Read from /health by benchmarks and operators (refusals, and the peak below).
+            self._counters.incr("capacity_refused")
             return None, {
                 "message": f"Server at capacity: {len(registry)}/"
                            f"{self.max_sessions} sessions active. "
@@ -378,8 +380,12 @@ class EnvServer(Observable):
                 "max_sessions": self.max_sessions,
             }
         try:
-            return registry.create(session_id=plan.session_id, token=plan.token,
-                                   extensions=plan.extensions, connection=connection), None
+            session = registry.create(session_id=plan.session_id, token=plan.token,
+                                      extensions=plan.extensions, connection=connection)
+            peak = self._counters.get("sessions_peak")
+            if len(registry) > peak:
+                self._counters.incr("sessions_peak", len(registry) - peak)
+            return session, None
         except Exception as exc:
             factory = registry.factory
             return None, {
