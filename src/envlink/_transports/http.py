@@ -19,8 +19,10 @@ JSON. Nothing of httpx leaks past this module; URLs in messages are redacted.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import ssl as ssl_module
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +39,8 @@ from envlink._errors import (
 from envlink._redact import is_sensitive_name, redact_text, redact_url
 from envlink._transports.proxy import resolve_proxy
 
-__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json"]
+__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "request_json",
+           "retry_after_seconds"]
 
 #: Default bound on an answer's body.
 DEFAULT_MAX_ANSWER = 1024 * 1024
@@ -295,3 +298,19 @@ async def get_json(url: str, *, headers: HeaderPairs = (),
     return await request_json("GET", url, headers=headers, ssl=ssl, proxy=proxy,
                               max_size=max_size, timeout=timeout,
                               follow_redirects=follow_redirects)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (a number or an HTTP date), else ``None``."""
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # an HTTP date
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time())
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None  # unreadable: ignored, as if the server had not sent one
+

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import logging
 import ssl as ssl_module
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,8 +45,9 @@ from envlink._redact import REDACTED, is_sensitive_name, redact_text, redact_url
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._speedups import text_sender
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
-from envlink._transports.http import post_json
+from envlink._transports.http import retry_after_seconds
 from envlink._transports.proxy import resolve_proxy
+from envlink._transports.rpc import post_rpc
 
 __all__ = ["CLIENT_LOGGER", "WebSocketConnection", "WebSocketTransport", "open_connection"]
 
@@ -114,18 +113,7 @@ class _BoundedCloseConnection(ClientConnection):
 
 
 def _retry_after(headers: Headers) -> float | None:
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:  # an HTTP date
-        parsed = email.utils.parsedate_to_datetime(value)
-        return max(0.0, parsed.timestamp() - time.time())
-    except (ValueError, TypeError, IndexError, OverflowError):
-        return None  # unreadable: ignored, as if the server had not sent one
+    return retry_after_seconds(headers.get("Retry-After"))
 
 
 class WebSocketConnection:
@@ -391,21 +379,7 @@ class WebSocketTransport:
         request_id: int,
     ) -> RpcAnswer:
         """Post one JSON-RPC request to the server's ``/mcp`` (see :class:`RpcTransport`)."""
-        headers: list[tuple[str, str]] = list(options.headers)
-        if endpoint.auth_header is not None and not any(
-            k.lower() == "authorization" for k, _ in headers
-        ):
-            headers.append(("Authorization", endpoint.auth_header))
-        if options.user_agent is not None:
-            headers.append(("User-Agent", options.user_agent))
-        context = (options.ssl or ssl_module.create_default_context()) if endpoint.secure \
-            else None
-        answer = await post_json(
-            endpoint.mcp_url,
-            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)},
-            headers=headers, ssl=context, proxy=options.proxy,
-            max_size=options.max_message_size)
-        return RpcAnswer(answer.status, answer.body)
+        return await post_rpc(endpoint, options, method, params, request_id=request_id)
 
     def __repr__(self) -> str:
         return "WebSocketTransport()"
