@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from envlink._config import check_timeout
 from envlink._errors import ClientClosedError
+from envlink._loops import loop_factory
 
 __all__ = ["Inbox", "LoopThread", "is_bridge_loop"]
 
@@ -172,7 +173,7 @@ class LoopThread:
             loop = self._loop
             if loop is not None:
                 return loop
-            loop = asyncio.new_event_loop()
+            loop = loop_factory()()  # uvloop where installed (envlink._loops)
             try:
                 inbox = Inbox(loop)
             except BaseException:  # no socket pair (out of descriptors): no loop either

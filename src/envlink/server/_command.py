@@ -17,6 +17,7 @@ from envlink._argtypes import (
     positive_float,
     positive_int,
 )
+from envlink._loops import run
 from envlink._sansio.limits import SERVER_MAX_MESSAGE_VALUES
 from envlink.server._faults import CORRUPT_KINDS, DROP_MODES, CorruptKind, DropMode, Faults
 from envlink.server._server import DEFAULT_MAX_MESSAGE_SIZE, ENVIRONMENTS, EnvServer
@@ -209,7 +210,8 @@ def serve_from_args(args: argparse.Namespace) -> int:
     """Serve with parsed arguments until SIGINT or SIGTERM; return the exit status."""
     options = options_from_args(args)
     try:
-        return asyncio.run(_serve(options, events=args.events))
+        # uvloop where installed, unless ENVLINK_LOOP=asyncio (envlink._loops).
+        return run(_serve(options, events=args.events))
     except OSError as exc:
         print(f"envlink serve: {exc}", file=sys.stderr)
         return 1
