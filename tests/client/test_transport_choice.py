@@ -32,6 +32,12 @@ def _transport(client: GenericEnvClient) -> object:
     return client._transport
 
 
+def test_the_default_is_auto_and_auto_is_picows_when_installed() -> None:
+    """A client that names no transport uses "auto": picows, where it is installed."""
+    assert ClientConfig().transport is None
+    assert isinstance(_transport(GenericEnvClient(URL)), PicowsTransport)
+
+
 def test_names_pick_the_transport() -> None:
     """"websockets" and "picows" are those transports; "auto" is picows when installed."""
     assert isinstance(_transport(GenericEnvClient(URL, transport="websockets")),

@@ -178,7 +178,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         transport: how connections are opened: ``"websockets"``, ``"picows"`` (the
             ``fast`` extra) or ``"auto"`` (picows when installed), or a transport such
             as a :class:`~envlink.MockTransport` to test code without a server
-            (default: ``"websockets"``; ``ENVLINK_TRANSPORT`` forces one).
+            (default: ``"auto"``; ``ENVLINK_TRANSPORT`` forces one).
         options: every connection option as one :class:`ConnectionOptions`, instead
             of ``headers``, ``ping_interval``, ... (which must then be left out).
         hooks: observers of the client (:class:`ClientHook`); by default envlink's

@@ -229,7 +229,7 @@ class ClientConfig:
             ``fast`` extra), ``"auto"`` (picows when installed, else websockets;
             ``ENVLINK_TRANSPORT`` says which), or a transport object such as a
             :class:`~envlink.MockTransport` to test code without a server. ``None``
-            (default): ``"websockets"``.
+            (default): ``"auto"``.
         recorder: a :class:`~envlink.RolloutRecorder` that records every episode of
             the client (``docs/recording.md``); pickles as its settings.
 

@@ -123,8 +123,8 @@ class HarnessClient:
         timeout: a :class:`~envlink.Timeout`; ``connect`` bounds opening the session,
             ``call`` each turn (from the message to ``turn_complete``), ``close`` closing.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
-        transport: how the connection is opened: a transport, or ``"websockets"``
-            (default), ``"picows"`` or ``"auto"`` (as :class:`~envlink.ClientConfig`'s).
+        transport: how the connection is opened: a transport, or ``"auto"``
+            (default), ``"websockets"`` or ``"picows"`` (as :class:`~envlink.ClientConfig`'s).
         hooks: observers (each turn is a call ``harness_turn``); default envlink's
             OpenTelemetry emitter on the given providers.
         tracer_provider: OpenTelemetry tracer provider (default: the global one).

@@ -12,13 +12,17 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from envlink._errors import InvalidArgumentError
-from envlink._transports.base import Transport
+from envlink._transports.base import Endpoint, Transport
+from envlink._transports.proxy import resolve_proxy
+
+if TYPE_CHECKING:
+    from envlink._config import ConnectionOptions
 
 __all__ = ["DEFAULT_TRANSPORT", "TRANSPORT_NAMES", "TRANSPORT_VARIABLE", "TransportName",
-           "picows_installed", "resolve_transport", "transport_named"]
+           "picows_installed", "resolve_transport", "transport_label", "transport_named"]
 
 TransportName = Literal["auto", "websockets", "picows"]
 #: The names ``ClientConfig(transport=...)`` and ``ENVLINK_TRANSPORT`` take.
@@ -26,7 +30,7 @@ TRANSPORT_NAMES: Final = ("auto", "websockets", "picows")
 #: The environment variable that says what ``"auto"`` (and no transport) means.
 TRANSPORT_VARIABLE: Final = "ENVLINK_TRANSPORT"
 #: What a client that names no transport uses (unless ``ENVLINK_TRANSPORT`` says).
-DEFAULT_TRANSPORT: Final[str] = "websockets"
+DEFAULT_TRANSPORT: Final[str] = "auto"
 
 _log = logging.getLogger("envlink.transport")
 _said: set[str] = set()
@@ -53,8 +57,8 @@ def resolve_transport(name: str | None) -> Literal["websockets", "picows"]:
         forced = os.environ.get(TRANSPORT_VARIABLE, "").strip().lower()
         if forced:
             name, source = forced, TRANSPORT_VARIABLE
-        elif name is None and DEFAULT_TRANSPORT != "auto":
-            return "websockets"
+        elif name is None:
+            name = DEFAULT_TRANSPORT
         if name == "auto":
             return "picows" if picows_installed() else "websockets"
     if name == "websockets":
@@ -88,3 +92,25 @@ def transport_named(name: str | None) -> Transport:
     from envlink._transports.websocket import WebSocketTransport
 
     return WebSocketTransport()
+
+
+def transport_label(given: Transport | str | None, endpoint: Endpoint,
+                    options: ConnectionOptions) -> str:
+    """What opens a client's connections to ``endpoint``, in words (``envlink probe``).
+
+    Raises:
+        InvalidArgumentError: as :func:`resolve_transport`.
+    """
+    if given is not None and not isinstance(given, str):
+        return type(given).__name__
+    chosen = resolve_transport(given)
+    if chosen == "picows":
+        if options.compression is not None:
+            return "websockets (picows has no permessage-deflate)"
+        try:
+            proxied = resolve_proxy(endpoint.ws_url, options.proxy) is not None
+        except Exception:  # an unsupported proxy: the connection will say so
+            proxied = False
+        if proxied:
+            return "websockets (picows leaves a proxied URL to it)"
+    return chosen
