@@ -110,7 +110,6 @@ class _Listener(WSListener):
         self.waiter: asyncio.Future[Any] | None = None
         self.parts: list[bytes] | None = None
         self.parts_size = 0
-        self.parts_text = False
         self.gone = False
         self.pongs: dict[bytes, asyncio.Future[None]] = {}
 
@@ -124,11 +123,8 @@ class _Listener(WSListener):
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         kind = frame.msg_type
         if kind is _TEXT and frame.fin and self.parts is None:  # the common frame
-            try:
-                self._deliver(frame.get_payload_as_utf8_text())
-            except UnicodeDecodeError:
-                raise WSProtocolError(WSCloseCode.INVALID_TEXT,
-                                      "invalid UTF-8 in a text frame") from None
+            # Its bytes, not a str: the frame decoder's parser reads (and checks) UTF-8.
+            self._deliver(frame.get_payload_as_bytes())
             return
         if kind is _TEXT or kind is _BINARY:
             if self.parts is not None:
@@ -138,7 +134,7 @@ class _Listener(WSListener):
             if frame.fin:
                 self._deliver(payload)
                 return
-            self.parts, self.parts_size, self.parts_text = [payload], len(payload), kind is _TEXT
+            self.parts, self.parts_size = [payload], len(payload)
         elif kind is _CONTINUATION:
             parts = self.parts
             if parts is None:
@@ -152,15 +148,7 @@ class _Listener(WSListener):
             parts.append(frame.get_payload_as_bytes())
             if frame.fin:
                 self.parts = None
-                whole = b"".join(parts)
-                if self.parts_text:
-                    try:
-                        self._deliver(whole.decode("utf-8"))
-                    except UnicodeDecodeError:
-                        raise WSProtocolError(WSCloseCode.INVALID_TEXT,
-                                              "invalid UTF-8 in a text message") from None
-                else:
-                    self._deliver(whole)
+                self._deliver(b"".join(parts))
         elif kind is _CLOSE:
             # Answer the peer's close (once: picows sends nothing after its own), then
             # end the TCP connection: the closing handshake is complete.
@@ -231,7 +219,7 @@ class PicowsConnection:
             raise ConnectionLostError(f"connection lost while sending: {exc}") from exc
 
     async def recv(self) -> str | bytes:
-        """Receive one message (text, or bytes for a binary one).
+        """Receive one message: its bytes (a text message's UTF-8, as it came).
 
         Raises:
             ConnectionLostError: the connection closed or the peer stopped answering pings.

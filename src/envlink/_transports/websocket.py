@@ -135,8 +135,8 @@ class WebSocketConnection:
         """Whether frames can still be sent."""
         return self._ws.state is State.OPEN
 
-    async def send(self, text: str) -> None:
-        """Send one text frame.
+    async def send(self, text: str | bytes) -> None:
+        """Send one text frame (``bytes``: its UTF-8 text, sent as it is).
 
         Raises:
             NotWrittenError: the connection was closed before anything was written.
@@ -147,7 +147,7 @@ class WebSocketConnection:
         try:
             fast = self._fast_send
             if fast is None:
-                await self._ws.send(text)
+                await self._ws.send(text, text=True)
             else:
                 await fast(text)
         except ConnectionClosed as exc:
