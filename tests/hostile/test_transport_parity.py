@@ -110,6 +110,26 @@ async def test_a_close_with_too_big_is_the_servers_size_limit(transport: str) ->
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_peer_that_ignores_the_close_is_dropped_after_close_timeout(
+        transport: str) -> None:
+    """close() with no close deadline (Timeout(close=None)) against a peer that never
+    answers the close frame: dropped after ConnectionOptions.close_timeout, not never."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accept_upgrade(reader, writer)
+        await _read_request(reader)
+        writer.write(frame(ANSWER))
+        await _hold(reader)
+
+    async with hostile_server(script) as url:
+        env = _client(url, transport, timeout=envlink.Timeout(5.0, close=None))
+        await env.reset()
+        started = time.monotonic()
+        await asyncio.wait_for(env.close(), 10)
+        assert time.monotonic() - started < 1.0 + 1.5  # close_timeout is 1 s
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_peer_that_never_answers_pings_is_found_dead(transport: str) -> None:
     """Keepalive: a peer that reads but never answers a ping is declared dead within
     ping_interval + ping_timeout (plus the close wait), as a lost connection."""

@@ -300,10 +300,12 @@ class PicowsConnection:
         dropping the connection) rather than swallowed.
         """
         ws = self._ws
+        # As websockets' close(): the peer's answer is awaited close_timeout at most.
+        wait = self._close_timeout if timeout is None else min(timeout, self._close_timeout)
         try:
             if not ws.is_disconnected:
                 ws.send_close(WSCloseCode.OK)
-                async with bounded(timeout):
+                async with bounded(wait):
                     await ws.wait_disconnected()
         except asyncio.CancelledError:
             self.abort()
