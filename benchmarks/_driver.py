@@ -26,6 +26,10 @@ line per command read from stdin:
   per process;
 * ``{"op": "quit"}``.
 
+``--loop uvloop`` runs the async modes on uvloop (the application's choice of loop);
+the scale mode's ``floor`` and ``floor-picows`` clients are the bare exchange on
+websockets' and picows' asyncio clients.
+
 Nothing here prints to the protocol stream but the answers: stdout is moved to
 a private descriptor first, and anything else writing to ``sys.stdout`` lands on
 stderr.
@@ -363,6 +367,76 @@ def _gc_collections() -> int:
     return sum(g["collections"] for g in gc.get_stats())
 
 
+class _FloorSession:
+    """The floor of one session at scale: websockets' asyncio client doing the same JSON
+    exchange, nothing more (no deadline, no recovery, no telemetry)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.replace("http://", "ws://") + "/ws"
+        self.ws: Any = None
+
+    async def connect(self) -> None:
+        from websockets.asyncio.client import connect
+
+        self.ws = await connect(self.url, max_size=None)
+
+    async def _call(self, frame: dict[str, Any]) -> Any:
+        await self.ws.send(json.dumps(frame))
+        return json.loads(await self.ws.recv())
+
+    async def reset(self) -> Any:
+        return await self._call({"type": "reset", "data": {}})
+
+    async def step(self, action: dict[str, Any]) -> Any:
+        return await self._call({"type": "step", "data": action})
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+class _PicowsFloorSession:
+    """The floor on picows: its listener hands each frame's text to a future, one
+    exchange at a time, and ``json`` does the rest."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.replace("http://", "ws://") + "/ws"
+        self.transport: Any = None
+        self.listener: Any = None
+
+    async def connect(self) -> None:
+        import picows
+
+        class Listener(picows.WSListener):  # type: ignore[misc]
+            waiter: Any = None
+
+            def on_ws_frame(self, transport: Any, frame: Any) -> None:
+                if frame.msg_type == picows.WSMsgType.TEXT and self.waiter is not None:
+                    self.waiter.set_result(frame.get_payload_as_utf8_text())
+                    self.waiter = None
+                elif frame.msg_type == picows.WSMsgType.CLOSE:
+                    transport.disconnect()
+
+        self.transport, self.listener = await picows.ws_connect(
+            Listener, self.url, max_frame_size=1 << 30)
+        self._text = picows.WSMsgType.TEXT
+
+    async def _call(self, frame: dict[str, Any]) -> Any:
+        waiter = self.listener.waiter = asyncio.get_running_loop().create_future()
+        self.transport.send(self._text, json.dumps(frame).encode())
+        return json.loads(await waiter)
+
+    async def reset(self) -> Any:
+        return await self._call({"type": "reset", "data": {}})
+
+    async def step(self, action: dict[str, Any]) -> Any:
+        return await self._call({"type": "step", "data": action})
+
+    async def close(self) -> None:
+        self.transport.send_close()
+        self.transport.disconnect()
+        await self.transport.wait_disconnected()
+
+
 class ScaleRunner:
     """Many sessions of one client on this process's one event loop.
 
@@ -381,6 +455,10 @@ class ScaleRunner:
             from envlink import GenericEnvClient
 
             return GenericEnvClient(base_url=url)
+        if self.client == "floor":
+            return _FloorSession(url)
+        if self.client == "floor-picows":
+            return _PicowsFloorSession(url)
         if self._cls is None:
             self._cls = openenv_client_class(self.client)
         return self._cls(base_url=url, message_timeout_s=120)
@@ -393,7 +471,7 @@ class ScaleRunner:
         # server's accept queue, not the client.
         for i in range(0, count, 50):
             batch = clients[i:i + 50]
-            if self.client != "envlink":
+            if self.client != "envlink":  # OpenEnv's client and the floors connect first
                 await asyncio.gather(*(c.connect() for c in batch))
             await asyncio.gather(*(c.reset() for c in batch))
         gc.collect()
@@ -562,7 +640,10 @@ class ThreadsRunner:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", choices=["envlink", "openenv", "openenv-stock", "floor",
-                                             "bridge", "rcts"], required=True)
+                                             "floor-picows", "bridge", "rcts"], required=True)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help="the event loop this process runs its async clients on (the "
+                             "application's choice: envlink never replaces it)")
     parser.add_argument("--mode", choices=["sync", "async", "scale", "threads"], required=True)
     parser.add_argument("--telemetry", default="off")
     parser.add_argument("--otlp-endpoint", default=None)
@@ -642,7 +723,12 @@ def main() -> int:
                 answer(result)
             await runner.close()
 
-        asyncio.run(serve())
+        if args.loop == "uvloop":
+            import uvloop
+
+            uvloop.run(serve())
+        else:
+            asyncio.run(serve())
     telemetry.shutdown()
     answer({"bye": True})
     return 0

@@ -36,7 +36,9 @@ Sections:
    memory per idle session, each server's busy share, ratios to OpenEnv's client in
    the same round (``--only scale-count``: the same client under ``callgrind
    --cache-sim=yes``, instructions and cache misses per step; ``--python 3.X``: on
-   another interpreter);
+   another interpreter); ``--only scale --transports``: OpenEnv's client (where its
+   virtualenv has it), envlink on websockets and on picows, and the bare websockets
+   and picows exchanges, each on asyncio's loop and on uvloop, in one run;
 6. **import time** of ``import envlink`` and of OpenEnv's client, both from bytecode;
 7. **fleet** (``--only fleet``): 8 processes x 32 sessions against two servers of 64,
    without and with ``FleetLimits``, against the 4 processes that fit
@@ -103,8 +105,8 @@ def envlink_venv(path: Path, base_python: str) -> str:
     if not python.exists():
         log(f"creating {path}")
         subprocess.run([base_python, "-m", "venv", str(path)], check=True)
-    log(f"installing envlink[otlp,prometheus] and anyio into {path}")
-    _pip_quiet(str(python), "-e", ".[otlp,prometheus]", "anyio")
+    log(f"installing envlink[fast,otlp,prometheus] and anyio into {path}")
+    _pip_quiet(str(python), "-e", ".[fast,otlp,prometheus]", "anyio")
     return str(python)
 
 
@@ -472,6 +474,92 @@ def section_scale(pythons: dict[str, str], quick: bool,
             t_out: dict[str, Any] = {n: _scale_entry(rows) for n, rows in samples.items()}
             t_out["ratios"] = _ratios(samples, "openenv")
             results["threads"][str(threads)] = t_out
+    finally:
+        for d in drivers.values():
+            d.stop()
+        for srv in servers:
+            srv.stop()
+    return results
+
+
+#: ``--only scale --transports``: each client on each loop, in one interleaved run.
+#: name: (driver --client, its python: envlink's or OpenEnv's, ENVLINK_TRANSPORT, --loop).
+TRANSPORT_ARMS: dict[str, tuple[str, str, str | None, str]] = {
+    "openenv": ("openenv", "openenv", None, "asyncio"),
+    "openenv, uvloop": ("openenv", "openenv", None, "uvloop"),
+    "envlink websockets": ("envlink", "envlink", "websockets", "asyncio"),
+    "envlink websockets, uvloop": ("envlink", "envlink", "websockets", "uvloop"),
+    "envlink picows": ("envlink", "envlink", "picows", "asyncio"),
+    "envlink picows, uvloop": ("envlink", "envlink", "picows", "uvloop"),
+    "floor websockets": ("floor", "envlink", None, "asyncio"),
+    "floor websockets, uvloop": ("floor", "envlink", None, "uvloop"),
+    "floor picows": ("floor-picows", "envlink", None, "asyncio"),
+    "floor picows, uvloop": ("floor-picows", "envlink", None, "uvloop"),
+}
+
+
+def _imports(python: str, *modules: str) -> bool:
+    if not Path(python).exists():
+        return False
+    code = "; ".join(f"import {m}" for m in modules)
+    return subprocess.run([python, "-c", code], capture_output=True, check=False,
+                          cwd=ROOT).returncode == 0
+
+
+def section_scale_transports(pythons: dict[str, str], quick: bool) -> dict[str, Any]:
+    """Client CPU per step at 10, 100 and 1,000 sessions on one loop, steps/s and memory
+    per idle session, for every arm of :data:`TRANSPORT_ARMS` in one interleaved run.
+
+    OpenEnv's client is measured when its virtualenv has it (else its arms are left out
+    and the ratios are against envlink on websockets); the uvloop arms need uvloop in
+    the arm's virtualenv, picows's need picows.
+    """
+    log("section 5t: scale by transport and loop")
+    rounds = 3 if quick else 5
+    total_steps = 3000 if quick else 10000
+    client_core, server_cores = scale_cores()
+    missing: list[str] = []
+    arms: dict[str, tuple[str, str, str | None, str]] = {}
+    for name, arm in TRANSPORT_ARMS.items():
+        client, which, transport, loop = arm
+        needs = ["openenv"] if which == "openenv" else ["envlink"]
+        if loop == "uvloop":
+            needs.append("uvloop")
+        if transport == "picows" or client == "floor-picows":
+            needs.append("picows")
+        if _imports(pythons[which], *needs):
+            arms[name] = arm
+        else:
+            missing.append(f"{name} ({', '.join(needs)} not importable by {pythons[which]})")
+    base = "openenv" if "openenv" in arms else "envlink websockets"
+    servers = [envlink_server(pythons["envlink"],
+                              max_sessions=len(arms) * max(SCALE_LEVELS) + 50,
+                              name=f"envlink-scale-{core}", cpu=core)
+               for core in server_cores]
+    drivers: dict[str, Driver] = {}
+    results: dict[str, Any] = {"rounds": rounds, "steps_per_run": total_steps,
+                               "client_core": client_core, "server_cores": server_cores,
+                               "baseline": base, "arms": list(arms), "missing": missing,
+                               "levels": {}}
+    try:
+        for srv in servers:
+            srv.start()
+        pids = [srv.proc.pid for srv in servers if srv.proc is not None]
+        urls = ",".join(srv.base_url for srv in servers)
+        for name, (client, which, transport, loop) in arms.items():
+            env = {"ENVLINK_TRANSPORT": transport} if transport else None
+            drivers[name] = Driver(f"scale-t-{_slug(name)}", pythons[which],
+                                   ["--client", client, "--mode", "scale", "--loop", loop,
+                                    "--url", urls, "--cpu", str(client_core)], env=env)
+        for level in SCALE_LEVELS:
+            per = max(2, total_steps // level)
+            log(f"  {level} sessions, {per} steps each")
+            samples = interleave(list(drivers), rounds,
+                                 lambda c, level=level, per=per: drivers[c].ask(  # type: ignore[misc]
+                                     op="scale", sessions=level, steps=per, server_pids=pids))
+            level_out: dict[str, Any] = {n: _scale_entry(rows) for n, rows in samples.items()}
+            level_out["ratios"] = _ratios(samples, base)
+            results["levels"][str(level)] = level_out
     finally:
         for d in drivers.values():
             d.stop()
@@ -908,13 +996,20 @@ def machine() -> dict[str, Any]:
 
 def versions(pythons: dict[str, str]) -> dict[str, str]:
     out = {}
-    for which, pkgs in (("envlink", ("envlink", "opentelemetry-sdk", "websockets")),
-                        ("openenv", ("openenv", "websockets"))):
-        code = ("import importlib.metadata as m, json, platform; print(json.dumps({"
-                "'python': platform.python_version(), **{p: m.version(p) "
+    for which, pkgs in (("envlink", ("envlink", "opentelemetry-sdk", "websockets", "picows",
+                                     "uvloop")),
+                        ("openenv", ("openenv", "websockets", "uvloop"))):
+        if not Path(pythons[which]).exists():
+            continue  # --transports without OpenEnv's virtualenv: its arms are left out
+        code = ("import importlib.metadata as m, json, platform\n"
+                "def v(p):\n"
+                "    try:\n        return m.version(p)\n"
+                "    except m.PackageNotFoundError:\n        return None\n"
+                "print(json.dumps({'python': platform.python_version(), **{p: v(p) "
                 f"for p in {list(pkgs)!r}}}}}))")
         got = json.loads(subprocess.run([pythons[which], "-c", code], check=True,
                                         stdout=subprocess.PIPE, text=True).stdout)
+        got = {k: v for k, v in got.items() if v is not None}
         out.update({(f"{which}:{k}" if k in ("websockets", "python") else k): v
                     for k, v in got.items()})
     return out
@@ -962,6 +1057,31 @@ def print_scale(sc: dict[str, Any]) -> None:
                       "; ".join(f"{n} {v['gc_per_kstep']['median']:.1f} / "
                                 f"{v['blocks_kept_per_step']['median']:.2f}"
                                 for n, v in gcs.items()))
+
+
+def print_scale_transports(sc: dict[str, Any]) -> None:
+    base = sc["baseline"]
+    print(f"\n5t. scale by transport and loop: client pinned to core {sc['client_core']}, "
+          f"server(s) on core(s) {','.join(map(str, sc['server_cores']))}; "
+          f"{sc['rounds']} interleaved rounds of about {sc['steps_per_run']} steps; "
+          f"x: client CPU per step against {base!r} in the same round")
+    if sc.get("missing"):
+        print("  not run: " + "; ".join(sc["missing"]))
+    levels = list(sc["levels"])
+    print("  " + f"{'client':<34}" + "".join(f"{f'{n} sessions, CPU x':>24}" for n in levels)
+          + "".join(f"{f'{n}: steps/s':>14}" for n in levels[-1:])
+          + f"{'KiB/idle sess':>15}")
+    for name in sc["arms"]:
+        row = f"  {name:<34}"
+        for level in levels:
+            lv = sc["levels"][level]
+            r = lv["ratios"].get(name)
+            row += f"{fmt(r['cpu_x'], 2, 24) if r else f'{1:>24}'}"
+        last = sc["levels"][levels[-1]][name]
+        idle = last["idle_kib_per_session"]
+        row += f"{last['steps_per_s']['median']:>14.0f}"
+        row += f"{(f'{idle:.1f}' if idle is not None else '-'):>15}"
+        print(row)
 
 
 def print_scale_count(sc: dict[str, Any]) -> None:
@@ -1030,6 +1150,8 @@ def print_report(res: dict[str, Any]) -> None:
 
     if "scale" in res:
         print_scale(res["scale"])
+    if "scale_transports" in res:
+        print_scale_transports(res["scale_transports"])
     if "scale_count" in res:
         print_scale_count(res["scale_count"])
 
@@ -1139,6 +1261,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="scale: envlink's rows again, interleaved in the same rounds, "
                              "with envlink imported from this src directory (marked [ref]): "
                              "a before/after in one run")
+    parser.add_argument("--transports", action="store_true",
+                        help="scale: OpenEnv's client (where installed), envlink on websockets "
+                             "and on picows, and the bare websockets and picows exchanges, each "
+                             "on asyncio's loop and on uvloop, in one interleaved run (with "
+                             "--only scale)")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     LOG_DIR.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no results/ yet
@@ -1186,7 +1313,9 @@ def main(argv: list[str] | None = None) -> int:
     if "steps" in only:
         res["steps_envlink_server"] = section_steps("envlink", pythons, args.quick)
         res["steps_openenv_server"] = section_steps("openenv", pythons, args.quick)
-    if "scale" in only:
+    if "scale" in only and args.transports:
+        res["scale_transports"] = section_scale_transports(pythons, args.quick)
+    elif "scale" in only:
         res["scale"] = section_scale(pythons, args.quick, args.compare_src)
     if "scale-count" in only:
         res["scale_count"] = section_scale_count(pythons, args.quick, max(1, args.repeats))

@@ -6,6 +6,7 @@ itself is measured by ``benchmarks/bench_import.py`` and ``benchmarks/run.py``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -37,6 +38,9 @@ NEVER_AT_IMPORT = [
     "envlink._cli.main",
     "websockets",         # the transport: imported by the first client that needs it
     "envlink._transports.websocket",
+    "picows",             # the fast transport (the fast extra), the same way
+    "envlink._transports.picows_ws",
+    "uvloop",             # the bridge's loop (the fast extra): by the first bridge
     "httpx",              # HTTP requests through a proxy: imported by the first one
     "h11",                # direct HTTP requests: imported by the first one
     "envlink._transports.http11",
@@ -98,8 +102,16 @@ def test_a_client_on_the_mock_transport_loads_no_websockets() -> None:
     assert not loaded["websockets"] and not loaded["urllib.request"], loaded
     assert not loaded["structlog"] and not loaded["envlink.server"], loaded
     loaded = loaded_after("import envlink\nenvlink.EnvClient('ws://127.0.0.1:9')")
-    assert loaded["websockets"] and loaded["envlink._transports.websocket"]
+    if importlib.util.find_spec("picows") is not None:  # "auto": picows, and not websockets
+        assert loaded["picows"] and loaded["envlink._transports.picows_ws"]
+        assert not loaded["websockets"], loaded
+    else:
+        assert loaded["websockets"] and loaded["envlink._transports.websocket"]
     assert not loaded["structlog"] and not loaded["envlink.server"]
+    loaded = loaded_after("import os\nos.environ['ENVLINK_TRANSPORT'] = 'websockets'\n"
+                          "import envlink\nenvlink.EnvClient('ws://127.0.0.1:9')")
+    assert loaded["websockets"] and loaded["envlink._transports.websocket"]
+    assert not loaded["picows"] and not loaded["envlink._transports.picows_ws"]
 
 
 def test_debug_lines_do_not_import_structlog_but_warnings_do() -> None:
@@ -162,7 +174,7 @@ def test_protocol_models_are_built_at_first_use() -> None:
             # A plain dict step is serialised without its request model (encode_call).
             "assert not p.StepRequest.__pydantic_complete__\n"
             "text = p.encode_request(p.StepRequest(data={'a': 1.5}))\n"
-            "assert text == '{\"type\":\"step\",\"data\":{\"a\":1.5}}', text\n"
+            "assert text == b'{\"type\":\"step\",\"data\":{\"a\":1.5}}', text\n"
             "assert p.StepRequest.__pydantic_complete__\n"
             "frame = p.decode_response('{\"type\":\"error\",\"data\":{\"message\":\"m\"}}')\n"
             "assert isinstance(frame, p.ErrorFrame) and frame.data.code == 'EXECUTION_ERROR'\n")
@@ -199,5 +211,7 @@ def test_a_first_connect_under_auto_imports_no_httpx() -> None:
             "import envlink\n"
             f"env = envlink.GenericEnvClient({st.url!r}, on_session_lost='auto').sync()\n"
             "env.connect()\nassert env.recovery == 'envlink-resume'\nenv.close()")
-    assert loaded["envlink._transports.websocket"] and loaded["h11"]
+    transport = ("envlink._transports.picows_ws" if importlib.util.find_spec("picows")
+                 else "envlink._transports.websocket")
+    assert loaded[transport] and loaded["h11"]
     assert not loaded["httpx"] and not loaded["structlog"], loaded

@@ -334,9 +334,10 @@ def meter_provider_checks() -> tuple[Callable[[], bool], Callable[[Any], bool]]:
     return (lambda: False), is_proxy
 
 
-def text_sender(connection: Any, open_state: Any) -> Callable[[str], Awaitable[None]] | None:
-    """A coroutine function sending one text message on a websockets asyncio
-    connection, or ``None``: use the connection's ``send``.
+def text_sender(connection: Any, open_state: Any
+                ) -> Callable[[str | bytes], Awaitable[None]] | None:
+    """A coroutine function sending one text message (``str``, or its UTF-8 ``bytes``)
+    on a websockets asyncio connection, or ``None``: use the connection's ``send``.
 
     ``send`` writes through ``send_context``, an async context manager (a generator,
     its ``__aenter__``/``__aexit__`` and a ``drain`` coroutine) around the protocol's
@@ -367,12 +368,12 @@ def text_sender(connection: Any, open_state: Any) -> Callable[[str], Awaitable[N
 
 
 async def _send_one(connection: Any, protocol: Any, transport: Any, open_state: Any,
-                    waiter: str, text: str) -> None:
+                    waiter: str, text: str | bytes) -> None:
     if (protocol.state is not open_state or getattr(connection, waiter) is not None
             or connection.paused or transport.is_closing()):
-        await connection.send(text)
+        await connection.send(text, text=True)
         return
-    protocol.send_text(text.encode())
+    protocol.send_text(text.encode() if isinstance(text, str) else text)
     connection.send_data()
     if connection.paused:
         await connection.drain()

@@ -185,7 +185,7 @@ def test_no_inbox_is_a_clear_error_and_leaves_no_loop_open(
     from envlink._bridge import loop as loop_module
 
     made: list[asyncio.AbstractEventLoop] = []
-    real_new_loop = asyncio.new_event_loop
+    real_new_loop = loop_module.loop_factory()
 
     def new_loop() -> asyncio.AbstractEventLoop:
         made.append(real_new_loop())
@@ -195,7 +195,7 @@ def test_no_inbox_is_a_clear_error_and_leaves_no_loop_open(
         def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
             raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(loop_module.asyncio, "new_event_loop", new_loop)
+    monkeypatch.setattr(loop_module, "loop_factory", lambda: new_loop)
     monkeypatch.setattr(loop_module, "Inbox", NoPair)
     bridge = Bridge()
 

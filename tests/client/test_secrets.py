@@ -89,9 +89,11 @@ async def test_the_handshake_headers_are_not_kept(server: EnvServer) -> None:
         conn = env._driver.connector.conn
         assert conn is not None
         ws = conn._ws  # type: ignore[attr-defined]
-        assert ws.request is None
-        assert ws.response is not None and ws.response.status_code == 101
-        assert list(ws.response.headers.raw_items()) == []
+        # websockets drops the request; picows keeps it (a read-only field), emptied.
+        assert ws.request is None or len(ws.request.headers) == 0
+        assert ws.response is not None
+        assert getattr(ws.response, "status_code", getattr(ws.response, "status", 0)) == 101
+        assert len(ws.response.headers) == 0
         await env.step({"message": "x"})
     finally:
         await env.close()

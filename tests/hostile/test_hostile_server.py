@@ -274,7 +274,9 @@ async def test_an_endless_trickle_ends_at_the_call_deadline() -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await accept_upgrade(reader, writer)
         await reader.read(65536)
-        writer.write(frame(b"", length=64 * 1024)[:4])
+        # The whole header (a 64 KiB frame), then the payload a byte at a time: cut
+        # inside the header, the spaces would be read as a length beyond the limit.
+        writer.write(frame(b"", length=64 * 1024))
         while True:
             writer.write(b" ")
             await writer.drain()
@@ -306,7 +308,9 @@ async def test_a_one_gigabyte_error_body_is_refused_in_bounded_memory() -> None:
     async with hostile_server(script) as url:
         env = _client(url, connect_timeout_s=5.0)
         started = time.monotonic()
-        with pytest.raises(envlink.ConnectError, match="too large"):
+        # websockets reads the body and refuses it as too large; picows refuses the
+        # upgrade on its status line and never reads the body.
+        with pytest.raises(envlink.ConnectError, match=r"too large|HTTP 503"):
             await env.reset()
         assert time.monotonic() - started < 5.0 + 2.0
         await env.close()

@@ -49,6 +49,18 @@ async def test_reference_server_healthy_with_extensions_capacity_tools_and_laten
         await asyncio.wait_for(ended.wait(), 10)  # the probe ended its session
 
 
+@pytest.mark.parametrize("forced", ["websockets", "picows"])
+async def test_the_probe_names_the_transport(forced: str, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    """The report names the transport the probe's session used (ENVLINK_TRANSPORT)."""
+    pytest.importorskip("picows")
+    monkeypatch.setenv("ENVLINK_TRANSPORT", forced)
+    async with EnvServer(env="echo") as srv:
+        report = await probe(srv.url, samples=2)
+    assert report.as_json()["transport"] == forced
+    assert ("transport", forced) in report.lines
+
+
 async def test_dead_port_is_unreachable_and_exits_1() -> None:
     """Nothing listening: exit 1, 'unreachable', and no question asked after /health."""
     report = await probe(f"http://127.0.0.1:{restartable_port()}", timeout=5.0)

@@ -53,13 +53,15 @@ def step(data: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
 class ServeProcess:
     """``python -m envlink.server ARGS`` in a subprocess, with its announced URL."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: Mapping[str, str] | None = None) -> None:
+        import os
         import subprocess
         import sys
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "envlink.server", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

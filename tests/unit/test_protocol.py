@@ -28,6 +28,7 @@ from envlink._sansio.protocol import (
     _ObservationModel,
     decode_request,
     decode_response,
+    encode_call,
     encode_data_request,
     encode_request,
     encode_response,
@@ -318,3 +319,49 @@ def test_observation_checks_accept_and_refuse_what_the_model_does(
         return
     got = decode_response(raw)
     _assert_same_frame(got, expected, json.loads(raw))
+
+
+def test_a_request_is_serialised_once_to_bytes() -> None:
+    """encode_call gives the frame's UTF-8 bytes (what the transports send as a text
+    frame, as they are), equal to the JSON of the request."""
+    frame = encode_call("step", {"message": "h\u00e9llo"}, "7", {"traceparent": "00-x"})
+    assert type(frame) is bytes
+    assert json.loads(frame.decode("utf-8")) == {
+        "id": "7", "traceparent": "00-x", "type": "step", "data": {"message": "h\u00e9llo"}}
+
+
+@given(st.dictionaries(st.text(max_size=5), st.one_of(st.text(max_size=8), st.integers(),
+                                                      st.floats(allow_nan=False,
+                                                                allow_infinity=False)),
+                       max_size=4))
+@settings(max_examples=50, deadline=None)
+def test_a_frames_bytes_decode_as_its_text_does(observation: dict[str, object]) -> None:
+    """A frame's bytes (a text frame as picows hands it over) and its text decode to the
+    same frame: the bytes go to pydantic-core's parser without a str in between."""
+    text = json.dumps({"type": "observation", "data": {"observation": observation,
+                                                       "reward": 1.0, "done": False}})
+    assert decode_response(text.encode("utf-8")) == decode_response(text)
+
+
+def test_bytes_that_are_not_utf8_are_a_protocol_error() -> None:
+    """A text frame's bytes that are not UTF-8: ProtocolError, as for invalid JSON."""
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        decode_response(b'{"type":"observation","data":"\xff\xfe"}')
+
+
+def test_a_frames_bytes_go_to_the_fast_parser_as_they_are(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_response hands bytes to pydantic-core's parser itself: no str is made."""
+    from envlink._sansio import protocol
+
+    if protocol._parse is None:
+        pytest.skip("the fast parser is off (ENVLINK_NO_SPEEDUPS)")
+    real, given = protocol._parse, []
+
+    def spy(raw: object, **kwargs: object) -> object:
+        given.append(type(raw))
+        return real(raw, **kwargs)
+
+    monkeypatch.setattr(protocol, "_parse", spy)
+    decode_response(b'{"type":"observation","data":{"observation":{},"reward":1.0}}')
+    assert given == [bytes]

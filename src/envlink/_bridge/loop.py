@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from envlink._bridge.loops import loop_factory
 from envlink._config import check_timeout
 from envlink._errors import ClientClosedError
 
@@ -172,7 +173,7 @@ class LoopThread:
             loop = self._loop
             if loop is not None:
                 return loop
-            loop = asyncio.new_event_loop()
+            loop = loop_factory()()  # uvloop where installed (envlink._bridge.loops)
             try:
                 inbox = Inbox(loop)
             except BaseException:  # no socket pair (out of descriptors): no loop either

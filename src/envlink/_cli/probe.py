@@ -48,6 +48,7 @@ from envlink._launch import discovery
 from envlink._launch.lifecycle import Target
 from envlink._sansio.policies import ReconnectPolicy
 from envlink._transports.base import parse_endpoint
+from envlink._transports.choice import transport_label
 
 __all__ = ["DESCRIPTION", "EPILOG", "EXIT_HEALTHY", "EXIT_UNHEALTHY", "EXIT_USAGE",
            "add_arguments", "probe", "probe_from_args"]
@@ -282,6 +283,9 @@ async def _session(client: GenericEnvClient, report: Report) -> bool:
     ms = (time.perf_counter() - started) * 1000
     report.add("session", f"opened in {ms:.1f} ms", "session",
                {"opened": True, "connect_ms": round(ms, 2)})
+    transport = transport_label(client.config.transport, parse_endpoint(client.ws_url),
+                                client.config.options)
+    report.add("transport", transport, "transport", transport)
     if client.extensions_active:
         report.add("protocol", "OpenEnv WebSocket + envlink extensions (request ids, trace "
                                "context, resume by token)", "protocol", "envlink")

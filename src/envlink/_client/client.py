@@ -94,12 +94,14 @@ _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 _perf = time.perf_counter
 
 
-def _websocket() -> Transport:
-    # websockets (with urllib.request, http.client, email...) is imported by the first
-    # client that needs it, not by `import envlink`.
-    from envlink._transports.websocket import WebSocketTransport
+def _transport_of(given: Transport | str | None) -> Transport:
+    # websockets or picows (with urllib.request, http.client, email...) is imported by
+    # the first client that needs it, not by `import envlink`.
+    if given is None or isinstance(given, str):
+        from envlink._transports.choice import transport_named
 
-    return WebSocketTransport()
+        return transport_named(given)
+    return given
 
 
 def _telemetry_hook(tracer_provider: TracerProvider | None,
@@ -160,8 +162,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         max_message_size_mb: OpenEnv-compatible alias for ``max_message_size``.
         websocket_ping_interval_s: OpenEnv-compatible alias for ``ping_interval``.
         websocket_ping_timeout_s: OpenEnv-compatible alias for ``ping_timeout``.
-        transport: how connections are opened (default: ``websockets``); pass a
-            :class:`~envlink.MockTransport` to test code without a server.
+        transport: how connections are opened: ``"websockets"``, ``"picows"`` (the
+            ``fast`` extra) or ``"auto"`` (picows when installed), or a transport such
+            as a :class:`~envlink.MockTransport` to test code without a server
+            (default: ``"auto"``; ``ENVLINK_TRANSPORT`` forces one).
         options: every connection option as one :class:`ConnectionOptions`, instead
             of ``headers``, ``ping_interval``, ... (which must then be left out).
         hooks: observers of the client (:class:`ClientHook`); by default envlink's
@@ -258,8 +262,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 connection, headers=tuple((self._target.headers or {}).items()))
         _check_tls(self._endpoint, connection)
         self._options: ConnectionOptions = connection
-        self._transport: Transport = (config.transport if config.transport is not None
-                                      else _websocket())
+        self._transport: Transport = _transport_of(config.transport)
         policy = config.reconnect
         self.tracer_provider = config.tracer_provider
         self.meter_provider = config.meter_provider

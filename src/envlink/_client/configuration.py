@@ -35,10 +35,12 @@ from envlink._config import (
     UnsetType,
     check_count,
 )
+from envlink._errors import InvalidArgumentError
 from envlink._fleet.settings import FleetLimits
 from envlink._sansio.policies import ReconnectPolicy, RecoveryPolicy, SessionLostPolicy
 from envlink._sansio.replay import ReplayVerify
 from envlink._sansio.session_limits import Limits
+from envlink._transports.choice import TRANSPORT_NAMES, TransportName
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -116,7 +118,7 @@ class CommonOptions(TypedDict, total=False):
 
     timeout: TimeoutTypes | UnsetType
     headers: Mapping[str, str] | None
-    transport: Transport | None
+    transport: Transport | TransportName | None
     hooks: Sequence[ClientHook] | None
     tracer_provider: TracerProvider | None
     meter_provider: MeterProvider | None
@@ -216,8 +218,11 @@ class ClientConfig:
             replace it.
         tracer_provider: the emitter's tracer provider (default: the global one).
         meter_provider: the emitter's meter provider (default: the global one).
-        transport: how connections are opened (default: ``websockets``); a
-            :class:`~envlink.MockTransport` to test code without a server.
+        transport: how connections are opened: ``"websockets"``, ``"picows"`` (the
+            ``fast`` extra), ``"auto"`` (picows when installed, else websockets;
+            ``ENVLINK_TRANSPORT`` says which), or a transport object such as a
+            :class:`~envlink.MockTransport` to test code without a server. ``None``
+            (default): ``"auto"``.
         recorder: a :class:`~envlink.RolloutRecorder` that records every episode of
             the client (``docs/recording.md``); pickles as its settings.
         fleet: a :class:`~envlink.FleetLimits`: session, start and open-rate limits
@@ -243,7 +248,7 @@ class ClientConfig:
     hooks: tuple[ClientHook, ...] | None = None
     tracer_provider: TracerProvider | None = None
     meter_provider: MeterProvider | None = None
-    transport: Transport | None = None
+    transport: Transport | TransportName | None = None
     recorder: Recorder | None = None
     fleet: FleetLimits | None = None
 
@@ -264,6 +269,9 @@ class ClientConfig:
             raise TypeError(f"limits must be an envlink.Limits or None, "
                             f"got {type(self.limits).__name__}")
         check_mode(self.on_capacity)
+        if isinstance(self.transport, str) and self.transport not in TRANSPORT_NAMES:
+            raise InvalidArgumentError(f"transport must be one of {', '.join(TRANSPORT_NAMES)} "
+                                       f"or a Transport, got {self.transport!r}")
         if self.hooks is not None:
             if isinstance(self.hooks, (str, bytes, Mapping)) or not isinstance(
                     self.hooks, Sequence):

@@ -123,7 +123,8 @@ class HarnessClient:
         timeout: a :class:`~envlink.Timeout`; ``connect`` bounds opening the session,
             ``call`` each turn (from the message to ``turn_complete``), ``close`` closing.
         headers: extra handshake headers (e.g. ``Authorization``); never logged.
-        transport: how the connection is opened (default: ``websockets``).
+        transport: how the connection is opened: a transport, or ``"auto"``
+            (default), ``"websockets"`` or ``"picows"`` (as :class:`~envlink.ClientConfig`'s).
         hooks: observers (each turn is a call ``harness_turn``); default envlink's
             OpenTelemetry emitter on the given providers.
         tracer_provider: OpenTelemetry tracer provider (default: the global one).
@@ -150,10 +151,10 @@ class HarnessClient:
         self._endpoint = replace(endpoint, ws_url=ws[: -len("/ws")] + "/harness")
         self.timeouts = Timeout() if timeout is UNSET else Timeout.coerce(timeout)
         self._options = ConnectionOptions(headers=tuple((headers or {}).items()))
-        if transport is None:
-            from envlink._transports.websocket import WebSocketTransport
+        if transport is None or isinstance(transport, str):
+            from envlink._transports.choice import transport_named
 
-            transport = WebSocketTransport()
+            transport = transport_named(transport)
         self._transport = transport
         if hooks is None:
             from envlink._telemetry.client_hook import ClientTelemetryHook

@@ -207,8 +207,8 @@ _DATA_REQUESTS: dict[str, type[ResetRequest | StepRequest | McpRequest]] = {
 
 def encode_request(
     frame: ResetRequest | StepRequest | StateRequest | CloseRequest | McpRequest,
-) -> str:
-    """Serialise a request frame to JSON text, omitting unset extension fields.
+) -> bytes:
+    """Serialise a request frame to JSON text (UTF-8 bytes), omitting unset extension fields.
 
     Raises:
         InvalidActionError: (a ``TypeError`` and ``ValueError``) the frame's data holds
@@ -230,8 +230,8 @@ _is_str = str.__instancecheck__
 
 def encode_data_request(kind: str, data: dict[str, Any],
                         request_id: str | None = None, traceparent: str | None = None,
-                        tracestate: str | None = None) -> str:
-    """The text of a ``reset``, ``step`` or ``mcp`` request carrying ``data``.
+                        tracestate: str | None = None) -> bytes:
+    """The text (UTF-8 bytes) of a ``reset``, ``step`` or ``mcp`` request carrying ``data``.
 
     Exactly what :func:`encode_request` gives for the same frame, without building
     and dumping the request model on the common path.
@@ -252,8 +252,8 @@ def encode_data_request(kind: str, data: dict[str, Any],
 
 
 def _dump(kind: str, data: Any, request_id: str | None, traceparent: str | None,
-          tracestate: str | None, model: _Request | None = None) -> str:
-    """The JSON text of a request; every request frame is written here.
+          tracestate: str | None, model: _Request | None = None) -> bytes:
+    """The JSON text of a request, as UTF-8 bytes; every request frame is written here.
 
     Either ``model`` (a request model, dumped as it is) or the envelope built from
     the other arguments, in the key order of the models' dump: extensions, type,
@@ -276,11 +276,12 @@ def _dump(kind: str, data: Any, request_id: str | None, traceparent: str | None,
             frame["type"] = kind
             if data is not None:
                 frame["data"] = _DATA_SERIALIZER.to_python(data)
-        text = to_json(frame, inf_nan_mode="constants").decode()
+        # UTF-8 bytes, sent as they are: the frame is serialised once.
+        text = to_json(frame, inf_nan_mode="constants")
     except PydanticSerializationError as exc:
         payload = data if model is None else getattr(model, "data", None)
         raise _refusal(kind, payload, f"not JSON-serialisable: {exc}", _no_json_form) from None
-    if "NaN" in text or "Infinity" in text:
+    if b"NaN" in text or b"Infinity" in text:
         # Usually inside a string; parsing tells a real constant from text.
         try:
             json.loads(text, parse_constant=_refuse_constant)
@@ -363,10 +364,11 @@ def _locate(node: Any, path: str, judge: Callable[[Any], bool], depth: int) -> s
 
 
 def encode_call(method: str, data: dict[str, Any] | None, request_id: str | None,
-                trace: Mapping[str, str] | None = None) -> str:
+                trace: Mapping[str, str] | None = None) -> bytes:
     """The text frame of a client's request (``reset``, ``step``, ``mcp``, ``state``,
-    ``close``); trace context is set only with a request id. The client's one way
-    to write a request.
+    ``close``), as UTF-8 bytes, which the transports send as a text frame as they are;
+    trace context is set only with a request id. The client's one way to write a
+    request.
 
     Raises:
         InvalidActionError: (a ``TypeError`` and ``ValueError``) a key of ``data`` is not
@@ -569,8 +571,9 @@ def decode_response(
         raise ProtocolError(f"frame of {len(raw)} bytes exceeds the limit of {max_size} bytes")
     if max_values is not None and len(raw) > max_values:  # the check's own first test
         check_json_values(raw, max_values, "frame")
-    if _parse is not None and type(raw) is str:  # _loads' first try, in line
+    if _parse is not None and (type(raw) is bytes or type(raw) is str):  # _loads' first try
         try:
+            # A frame's bytes go to the parser as they are (it checks their UTF-8).
             obj = _parse(raw, cache_strings="keys")  # values are not kept (json_parser)
         except Exception:  # _loads says what is wrong, or json.loads reads it
             obj = _loads(raw, code="", parsed=False)
@@ -656,7 +659,7 @@ def _loads(raw: str | bytes, *, code: str, parsed: bool = True) -> Any:
 
     ``parsed=False``: the fast parser was tried already (and refused the text).
     """
-    if parsed and _parse is not None and type(raw) is str:
+    if parsed and _parse is not None and (type(raw) is str or type(raw) is bytes):
         # A text the fast parser refuses may still be JSON to json.loads (a lone
         # surrogate escape, deep nesting): json.loads has the last word.
         try:

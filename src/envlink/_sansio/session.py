@@ -230,7 +230,7 @@ class Call:
         #: The answer returned to the call, with the frames as sent and received
         #: (the journal keeps those rather than serialising the payloads again).
         self.answer: Frame | None = None
-        self.sent: str = ""
+        self.sent: str | bytes = ""
         self.received: str | bytes = ""
 
 

@@ -112,8 +112,8 @@ class Connection(Protocol):
         """Whether frames can still be sent."""
         ...
 
-    async def send(self, text: str) -> None:
-        """Send one text frame.
+    async def send(self, text: str | bytes) -> None:
+        """Send one text frame (``bytes``: its UTF-8 text, sent as it is).
 
         Raises:
             NotWrittenError: the connection was closed before anything was written.

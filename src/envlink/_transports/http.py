@@ -19,8 +19,10 @@ JSON. Nothing of httpx leaks past this module; URLs in messages are redacted.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import ssl as ssl_module
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,7 +44,8 @@ from envlink._transports.proxy import resolve_proxy
 if TYPE_CHECKING:
     from envlink._config import ConnectionOptions
 
-__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "post_rpc", "request_json"]
+__all__ = ["HttpAnswer", "NoAnswerError", "get_json", "post_json", "post_rpc", "request_json",
+           "retry_after_seconds"]
 
 #: Default bound on an answer's body.
 DEFAULT_MAX_ANSWER = 1024 * 1024
@@ -326,3 +329,19 @@ async def post_rpc(endpoint: Endpoint, options: ConnectionOptions, method: str,
                              headers=headers, ssl=context, proxy=options.proxy,
                              max_size=options.max_message_size)
     return RpcAnswer(answer.status, answer.body)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (a number or an HTTP date), else ``None``."""
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # an HTTP date
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time())
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None  # unreadable: ignored, as if the server had not sent one
+

@@ -129,7 +129,7 @@ class _MockConnection:
     def is_open(self) -> bool:
         return self._open
 
-    async def send(self, text: str) -> None:
+    async def send(self, text: str | bytes) -> None:
         if not self._open:
             raise NotWrittenError("connection is closed; the request was not sent")
         request = json.loads(text)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import logging
 import ssl as ssl_module
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +43,7 @@ from envlink._errors import (
 from envlink._sansio.protocol import EXTENSION_HEADER, EXTENSION_VERSION, Extensions
 from envlink._speedups import text_sender, warm_read_buffers
 from envlink._transports.base import Endpoint, NotWrittenError, RpcAnswer
-from envlink._transports.http import post_rpc
+from envlink._transports.http import post_rpc, retry_after_seconds
 from envlink._transports.proxy import resolve_proxy
 
 __all__ = ["CLIENT_LOGGER", "WebSocketConnection", "WebSocketTransport", "open_connection"]
@@ -112,18 +110,7 @@ class _BoundedCloseConnection(ClientConnection):
 
 
 def _retry_after(headers: Headers) -> float | None:
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:  # an HTTP date
-        parsed = email.utils.parsedate_to_datetime(value)
-        return max(0.0, parsed.timestamp() - time.time())
-    except (ValueError, TypeError, IndexError, OverflowError):
-        return None  # unreadable: ignored, as if the server had not sent one
+    return retry_after_seconds(headers.get("Retry-After"))
 
 
 class WebSocketConnection:
@@ -145,8 +132,8 @@ class WebSocketConnection:
         """Whether frames can still be sent."""
         return self._ws.state is State.OPEN
 
-    async def send(self, text: str) -> None:
-        """Send one text frame.
+    async def send(self, text: str | bytes) -> None:
+        """Send one text frame (``bytes``: its UTF-8 text, sent as it is).
 
         Raises:
             NotWrittenError: the connection was closed before anything was written.
@@ -157,7 +144,7 @@ class WebSocketConnection:
         try:
             fast = self._fast_send
             if fast is None:
-                await self._ws.send(text)
+                await self._ws.send(text, text=True)
             else:
                 await fast(text)
         except ConnectionClosed as exc:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
+from envlink._bridge.loops import run
 from envlink._config import (
     non_negative_float,
     non_negative_int,
@@ -209,7 +210,8 @@ def serve_from_args(args: argparse.Namespace) -> int:
     """Serve with parsed arguments until SIGINT or SIGTERM; return the exit status."""
     options = options_from_args(args)
     try:
-        return asyncio.run(_serve(options, events=args.events))
+        # uvloop where installed, unless ENVLINK_LOOP=asyncio (envlink._bridge.loops).
+        return run(_serve(options, events=args.events))
     except OSError as exc:
         print(f"envlink serve: {exc}", file=sys.stderr)
         return 1
