@@ -20,6 +20,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel
 
+from envlink._bridge.dispatch import (
+    ASYNC,
+    SYNC,
+    AutoDispatch,
+    aclose_after_failed_enter,
+    claim,
+    close_after_failed_enter,
+    run_blocking,
+)
 from envlink._client import handles
 from envlink._client.capacity import CapacityGate
 from envlink._client.configuration import (
@@ -68,15 +77,6 @@ from envlink._sansio.policies import (
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame, StepResult
 from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
-from envlink._sync.dispatch import (
-    ASYNC,
-    SYNC,
-    AutoDispatch,
-    aclose_after_failed_enter,
-    claim,
-    close_after_failed_enter,
-    run_blocking,
-)
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 from envlink.names import LOG_PROVIDER_STOP_FAILED
 

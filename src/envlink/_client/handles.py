@@ -274,7 +274,7 @@ def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> Any
         SessionGoneError: the server no longer has the session (with the journal).
         TypeError: ``handle`` is not a :class:`SessionHandle`.
     """
-    from envlink._sync.dispatch import dispatch_call
+    from envlink._bridge.dispatch import dispatch_call
 
     client = _client_for(cls, handle, options)
     return dispatch_call(client, _attached, "attach", (handle,), {})
