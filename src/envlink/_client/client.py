@@ -30,6 +30,7 @@ from envlink._bridge.dispatch import (
     run_blocking,
 )
 from envlink._client import handles
+from envlink._client.blocking import SyncEnv, make_sync_facade
 from envlink._client.capacity import CapacityGate
 from envlink._client.configuration import (
     CLIENT_OPTIONS,
@@ -91,7 +92,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from envlink._bridge import Bridge
-    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["EnvClient", "GenericEnvClient", "StepResult", "configured_client"]
 
@@ -734,7 +734,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         await self.close()
 
     def sync(self, bridge: Bridge | None = None, *,
-             nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:
+             nested_spans: bool = False) -> SyncEnv[ActT, ObsT, StateT]:
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
@@ -742,9 +742,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             nested_spans: a span of the bridge's as the parent of each call's
                 client span (default: one span per call; see :class:`SyncEnvClient`).
         """
-        from envlink._sync.sync_client import SyncEnvClient
-
-        return SyncEnvClient(self, bridge=bridge, nested_spans=nested_spans)
+        facade: SyncEnv[ActT, ObsT, StateT] = make_sync_facade(self, bridge, nested_spans)
+        return facade
 
     def call_deadline(self, method: str,
                       timeout: float | UnsetType | None = UNSET) -> float | None:

@@ -37,9 +37,9 @@ from envlink._sansio.session import Call, Episode
 
 if TYPE_CHECKING:
     from envlink._bridge import Bridge
+    from envlink._client.blocking import SyncEnv
     from envlink._client.client import EnvClient
     from envlink._client.driver import SessionDriver
-    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["SessionHandle", "attach", "detach"]
 
@@ -139,7 +139,7 @@ class SessionHandle:
 
     def attach_sync(self, *, bridge: Bridge | None = None,
                     timeout: float | UnsetType | None = UNSET,
-                    **options: Any) -> SyncEnvClient[Any, Any, Any]:
+                    **options: Any) -> SyncEnv[Any, Any, Any]:
         """Blocking :meth:`EnvClient.attach` with a :class:`~envlink.GenericEnvClient`.
 
         Args:
