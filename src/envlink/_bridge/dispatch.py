@@ -13,6 +13,10 @@ A dispatched method (``reset``, ``step``, ``state``, ``connect``, ``close``, ...
   loop thread and blocks until it is done. Blocking there cannot deadlock: the
   work does not need the caller's loop.
 
+Generic over its client: an :class:`AutoDispatch` subclass names the methods that
+dispatch (``_dispatched_methods``) and makes the facade that runs its blocking calls with
+``sync()`` (a :class:`BlockingRunner`).
+
 The client claims ``"sync"`` or ``"async"`` on first use and refuses to mix them
 with :class:`~envlink.ExecutionModeError`, as OpenEnv's does. Once awaited, a call
 costs one function call more than a plain coroutine method.
