@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from envlink._bridge.dispatch import dispatch_call
 from envlink._client.configuration import ClientConfig
 from envlink._client.driver import end_turn, take_turn, wait_turn
 from envlink._config import UNSET, UnsetType, is_int
@@ -274,8 +275,6 @@ def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> Any
         SessionGoneError: the server no longer has the session (with the journal).
         TypeError: ``handle`` is not a :class:`SessionHandle`.
     """
-    from envlink._bridge.dispatch import dispatch_call
-
     client = _client_for(cls, handle, options)
     return dispatch_call(client, _attached, "attach", (handle,), {})
 
