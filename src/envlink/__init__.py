@@ -14,6 +14,7 @@ from importlib import import_module as _import_module
 from typing import TYPE_CHECKING, Any
 
 from envlink._bridge import Bridge, SyncProxy, set_default_hooks
+from envlink._client.blocking import SyncEnv, set_sync_facade
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult
 from envlink._client.configuration import ClientConfig
 from envlink._config import UNSET, ConnectionOptions, Timeout
@@ -117,6 +118,18 @@ def _bridge_hooks(tracer_provider: Any, meter_provider: Any) -> Sequence[BridgeH
 
 # The generic bridge imports no telemetry: envlink gives it its OpenTelemetry emitter.
 set_default_hooks(_bridge_hooks)
+
+
+def _sync_facade(client: Any, bridge: Bridge | None, nested_spans: bool
+                 ) -> SyncEnv[Any, Any, Any]:
+    # The blocking layer is imported by the first client.sync() (or blocking call).
+    from envlink._sync.sync_client import SyncEnvClient
+
+    return SyncEnvClient(client, bridge=bridge, nested_spans=nested_spans)
+
+
+# The client imports no blocking layer: envlink gives it the facade that client.sync() makes.
+set_sync_facade(_sync_facade)
 
 #: Public names whose module is imported on first access (PEP 562), not by
 #: `import envlink`: what a plain client does not need to connect and step (the

@@ -305,7 +305,7 @@ def test_a_blocking_client_inside_a_running_loop_returns_real_results(
 def test_awaited_path_makes_no_dispatch_objects(server_thread: ServerThread) -> None:
     """Once in async mode, an awaited step goes straight to its coroutine: no dispatch
     function and no AutoResult is called (profiled call counts)."""
-    from envlink._sync import dispatch
+    from envlink._bridge import dispatch
 
     # Code objects, not qualified names, which Python 3.10's code objects do not carry.
     watched = {GenericEnvClient.step.__code__: "dispatched.<locals>.method",

@@ -396,7 +396,7 @@ _OWN_OBJECTS = {
 #: (OpenTelemetry's ``MetricReader._receive_metrics``); an attribute asyncio probes on
 #: a coroutine, which the sync facade's awaitable answers (never reads).
 _PROTECTED = {("telemetry.py", "super()", "_receive_metrics"),
-              ("_sync/dispatch.py", "a string", "_is_coroutine")}
+              ("_bridge/dispatch.py", "a string", "_is_coroutine")}
 
 
 def _is_private(name: str) -> bool:

@@ -25,7 +25,8 @@ methods become iterators, and an async context manager becomes a context
 manager.
 
 The bridge knows nothing about environments nor about telemetry libraries;
-:mod:`envlink._sync.sync_client` builds the environment client's sync facade on it, and
+:mod:`envlink._sync.sync_client` builds the environment client's sync facade on it,
+:mod:`envlink._bridge.dispatch` runs a client's calls without ``await`` on that facade, and
 :mod:`envlink._telemetry.bridge_hook` is its OpenTelemetry hook. Which module owns
 which of its rules is in ``docs/architecture.md`` ("Sync bridge").
 """

@@ -15,11 +15,22 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel
 
+from envlink._bridge.dispatch import (
+    ASYNC,
+    SYNC,
+    AutoDispatch,
+    aclose_after_failed_enter,
+    claim,
+    close_after_failed_enter,
+    run_blocking,
+)
 from envlink._client import handles
+from envlink._client.blocking import SyncEnv, make_sync_facade
 from envlink._client.capacity import CapacityGate
 from envlink._client.configuration import (
     CLIENT_OPTIONS,
@@ -56,7 +67,7 @@ from envlink._events.client_events import (
 from envlink._launch import discovery, lifecycle
 from envlink._launch.discovery import EnvironmentMetadata, EnvironmentSchema, Health
 from envlink._launch.lifecycle import Bootstrap
-from envlink._launch.providers import add_note
+from envlink._launch.providers import add_note, one_user_call
 from envlink._sansio import jsonrpc
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import (
@@ -67,7 +78,6 @@ from envlink._sansio.policies import (
 from envlink._sansio.protocol import McpFrame, ObservationFrame, StateFrame, StepResult
 from envlink._sansio.replay import same_answer
 from envlink._sansio.session import Call, SessionCore
-from envlink._sync.dispatch import AutoDispatch
 from envlink._transports.base import Endpoint, Transport, parse_endpoint
 from envlink.names import LOG_PROVIDER_STOP_FAILED
 
@@ -82,7 +92,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from envlink._bridge import Bridge
-    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["EnvClient", "GenericEnvClient", "StepResult", "configured_client"]
 
@@ -92,6 +101,12 @@ StateT = TypeVar("StateT")
 _R = TypeVar("_R")
 _F = TypeVar("_F", ObservationFrame, StateFrame, McpFrame)
 _perf = time.perf_counter
+
+
+def _raw(cls: type, name: str) -> Callable[..., Any]:
+    """The coroutine method behind the dispatched method ``name`` of ``cls``."""
+    raw: Callable[..., Any] = getattr(cls, name)._envlink_raw
+    return raw
 
 
 def _transport_of(given: Transport | str | None) -> Transport:
@@ -198,6 +213,11 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
     #: The mode when ``mode=`` is not given (MCP clients: ``"production"``); ``None``:
     #: ``OPENENV_CLIENT_MODE``, else ``"simulation"``.
     _default_mode: ClassVar[str | None] = None
+    #: The methods that dispatch on how they are called (a typed client's overrides too).
+    _dispatched_methods: ClassVar[frozenset[str]] = frozenset({
+        "connect", "reset", "step", "state", "disconnect", "close", "new_session", "detach",
+        "mcp_request", "mcp_list_tools", "mcp_call_tool", "wait_until_ready", "health",
+        "schema", "metadata"})
 
     def __init__(
         self,
@@ -675,8 +695,56 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 self._report_stop_failure()
                 raise
 
+    def __enter__(self) -> Self:
+        """``with EnvClient(...) as env``: connect now, in sync mode, on the client's bridge.
+
+        If the connect fails, the client is closed before the error propagates, as
+        leaving the block would close it: the bridge's thread (the default bridge's,
+        once no other client uses it) and a provider's server do not outlive it.
+
+        Raises:
+            ExecutionModeError: the client is in async mode (it is left as it was).
+            ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
+        """
+        claim(self, SYNC)  # refused: nothing was taken
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
+            except BaseException as exc:
+                close_after_failed_enter(
+                    exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
+                raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        run_blocking(self, _raw(type(self), "close"), "close", (), {})
+        return False
+
+    async def __aenter__(self) -> Self:
+        """``async with EnvClient(...) as env``: connect now, in async mode.
+
+        If the connect fails, the client is closed before the error propagates, as
+        leaving the block would close it (a provider's server is stopped).
+
+        Raises:
+            ExecutionModeError: the client is in sync mode (it is left as it was).
+            ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
+        """
+        claim(self, ASYNC)
+        with one_user_call():  # the cleanup close tries no stop the connect tried
+            try:
+                await self.connect()
+            except BaseException as exc:
+                await aclose_after_failed_enter(exc, self.close)
+                raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     def sync(self, bridge: Bridge | None = None, *,
-             nested_spans: bool = False) -> SyncEnvClient[ActT, ObsT, StateT]:
+             nested_spans: bool = False) -> SyncEnv[ActT, ObsT, StateT]:
         """A blocking facade that runs this client on a background event-loop thread.
 
         Args:
@@ -684,9 +752,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
             nested_spans: a span of the bridge's as the parent of each call's
                 client span (default: one span per call; see :class:`SyncEnvClient`).
         """
-        from envlink._sync.sync_client import SyncEnvClient
-
-        return SyncEnvClient(self, bridge=bridge, nested_spans=nested_spans)
+        facade: SyncEnv[ActT, ObsT, StateT] = make_sync_facade(self, bridge, nested_spans)
+        return facade
 
     def call_deadline(self, method: str,
                       timeout: float | UnsetType | None = UNSET) -> float | None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from envlink._bridge.dispatch import dispatch_call
 from envlink._client.configuration import ClientConfig
 from envlink._client.driver import end_turn, take_turn, wait_turn
 from envlink._config import UNSET, UnsetType, is_int
@@ -37,9 +38,9 @@ from envlink._sansio.session import Call, Episode
 
 if TYPE_CHECKING:
     from envlink._bridge import Bridge
+    from envlink._client.blocking import SyncEnv
     from envlink._client.client import EnvClient
     from envlink._client.driver import SessionDriver
-    from envlink._sync.sync_client import SyncEnvClient
 
 __all__ = ["SessionHandle", "attach", "detach"]
 
@@ -139,7 +140,7 @@ class SessionHandle:
 
     def attach_sync(self, *, bridge: Bridge | None = None,
                     timeout: float | UnsetType | None = UNSET,
-                    **options: Any) -> SyncEnvClient[Any, Any, Any]:
+                    **options: Any) -> SyncEnv[Any, Any, Any]:
         """Blocking :meth:`EnvClient.attach` with a :class:`~envlink.GenericEnvClient`.
 
         Args:
@@ -274,8 +275,6 @@ def attach(cls: type[_C], handle: SessionHandle, options: dict[str, Any]) -> Any
         SessionGoneError: the server no longer has the session (with the journal).
         TypeError: ``handle`` is not a :class:`SessionHandle`.
     """
-    from envlink._sync.dispatch import dispatch_call
-
     client = _client_for(cls, handle, options)
     return dispatch_call(client, _attached, "attach", (handle,), {})
 

@@ -17,9 +17,9 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+from envlink._bridge.dispatch import dispatch_call
 from envlink._config import UNSET, UnsetType
 from envlink._launch import discovery
-from envlink._sync.dispatch import dispatch_call
 
 if TYPE_CHECKING:
     from envlink._config import ConnectionOptions

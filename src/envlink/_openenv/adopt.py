@@ -28,10 +28,10 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from envlink._bridge.dispatch import dispatched
 from envlink._client.client import EnvClient, GenericEnvClient
 from envlink._errors import ConnectError, McpError, ProtocolError
 from envlink._openenv.mcp_client import MCPToolClient
-from envlink._sync.dispatch import dispatched
 
 __all__ = ["McpToolAdapter", "adopt", "is_openenv_client"]
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
+from envlink._bridge.dispatch import close_after_failed_enter
 from envlink._client.configuration import COMMON_OPTIONS, CommonOptions, check_keywords
 from envlink._config import (
     UNSET,
@@ -48,7 +49,6 @@ from envlink._events.client_events import (
     ClientHook,
     combine_client_hooks,
 )
-from envlink._sync.dispatch import close_after_failed_enter
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_iterate
 from envlink._transports.base import Connection, parse_endpoint
 from envlink.names import (

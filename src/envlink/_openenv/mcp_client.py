@@ -49,11 +49,11 @@ from pydantic import (
     field_validator,
 )
 
+from envlink._bridge.dispatch import dispatched
 from envlink._client.client import EnvClient, StepResult
 from envlink._errors import McpError, ToolCallError
 from envlink._sansio import jsonrpc
 from envlink._sansio.state import State
-from envlink._sync.dispatch import dispatched
 
 __all__ = ["CallToolAction", "CallToolObservation", "ListToolsAction",
            "ListToolsObservation", "MCPClientBase", "MCPObservation", "MCPToolClient", "Tool",

@@ -1,8 +1,9 @@
-"""Blocking use of the async client and pool: the sync facade and the calls without ``await``.
+"""Blocking use of the async client and pool: the sync facades and the default bridge.
 
-Below the client: it knows the client's classes for type checking only (the facade's Task
-API wraps whatever ``client.tasks`` gives). Which module owns which rule is in
-``docs/architecture.md`` ("Blocking use").
+Beside the client: neither imports the other. The client's facade runs any object of the
+``AsyncEnv`` protocol it declares (its Task API wraps whatever ``client.tasks`` gives);
+``envlink`` installs it as what ``client.sync()`` makes. Which module owns which rule is
+in ``docs/architecture.md`` ("Blocking use").
 """
 
 __all__: list[str] = []

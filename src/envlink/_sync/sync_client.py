@@ -21,16 +21,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from envlink._bridge import Bridge, SyncProxy, blocking_wrapper
-from envlink._config import UNSET, UnsetType
-from envlink._launch.providers import one_user_call
-from envlink._sansio.protocol import StepResult
-from envlink._sync.dispatch import (
+from envlink._bridge.dispatch import (
     SYNC,
     AutoDispatch,
     claim,
     close_after_failed_enter,
     raw_method,
 )
+from envlink._config import UNSET, UnsetType
+from envlink._launch.providers import one_user_call
+from envlink._sansio.protocol import StepResult
 from envlink._sync.facade import TIMEOUT_MARGIN, BlockingFacade, blocking_call
 from envlink._telemetry.bridge_hook import BridgeTelemetryHook
 

@@ -13,6 +13,10 @@ A dispatched method (``reset``, ``step``, ``state``, ``connect``, ``close``, ...
   loop thread and blocks until it is done. Blocking there cannot deadlock: the
   work does not need the caller's loop.
 
+Generic over its client: an :class:`AutoDispatch` subclass names the methods that
+dispatch (``_dispatched_methods``) and makes the facade that runs its blocking calls with
+``sync()`` (a :class:`BlockingRunner`).
+
 The client claims ``"sync"`` or ``"async"`` on first use and refuses to mix them
 with :class:`~envlink.ExecutionModeError`, as OpenEnv's does. Once awaited, a call
 costs one function call more than a plain coroutine method.
@@ -26,24 +30,18 @@ import inspect
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from envlink._bridge import LazyCoroutine, is_bridge_loop
 from envlink._config import UNSET
 from envlink._errors import ExecutionModeError
-from envlink._launch.providers import one_user_call
 from envlink._speedups import running_loop_getter
 
-if TYPE_CHECKING:
-    from envlink._sync.sync_client import SyncEnvClient
-
-__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "aclose_after_failed_enter", "claim",
-           "close_after_failed_enter", "dispatch_call", "dispatched", "raw_method",
-           "run_blocking"]
+__all__ = ["ASYNC", "SYNC", "AutoDispatch", "AutoResult", "BlockingRunner",
+           "aclose_after_failed_enter", "claim", "close_after_failed_enter", "dispatch_call",
+           "dispatched", "raw_method", "run_blocking"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_D = TypeVar("_D", bound="AutoDispatch")
 
 SYNC: Final = "sync"
 ASYNC: Final = "async"
@@ -58,11 +56,16 @@ _COROUTINE_ATTRS = frozenset({
 })
 
 
-#: The client's own dispatched methods (see AutoDispatch.__init_subclass__).
-_CLIENT_METHODS = frozenset({
-    "connect", "reset", "step", "state", "disconnect", "close", "new_session", "detach",
-    "mcp_request", "mcp_list_tools", "mcp_call_tool", "wait_until_ready", "health", "schema",
-    "metadata"})
+class BlockingRunner(Protocol):
+    """What runs a client's blocking calls (its ``sync()`` facade), as the dispatch sees it."""
+
+    _envlink_closed: bool
+
+    def _envlink_reopen(self) -> None: ...
+    def _envlink_call(self, method: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any], timeout: Any) -> Any: ...
+    def close(self, *, timeout: Any = UNSET, final: bool = False) -> None: ...
+    def new_session(self) -> Any: ...
 
 
 def dispatched(fn: F) -> F:
@@ -170,7 +173,7 @@ def _note_cleanup(error: BaseException, failure: Exception) -> None:
         add(f"closing what the failed __enter__ took failed too: {failure!r}")
 
 
-def _facade(client: AutoDispatch) -> SyncEnvClient[Any, Any, Any]:
+def _facade(client: AutoDispatch) -> BlockingRunner:
     facade = client._envlink_auto
     if facade is None:
         with _facade_lock:
@@ -207,84 +210,31 @@ def run_blocking(client: AutoDispatch, fn: Callable[..., Any], name: str,
     return client if name == "connect" else result
 
 
-def _raw(cls: type, name: str) -> Callable[..., Any]:
-    raw: Callable[..., Any] = getattr(cls, name)._envlink_raw
-    return raw
-
-
 class AutoDispatch:
-    """The client's side of the dispatch: its mode, its blocking facade, ``with``."""
+    """The client's side of the dispatch: its mode, its blocking facade, the methods that
+    dispatch (:attr:`_dispatched_methods`, and a subclass's overrides of them)."""
 
     _execution_mode: str | None = None
     #: The facade that runs the client's blocking calls (made on first such call).
-    _envlink_auto: SyncEnvClient[Any, Any, Any] | None = None
+    _envlink_auto: BlockingRunner | None = None
+    #: The names of the client's coroutine methods that dispatch.
+    _dispatched_methods: ClassVar[frozenset[str]] = frozenset()
     if TYPE_CHECKING:
-        def sync(self) -> SyncEnvClient[Any, Any, Any]: ...
+        def sync(self) -> Any: ...
 
         def _serves_live_loop(self) -> bool: ...
-
-        async def connect(self) -> Any: ...
-
-        async def close(self) -> None: ...
-
-    def __enter__(self: _D) -> _D:
-        """``with EnvClient(...) as env``: connect now, in sync mode, on the client's bridge.
-
-        If the connect fails, the client is closed before the error propagates, as
-        leaving the block would close it: the bridge's thread (the default bridge's,
-        once no other client uses it) and a provider's server do not outlive it.
-
-        Raises:
-            ExecutionModeError: the client is in async mode (it is left as it was).
-            ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
-        """
-        claim(self, SYNC)  # refused: nothing was taken
-        with one_user_call():  # the cleanup close tries no stop the connect tried
-            try:
-                run_blocking(self, _raw(type(self), "connect"), "connect", (), {})
-            except BaseException as exc:
-                close_after_failed_enter(
-                    exc, lambda: run_blocking(self, _raw(type(self), "close"), "close", (), {}))
-                raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
-        run_blocking(self, _raw(type(self), "close"), "close", (), {})
-        return False
-
-    async def __aenter__(self: _D) -> _D:
-        """``async with EnvClient(...) as env``: connect now, in async mode.
-
-        If the connect fails, the client is closed before the error propagates, as
-        leaving the block would close it (a provider's server is stopped).
-
-        Raises:
-            ExecutionModeError: the client is in sync mode (it is left as it was).
-            ConnectError, CallTimeoutError, ClientClosedError: as ``connect()``.
-        """
-        claim(self, ASYNC)
-        with one_user_call():  # the cleanup close tries no stop the connect tried
-            try:
-                await self.connect()
-            except BaseException as exc:
-                await aclose_after_failed_enter(exc, self.close)
-                raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # The client's own methods, and a typed client's overrides of
         # any dispatched method, dispatch.
-        for name in set(vars(cls)) | _CLIENT_METHODS:
+        own = cls._dispatched_methods
+        for name in set(vars(cls)) | own:
             value = getattr(cls, name, None)
             if not inspect.iscoroutinefunction(value):
                 continue  # not a coroutine method, or already dispatching
             inherited = getattr(super(cls, cls), name, None)
-            if name in _CLIENT_METHODS or hasattr(inherited, "_envlink_raw"):
+            if name in own or hasattr(inherited, "_envlink_raw"):
                 setattr(cls, name, dispatched(value))
 
 
