@@ -408,6 +408,37 @@ class ServerValidationError(ServerError):
                  errors: list[Any] | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, code, details=details)
         self.errors: list[Any] = list(errors or [])
+        summary = _field_errors_text(self.errors)
+        if summary:
+            self.args = (f"{self.args[0]}: {summary}",)
+
+
+#: The most characters of field errors a :class:`ServerValidationError`'s text carries.
+_FIELD_ERRORS_TEXT_LIMIT = 400
+
+
+def _field_errors_text(errors: list[Any]) -> str:
+    """``"loc: msg; loc: msg"`` for the server's field errors, at most
+    `_FIELD_ERRORS_TEXT_LIMIT` characters, then how many more there were. Only
+    the location and the message: never the rejected ``input``, which may be a secret."""
+    parts: list[str] = []
+    for item in errors:
+        if isinstance(item, dict):
+            loc = item.get("loc")
+            where = ".".join(str(p) for p in loc) if isinstance(loc, (list, tuple)) else ""
+            msg = str(item.get("msg", "")) or str(item.get("type", "")) or "invalid"
+            parts.append(f"{where}: {msg}" if where else msg)
+        else:
+            parts.append(str(item))
+    text = ""
+    for shown, part in enumerate(parts):
+        piece = part if not text else f"; {part}"
+        if len(text) + len(piece) > _FIELD_ERRORS_TEXT_LIMIT:
+            more = len(parts) - shown
+            clipped = piece[: max(0, _FIELD_ERRORS_TEXT_LIMIT - len(text))]
+            return f"{text}{clipped}... ({more} more)" if clipped else f"{text} ({more} more)"
+        text += piece
+    return text
 
 
 class FactoryError(ServerError):
