@@ -14,6 +14,7 @@ from envlink import (
     ConnectionLostError,
     GenericEnvClient,
     HarnessTurnError,
+    InvalidArgumentError,
     ReconnectPolicy,
     RetryBudget,
     RetryBudgetExhaustedError,
@@ -102,6 +103,20 @@ def test_tool_errors_are_results_and_reserved_names_are_refused(
         with pytest.raises(KeyError, match="reserved"):
             session.call_tool("reset", {})
     assert one_session_server.health()["sessions"] == 0
+
+
+def test_capture_url_without_a_sampling_policy_is_refused() -> None:
+    """capture_url= alone would make plain step sessions that capture nothing: the
+    factory refuses it at once and names what is missing; so does loop_owning=False."""
+    with pytest.raises(InvalidArgumentError, match=r"capture_url= needs sampling="):
+        EnvlinkSessionFactory("ws://127.0.0.1:9", capture_url="http://127.0.0.1:9")
+    with pytest.raises(InvalidArgumentError, match="loop_owning=False"):
+        EnvlinkSessionFactory("ws://127.0.0.1:9", capture_url="http://127.0.0.1:9",
+                              sampling={"temperature": 1.0}, loop_owning=False)
+    # With the policy, loop-owning capture is what it makes.
+    factory = EnvlinkSessionFactory("ws://127.0.0.1:9", capture_url="http://127.0.0.1:9/",
+                                    sampling={"temperature": 1.0})
+    assert factory.loop_owning and factory.capture_url == "http://127.0.0.1:9"
 
 
 def test_create_gives_up_within_its_deadline_and_budget() -> None:

@@ -52,6 +52,7 @@ from envlink._errors import (
     ClientClosedError,
     EnvlinkError,
     HandshakeRejectedError,
+    InvalidArgumentError,
     ToolCallError,
     TrainingTraceUnavailableError,
 )
@@ -559,6 +560,8 @@ class EnvlinkSessionFactory:
     Raises:
         ValueError: an unknown ``tool_transport``, or both ``client_config`` and
             ``client_options``.
+        InvalidArgumentError: ``capture_url`` without ``sampling`` (or with
+            ``loop_owning=False``): nothing would be captured.
         TypeError: a ``client_options`` key that is not client configuration.
     """
 
@@ -588,6 +591,16 @@ class EnvlinkSessionFactory:
             raise ValueError(f"tool_transport must be 'step' or 'mcp', got {tool_transport!r}")
         if sampling is not None and not isinstance(sampling, Mapping):
             raise TypeError(f"sampling must be a mapping, got {type(sampling).__name__}")
+        if capture_url is not None and sampling is None:
+            raise InvalidArgumentError(
+                "capture_url= needs sampling=, the trainer's sampling policy: the capture "
+                "proxy mints each rollout's key for one policy and captures for training "
+                "only under it. Pass sampling={...} (TRL's HarnessRolloutWorker passes it "
+                "itself: give capture_url= through functools.partial)")
+        if capture_url is not None and loop_owning is False:
+            raise InvalidArgumentError(
+                "capture_url= is for loop-owning sessions, but loop_owning=False: drop "
+                "loop_owning=False, or drop capture_url= for step sessions")
         self.base_url = base_url
         self.client_class = client_class
         self.client_config = adapter_config(client_config, client_options)
