@@ -36,7 +36,7 @@ from envlink._pool.placement import Placement, PoolServer
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled
 from envlink._sansio.replay import RESET, JournalReplay, ReplayVerify
-from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED
+from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED, LOG_SESSION_LOST
 
 __all__ = ["Slot", "SlotEngine", "SlotState"]
 
@@ -370,12 +370,19 @@ class SlotEngine:
             client = await self._replay_onto(slot, journal, actions)
             result = await self._send_step(slot, client, action)
         except BaseException as exc:
+            # The caller sees this loss: one warning, with the pool's policy and cause.
+            self.hook.event(PoolEvent(LOG_SESSION_LOST, {
+                "slot": slot.index, "policy": self.on_session_lost, "recovery": "replay",
+                "steps": journal.step_count,
+                "error": (f"{cause.__cause__ or cause}; replay failed: "
+                          f"{type(exc).__name__}: {exc}")}))
             self._rebuild_failed(slot, journal, exc, old, " on another endpoint")
             raise
         self.hook.event(PoolEvent(LOG_POOL_SESSION_MOVED, {
             "slot": slot.index, "from_url": old.display if old else None,
             "to_url": slot.endpoint.display if slot.endpoint else None,
-            "steps": journal.step_count, "error_type": cause.error_type}))
+            "steps": journal.step_count, "error_type": cause.error_type,
+            "recovery": "replay", "error": str(cause.__cause__ or cause)}))
         return result
 
     async def restore(self, slot: Slot, journal: EpisodeJournal,
