@@ -289,7 +289,9 @@ class Connector:
             raise ConnectError(f"creating a session on {self.endpoint.mcp_url} failed: {exc}",
                                retryable=True) from exc
         body = None if answer is None else answer.body
-        if answer is not None and answer.status >= 500:
+        # 501 Not Implemented: the server has no POST at all there (a plain HTTP
+        # server): no detached sessions, not a failure of the server.
+        if answer is not None and answer.status >= 500 and answer.status != 501:
             raise ConnectError(f"{self.endpoint.mcp_url} answered HTTP {answer.status}",
                                retryable=True)
         result = body.get("result") if isinstance(body, dict) else None
