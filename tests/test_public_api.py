@@ -43,7 +43,7 @@ EXPECTED = {
     "ErrorCode", "ProtocolError", "SessionLostError", "ReplayDivergedError",
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
-    "ExecutionModeError",
+    "ExecutionModeError", "FeatureUnavailableError",
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "InvalidArgumentError",
     "InvalidURLError",

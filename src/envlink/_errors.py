@@ -38,6 +38,8 @@ as ``__cause__``)::
     │   ├── SessionGoneError          ... and resuming it is impossible (says why)
     │   └── ReplayDivergedError       replay gave a different observation
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
+    ├── FeatureUnavailableError       the server lacks a feature the call needs (names it
+    │                                 and the fix; also a RuntimeError)
     ├── TrainingTraceUnavailableError loop-owning training, and the server has no trace
     │   └── CaptureProxyError         ... OpenEnv's capture proxy refused or failed a request
     ├── ClientClosedError             the client or bridge was closed
@@ -121,6 +123,7 @@ __all__ = [
     "SpaceNotAwakeError",
     "ToolCallError",
     "TrainingTraceUnavailableError",
+    "FeatureUnavailableError",
 ]
 
 #: How a call ended (the ``envlink.outcome`` telemetry attribute): the one set for the
@@ -586,6 +589,23 @@ class RetryBudgetExhaustedError(EnvlinkError):
     """The shared retry budget refused a retry: too many recent failures in the fleet."""
 
     error_type = "retry_budget_exhausted"
+
+
+class FeatureUnavailableError(EnvlinkError, RuntimeError):
+    """The server lacks a feature the call needs; the message names the feature and
+    the fix. Not a connection failure: asking again gets the same answer.
+
+    Attributes:
+        feature: what the server lacks, in words (e.g. ``"HTTP MCP sessions"``).
+        fix: what to change, on the server or in the call.
+    """
+
+    error_type = "feature_unavailable"
+
+    def __init__(self, message: str, *, feature: str, fix: str) -> None:
+        super().__init__(f"{message}: the server lacks {feature}; {fix}")
+        self.feature = feature
+        self.fix = fix
 
 
 class TrainingTraceUnavailableError(EnvlinkError):
