@@ -59,6 +59,21 @@ def rollout(factory: EnvlinkSessionFactory, text: str) -> tuple[object, object]:
         return result, session.verify([{"role": "user", "content": text}])
 
 
+def test_a_conversational_prompt_reaches_the_agent_as_messages(
+        one_session_server: ServerProcess) -> None:
+    """A TRL conversational task, {"prompt": [messages]}, is the session's messages as
+    given, not the text of a Python list; a plain prompt is one user message."""
+    conversation = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Say hi."}]
+    factory = EnvlinkSessionFactory(one_session_server.url, create_timeout=30)
+    with factory.create({"prompt": conversation}) as session:
+        assert session.initial_messages() == conversation
+    with factory.create(conversation) as session:
+        assert session.initial_messages() == conversation
+    with factory.create({"prompt": "Say hi."}) as session:
+        assert session.initial_messages() == [{"role": "user", "content": "Say hi."}]
+
+
 def test_create_retries_and_rollouts_share_one_session_slot(
         one_session_server: ServerProcess) -> None:
     """The refused first connect is retried; rollouts run one after another on a one-session

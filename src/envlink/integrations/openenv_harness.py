@@ -148,13 +148,20 @@ def _openenv_types() -> tuple[type[Any], type[Any], type[Any]]:
 
 
 def _default_messages(result: StepResult[Any], task: Any) -> list[Message]:
+    """The task's messages: its ``messages``, a conversational ``prompt`` (a list of
+    messages, as TRL's conversational datasets hold), a list of messages, else its
+    text (``prompt``, or the task itself) as one user message."""
     if isinstance(task, Mapping) and "messages" in task:
         return [dict(m) for m in task["messages"]]
-    if isinstance(task, Sequence) and not isinstance(task, str) and task \
-            and all(isinstance(m, Mapping) for m in task):
-        return [dict(m) for m in task]
     text = task.get("prompt") if isinstance(task, Mapping) else task
+    if _is_messages(text):
+        return [dict(m) for m in text]
     return [{"role": "user", "content": str(text if text is not None else "")}]
+
+
+def _is_messages(value: Any) -> bool:
+    return (isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and bool(value)
+            and all(isinstance(m, Mapping) for m in value))
 
 
 class EnvlinkResourceSession:
