@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
@@ -159,7 +159,7 @@ def _default_messages(result: StepResult[Any], task: Any) -> list[Message]:
     return [{"role": "user", "content": str(text if text is not None else "")}]
 
 
-def _is_messages(value: Any) -> bool:
+def _is_messages(value: Any) -> TypeGuard[Sequence[Mapping[str, Any]]]:
     return (isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and bool(value)
             and all(isinstance(m, Mapping) for m in value))
 
