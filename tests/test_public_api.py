@@ -44,6 +44,7 @@ EXPECTED = {
     "RetryBudgetExhaustedError", "ClientClosedError", "ReentrantCallError", "ToolCallError",
     "ServerValidationError", "FactoryError", "SessionError", "McpError", "SessionGoneError",
     "ExecutionModeError", "FleetStoreError",
+    "FeatureUnavailableError",
     "NotReadyError", "SpaceNotAwakeError", "ProviderError", "HttpStatusError",
     "InvalidArgumentError",
     "InvalidURLError",

@@ -42,6 +42,23 @@ def test_quickstart_says_the_test_run_skips_the_interop_suite_and_how_to_run_it(
     assert (ROOT / ".ci" / "interop.sh").is_file()
 
 
+def test_quickstart_gives_the_time_of_the_suite_and_of_the_interop_run() -> None:
+    """How long the test run and the interop run take, on the machine size CI has."""
+    section = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(section.split())
+    assert "about 10 minutes on a 2-core machine" in text
+    assert "about 17 minutes on a 2-core machine" in text
+
+
+def test_usage_runs_the_cli_from_the_quickstarts_virtualenv() -> None:
+    """The Quickstart installs into .venv without activating it: the first command of
+    Usage activates it before running envlink."""
+    usage = README.split("## Usage", 1)[1].split("\n## ", 1)[0]
+    first = re.findall(r"```sh\n(.*?)\n```", usage, re.S)[0].splitlines()
+    assert first[0] == ". .venv/bin/activate", first
+    assert first[1].startswith("envlink serve")
+
+
 def python_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)\n```", README, re.S)
 

@@ -40,6 +40,8 @@ as ``__cause__``)::
     ├── RetryBudgetExhaustedError     the shared retry budget refused a retry
     ├── FleetStoreError               the store of the fleet's shared limits could not be
     │                                 reached (also a ConnectionError)
+    ├── FeatureUnavailableError       the server lacks a feature the call needs (names it
+    │                                 and the fix; also a RuntimeError)
     ├── TrainingTraceUnavailableError loop-owning training, and the server has no trace
     │   └── CaptureProxyError         ... OpenEnv's capture proxy refused or failed a request
     ├── ClientClosedError             the client or bridge was closed, or a provider's
@@ -144,6 +146,7 @@ __all__ = [
     "SpaceNotAwakeError",
     "ToolCallError",
     "TrainingTraceUnavailableError",
+    "FeatureUnavailableError",
     "shorten",
 ]
 
@@ -432,6 +435,37 @@ class ServerValidationError(ServerError):
                  errors: list[Any] | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, code, details=details)
         self.errors: list[Any] = list(errors or [])
+        summary = _field_errors_text(self.errors)
+        if summary:
+            self.args = (f"{self.args[0]}: {summary}",)
+
+
+#: The most characters of field errors a :class:`ServerValidationError`'s text carries.
+_FIELD_ERRORS_TEXT_LIMIT = 400
+
+
+def _field_errors_text(errors: list[Any]) -> str:
+    """``"loc: msg; loc: msg"`` for the server's field errors, at most
+    `_FIELD_ERRORS_TEXT_LIMIT` characters, then how many more there were. Only
+    the location and the message: never the rejected ``input``, which may be a secret."""
+    parts: list[str] = []
+    for item in errors:
+        if isinstance(item, dict):
+            loc = item.get("loc")
+            where = ".".join(str(p) for p in loc) if isinstance(loc, (list, tuple)) else ""
+            msg = str(item.get("msg", "")) or str(item.get("type", "")) or "invalid"
+            parts.append(f"{where}: {msg}" if where else msg)
+        else:
+            parts.append(str(item))
+    text = ""
+    for shown, part in enumerate(parts):
+        piece = part if not text else f"; {part}"
+        if len(text) + len(piece) > _FIELD_ERRORS_TEXT_LIMIT:
+            more = len(parts) - shown
+            clipped = piece[: max(0, _FIELD_ERRORS_TEXT_LIMIT - len(text))]
+            return f"{text}{clipped}... ({more} more)" if clipped else f"{text} ({more} more)"
+        text += piece
+    return text
 
 
 class FactoryError(ServerError):
@@ -599,6 +633,23 @@ class FleetStoreError(EnvlinkError, ConnectionError):
     def __init__(self, message: str, *, store: str = "") -> None:
         super().__init__(message)
         self.store = store
+
+
+class FeatureUnavailableError(EnvlinkError, RuntimeError):
+    """The server lacks a feature the call needs; the message names the feature and
+    the fix. Not a connection failure: asking again gets the same answer.
+
+    Attributes:
+        feature: what the server lacks, in words (e.g. ``"HTTP MCP sessions"``).
+        fix: what to change, on the server or in the call.
+    """
+
+    error_type = "feature_unavailable"
+
+    def __init__(self, message: str, *, feature: str, fix: str) -> None:
+        super().__init__(f"{message}: the server lacks {feature}; {fix}")
+        self.feature = feature
+        self.fix = fix
 
 
 class TrainingTraceUnavailableError(EnvlinkError):

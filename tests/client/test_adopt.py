@@ -135,18 +135,46 @@ def test_adopted_mcp_client_lists_and_calls_tools(standin: dict[str, ModuleType]
 
 
 @pytest.mark.parametrize("detached_sessions", [False, True],
-                         ids=["no-http-mcp-sessions", "no-mcp-tools"])
-async def test_adopted_mcp_client_lists_no_tools_on_a_server_without_mcp(
+                         ids=["default", "detached-sessions"])
+async def test_adopted_mcp_client_calls_tools_on_envlink_serve_in_every_mode(
         standin: dict[str, ModuleType], detached_sessions: bool) -> None:
-    """On a server without MCP, an adopted MCP client's list_tools() is [] (as OpenEnv's
-    MCPToolClient answers), not an error, and the empty list is not cached; a server
-    that cannot be reached still raises."""
+    """The reference server offers OpenEnv 0.10's HTTP MCP (tools/list, tools/call over
+    POST /mcp) in every mode: an adopted OpenEnv MCP client lists OpenEnv Tool objects
+    and calls tools on its own session, unchanged."""
+    EchoTools = envlink.adopt(standin["echo_tools_env"].EchoToolsEnv)
+    mcp = sys.modules["openenv.core.mcp_client"]
+    server = EnvServer(env="echo", detached_sessions=detached_sessions)
+    async with server, EchoTools(base_url=server.url) as env:
+        await env.reset()
+        tools = await env.list_tools()
+        assert [t.name for t in tools] == ["echo_message", "echo_with_length"]
+        assert all(isinstance(t, mcp.Tool) for t in tools)
+        assert await env.call_tool("echo_message", message="hi") == "hi"
+        assert await env.call_tool("echo_with_length", message="abc") == {
+            "message": "abc", "length": 3}
+        with pytest.raises(envlink.McpError, match="Unknown tool"):
+            await env.call_tool("nope")
+
+
+@pytest.mark.parametrize("detached_sessions", [False, True],
+                         ids=["default", "detached-sessions"])
+async def test_adopted_mcp_client_never_lists_no_tools_for_could_not_ask(
+        standin: dict[str, ModuleType], detached_sessions: bool) -> None:
+    """list_tools() is never [] for a question that got no tool list: an environment
+    without MCP is the server's JSON-RPC error, a plain-protocol server without HTTP MCP
+    sessions a FeatureUnavailableError naming the fix, and a server that cannot be
+    reached a ConnectError."""
     EchoTools = envlink.adopt(standin["echo_tools_env"].EchoToolsEnv)
     server = EnvServer(env="deterministic", detached_sessions=detached_sessions)
     async with server, EchoTools(base_url=server.url) as env:
-        assert await env.list_tools() == []
-        assert await env.get_tool("echo_message") is None
+        with pytest.raises(envlink.McpError, match="does not support MCP"):
+            await env.list_tools()
         assert env._tools_cache is None
+    plain = EnvServer(env="echo", extensions=False)
+    async with plain, EchoTools(base_url=plain.url) as env:
+        with pytest.raises(envlink.FeatureUnavailableError,
+                           match=r"HTTP MCP sessions.*--detached-sessions"):
+            await env.list_tools()
     dead = EchoTools(base_url=f"http://127.0.0.1:{restartable_port()}",
                      reconnect=ReconnectPolicy(max_attempts=1))
     try:

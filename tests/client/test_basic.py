@@ -136,6 +136,11 @@ async def test_invalid_action_is_a_validation_error(any_server: EnvServer) -> No
         with pytest.raises(ServerError) as info:
             await env.step({"type": "call_tool", "arguments": "not-a-dict"})
         assert info.value.code is ErrorCode.VALIDATION_ERROR
+        # The field errors are in the text, not only in .details.
+        text = str(info.value)
+        assert text.startswith("[VALIDATION_ERROR] ")
+        assert "tool_name: Field required" in text, text
+        assert "not-a-dict" not in text  # the rejected input stays out of the text
 
 
 async def test_capacity_reached_is_typed() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envlink import ConnectError, EchoEnv, GenericEnvClient, McpError
+from envlink import EchoEnv, FeatureUnavailableError, GenericEnvClient, McpError
 from envlink.server import ServerThread
 
 pytestmark = pytest.mark.timeout(30)
@@ -40,27 +40,40 @@ def test_mode_is_fixed_after_creation() -> None:
         env.mode = "simulation"  # type: ignore[misc]
 
 
-def test_production_without_http_sessions_is_a_clear_error(server_thread: ServerThread) -> None:
-    """A server without OpenEnv's HTTP MCP sessions gets a ConnectError saying so, not a
-    silent fall-back to the socket."""
-    with EchoEnv(base_url=server_thread.url, mode="production") as env, \
-            pytest.raises(ConnectError, match="production mode needs"):
-        env.list_tools()
-
-
-def test_production_tool_calls_go_over_post_mcp() -> None:
-    """In production mode the client holds a detached session and sends tool calls as
-    JSON-RPC to POST /mcp (the reference server answers them "method not found" there,
-    where over the socket it answers an error frame), while steps stay on the socket; a
-    new_session() child is in production mode too."""
-    with ServerThread(env="echo", detached_sessions=True) as st, \
+@pytest.mark.parametrize("mode", ["extensions", "detached"])
+def test_production_tool_calls_go_over_post_mcp_in_every_mode(mode: str) -> None:
+    """In production mode tool calls go as JSON-RPC to POST /mcp, to the client's own
+    session (the server's echo counts them: they are not the client's steps), and steps
+    stay on the socket: on a server with detached sessions through the one the client
+    holds, on a default one through its envlink session's token. A new_session() child
+    is in production mode too."""
+    with ServerThread(env="echo", detached_sessions=mode == "detached") as st, \
             EchoEnv(base_url=st.url, mode="production") as env:
         env.reset()
-        with pytest.raises(McpError) as caught:
-            env.call_tool("echo_message", message="hi")
-        assert caught.value.rpc_code == -32601
-        assert env._core.detached_id is not None
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert [t.name for t in env.list_tools(use_cache=False)] == [
+            "echo_message", "echo_with_length"]
+        with pytest.raises(McpError, match="Unknown tool"):
+            env.call_tool("nope")
+        # Three tool calls ran on this session's environment, none as a client step.
+        assert env.state().step_count == 3
+        assert env.journal.step_count == 0
+        assert (env._core.detached_id is not None) == (mode == "detached")
         child = env.new_session()
         assert child.async_client.mode == "production"
-        assert child.async_client._core.detached_id not in (None, env._core.detached_id)
+        if mode == "detached":
+            assert child.async_client._core.detached_id not in (None, env._core.detached_id)
     assert env.closed
+
+
+def test_production_on_a_server_without_http_mcp_sessions_names_the_fix() -> None:
+    """A plain OpenEnv-protocol server without detached sessions gives a production-mode
+    tool call no session to run on: a FeatureUnavailableError (a RuntimeError, as
+    OpenEnv raises) naming what is missing and the fix, never a ConnectError."""
+    with ServerThread(env="echo", extensions=False) as st, \
+            EchoEnv(base_url=st.url, mode="production") as env:
+        env.reset()
+        with pytest.raises(FeatureUnavailableError, match="--detached-sessions") as caught:
+            env.call_tool("echo_message", message="hi")
+        assert isinstance(caught.value, RuntimeError)
+        assert "HTTP MCP sessions" in caught.value.feature

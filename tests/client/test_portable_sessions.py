@@ -144,14 +144,15 @@ def _assert_a_resume_not_a_loss(attach_logs: list[dict[str, Any]],
     events = [entry["event"] for entry in attach_logs]
     assert "envlink.session_lost" not in events, attach_logs
     assert "envlink.session_recovered" in events, attach_logs
-    lost = [entry for entry in logs if entry["event"] == "envlink.session_lost"]
-    assert [entry["method"] for entry in lost] == ["step"], logs
+    # A connection lost after the attach and resumed: one info line, no warning.
+    assert [entry["event"] for entry in logs].count("envlink.session_recovered") == 2, logs
+    assert "envlink.session_lost" not in [entry["event"] for entry in logs], logs
 
 
 @pytest.mark.parametrize("form", ["EnvClient.attach", "handle.attach_sync"])
 def test_attaching_reports_a_resume_not_a_lost_session(server: ServerThread, form: str) -> None:
     """attach() resumes a session let go on purpose: it logs envlink.session_recovered and no
-    envlink.session_lost warning. A connection lost after the attach still logs one."""
+    envlink.session_lost warning; nor does a connection lost after the attach and resumed."""
     env = GenericEnvClient(server.url)
     env.reset(seed=1, max_steps=50)
     env.step({"move": 3})

@@ -70,7 +70,7 @@ async def test_no_secret_anywhere(server: EnvServer, otel: Otel) -> None:
     text = everything_in(otel.spans(), logs, errors)
     assert server.resumes == 1
     # The haystack is real: spans, log events and errors were all captured.
-    assert "rpc.method=step" in text and "envlink.session_lost" in text
+    assert "rpc.method=step" in text and "envlink.session_recovered" in text
     assert "HTTP 401" in text and f"127.0.0.1:{dead_port}" in text
     assert "s3cr3t" not in text
     assert PASSWORD not in text

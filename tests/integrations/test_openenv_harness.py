@@ -15,6 +15,7 @@ from envlink import (
     ConnectionLostError,
     GenericEnvClient,
     HarnessTurnError,
+    InvalidArgumentError,
     ReconnectPolicy,
     RetryBudget,
 )
@@ -56,6 +57,21 @@ def rollout(factory: EnvlinkSessionFactory, text: str) -> tuple[object, object]:
         assert names == ["echo_message", "echo_with_length"]
         result = session.call_tool("echo_message", {"message": text})
         return result, session.verify([{"role": "user", "content": text}])
+
+
+def test_a_conversational_prompt_reaches_the_agent_as_messages(
+        one_session_server: ServerProcess) -> None:
+    """A TRL conversational task, {"prompt": [messages]}, is the session's messages as
+    given, not the text of a Python list; a plain prompt is one user message."""
+    conversation = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Say hi."}]
+    factory = EnvlinkSessionFactory(one_session_server.url, create_timeout=30)
+    with factory.create({"prompt": conversation}) as session:
+        assert session.initial_messages() == conversation
+    with factory.create(conversation) as session:
+        assert session.initial_messages() == conversation
+    with factory.create({"prompt": "Say hi."}) as session:
+        assert session.initial_messages() == [{"role": "user", "content": "Say hi."}]
 
 
 def test_create_retries_and_rollouts_share_one_session_slot(
@@ -102,6 +118,20 @@ def test_tool_errors_are_results_and_reserved_names_are_refused(
         with pytest.raises(KeyError, match="reserved"):
             session.call_tool("reset", {})
     assert one_session_server.health()["sessions"] == 0
+
+
+def test_capture_url_without_a_sampling_policy_is_refused() -> None:
+    """capture_url= alone would make plain step sessions that capture nothing: the
+    factory refuses it at once and names what is missing; so does loop_owning=False."""
+    with pytest.raises(InvalidArgumentError, match=r"capture_url= needs sampling="):
+        EnvlinkSessionFactory("ws://127.0.0.1:9", capture_url="http://127.0.0.1:9")
+    with pytest.raises(InvalidArgumentError, match="loop_owning=False"):
+        EnvlinkSessionFactory("ws://127.0.0.1:9", capture_url="http://127.0.0.1:9",
+                              sampling={"temperature": 1.0}, loop_owning=False)
+    # With the policy, loop-owning capture is what it makes.
+    factory = EnvlinkSessionFactory("ws://127.0.0.1:9", capture_url="http://127.0.0.1:9/",
+                                    sampling={"temperature": 1.0})
+    assert factory.loop_owning and factory.capture_url == "http://127.0.0.1:9"
 
 
 def test_create_gives_up_at_its_deadline_without_spending_the_budget() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from .._ports import restartable_port
 from ._interop_support import (
     CLIENTS,
     HERE,
@@ -28,6 +29,7 @@ from ._interop_support import (
     TAG_HEADER,
     RecordingServer,
     ServerProcess,
+    python_command,
     read_connections,
     read_rpc,
 )
@@ -113,6 +115,36 @@ def test_mcp_tool_client_package_matches_openenv(openenv_py: str, openenv_site: 
     assert out["openenv"]["step_count"] == 1  # call_tool is not a step; step() is
     assert out["adopted"] == out["openenv"]
     assert out["plain"] == [["echo_message", "echo_with_length"], "plain"]
+
+
+@pytest.mark.parametrize("mode", ["default", "detached-sessions"])
+def test_adopted_mcp_client_calls_tools_on_envlink_serve(
+        mode: str, openenv_py: str, openenv_site: str, tmp_path: Path) -> None:
+    """`envlink serve` offers OpenEnv 0.10's HTTP MCP in every mode: the echo package's
+    MCPToolClient, adopted, lists OpenEnv Tool objects and calls tools over POST /mcp on
+    its own session, unchanged; an unknown tool is a typed error (a RuntimeError, as
+    OpenEnv's). With detached sessions OpenEnv's own class does exactly the same."""
+    port = restartable_port()
+    extra = ["--detached-sessions"] if mode == "detached-sessions" else []
+    server = ServerProcess(
+        python_command("-m", "envlink.server", "--port", str(port), "--env", "echo", *extra),
+        name=f"envlink-echo-{mode}", log_dir=tmp_path)
+    server.start()
+    try:
+        out = _drive("echo_on_envlink", server.base_url, openenv_py, openenv_site, PACKAGES,
+                     WITH_OPENENV="1" if extra else "0")
+    finally:
+        server.stop()
+    adopted = out["adopted"]
+    assert adopted["tools"] == ["echo_message", "echo_with_length"]
+    assert adopted["tool_class"] == "Tool"
+    assert adopted["call"] == "Hello!"
+    assert adopted["call_length"] == {"message": "Test", "length": 4}
+    assert adopted["unknown"] == ["McpError", True]
+    # list_tools, two calls and the refused one ran on the client's own session.
+    assert adopted["step_count"] == 4
+    if extra:
+        assert out["openenv"] == {**adopted, "unknown": ["RuntimeError", True]}
 
 
 @pytest.mark.parametrize("when", ["before_forward", "after_forward", "after_answer"])

@@ -8,12 +8,16 @@ server. The OpenEnv server is in tests/interop/test_probe_openenv.py.
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.server
 import json
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import trustme
@@ -101,6 +105,48 @@ async def test_plain_http_server_is_not_an_environment_server(not_an_env_server:
     assert data["session"] == {"opened": False, "status": 404}
     assert "mode" not in data
     assert "not an OpenEnv environment server" in report.problems[0]
+
+
+@pytest.fixture
+def python_http_server(tmp_path: Any) -> Iterator[str]:
+    """Python's own http.server on loopback, serving an empty folder: HTTP/1.0 answers,
+    404 to every GET and 501 to every POST (which auto recovery's POST /mcp meets)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+async def test_python_http_server_names_the_missing_endpoints_first(
+        python_http_server: str) -> None:
+    """The first line names what is missing (/health and /ws), not the 501 that auto
+    recovery's POST /mcp met; nothing is asked after that."""
+    report = await probe(python_http_server, timeout=5.0)
+    data = report.as_json()
+    assert report.exit_code == EXIT_UNHEALTHY
+    assert report.lines[0] == (
+        "missing", "/health and /ws (HTTP 404): not an OpenEnv environment server at this URL")
+    assert data["missing"] == ["/health", "/ws"]
+    assert data["session"]["status"] == 404
+    assert not any("/mcp" in p or "501" in p for p in report.problems), report.problems
+    assert "schema" not in data and "mode" not in data
+
+
+async def test_reference_environments_describe_their_actions_in_the_schema() -> None:
+    """The deterministic environment's /schema gives its action ({"move": n}) and its
+    observation's fields, so the probe prints them instead of '-'."""
+    async with EnvServer(env="deterministic") as srv:
+        report = await probe(srv.url, samples=1)
+    schema = report.as_json()["schema"]
+    assert schema["action"] == ["move"]
+    assert schema["observation"][:3] == ["position", "draw", "step"]
+    assert "seed" in schema["state"]
 
 
 async def test_a_token_server_explains_401_and_opens_with_the_header() -> None:
@@ -207,4 +253,8 @@ def test_wait_polls_until_the_server_is_ready() -> None:
     finally:
         prober.kill()
     assert prober.returncode == EXIT_HEALTHY, out
-    assert json.loads(out)["health"]["healthy"] is True
+    health = json.loads(out)["health"]
+    assert health["healthy"] is True
+    # The request is timed apart from the wait (which includes the failed poll).
+    assert health["waited_s"] > 0
+    assert health["ms"] < health["waited_s"] * 1000

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from envlink import (
+    ConnectionLostError,
     EnvPool,
     GenericEnvClient,
     ReplayDivergedError,
@@ -68,6 +70,47 @@ async def test_replay_rebuilds_a_stopped_servers_sessions_elsewhere(
         assert view.endpoints[0].breaker == "open"
         assert view.endpoints[1].sessions == SIZE
     assert got == await _fault_free(b.url)
+
+
+async def test_a_stopped_servers_sessions_log_what_became_of_them(
+        det_servers: Callable[..., Any]) -> None:
+    """Replayed elsewhere: one info line per session naming the mechanism and the cause,
+    and no session_lost warning. Under raise: one warning per lost session with its
+    real policy and cause, and the error's __cause__ is the connection's error."""
+    a = await det_servers()
+    b = await det_servers()
+    async with EnvPool([a.url, b.url], SIZE, on_session_lost="replay", breaker_threshold=1,
+                       breaker_reset_timeout=60) as pool:
+        await pool.reset(seeds=30, max_steps=50)
+        await pool.step(_actions(0))
+        on_a = [i for i, url in enumerate(pool.view().slot_endpoints) if url == a.url]
+        await a.stop()
+        with capture_logs() as logs:
+            assert (await pool.step(_actions(1))).ok
+    warnings = [e for e in logs if e["log_level"] == "warning"
+                and e["event"] == "envlink.session_lost"]
+    assert warnings == [], warnings
+    moved = [e for e in logs if e["event"] == "envlink.pool.session_moved"]
+    assert sorted(e["slot"] for e in moved) == on_a
+    assert all(e["log_level"] == "info" and e["recovery"] == "replay"
+               and "1001" in e["error"] for e in moved), moved
+
+    c = await det_servers()
+    d = await det_servers()
+    async with EnvPool([c.url, d.url], SIZE, breaker_threshold=1,
+                       breaker_reset_timeout=60) as pool:
+        await pool.reset(seeds=30, max_steps=50)
+        on_c = {i for i, url in enumerate(pool.view().slot_endpoints) if url == c.url}
+        await c.stop()
+        with capture_logs() as logs:
+            batch = await pool.step(_actions(0))
+    assert set(batch.errors) == on_c
+    for error in batch.errors.values():
+        assert isinstance(error.__cause__, ConnectionLostError), error.__cause__
+    lost = [e for e in logs if e["event"] == "envlink.session_lost"]
+    assert len(lost) == len(on_c)
+    assert all(e["log_level"] == "warning" and e["policy"] == "raise"
+               and e["error"] and "1001" in e["error"] for e in lost), lost
 
 
 async def test_raise_gives_per_slot_session_lost(det_servers: Callable[..., Any]) -> None:

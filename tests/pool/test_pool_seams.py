@@ -122,8 +122,9 @@ async def test_the_pool_reports_through_its_hook(det_servers: Callable[..., Any]
 
 async def test_the_events_carry_the_fields_listed(det_servers: Callable[..., Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A capacity wait and a session moved by replay reach the hook with exactly the
-    fields EVENTS lists; the dead endpoint's breaker change comes with them."""
+    """A capacity wait, a session moved by replay and one replay could not rebuild reach
+    the hook with exactly the fields EVENTS lists; the dead endpoint's breaker change
+    comes with them."""
     recorder = Recorder()
     monkeypatch.setattr(envlink._pool.pool, "pool_telemetry_hook", lambda *_: recorder)
     full = await det_servers(max_sessions=1)
@@ -136,11 +137,19 @@ async def test_the_events_carry_the_fields_listed(det_servers: Callable[..., Any
         assert (await pool.reset(seeds=0)).ok
         await a.stop()
         assert (await pool.step([{"move": 1}] * 2)).ok
+    # A replay with nowhere to go: the loss its caller sees.
+    c, d = await det_servers(), await det_servers()
+    async with EnvPool([c.url, d.url], 2, on_session_lost="replay", breaker_threshold=1,
+                       breaker_reset_timeout=60) as pool:
+        assert (await pool.reset(seeds=0)).ok
+        await c.stop()
+        await d.stop()
+        assert len((await pool.step([{"move": 1}] * 2)).errors) == 2
     names = {e.name for e in recorder.events}
     assert names == set(EVENTS)
     for event in recorder.events:
         assert tuple(event.fields) == EVENTS[event.name], event
-    assert [(c.port, c.new) for c in recorder.breakers] == [(a.port, "open")]
+    assert [(b.port, b.new) for b in recorder.breakers][:1] == [(a.port, "open")]
 
 
 async def test_a_shard_style_recv_sees_a_closed_pool(det_servers: Callable[..., Any]) -> None:

@@ -128,8 +128,9 @@ async def test_client_resumes_on_detached_sessions_and_settles_the_step(
             await env.step({"move": 1})
             assert env.recovery == "openenv-resume"
             srv.faults.drop_mode = mode  # type: ignore[assignment]
-            # Requests on the connection so far: the attach's state, reset, step.
-            srv.faults.drop_after = 4
+            # Requests on the connection so far: reset, step (the attach's state read
+            # is not counted).
+            srv.faults.drop_after = 3
             if applied:
                 with pytest.raises(envlink.OutcomeUnknownError) as unknown:
                     await env.step({"move": 2})
@@ -174,7 +175,7 @@ async def test_a_step_without_a_count_to_settle_it_is_never_resent() -> None:
         try:
             await env.reset()
             srv.faults.drop_mode = "after_apply"
-            srv.faults.drop_after = 3  # the attach's state, reset, then this step
+            srv.faults.drop_after = 2  # reset, then this step (the attach's state: uncounted)
             with pytest.raises(envlink.OutcomeUnknownError) as unknown:
                 await env.step({"x": 1})
             assert unknown.value.applied is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import time
@@ -11,9 +12,10 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
-from envlink import ProtocolError
+from envlink import GenericEnvClient, OutcomeUnknownError, ProtocolError, set_testing
 from envlink._sansio.protocol import RESUMED_HEADER, decode_response
 from envlink.server import CORRUPT_KINDS, EnvServer, Faults
+from envlink.server._command import build_parser, options_from_args
 
 from ._server_support import RESET, STATE, open_ws, rpc, step, token_of
 
@@ -306,3 +308,40 @@ async def test_closed_connections_are_not_kept_alive_by_their_handles(server: En
     gc.collect()
     alive = [o for o in gc.get_objects() if isinstance(o, ServerConnection)]
     assert len(alive) <= 1, len(alive)
+
+
+_MODES = {
+    "extensions": [],
+    "plain": ["--no-extensions"],
+    "detached": ["--detached-sessions"],
+    "detached-plain": ["--detached-sessions", "--no-extensions"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+async def test_drop_after_lands_on_the_same_step_in_every_mode(mode: str) -> None:
+    """`--drop-after 3 --drop-mode after_apply` drops the connection at the 3rd request a
+    session's client sends (reset, step, step: the second step) whatever the server's mode:
+    a client attaching to a detached session first reads its state to confirm the attach,
+    and that read is not counted (it used to be, so the first step was dropped)."""
+    args = build_parser().parse_args(
+        ["--env", "deterministic", "--port", "0", "--drop-after", "3",
+         "--drop-mode", "after_apply", *_MODES[mode]])
+    seen: list[str] = []
+    async with EnvServer(**options_from_args(args)) as srv:
+        srv.add_counter_listener(lambda name, _value: seen.append(name))
+        # "auto" attaches to a detached session wherever the server offers them.
+        env = GenericEnvClient(srv.url, on_session_lost="auto")
+        with set_testing():
+            try:
+                await env.reset(seed=1, max_steps=10)
+                for _ in range(3):
+                    with contextlib.suppress(OutcomeUnknownError):
+                        await env.step({"move": 1})
+            finally:
+                await env.close()
+    before_drop = seen[:seen.index("drop")]
+    assert before_drop.count("request.step") == 2, before_drop
+    assert before_drop.count("request.reset") == 1, before_drop
+    # The detached modes do take the path that confirms an attach.
+    assert ("request.state" in before_drop) == mode.startswith("detached"), before_drop

@@ -52,6 +52,14 @@ def test_validation_frame_keeps_the_field_errors() -> None:
     assert isinstance(error, envlink.ServerValidationError)
     assert error.errors == errors
     assert error.code is envlink.ErrorCode.VALIDATION_ERROR
+    assert str(error) == "[VALIDATION_ERROR] Invalid message: delta: too big"
+    assert error.message == "Invalid message"
+    # The text is bounded: many field errors end with how many more there were.
+    many = [{"loc": ["field", n], "msg": "x" * 30, "input": "secret"} for n in range(100)]
+    long = _error({"message": "Invalid message", "code": "VALIDATION_ERROR", "errors": many})
+    assert len(str(long)) < 500
+    assert str(long).endswith("more)")
+    assert "secret" not in str(long)
     # Without a list the attribute is empty, never a crash.
     assert _error({"message": "x", "code": "VALIDATION_ERROR", "errors": "junk"}).errors == []
 

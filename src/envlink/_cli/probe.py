@@ -177,8 +177,25 @@ async def probe(target: str, *, wait: float | None = None, samples: int = 20,
         healthy = await _health(client, report, wait)
         if not report.data["health"].get("reachable"):
             return report  # nothing answers there: nothing more to ask
-        await _describe(client, report, target, headers, timeout, healthy=healthy)
-        if await _session(client, report):
+        if report.data["health"].get("status") == 404:
+            # No /health: first find out whether there is a /ws at all.
+            opened = await _session(client, report)
+            session = report.data["session"]
+            if not opened and session.get("status") is None and (
+                    await _get_status(target, headers, timeout, "/ws") == 404):
+                # Not even a WebSocket handshake's answer: a plain GET says 404.
+                session["status"] = 404
+                index = [label for label, _ in report.lines].index("session")
+                text = _status_meaning(404, "GET /ws")
+                report.lines[index] = ("session", f"cannot open one: {text}")
+                report.problems[-1] = f"session: cannot open one: {text}"
+            if _missing(report):
+                return report  # neither endpoint: not an environment server
+            await _describe(client, report, target, headers, timeout, healthy=healthy)
+        else:
+            await _describe(client, report, target, headers, timeout, healthy=healthy)
+            opened = await _session(client, report)
+        if opened:
             await _latency(client, report, samples)
             await _tools(client, report)
     finally:
@@ -186,13 +203,34 @@ async def probe(target: str, *, wait: float | None = None, samples: int = 20,
     return report
 
 
+def _missing(report: Report) -> bool:
+    """Name the endpoints the server lacks (HTTP 404), first; ``True`` if it has neither
+    ``/health`` nor ``/ws`` (nothing more to ask)."""
+    missing = [path for path, key in (("/health", "health"), ("/ws", "session"))
+               if isinstance(report.data.get(key), dict)
+               and report.data[key].get("status") == 404]
+    if not missing:
+        return False
+    what = ("not an OpenEnv environment server at this URL" if len(missing) == 2 else
+            "an OpenEnv environment server has both")
+    text = f"{' and '.join(missing)} (HTTP 404): {what}"
+    report.lines.insert(0, ("missing", text))
+    report.data["missing"] = missing
+    report.problems.insert(0, f"missing: {text}")
+    return len(missing) == 2
+
+
 async def _health(client: GenericEnvClient, report: Report, wait: float | None) -> bool:
-    started = time.perf_counter()
+    waited: float | None = None
     try:
         if wait is not None:
-            health = await client.wait_until_ready(wait)
-        else:
-            health = await client.health()
+            # The wait, then one request timed on its own: the latency shown is the
+            # request's, not the time the server took to become ready.
+            began = time.perf_counter()
+            await client.wait_until_ready(wait)
+            waited = time.perf_counter() - began
+        started = time.perf_counter()
+        health = await client.health()
     except NotReadyError as exc:
         report.fail("health", f"not ready: {exc}", "health",
                     {"reachable": exc.last_status is not None, "status": exc.last_status})
@@ -211,9 +249,11 @@ async def _health(client: GenericEnvClient, report: Report, wait: float | None) 
         return False
     ms = (time.perf_counter() - started) * 1000
     extra = health.model_extra or {}
-    report.add("health", f"{health.status} (GET /health, {ms:.1f} ms)", "health",
+    ready = "" if waited is None else f"; ready after {waited:.2f} s of --wait"
+    report.add("health", f"{health.status} (GET /health, {ms:.1f} ms{ready})", "health",
                {"reachable": True, "status": 200, "healthy": health.healthy,
-                "server_status": health.status, "ms": round(ms, 2)})
+                "server_status": health.status, "ms": round(ms, 2),
+                "waited_s": None if waited is None else round(waited, 3)})
     if not health.healthy:
         report.problems.append(f"health: the server says {health.status!r}")
     sessions, limit = extra.get("sessions"), extra.get("max_sessions")
@@ -249,19 +289,27 @@ async def _describe(client: GenericEnvClient, report: Report, target: str,
         return  # a 404 below would say "production" of a server that is not one
     # OpenEnv's simulation mode serves POST /reset (GET: 405); production mode has no
     # HTTP simulation routes (404). Nothing is reset: the GET is refused by routing.
-    resolved = Target.resolve(target, None, headers, None)
-    options = ConnectionOptions(headers=tuple((resolved.headers or {}).items()))
-    mode: str | None = None
-    try:
-        await discovery.fetch(parse_endpoint(resolved.base_url), options, "/reset", timeout)
-    except HttpStatusError as exc:
-        mode = {405: "simulation", 404: "production"}.get(exc.status)
-    except EnvlinkError:
-        mode = None
+    status = await _get_status(target, headers, timeout, "/reset")
+    mode = {405: "simulation", 404: "production"}.get(status or 0)
     text = {"simulation": "simulation (HTTP /reset, /step, /state offered)",
             "production": "production (no HTTP simulation routes)"}.get(
         mode or "", "not told (GET /reset answered neither 405 nor 404)")
     report.add("mode", text, "mode", mode)
+
+
+async def _get_status(target: str, headers: Mapping[str, str] | None, timeout: float,
+                      path: str) -> int | None:
+    """The HTTP status of ``GET path`` (``200`` if it answered JSON), ``None`` if none
+    came."""
+    resolved = Target.resolve(target, None, headers, None)
+    options = ConnectionOptions(headers=tuple((resolved.headers or {}).items()))
+    try:
+        await discovery.fetch(parse_endpoint(resolved.base_url), options, path, timeout)
+    except HttpStatusError as exc:
+        return exc.status
+    except EnvlinkError:
+        return None
+    return 200
 
 
 async def _session(client: GenericEnvClient, report: Report) -> bool:

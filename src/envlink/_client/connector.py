@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from envlink._errors import (
     EnvlinkError,
     ErrorCode,
     FactoryError,
+    FeatureUnavailableError,
     NoAnswerError,
     NotWrittenError,
     OutcomeUnknownError,
@@ -252,15 +254,23 @@ class Connector:
 
     # ----------------------------------------------- OpenEnv detached sessions
 
-    async def rpc(self, method: str, params: dict[str, Any],
-                  timeout: float | None) -> RpcAnswer | None:
-        """One JSON-RPC request to the server's ``/mcp``; ``None`` if the transport has none."""
+    async def rpc(self, method: str, params: dict[str, Any], timeout: float | None, *,
+                  token: str | None = None) -> RpcAnswer | None:
+        """One JSON-RPC request to the server's ``/mcp``; ``None`` if the transport has none.
+
+        ``token``: the session's resume token, sent as the ``envlink-resume`` header
+        (the request is about that session).
+        """
         transport = self.transport
         if not isinstance(transport, RpcTransport):
             return None
         self._rpc_ids += 1
+        options = self.options
+        if token is not None:
+            options = dataclasses.replace(
+                options, headers=(*options.headers, (RESUME_TOKEN_HEADER, token)))
         async with bounded(timeout):
-            return await transport.rpc(self.endpoint, self.options, method, params,
+            return await transport.rpc(self.endpoint, options, method, params,
                                        request_id=self._rpc_ids)
 
     async def _create_detached(self) -> None:
@@ -289,7 +299,9 @@ class Connector:
             raise ConnectError(f"creating a session on {self.endpoint.mcp_url} failed: {exc}",
                                retryable=True) from exc
         body = None if answer is None else answer.body
-        if answer is not None and answer.status >= 500:
+        # 501 Not Implemented: the server has no POST at all there (a plain HTTP
+        # server): no detached sessions, not a failure of the server.
+        if answer is not None and answer.status >= 500 and answer.status != 501:
             raise ConnectError(f"{self.endpoint.mcp_url} answered HTTP {answer.status}",
                                retryable=True)
         result = body.get("result") if isinstance(body, dict) else None
@@ -362,14 +374,24 @@ class Connector:
         if not self.is_open:
             await self.open_session("mcp", reason="connect")
         session_id = self.core.detached_id
-        if session_id is None:
-            raise ConnectError(
-                f"production mode needs the server's OpenEnv 0.10 HTTP MCP sessions "
-                f"({self.endpoint.mcp_url}); this server offers none", retryable=False)
+        token = self.core.resume_token
+        if session_id is not None:
+            params = {**params, "session_id": session_id}
+        elif token is None:
+            raise FeatureUnavailableError(
+                f"{method} in production mode goes over POST /mcp to the client's own "
+                "session", feature="HTTP MCP sessions (OpenEnv 0.10's openenv/session/"
+                "create) and envlink's session token",
+                fix="start the server with detached sessions (envlink serve "
+                    "--detached-sessions), or use mode='simulation' to call tools as "
+                    "steps")
         policy = self.core.policy
         for attempt in range(1, policy.max_attempts + 1):
             try:
-                answer = await self.rpc(method, {**params, "session_id": session_id}, None)
+                # Without a detached session: the client's own envlink session, named by
+                # its token (a secret, as a detached session's id is).
+                answer = await self.rpc(method, params, None,
+                                        token=None if session_id is not None else token)
             except ConnectError:
                 if attempt == policy.max_attempts:
                     raise

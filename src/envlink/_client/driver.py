@@ -25,7 +25,7 @@ from envlink._client.connector import Connector
 from envlink._client.propagation import trace_carrier
 from envlink._client.recovery import RecoveryContext, recover
 from envlink._config import ConnectionOptions, Timeout
-from envlink._deadlines import deadline
+from envlink._deadlines import bounded, deadline
 from envlink._errors import (
     CallTimeoutError,
     ClientClosedError,
@@ -350,11 +350,13 @@ class SessionDriver:
         conn: Connection | None = self.connector.conn
         if conn is None or core.link is not Link.OPEN or not conn.is_open:
             # Anything but a trusted open connection: ask the core what to do.
+            dead = conn if conn is not None and not conn.is_open else None
             conn = await self._connection_for(method, number)
             if conn is None:
                 return await recover(self.recovery(), core.lost_mid_episode(), call, data,
                                      call.request_id, cause=None,
-                                     earlier=core.take_lost_by())
+                                     earlier=core.take_lost_by(),
+                                     closed=None if dead is None else await _closed_with(dead))
         request_id = call.request_id
         if request_id is None:
             request_id = call.request_id = core.next_request_id()
@@ -568,3 +570,23 @@ def end_turn(driver: SessionDriver, lock: asyncio.Lock | None) -> None:
     driver.active = None
     if lock is not None:
         _give_lock(lock)
+
+
+#: How long `_closed_with` reads a closed connection for its error.
+_CLOSED_READ_WAIT = 0.5
+
+
+async def _closed_with(conn: Connection) -> EnvlinkError | None:
+    """The error a connection that closed between calls ended with (the server's close
+    code and reason, a reset): what its ``recv`` raises now, after any frame it still
+    buffered (stale: no call was waiting for it). ``None`` if it does not say in time.
+    """
+    try:
+        async with bounded(_CLOSED_READ_WAIT):
+            for _ in range(64):
+                await conn.recv()
+    except (ConnectionLostError, ProtocolError) as exc:
+        return exc
+    except (TimeoutError, EnvlinkError):
+        return None
+    return None

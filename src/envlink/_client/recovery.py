@@ -405,6 +405,7 @@ STRATEGIES: Mapping[RecoveryMechanism, RecoveryStrategy] = {
 async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
                   data: dict[str, Any] | None, request_id: str | None, *,
                   cause: BaseException | None, earlier: BaseException | None = None,
+                  closed: BaseException | None = None,
                   strategies: Mapping[RecoveryMechanism, RecoveryStrategy] = STRATEGIES
                   ) -> Frame:
     """The session was lost mid-episode: carry out the core's decision, then finish the call.
@@ -417,6 +418,8 @@ async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
             was gone before the call was sent).
         earlier: the failure of an earlier call that let the connection go (a
             deadline, an interrupt), named by the log line and by the error.
+        closed: the error a connection that closed between calls ended with (``cause``
+            is ``None``): the error's ``__cause__`` and the log line's ``error``.
 
     Raises:
         SessionLostError: the episode could not be carried on (with its journal);
@@ -427,11 +430,12 @@ async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
     journal = core.journal
     mechanism = decision.strategy
     assert mechanism is not None, "recover() carries out a RECOVER decision"
+    why = cause or closed
+    error = str(why) if why else describe(earlier) if earlier else None
     if not decision.planned:  # an attach's resume is reported as a recovery, not a loss
         hook.event(ClientEvent(LOG_SESSION_LOST, core.session_id, {
             "method": method, "policy": policy.value, "steps": journal.step_count,
-            "error": str(cause) if cause else describe(earlier) if earlier else None,
-            "mechanism": mechanism.value}))
+            "error": error, "mechanism": mechanism.value}))
     result = "failed"
     if decision.close_detached is not None:
         connector.close_detached_later(decision.close_detached)
@@ -491,7 +495,7 @@ async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
                 f"{journal.step_count} steps", journal=journal.snapshot(),
             ) from exc
         if frame is None:
-            raise core.cannot_recover(method, cause, earlier) from cause or earlier
+            raise core.cannot_recover(method, cause, earlier) from why or earlier
         result = "ok"
         return frame
     except OutcomeUnknownError:
@@ -507,6 +511,11 @@ async def recover(ctx: RecoveryContext, decision: Decision, call: Call,
         core.recovery_failed()
         raise
     finally:
+        # A loss under "raise" whose journal keeps its steps is rebuilt by the client's
+        # owner (a replaying pool), which reports it: ``owner_recovers``.
         hook.event(ClientEvent(HOOK_RECOVERY_FINISHED, core.session_id, {
             "policy": policy.value, "result": result, "steps": journal.step_count,
-            "mechanism": mechanism.value}))
+            "mechanism": mechanism.value, "method": method, "error": error,
+            "planned": decision.planned,
+            "owner_recovers": (mechanism is RecoveryMechanism.RAISE
+                               and journal.keep_steps)}))

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol
 
-from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED
+from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED, LOG_SESSION_LOST
 
 __all__ = ["EVENTS", "BatchFinished", "BatchReport", "BatchStarted", "BreakerChange",
            "BreakerStates", "PoolEvent", "PoolHook"]
@@ -26,7 +26,9 @@ __all__ = ["EVENTS", "BatchFinished", "BatchReport", "BatchStarted", "BreakerCha
 #: Events reported through :meth:`PoolHook.event`, with the fields each carries.
 EVENTS: Mapping[str, tuple[str, ...]] = {
     LOG_POOL_CAPACITY_WAIT: ("wait", "delay_s", "error_type"),
-    LOG_POOL_SESSION_MOVED: ("slot", "from_url", "to_url", "steps", "error_type"),
+    LOG_POOL_SESSION_MOVED: ("slot", "from_url", "to_url", "steps", "error_type", "recovery",
+                             "error"),
+    LOG_SESSION_LOST: ("slot", "policy", "recovery", "steps", "error"),
 }
 
 

@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 
 from envlink._bridge.dispatch import dispatched
 from envlink._client.client import EnvClient, GenericEnvClient
-from envlink._errors import ConnectError, McpError, ProtocolError
 from envlink._openenv.mcp_client import MCPToolClient
 
 __all__ = ["McpToolAdapter", "adopt", "is_openenv_client"]
@@ -112,29 +111,23 @@ class McpToolAdapter(MCPToolClient[Any]):
     async def list_tools(self, use_cache: bool = True) -> list[Any]:
         """The environment's tools (OpenEnv ``Tool`` objects), cached after the first call.
 
-        A server without MCP gives ``[]``, as OpenEnv's client does (not cached: the
-        next call asks again): one that offers no HTTP MCP sessions, or answers
-        ``tools/list`` with a JSON-RPC error (``Method not found``...) or without a
-        list of tools. Where OpenEnv's client returns ``[]`` on any failure, a server
-        that cannot be reached, a deadline or a closed client still raise.
+        ``[]`` only when the server listed no tools. Where OpenEnv's client returns
+        ``[]`` on any failure, a call that could not ask raises: a server without HTTP
+        MCP (:class:`~envlink.FeatureUnavailableError`, naming the fix), a JSON-RPC
+        error (:class:`~envlink.McpError`, e.g. an environment without MCP), an answer
+        that is no tool list, an unreachable server, a deadline, a closed client.
 
         Args:
             use_cache: return the cached list when there is one (``False``: ask again).
 
         Raises:
-            ConnectError, CallTimeoutError, ClientClosedError and the other errors of
-            :meth:`~envlink.EnvClient.mcp_request` but the above.
+            FeatureUnavailableError, McpError, ProtocolError, ConnectError,
+            CallTimeoutError, ClientClosedError and the other errors of
+            :meth:`~envlink.EnvClient.mcp_request`.
         """
         if use_cache and self._tools_cache is not None:
             return self._tools_cache
-        try:
-            listed = await self.mcp_list_tools()
-        except (McpError, ProtocolError):
-            return []  # the server answered, and has no tool list to give
-        except ConnectError:
-            if self.connected and self._driver.core.detached_id is None:
-                return []  # connected, but the server offers no HTTP MCP sessions
-            raise
+        listed = await self.mcp_list_tools()
         tools = [self._tool(t) for t in listed]
         self._tools_cache = tools
         return tools

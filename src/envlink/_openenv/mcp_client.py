@@ -6,11 +6,10 @@ clients): ``list_tools()`` and ``call_tool()`` go over ``POST /mcp`` to the
 session's own environment, so a tool call is not a step. Unlike OpenEnv, which
 cannot work at all against a server without HTTP MCP sessions, a client left on
 the default mode then calls tools with ``step()``, as in simulation mode, and so it
-does on a server that answers tool calls over ``POST /mcp`` "method not found"
-(envlink's reference server, which offers HTTP MCP sessions only with
-``--detached-sessions`` and runs tools only as steps). An explicit
-``mode="production"`` there raises (:class:`~envlink.ConnectError`,
-:class:`~envlink.McpError`).
+does on a server that answers tool calls over ``POST /mcp`` "method not found". An
+explicit ``mode="production"`` goes over ``POST /mcp`` all the same (envlink's
+reference server answers there in every mode); a server with no session to run them
+on raises :class:`~envlink.FeatureUnavailableError`.
 
 ``list_tools()`` returns :class:`Tool` objects (``.name``, ``.description``,
 ``.input_schema``), cached as OpenEnv caches them. As OpenEnv's ``_parse_result``

@@ -36,7 +36,7 @@ from envlink._pool.placement import Placement, PoolServer
 from envlink._sansio.journal import EpisodeJournal
 from envlink._sansio.policies import ReconnectPolicy, testing_enabled
 from envlink._sansio.replay import RESET, JournalReplay, ReplayVerify
-from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED
+from envlink.names import LOG_POOL_CAPACITY_WAIT, LOG_POOL_SESSION_MOVED, LOG_SESSION_LOST
 
 __all__ = ["Slot", "SlotEngine", "SlotState"]
 
@@ -382,12 +382,19 @@ class SlotEngine:
                 if slot.client is not None and slot.client.tape is not None:
                     tape = slot.client.tape
                 tape.rebuild_failed(episode)
+            # The caller sees this loss: one warning, with the pool's policy and cause.
+            self.hook.event(PoolEvent(LOG_SESSION_LOST, {
+                "slot": slot.index, "policy": self.on_session_lost, "recovery": "replay",
+                "steps": journal.step_count,
+                "error": (f"{cause.__cause__ or cause}; replay failed: "
+                          f"{type(exc).__name__}: {exc}")}))
             self._rebuild_failed(slot, journal, exc, old, " on another endpoint")
             raise
         self.hook.event(PoolEvent(LOG_POOL_SESSION_MOVED, {
             "slot": slot.index, "from_url": old.display if old else None,
             "to_url": slot.endpoint.display if slot.endpoint else None,
-            "steps": journal.step_count, "error_type": cause.error_type}))
+            "steps": journal.step_count, "error_type": cause.error_type,
+            "recovery": "replay", "error": str(cause.__cause__ or cause)}))
         return result
 
     async def restore(self, slot: Slot, journal: EpisodeJournal,

@@ -476,9 +476,8 @@ class ClientTelemetryHook(ClientHook):
             _log.info(LOG_ATTACH_WAIT, delay_s=round(delay, 4), waited_s=round(waited, 4),
                       attempt=fields["attempt"], session_id=event.session_id, url=self.url)
         elif name == LOG_SESSION_LOST:
-            _log.warning(LOG_SESSION_LOST, method=fields["method"], policy=fields["policy"],
-                         recovery=fields.get("mechanism"), session_id=event.session_id,
-                         steps=fields["steps"], error=fields["error"])
+            # Logged once recovery ends (HOOK_RECOVERY_FINISHED): a recovered session
+            # is one info line, a loss the caller sees one warning.
             span = _CALL_SPAN.get()
             if span is not None:
                 attrs = {ATTR_POLICY: fields["policy"]}
@@ -492,6 +491,13 @@ class ClientTelemetryHook(ClientHook):
                 _log.info(LOG_SESSION_RECOVERED, policy=fields["policy"],
                           recovery=fields.get("mechanism"), session_id=event.session_id,
                           steps=fields["steps"])
+            elif not fields.get("planned") and not fields.get("owner_recovers"):
+                # (A session its owner rebuilds, a replaying pool's, is its owner's to
+                # report: rebuilt, or lost.)
+                _log.warning(
+                    LOG_SESSION_LOST, method=fields.get("method"), policy=fields["policy"],
+                    recovery=fields.get("mechanism"), session_id=event.session_id,
+                    steps=fields["steps"], error=fields.get("error"))
         elif name == LOG_REPLAY_DIVERGED:
             _log.error(LOG_REPLAY_DIVERGED, index=fields["index"], session_id=event.session_id)
         else:

@@ -45,6 +45,7 @@ from envlink.names import (
     ATTR_SESSION_STATE,
     LOG_POOL_BREAKER_CHANGED,
     LOG_RAY_SHARD_LOST,
+    LOG_SESSION_LOST,
     RAY_METRIC_SHARD_RESTARTS,
     SPAN_POOL_PREFIX,
     SPAN_POOL_RECV,
@@ -168,4 +169,6 @@ class PoolTelemetryHook(PoolHook):
 
     def event(self, event: PoolEvent) -> None:
         with contextlib.suppress(Exception):
-            _log.info(event.name, **event.fields)
+            # A session the pool could not rebuild is a loss its caller sees.
+            log = _log.warning if event.name == LOG_SESSION_LOST else _log.info
+            log(event.name, **event.fields)

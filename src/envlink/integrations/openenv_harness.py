@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from envlink._bridge import Bridge
 from envlink._client.client import EnvClient, GenericEnvClient, StepResult, configured_client
@@ -51,6 +51,7 @@ from envlink._errors import (
     CaptureProxyError,
     ClientClosedError,
     HandshakeRejectedError,
+    InvalidArgumentError,
     ToolCallError,
     TrainingTraceUnavailableError,
 )
@@ -148,13 +149,20 @@ def _openenv_types() -> tuple[type[Any], type[Any], type[Any]]:
 
 
 def _default_messages(result: StepResult[Any], task: Any) -> list[Message]:
+    """The task's messages: its ``messages``, a conversational ``prompt`` (a list of
+    messages, as TRL's conversational datasets hold), a list of messages, else its
+    text (``prompt``, or the task itself) as one user message."""
     if isinstance(task, Mapping) and "messages" in task:
         return [dict(m) for m in task["messages"]]
-    if isinstance(task, Sequence) and not isinstance(task, str) and task \
-            and all(isinstance(m, Mapping) for m in task):
-        return [dict(m) for m in task]
     text = task.get("prompt") if isinstance(task, Mapping) else task
+    if _is_messages(text):
+        return [dict(m) for m in text]
     return [{"role": "user", "content": str(text if text is not None else "")}]
+
+
+def _is_messages(value: Any) -> TypeGuard[Sequence[Mapping[str, Any]]]:
+    return (isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and bool(value)
+            and all(isinstance(m, Mapping) for m in value))
 
 
 class EnvlinkResourceSession:
@@ -538,6 +546,8 @@ class EnvlinkSessionFactory:
     Raises:
         ValueError: an unknown ``tool_transport``, or both ``client_config`` and
             ``client_options``.
+        InvalidArgumentError: ``capture_url`` without ``sampling`` (or with
+            ``loop_owning=False``): nothing would be captured.
         TypeError: a ``client_options`` key that is not client configuration.
     """
 
@@ -567,6 +577,16 @@ class EnvlinkSessionFactory:
             raise ValueError(f"tool_transport must be 'step' or 'mcp', got {tool_transport!r}")
         if sampling is not None and not isinstance(sampling, Mapping):
             raise TypeError(f"sampling must be a mapping, got {type(sampling).__name__}")
+        if capture_url is not None and sampling is None:
+            raise InvalidArgumentError(
+                "capture_url= needs sampling=, the trainer's sampling policy: the capture "
+                "proxy mints each rollout's key for one policy and captures for training "
+                "only under it. Pass sampling={...} (TRL's HarnessRolloutWorker passes it "
+                "itself: give capture_url= through functools.partial)")
+        if capture_url is not None and loop_owning is False:
+            raise InvalidArgumentError(
+                "capture_url= is for loop-owning sessions, but loop_owning=False: drop "
+                "loop_owning=False, or drop capture_url= for step sessions")
         self.base_url = base_url
         self.client_class = client_class
         self.client_config = adapter_config(client_config, client_options)

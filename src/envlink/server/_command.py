@@ -105,7 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     faults.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S",
                         help="seconds added before every answer")
     faults.add_argument("--drop-after", type=positive_int, metavar="N",
-                        help="drop a connection when its Nth request arrives (once)")
+                        help="drop a connection when its Nth request arrives (once; "
+                             "the state read that confirms an attach to a detached "
+                             "session is not counted, so N is the same in every mode)")
     faults.add_argument("--drop-mode", choices=DROP_MODES, default="before_apply",
                         help="when --drop-after's drop happens: before_apply (the request "
                              "is never applied), after_apply (applied, never answered), "

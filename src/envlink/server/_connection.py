@@ -22,7 +22,9 @@ class ConnectionHandle:
         resumed: ``True``/``False`` if the client asked to resume, else ``None``.
         session_id: public id of the session it is attached to (``None`` if the
             session could not be created, e.g. at capacity).
-        requests: frames received so far (the count the ``*_after`` faults use).
+        requests: frames received so far (the count the ``*_after`` faults use), but
+            the state read that confirms an attach to a detached session, which is
+            part of opening the connection.
     """
 
     def __init__(self, seq: int, connection: ServerConnection, *, extensions: bool,

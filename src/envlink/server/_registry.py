@@ -55,6 +55,10 @@ class SessionRegistry:
         """The live session with this public id (``KeyError`` if none)."""
         return self._sessions[session_id]
 
+    def find(self, session_id: str) -> Session | None:
+        """The live session with this public id, if any."""
+        return self._sessions.get(session_id)
+
     def by_token(self, token: str) -> Session | None:
         """The live session with this token, if any."""
         return self._by_token.get(token)

@@ -406,6 +406,12 @@ class EnvServer(Observable):
 
     async def _serve(self, connection: ServerConnection, handle: ConnectionHandle,
                      session: Session, plan: Plan) -> Outcome:
+        # A client that attaches to a detached session (/ws?session_id=) may read its
+        # state first to confirm the attach (envlink's does). That read is part of
+        # opening the connection: faults neither count it nor fire on it, so that
+        # --drop-after N and the other fault flags land on the same request in every
+        # mode.
+        confirming = plan.attach is not None
         while True:
             try:
                 if self.idle_timeout is None:
@@ -420,23 +426,29 @@ class EnvServer(Observable):
                 # resumable for its grace window.
                 await connection.close(1001, "idle timeout")
                 return Outcome.LOST
-            handle.requests += 1
             frame = classify(raw, extensions=session.extensions,
                              max_values=self.max_message_values)
+            exempt = confirming and frame.kind == "state"
+            confirming = False
+            if not exempt:
+                handle.requests += 1
             self._counters.incr("request")
             self._counters.incr(f"request.{frame.kind}")
             if frame.kind in METHODS:
                 with self._telemetry.span(frame, session.id, plan.trace_context) as span:
-                    outcome = await self._process(connection, handle, session, frame, span)
+                    outcome = await self._process(connection, handle, session, frame, span,
+                                                  exempt=exempt)
             else:
-                outcome = await self._process(connection, handle, session, frame, None)
+                outcome = await self._process(connection, handle, session, frame, None,
+                                              exempt=exempt)
             if outcome is not Outcome.CONTINUE:
                 return outcome
 
     async def _process(self, connection: ServerConnection, handle: ConnectionHandle,
-                       session: Session, frame: Frame, span: Span | None) -> Outcome:
+                       session: Session, frame: Frame, span: Span | None, *,
+                       exempt: bool = False) -> Outcome:
         number = handle.requests
-        faults = FaultChain(handle.faults, self.faults)
+        faults = FaultChain() if exempt else FaultChain(handle.faults, self.faults)
         if faults.take_stall(number):
             self._counters.incr("stall")
             handle.stall()

@@ -14,6 +14,8 @@ Scenarios:
   the package's server as a process), in a pool and in the TRL adapter.
 - ``echo URL``: the echo package's ``MCPToolClient`` subclass, OpenEnv's against
   the adopted one.
+- ``echo_on_envlink URL``: the same adopted client against ``envlink serve`` (and,
+  with ``WITH_OPENENV=1``, OpenEnv's own class too).
 - ``counter URL``: the counter package's typed client under ``on_session_lost``,
   through a proxy the test set to cut the connection mid-episode.
 """
@@ -202,6 +204,37 @@ def echo() -> dict[str, Any]:
     return out
 
 
+def echo_on_envlink() -> dict[str, Any]:
+    """The echo package's MCPToolClient, adopted, against ``envlink serve`` (and OpenEnv's
+    own class, where the server offers HTTP MCP sessions): tools listed and called over
+    POST /mcp on the client's session, errors typed."""
+    from echo_env import EchoEnv
+
+    Echo = envlink.adopt(EchoEnv)
+
+    async def session(env: Any) -> dict[str, Any]:
+        async with env:
+            await env.reset()
+            tools = await env.list_tools()
+            out: dict[str, Any] = {
+                "tools": sorted(t.name for t in tools),
+                "tool_class": type(tools[0]).__name__,
+                "call": await env.call_tool("echo_message", message="Hello!"),
+                "call_length": await env.call_tool("echo_with_length", message="Test"),
+            }
+            try:
+                await env.call_tool("nope")
+            except Exception as exc:
+                out["unknown"] = [type(exc).__name__, isinstance(exc, RuntimeError)]
+            out["step_count"] = (await env.state()).step_count
+            return out
+
+    out = {"adopted": asyncio.run(session(Echo(base_url=URL)))}
+    if os.environ.get("WITH_OPENENV") == "1":
+        out["openenv"] = asyncio.run(session(EchoEnv(base_url=URL)))
+    return out
+
+
 # -------------------------------------------------------------------- the counter package
 
 
@@ -234,4 +267,5 @@ def counter() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"template": template, "echo": echo, "counter": counter}[SCENARIO]()))
+    print(json.dumps({"template": template, "echo": echo, "counter": counter,
+                      "echo_on_envlink": echo_on_envlink}[SCENARIO]()))

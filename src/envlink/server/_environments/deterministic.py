@@ -17,6 +17,33 @@ __all__ = ["DeterministicEnvironment"]
 
 _DRAW_RANGE = 1_000_000
 
+_INT: dict[str, Any] = {"type": "integer"}
+_ACTION_SCHEMA: dict[str, Any] = {
+    "title": "MoveAction", "type": "object", "additionalProperties": False,
+    "properties": {"move": dict(_INT, title="Move",
+                                description="how far the walker moves (negative: back)")},
+    "required": ["move"],
+}
+_OBSERVATION_SCHEMA: dict[str, Any] = {
+    "title": "WalkObservation", "type": "object",
+    "properties": {
+        "position": dict(_INT, title="Position"),
+        "draw": dict(_INT, title="Draw", minimum=0, maximum=_DRAW_RANGE - 1),
+        "step": dict(_INT, title="Step", minimum=0),
+        "done": {"type": "boolean"},
+        "reward": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+    },
+    "required": ["position", "draw", "step"],
+}
+_STATE_SCHEMA: dict[str, Any] = {
+    "title": "WalkState", "type": "object",
+    "properties": {
+        "episode_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "step_count": dict(_INT, minimum=0),
+        "position": _INT, "seed": _INT, "max_steps": dict(_INT, minimum=1),
+    },
+}
+
 
 class DeterministicEnvironment:
     """A walker on a line with a seeded random draw per step. Supports snapshots.
@@ -81,6 +108,11 @@ class DeterministicEnvironment:
             reward=draw / _DRAW_RANGE,
             done=self._step >= self._max_steps,
         )
+
+    def schema(self) -> dict[str, Any]:
+        """The action's, observations' and state's JSON schemas, for ``GET /schema``."""
+        return {"action": _ACTION_SCHEMA, "observation": _OBSERVATION_SCHEMA,
+                "reset_observation": _OBSERVATION_SCHEMA, "state": _STATE_SCHEMA}
 
     def state(self) -> dict[str, Any]:
         """Episode id, step count, position, seed and step limit."""

@@ -46,6 +46,23 @@ TOOLS: tuple[dict[str, Any], ...] = (
 )
 
 
+_OBSERVATION_SCHEMA: dict[str, Any] = {
+    "title": "EchoObservation", "type": "object",
+    "description": "an echo (echoed_message, message_length), a tool list (tools) or a "
+                   "tool call's answer (tool_name, result, error)",
+    "properties": {
+        "echoed_message": {"type": "string"},
+        "message_length": {"type": "integer", "minimum": 0},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        "tool_name": {"type": "string"},
+        "result": {},
+        "error": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        "done": {"type": "boolean"},
+        "reward": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+    },
+}
+
+
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -146,9 +163,10 @@ class EchoEnvironment:
                                "and echo_with_length (like OpenEnv's echo example)."}
 
     def schema(self) -> dict[str, Any]:
-        """The action's JSON schema, for ``GET /schema``."""
+        """The action's and observations' JSON schemas, for ``GET /schema``."""
         return {"action": TypeAdapter(_EchoAction | _ListToolsAction | _CallToolAction)
-                .json_schema()}
+                .json_schema(), "observation": _OBSERVATION_SCHEMA,
+                "reset_observation": _OBSERVATION_SCHEMA}
 
     def state(self) -> dict[str, Any]:
         """``episode_id`` and ``step_count``, like OpenEnv's ``State``."""

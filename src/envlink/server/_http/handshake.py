@@ -122,7 +122,8 @@ class Handshake:
             return refused
         if path == "/mcp":
             return rpc_response(connection, server._registry, server.max_sessions,
-                                server._counters, detached=server.detached_sessions)
+                                server._counters, detached=server.detached_sessions,
+                                token=_header(request.headers, RESUME_TOKEN_HEADER))
         if path not in ("/ws", "/harness"):
             return _plain_http(connection, server, path)
         faults = server.faults

@@ -1,4 +1,15 @@
-"""``POST /mcp`` on the WebSocket port: OpenEnv 0.10's detached-session endpoints.
+"""``POST /mcp`` on the WebSocket port: OpenEnv 0.10's HTTP MCP.
+
+``tools/list`` and ``tools/call`` are served in every mode, as OpenEnv's server
+serves them: on the session named by ``params.session_id`` (an OpenEnv detached
+session), or by the ``envlink-resume`` header (the caller's own envlink session,
+named by its secret token), else on a temporary environment. They run the
+environment's ``list_tools`` / ``call_tool`` actions outside the episode's steps
+(an environment without them answers ``-32603`` "Environment does not support
+MCP", as OpenEnv's does), and answer a FastMCP-shaped result (``content``,
+``structured_content``, ``data``, ``is_error``); a tool's error is a JSON-RPC error.
+The detached-session methods (``openenv/session/create`` and ``close``) are served
+with ``detached`` only (``--detached-sessions``).
 
 websockets' HTTP parser serves the opening handshake and refuses a request with a
 body before ``process_request`` sees it. :class:`HttpAwareConnection` reads a
@@ -10,12 +21,16 @@ websockets untouched.
 
 from __future__ import annotations
 
+import contextlib
 import http
 import json
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Response
+
+from envlink._errors import ActionRejectedError
 
 if TYPE_CHECKING:
     from envlink.server._counters import AwaitableCounters
@@ -100,11 +115,14 @@ def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> byt
 
 
 def rpc_response(connection: ServerConnection, registry: SessionRegistry, max_sessions: int,
-                 counters: AwaitableCounters, *, detached: bool = True) -> Response:
+                 counters: AwaitableCounters, *, detached: bool = True,
+                 token: str | None = None) -> Response:
     """Answer one ``POST /mcp`` JSON-RPC request (HTTP 200 with a JSON-RPC body, as OpenEnv).
 
     Without ``detached`` the session methods are unknown (``-32601``, as a server
-    without detached sessions answers), so clients fall back to plain sessions.
+    without detached sessions answers), so clients fall back to plain sessions; the
+    tool methods are served all the same. ``token``: the request's ``envlink-resume``
+    header (the tools then run on that session).
     """
     body = getattr(connection, "rpc_body", None)
     if body is None:
@@ -123,6 +141,10 @@ def rpc_response(connection: ServerConnection, registry: SessionRegistry, max_se
                 method = request["method"]
                 if not detached and method.startswith("openenv/session/"):
                     answer = rpc_error(request.get("id"), -32601, f"Method not found: {method}")
+                elif method in ("tools/list", "tools/call"):
+                    answer = _tools(registry, request.get("id"), method,
+                                    params if isinstance(params, dict) else {}, token)
+                    counters.incr(f"rpc.{method}")
                 else:
                     answer = _method(registry, max_sessions, request.get("id"), method,
                                      params if isinstance(params, dict) else {})
@@ -169,3 +191,67 @@ def _method(registry: SessionRegistry, max_sessions: int, request_id: Any, metho
                                            "closing": True})
         return rpc_result(request_id, {"session_id": target, "closed": True})
     return rpc_error(request_id, -32601, f"Method not found: {method}")
+
+
+def _tools(registry: SessionRegistry, request_id: Any, method: str, params: dict[str, Any],
+           token: str | None) -> bytes:
+    """``tools/list`` / ``tools/call`` on the named session's environment, or a
+    temporary one (closed afterwards)."""
+    target = params.get("session_id")
+    session = None
+    if target is not None:
+        session = registry.find(target) if isinstance(target, str) else None
+        if session is None:
+            return rpc_error(request_id, -32602, f"Unknown session_id: {target}")
+    elif token is not None:
+        session = registry.by_token(token)
+        if session is None:
+            return rpc_error(request_id, -32602, "Unknown session (envlink-resume token)")
+    env = session.env if session is not None else registry.factory()
+    try:
+        if method == "tools/list":
+            listed = _tool_step(env, {"type": "list_tools"}).get("tools")
+            if not isinstance(listed, list):
+                return rpc_error(request_id, -32603, "Environment does not support MCP")
+            return rpc_result(request_id, {"tools": listed})
+        name = params.get("name")
+        if not isinstance(name, str) or not name:
+            return rpc_error(request_id, -32602, "Missing 'name' in params")
+        arguments = params.get("arguments", {})
+        answer = _tool_step(env, {"type": "call_tool", "tool_name": name,
+                                  "arguments": arguments if isinstance(arguments, dict)
+                                  else {}})
+        if "tool_name" not in answer:
+            return rpc_error(request_id, -32603, "Environment does not support MCP")
+        error = answer.get("error")
+        if isinstance(error, dict):
+            return rpc_error(request_id, -32603, str(error.get("message", "tool failed")),
+                             {"error_type": error.get("error_type")})
+        value = answer.get("result")
+        text = value if isinstance(value, str) else json.dumps(value)
+        return rpc_result(request_id, {
+            "content": [{"type": "text", "text": text}],
+            "structured_content": {"result": value}, "data": value, "is_error": False})
+    except _NoTools:
+        return rpc_error(request_id, -32603, "Environment does not support MCP")
+    except Exception as exc:
+        return rpc_error(request_id, -32603, str(exc) or type(exc).__name__)
+    finally:
+        if session is None:
+            close = getattr(env, "close", None)
+            if callable(close):
+                with contextlib.suppress(Exception):
+                    close()
+
+
+class _NoTools(Exception):
+    """The environment refused the MCP-style action: it has no tools."""
+
+
+def _tool_step(env: Any, action: dict[str, Any]) -> dict[str, Any]:
+    try:
+        result = env.step(action)
+    except (ActionRejectedError, ValidationError) as exc:
+        raise _NoTools from exc
+    observation = result.observation
+    return dict(observation) if isinstance(observation, dict) else {}
