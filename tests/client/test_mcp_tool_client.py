@@ -107,22 +107,26 @@ def test_call_tool_is_a_step_where_the_server_has_no_http_tools(
 def test_use_production_mode_is_settable_with_openenvs_effect(
         server_thread: ServerThread) -> None:
     """As in OpenEnv, `env.use_production_mode = False` runs tools as steps on a client
-    made in production mode (which goes over POST /mcp, absent on this server), and
+    made in production mode (which calls them over POST /mcp, not as steps), and
     `= True` sends a simulation client's tool calls over POST /mcp; `mode` stays."""
     with EchoEnv(server_thread.url, mode="production") as env:
         env.reset()
-        with pytest.raises(EnvlinkError, match=r"POST /mcp|HTTP MCP"):
-            env.call_tool("echo_message", message="hi")
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert server_thread.server.counter("rpc.tools/call") == 1  # over POST /mcp
         env.use_production_mode = False
         assert env.use_production_mode is False and env.mode == "production"
         assert env.call_tool("echo_message", message="hi") == "hi"
         assert [t.name for t in env.list_tools()] == ECHO_TOOLS
-        assert env.state().step_count == 2
+        assert server_thread.server.counter("rpc.tools/call") == 1  # as steps
+        assert env.state().step_count == 3
     with EchoEnv(server_thread.url, mode="simulation") as env:
         env.reset()
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert server_thread.server.counter("rpc.tools/call") == 1  # a step
         env.use_production_mode = True
-        with pytest.raises(EnvlinkError, match=r"POST /mcp|HTTP MCP"):
-            env.call_tool("echo_message", message="hi")
+        assert env.use_production_mode is True and env.mode == "simulation"
+        assert env.call_tool("echo_message", message="hi") == "hi"
+        assert server_thread.server.counter("rpc.tools/call") == 2  # over POST /mcp
     with pytest.raises(TypeError, match="bool"):
         EchoEnv(URL).use_production_mode = 1  # type: ignore[assignment]
 
