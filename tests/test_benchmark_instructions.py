@@ -114,13 +114,24 @@ def test_the_constraints_pin_the_baselines_dependency_versions() -> None:
         if sep:
             pins[name.lower().replace("_", "-")] = pinned
     baselines = json.loads((ROOT / "benchmarks" / "instruction_baseline.json").read_text())
-    for minor, base in baselines["pythons"].items():
-        recorded = {k: v for k, v in base["versions"].items() if k != "python"}
-        assert set(recorded) == set(_guard().PACKAGES), minor
-        assert {k: pins.get(k) for k in recorded} == recorded, minor
+    # The websockets baseline (under "pythons") and the picows one (under "fast"): each
+    # records the versions it was counted with, every one pinned at that version.
+    sections = [("websockets", baselines["pythons"])]
+    sections += [("picows", baselines["fast"]["pythons"])] if "fast" in baselines else []
+    assert [arm for arm, _ in sections] == list(_guard().ARMS)
+    for arm, pythons in sections:
+        for minor, base in pythons.items():
+            recorded = {k: v for k, v in base["versions"].items() if k != "python"}
+            assert set(recorded) <= set(_guard().PACKAGES), (arm, minor)
+            assert {"websockets", "pydantic-core", "opentelemetry-api"} <= set(recorded)
+            if arm == "picows":
+                assert {"picows", "uvloop"} <= set(recorded), minor
+            assert {k: pins.get(k) for k in recorded} == recorded, (arm, minor)
     ci = (ROOT / ".ci" / "run").read_text()
     install = ci.index("-c benchmarks/instruction_constraints.txt")
     assert install < ci.index("tests/test_benchmark_instructions.py")
+    # ... with the fast extra, so that the picows baseline is guarded there too.
+    assert "'.[fast]'" in ci[install:ci.index("tests/test_benchmark_instructions.py")]
 
 
 def test_the_guard_names_the_versions_that_differ_from_the_baselines(
