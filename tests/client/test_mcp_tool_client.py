@@ -16,7 +16,6 @@ from envlink import (
     CallToolObservation,
     EchoEnv,
     EchoObservation,
-    EnvlinkError,
     GenericEnvClient,
     ListToolsAction,
     ListToolsObservation,
