@@ -37,15 +37,6 @@ pytestmark = [pytest.mark.timeout(120),
 
 WORKER = Path(_edge_worker.__file__)
 
-#: A worker ended by SIGTERM while its client is still open: the episodes it finished
-#: (each ended by the next reset) are still waiting for the writer thread and are lost,
-#: although issue 47 (build item 1) asks for them on disk at SIGTERM. The recorder runs
-#: no hook at SIGTERM yet; remove this mark once it does (the phase then reports XPASS).
-SIGTERM_LOSES_WAITING_EPISODES = pytest.mark.xfail(
-    reason="the recorder does not write a worker's finished episodes at SIGTERM while its "
-           "client is open (issue 47, build item 1)", strict=False)
-
-
 @dataclass
 class _Seg:
     seed: int
@@ -126,14 +117,15 @@ def _open_seed() -> int:
     return 500 + EPISODES
 
 
-@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=SIGTERM_LOSES_WAITING_EPISODES),
-                                 signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_worker_signalled_mid_episode(tmp_path: Path, server: ServerThread,
                                         sig: signal.Signals) -> None:
     """A worker signalled with an episode open: the episodes it finished are on disk
-    once (under SIGKILL, those written before it: the worker flushed them); the open
-    episode is never recorded as more than the caller got, and under SIGKILL not at
-    all; 0 broken lines."""
+    once (under SIGTERM, those still waiting for the writer too: the recorder's handler
+    writes them; under SIGKILL, those written before it: the worker flushed them); the
+    open episode is never recorded as more than the caller got, under SIGTERM it is
+    written as ``close`` and under SIGKILL not at all; the worker still ends by its
+    signal; 0 broken lines."""
     mode = "term" if sig == signal.SIGTERM else "kill"
     proc, recordings, ledger = _worker(mode, server, tmp_path)
     try:
@@ -149,9 +141,14 @@ def test_a_worker_signalled_mid_episode(tmp_path: Path, server: ServerThread,
     open_seed = _open_seed()
     counts = _assert_recorded(recordings, segments, what=f"{sig.name} worker",
                               optional=frozenset({open_seed}))
-    assert counts["episodes"] >= EPISODES
     if sig == signal.SIGKILL:
         assert counts["episodes"] == EPISODES  # the open episode never ended
+        return
+    assert counts["episodes"] == EPISODES + 1
+    outcomes = {json.loads(line)["reset"]["kwargs"]["seed"]: json.loads(line)["outcome"]
+                for f in sorted(recordings.glob("*.jsonl"))
+                for line in f.read_text(encoding="utf-8").splitlines()}
+    assert outcomes[open_seed] == "close", outcomes
 
 
 def test_exit_with_an_episode_open(tmp_path: Path, server: ServerThread) -> None:

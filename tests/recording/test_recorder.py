@@ -257,13 +257,18 @@ def _redact(value: Any) -> Any:
 
 def test_a_recorder_pickles_as_its_settings(tmp_path: Path) -> None:
     recorder = RolloutRecorder(tmp_path, redact=_redact, max_file_bytes=1000,
-                               max_buffered_bytes=2000, part_steps=30, part_bytes=4000)
+                               max_buffered_bytes=2000, part_steps=30, part_bytes=4000,
+                               flush_on_sigterm=False)
     config = ClientConfig(recorder=recorder)
     copy = pickle.loads(pickle.dumps(config))
     assert copy.recorder is not recorder
     got = copy.recorder
     assert (got.directory, got.redact, got.max_file_bytes, got.max_buffered_bytes,
-            got.part_steps, got.part_bytes) == (tmp_path, _redact, 1000, 2000, 30, 4000)
+            got.part_steps, got.part_bytes, got.flush_on_sigterm) == (
+        tmp_path, _redact, 1000, 2000, 30, 4000, False)
+    assert pickle.loads(pickle.dumps(RolloutRecorder(tmp_path))).flush_on_sigterm is True
+    with pytest.raises(TypeError, match="flush_on_sigterm"):
+        RolloutRecorder(tmp_path, flush_on_sigterm=1)  # type: ignore[arg-type]
     for bad in ("max_buffered_bytes", "part_steps", "part_bytes"):
         with pytest.raises(ValueError, match=bad):
             RolloutRecorder(tmp_path, **{bad: 0})

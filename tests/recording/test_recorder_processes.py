@@ -101,7 +101,7 @@ if __name__ == "__main__":
         with GenericEnvClient(URL, recorder=recorder).sync() as env:
             episode(env, 10)
         print("closed", flush=True)
-        sys.stdin.read()  # terminated here, the default SIGTERM: no exit hook runs
+        sys.stdin.read()  # terminated here
     parent.close()
     recorder.close()
 '''
@@ -199,6 +199,6 @@ def test_episodes_a_client_closed_are_on_disk_before_a_sigterm(
         if child.poll() is None:
             child.kill()
             child.wait(10)
-    # The parent's finished episode was queued first: written too. Its open one is lost
-    # with the process (the default SIGTERM runs no hook).
-    assert _by_seed(load(directory)) == {1: ["done"], 10: ["done"]}
+    # The parent's finished episode was queued first: written too; its open one is
+    # written as "close" by the recorder's SIGTERM handler.
+    assert _by_seed(load(directory)) == {1: ["done"], 2: ["close"], 10: ["done"]}

@@ -30,7 +30,7 @@ from opentelemetry import trace
 
 from envlink._config import check_count
 from envlink._events.client_events import ClientEvent, ClientHook, PhaseStarted
-from envlink._recording.writer import Episode, Sink, track, writer_number
+from envlink._recording.writer import Episode, Sink, arm_sigterm, track, writer_number
 from envlink._sansio.journal import encode_payload
 from envlink.names import HOOK_RECOVERY_FINISHED
 
@@ -60,6 +60,11 @@ class RolloutRecorder:
     a random part in their names) into the same directory. A forked child starts
     with files, counts and a writer of its own.
 
+    At SIGTERM, what waits for the disk is written (open episodes as ``close``, for
+    at most 2 s), then the process ends by SIGTERM as it would have: the recorder
+    installs a handler, where it is made (or unpickled) on the main thread, if
+    SIGTERM's disposition is the default; never in place of the application's.
+
     Args:
         directory: where the files go (made when the first episode is written).
         redact: applied, on the writer thread, to everything that came from the
@@ -77,9 +82,13 @@ class RolloutRecorder:
         part_bytes: ... and of at most about this many bytes of frames.
         prefix: the files' name prefix.
         max_episode_steps: the former name of ``part_steps`` (deprecated).
+        flush_on_sigterm: whether to install that SIGTERM handler (``False``: a
+            SIGTERM ends the process with what waits for the disk lost, unless
+            another recorder of the process installed it).
 
     Raises:
-        TypeError: ``redact`` is not callable, or a bound is not a whole number.
+        TypeError: ``redact`` is not callable, a bound is not a whole number, or
+            ``flush_on_sigterm`` is not a bool.
         ValueError: a bound below 1.
     """
 
@@ -91,9 +100,13 @@ class RolloutRecorder:
                  part_steps: int = 10_000,
                  part_bytes: int = 16 * 1024 * 1024,
                  prefix: str = "rollouts",
-                 max_episode_steps: int | None = None) -> None:
+                 max_episode_steps: int | None = None,
+                 flush_on_sigterm: bool = True) -> None:
         if redact is not None and not callable(redact):
             raise TypeError(f"redact must be callable or None, got {type(redact).__name__}")
+        if not isinstance(flush_on_sigterm, bool):
+            raise TypeError("flush_on_sigterm must be a bool, got "
+                            f"{type(flush_on_sigterm).__name__}")
         if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
             raise ValueError(f"prefix must be a file name part, got {prefix!r}")
         if max_episode_steps is not None:
@@ -110,12 +123,16 @@ class RolloutRecorder:
         self.part_steps = check_count(part_steps, "part_steps", minimum=1)
         self.part_bytes = check_count(part_bytes, "part_bytes", minimum=1)
         self.prefix = prefix
+        self.flush_on_sigterm = flush_on_sigterm
         self._sink: Sink | None = None
+        if flush_on_sigterm:
+            arm_sigterm()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (str(self.directory), self.redact, self.max_file_bytes,
                            self.max_buffered_steps, self.part_steps, self.prefix,
-                           self.max_buffered_bytes, self.part_bytes))
+                           self.max_buffered_bytes, self.part_bytes,
+                           self.flush_on_sigterm))
 
     def __repr__(self) -> str:
         return f"RolloutRecorder({str(self.directory)!r})"
@@ -172,11 +189,13 @@ class RolloutRecorder:
 def _rebuild(directory: str, redact: Callable[[Any], Any] | None, max_file_bytes: int,
              max_buffered_steps: int, part_steps: int, prefix: str,
              max_buffered_bytes: int = 1024 * 1024 * 1024,
-             part_bytes: int = 16 * 1024 * 1024) -> RolloutRecorder:
+             part_bytes: int = 16 * 1024 * 1024,
+             flush_on_sigterm: bool = True) -> RolloutRecorder:
     return RolloutRecorder(directory, redact=redact, max_file_bytes=max_file_bytes,
                            max_buffered_bytes=max_buffered_bytes,
                            max_buffered_steps=max_buffered_steps,
-                           part_steps=part_steps, part_bytes=part_bytes, prefix=prefix)
+                           part_steps=part_steps, part_bytes=part_bytes, prefix=prefix,
+                           flush_on_sigterm=flush_on_sigterm)
 
 
 def _span_ids() -> tuple[int, int] | None:

@@ -22,10 +22,14 @@ Process edges: a forked child starts with a recorder state of its own (writer,
 counts, files; the parent's pending episodes are the parent's to write). At exit,
 episodes still open are written as ``close`` and the rest flushed: from ``atexit``
 and from ``multiprocessing``'s finalizers, which run before a child's ``os._exit``.
+At ``SIGTERM`` (how a ``with multiprocessing.Pool()`` block ends its workers), the same,
+for a bounded time, from a handler installed where SIGTERM's disposition is the default
+(:func:`arm_sigterm`); the process then still ends by SIGTERM.
 """
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import errno
@@ -33,6 +37,7 @@ import itertools
 import logging
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -54,6 +59,7 @@ __all__ = [
     "Episode",
     "Sink",
     "Step",
+    "arm_sigterm",
 ]
 
 #: Episodes recorded (``written``) or ``dropped``, by ``envlink.recording.result``.
@@ -68,6 +74,8 @@ _log = logging.getLogger("envlink.recording")
 _GATHER = 0.05
 #: Seconds the exit hook waits for the writer.
 _EXIT_WAIT = 5.0
+#: Seconds a SIGTERM waits for the writer before the process ends.
+_SIGTERM_WAIT = 2.0
 
 #: One step as a tape keeps it: whether the first two are frames (request and answer,
 #: as on the wire) or payload texts, the action, the answer, its start
@@ -652,6 +660,18 @@ _HOOKED_PID = 0
 #: This process's generation: one more in a forked child; and its pid.
 _GENERATION = 0
 _PID = os.getpid()
+#: Whether a recorder asked for writing at SIGTERM, and the process that decided
+#: whether its SIGTERM handler is the recorder's (:func:`arm_sigterm`).
+_SIGTERM_WANTED = False
+_SIGTERM_PID = 0
+#: Whether the handler has begun in this process; the process whose pipe is the
+#: wakeup fd, and the pipe's ends (:func:`_watch_sigterm`).
+_SIGTERM_BEGUN = False
+_WAKE: tuple[int, int, int] | None = None
+#: The process whose exit hook is running, and whether a SIGTERM waits for its end.
+_EXITING = 0
+_SIGTERM_DEFERRED = False
+_CAN_SIGNAL = os.name == "posix"
 
 
 def _process_writer() -> _Writer:
@@ -675,8 +695,11 @@ def writer_number() -> tuple[_Writer, int]:
 def track(tape: Any) -> None:
     """Know ``tape`` at exit; make sure this process's exit hooks are in place."""
     _TAPES.add(tape)
-    if os.getpid() != _HOOKED_PID:
+    pid = os.getpid()
+    if pid != _HOOKED_PID:
         _hook_exit()
+    if _SIGTERM_WANTED and pid != _SIGTERM_PID:  # a recorder made off the main thread
+        arm_sigterm()
 
 
 def _hook_exit() -> None:
@@ -691,21 +714,156 @@ def _hook_exit() -> None:
         mp_util.Finalize(None, _write_at_exit, exitpriority=-100)
 
 
-def _write_at_exit() -> None:
-    """The episodes still open end as ``close``; then everything queued is written."""
-    for tape in list(_TAPES):
-        try:
-            tape.close(wait=False)
-        except Exception:
-            _log.exception("envlink rollout recorder could not end an episode at exit")
-    writer = _WRITER
-    if writer is None or writer.pid != os.getpid():
+def _write_at_exit(timeout: float = _EXIT_WAIT) -> None:
+    """The episodes still open end as ``close``; then everything queued is written
+    (waited for at most ``timeout`` seconds). A SIGTERM that came meanwhile (the
+    handler leaves the work to this hook) then ends the process."""
+    global _EXITING
+    _EXITING = os.getpid()
+    try:
+        for tape in list(_TAPES):
+            try:
+                tape.close(wait=False)
+            except Exception:
+                _log.exception("envlink rollout recorder could not end an episode at exit")
+        writer = _WRITER
+        if writer is not None and writer.pid == os.getpid():
+            writer.wait(writer.last(), timeout)
+    finally:
+        _EXITING = 0
+        if _SIGTERM_DEFERRED:
+            _end_by_sigterm()
+
+
+def arm_sigterm() -> None:
+    """Write what waits for the disk when this process gets SIGTERM.
+
+    Installs :func:`_on_sigterm` if SIGTERM's disposition is the default: a handler
+    the application or a framework set stays, and so does ``SIG_IGN``. Only the main
+    thread can install a handler; called from another, it does nothing, and the next
+    use of a recorder in the main thread tries again. Called where a recorder is made
+    (or unpickled), where a client's tape is made, and in a forked child; once a
+    process has decided, it costs one comparison.
+    """
+    global _SIGTERM_WANTED, _SIGTERM_PID
+    _SIGTERM_WANTED = True
+    pid = os.getpid()
+    if pid == _SIGTERM_PID or not _CAN_SIGNAL:
         return
-    writer.wait(writer.last(), _EXIT_WAIT)
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        if handler is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, handler := _on_sigterm)
+    except ValueError:  # not the main thread (or not the main interpreter)
+        return
+    _SIGTERM_PID = pid
+    if handler is _on_sigterm:
+        _watch_sigterm()
+
+
+def _watch_sigterm() -> None:
+    """Start the thread that sees SIGTERM arrive (through the wakeup fd, unless the
+    application uses it) and makes sure the main thread runs the handler.
+
+    A signal meant for a Python handler can fail to interrupt the main thread, where
+    alone the handler runs: taken by another thread, or arriving just before the
+    main thread blocks. The main thread then stays blocked (a ``multiprocessing``
+    queue's lock) without running it: forever in a pool worker whose queue its pool
+    holds, which the default disposition would have ended. The thread sends SIGTERM
+    again to the main thread itself, every 0.2 s, until the handler begins.
+    """
+    global _WAKE
+    if _WAKE is not None and _WAKE[0] != os.getpid():  # a forked child: the parent's pipe
+        for fd in _WAKE[1:]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        inherited, _WAKE = _WAKE[2], None
+    else:
+        inherited = -1
+    if _WAKE is not None:
+        return
+    read, write = os.pipe()
+    try:
+        os.set_blocking(write, False)
+        old = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if old not in (-1, inherited):  # the application's (asyncio's): it stays
+            signal.set_wakeup_fd(old)
+            raise ValueError("the wakeup fd is in use")
+        threading.Thread(target=_watch, args=(read, threading.get_ident()),
+                         name="envlink-sigterm-watch", daemon=True).start()
+    except (ValueError, OSError, RuntimeError):
+        os.close(read)
+        os.close(write)
+        return
+    _WAKE = (os.getpid(), read, write)
+
+
+def _watch(fd: int, main: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 512)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM in data:
+            break
+    while True:
+        time.sleep(0.2)  # the handler normally begins within microseconds
+        if _SIGTERM_BEGUN or signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+            return
+        try:
+            signal.pthread_kill(main, signal.SIGTERM)
+        except OSError:
+            return
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM: the episodes still open end as ``close`` and everything queued is
+    written, waited for at most ``_SIGTERM_WAIT`` seconds; then the default disposition
+    comes back and SIGTERM is sent again, so that the process ends by SIGTERM as it
+    would have (its exit status unchanged). A SIGTERM meanwhile changes nothing.
+
+    Python runs this on the main thread, between two of its bytecodes, perhaps while
+    it holds a lock of the recorder's or of ``logging``'s: the work is done on a thread
+    of its own, which such a lock can delay but never the end of the process.
+    """
+    global _SIGTERM_BEGUN, _SIGTERM_DEFERRED
+    if _SIGTERM_BEGUN:
+        return
+    _SIGTERM_BEGUN = True
+    if os.getpid() == _EXITING:
+        # The exit hook runs on this thread (a worker ending as SIGTERM came), perhaps
+        # with an episode in hand: it writes it, then ends the process.
+        _SIGTERM_DEFERRED = True
+        return
+    try:
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(_write_at_sigterm, (done,))
+        done.acquire(timeout=_SIGTERM_WAIT)
+    finally:
+        _end_by_sigterm()
+
+
+def _end_by_sigterm() -> None:
+    """End the process by SIGTERM, as the default disposition does."""
+    with contextlib.suppress(ValueError):  # not the main thread: the handler returns
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _write_at_sigterm(done: Any) -> None:
+    try:
+        _write_at_exit(_SIGTERM_WAIT)
+    except BaseException:  # the process ends all the same
+        pass
+    finally:
+        done.release()
 
 
 def _after_fork_in_child() -> None:
-    global _WRITER, _WRITER_LOCK, _GENERATION, _PID
+    global _WRITER, _WRITER_LOCK, _GENERATION, _PID, _SIGTERM_BEGUN, _SIGTERM_DEFERRED
     _WRITER, _WRITER_LOCK = None, threading.Lock()
     _GENERATION += 1
     _PID = os.getpid()
@@ -713,6 +871,9 @@ def _after_fork_in_child() -> None:
         sink.after_fork_in_child()
     for tape in list(_TAPES):
         tape.after_fork_in_child()
+    _SIGTERM_BEGUN = _SIGTERM_DEFERRED = False
+    if _SIGTERM_WANTED:  # the parent's handler is inherited; else, the child's own
+        arm_sigterm()
 
 
 # atexit runs its hooks last registered first: this one, registered at import, may run
