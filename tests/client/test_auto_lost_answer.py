@@ -97,12 +97,15 @@ async def test_auto_answers_a_lost_answer_by_replay(
 
 @pytest.mark.parametrize("why", ["resume", "diverged", "truncated"])
 async def test_without_a_replay_the_step_is_reported_applied(
-        server: Callable[..., ServerProcess], why: str) -> None:
+        tmp_path: Path, server: Callable[..., ServerProcess], why: str) -> None:
     """``resume`` alone, a replay that answers differently, a journal that cannot be
     replayed: OutcomeUnknownError(applied=True), and the episode goes on on the old
-    session (the step applied once, no session left behind)."""
+    session (the step applied once, no session left behind); the recording lists that
+    step among the unknown steps, never as an applied step with an answer."""
     srv = server(*DROP)
-    options: dict[str, Any] = {"on_session_lost": "resume" if why == "resume" else "auto"}
+    recorder = RolloutRecorder(tmp_path)
+    options: dict[str, Any] = {"on_session_lost": "resume" if why == "resume" else "auto",
+                               "recorder": recorder}
     if why == "diverged":
         options["replay_verify"] = lambda recorded, replayed: False
     if why == "truncated":
@@ -121,3 +124,9 @@ async def test_without_a_replay_the_step_is_reported_applied(
     assert srv.health()["sessions"] == 0
     assert state["step_count"] == LOST + 2
     assert state["position"] == sum(MOVES[:LOST + 2])
+    recorder.close()
+    [record] = load(tmp_path)
+    assert [s["action"] for s in record["steps"]] == [
+        {"move": m} for k, m in enumerate(MOVES[:LOST + 2]) if k != LOST]
+    assert [(u["action"], u["after"]) for u in record["unknown_steps"]] == [
+        ({"move": MOVES[LOST]}, LOST)]

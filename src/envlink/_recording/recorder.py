@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any
 from opentelemetry import trace
 
 from envlink._config import check_count
+from envlink._errors import OutcomeUnknownError
 from envlink._events.client_events import ClientEvent, ClientHook, PhaseStarted
 from envlink._recording.writer import Episode, Sink, arm_sigterm, track, writer_number
 from envlink._sansio.journal import encode_payload
@@ -297,14 +299,16 @@ class Tape:
             self._next_part(ep)
 
     def step_failed(self, call: Any, action: dict[str, Any], core: Any) -> None:
-        """A step raised: if its request may have reached the server unanswered, its
-        outcome is unknown (never recorded as applied); if the session lost the
-        episode, the episode ends as ``lost``."""
+        """A step raised: if its request may have reached the server unanswered, or the
+        step raises :class:`~envlink.OutcomeUnknownError` (applied, its answer lost),
+        its outcome is unknown (never recorded as applied); if the session lost the
+        episode, the episode ends as ``lost``. Called while the step's error is being
+        handled."""
         self.retries, self.recovered = 0, None
         ep = self.episode
         if ep is None:
             return
-        if call.unanswered:
+        if call.unanswered or isinstance(sys.exc_info()[1], OutcomeUnknownError):
             # An action that cannot be written is not what the step raises.
             with contextlib.suppress(Exception):
                 text = encode_payload(action)
