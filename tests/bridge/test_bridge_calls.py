@@ -442,19 +442,23 @@ def test_8_threads_x_500_calls_on_one_proxy(bridge: Bridge) -> None:
 
 def test_timeout_before_the_job_starts_skips_the_cancel_grace() -> None:
     """A call that times out before its coroutine ever ran returns without the grace wait."""
+    import threading
     import time
 
     with Bridge(cancel_grace=3.0) as b:
         b.call(echo, 1, timeout=5)  # the loop is running
         loop = b.loop
         assert loop is not None
-        # Keep the loop busy for 0.3 s so that the job is still unstarted when it times
-        # out; the cancellation then reaches a task that never ran.
-        loop.call_soon_threadsafe(time.sleep, 0.3)
+        # Keep the loop busy until the call has timed out (at most 1 s), so that the job
+        # is still unstarted when it times out, however late this thread runs; the
+        # cancellation then reaches a task that never ran.
+        timed_out = threading.Event()
+        loop.call_soon_threadsafe(timed_out.wait, 1.0)
         start = time.perf_counter()
         with pytest.raises(CallTimeoutError):
             b.call(echo, 2, timeout=0.05)
-        assert time.perf_counter() - start < 1.5  # not the 3 s cancel grace
+        timed_out.set()
+        assert time.perf_counter() - start < 2.0  # not the 3 s cancel grace
 
 
 def test_arguments_named_like_bridge_keywords_reach_the_target(bridge: Bridge) -> None:
