@@ -445,20 +445,26 @@ def test_timeout_before_the_job_starts_skips_the_cancel_grace() -> None:
     import threading
     import time
 
+    started, timed_out = threading.Event(), threading.Event()
+
+    async def hold_the_loop() -> None:
+        # Blocks the loop itself (on purpose) until the call below has timed out (at
+        # most 1 s): that call's job is still unstarted when it times out, however late
+        # this thread runs and whatever order the loop takes its wake-ups in.
+        started.set()
+        timed_out.wait(1.0)
+
     with Bridge(cancel_grace=3.0) as b:
         b.call(echo, 1, timeout=5)  # the loop is running
-        loop = b.loop
-        assert loop is not None
-        # Keep the loop busy until the call has timed out (at most 1 s), so that the job
-        # is still unstarted when it times out, however late this thread runs; the
-        # cancellation then reaches a task that never ran.
-        timed_out = threading.Event()
-        loop.call_soon_threadsafe(timed_out.wait, 1.0)
+        holder = threading.Thread(target=b.call, args=(hold_the_loop,), kwargs={"timeout": 5})
+        holder.start()
+        assert started.wait(5)
         start = time.perf_counter()
         with pytest.raises(CallTimeoutError):
             b.call(echo, 2, timeout=0.05)
         timed_out.set()
         assert time.perf_counter() - start < 2.0  # not the 3 s cancel grace
+        holder.join(5)
 
 
 def test_arguments_named_like_bridge_keywords_reach_the_target(bridge: Bridge) -> None:
