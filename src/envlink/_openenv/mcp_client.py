@@ -148,6 +148,15 @@ def _error_kind(value: Any) -> Any:
     return ToolErrorType(raw)
 
 
+def _kind_in() -> PlainValidator:
+    # json_schema_input_type (its schema named, not "any") is pydantic 2.10's; the
+    # declared floor (2.6) validates the same without it.
+    try:
+        return PlainValidator(_error_kind, json_schema_input_type=ToolErrorType)
+    except TypeError:
+        return PlainValidator(_error_kind)
+
+
 def _kind_out(value: Any, info: FieldSerializationInfo) -> Any:
     return value.value if info.mode_is_json() and isinstance(value, Enum) else value
 
@@ -162,7 +171,7 @@ class ToolError(_ReadableByKey):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     error_type: Annotated[
-        ToolErrorType, PlainValidator(_error_kind, json_schema_input_type=ToolErrorType),
+        ToolErrorType, _kind_in(),
         PlainSerializer(_kind_out, return_type=str),
     ] = Field(default=ToolErrorType.EXECUTION_ERROR, validate_default=True)
     message: str = ""
