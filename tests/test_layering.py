@@ -360,8 +360,10 @@ for info in pkgutil.walk_packages(envlink.__path__, "envlink."):
         continue
     try:
         module = importlib.import_module(info.name)
-    except ModuleNotFoundError as exc:  # an optional extra (verifiers...) not installed
-        if (exc.name or "envlink").partition(".")[0] == "envlink":
+    except ImportError as exc:  # an optional extra (verifiers, Ray...) not installed
+        missing = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+        if not isinstance(missing, ModuleNotFoundError) or \
+                (missing.name or "envlink").partition(".")[0] == "envlink":
             raise
         unimported.append(info.name)
         continue
