@@ -7,7 +7,7 @@ on the test's own event loop (``server``, ``plain_server``, ``any_server``,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from envlink.server import EnvServer, ServerThread
 
 from ._otel_support import Otel
+from ._processes import ServerProcess
 
 #: Options of every test server: no keepalive pings (nothing happens in the background
 #: that a test did not ask for).
@@ -93,3 +94,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for text in getattr(config, "envlink_chaos_summaries", []):
         terminalreporter.write_sep("=", "envlink chaos")
         terminalreporter.write_line(text)
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., ServerProcess]]:
+    """Reference servers (``envlink serve``'s module) in processes, started on demand;
+    all stopped at the end."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        proc = ServerProcess(*args, events=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

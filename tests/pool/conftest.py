@@ -12,7 +12,6 @@ from envlink import GenericEnvClient, set_testing
 from envlink.server import EnvServer
 
 from .._ports import restartable_port
-from .._processes import ServerProcess
 
 
 @pytest.fixture(autouse=True)
@@ -46,18 +45,3 @@ async def solo_run(url: str, reset_kwargs: dict[str, Any], actions: list[Any]
         for action in actions:
             out.append((await env.step(action)).observation)
     return out
-
-
-@pytest.fixture
-def processes() -> Iterator[Callable[..., ServerProcess]]:
-    """Start server processes on demand; all are stopped at the end."""
-    started: list[ServerProcess] = []
-
-    def start(*args: str) -> ServerProcess:
-        proc = ServerProcess(*args, events=True)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +18,6 @@ pytestmark = pytest.mark.timeout(60)
 
 STEPS = 6
 LOST_AT = 3  # the step (from 0) whose server is killed
-
-
-@pytest.fixture
-def processes() -> Iterator[Callable[..., ServerProcess]]:
-    """Reference servers (``envlink serve``'s module) in processes; all stopped at the end."""
-    started: list[ServerProcess] = []
-
-    def start(*args: str) -> ServerProcess:
-        proc = ServerProcess(*args, events=True)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 def _pool(urls: list[str], recorder: RolloutRecorder, **options: Any) -> EnvPool[Any]:
