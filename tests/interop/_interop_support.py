@@ -209,6 +209,26 @@ class RecordingServer:
         assert self.process.port is not None
         return self.process.port
 
+    def ended_connections(self, tag: str, count: int = 1,
+                          deadline: float = 15.0) -> list[Connection]:
+        """The connections tagged ``tag``, once the server is done with ``count`` of them.
+
+        A client's ``close()`` can return before the server's app has read the
+        last frames (the close handshake is the transport's, not the app's): the
+        server announces each connection's end, and this waits for them.
+        """
+        end = time.monotonic() + deadline
+        changed = self.process._lines_changed
+        with changed:
+            while sum(e.get("tag") == tag for e in self.process.events("ws_end")) < count:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(
+                        f"fewer than {count} connections tagged {tag!r} ended within "
+                        f"{deadline}s\n{self.process.diagnostics()}")
+                changed.wait(remaining)
+        return read_connections(self.frame_log, tag)
+
 
 # ------------------------------------------------------------------- the frame log
 

@@ -122,7 +122,7 @@ async def test_generic_client_runs_mcp_episode_on_openenv_echo(
     assert called.observation["result"]["data"] == {"message": "four", "length": 4}
     assert state["step_count"] == 2
 
-    conn = _only(read_connections(echo_server.frame_log, tag))
+    conn = _only(echo_server.ended_connections(tag))
     assert_plain_protocol([conn])
     assert conn.errors == []
     assert _types(conn) == ["reset", "step", "step", "state", "close"]
@@ -227,7 +227,7 @@ def test_sync_facade_typed_episode_on_openenv_counter(
     assert reset.observation.total == 0
     assert (result.observation.total, result.done) == (3, True)
     assert state.step_count == 1
-    conn = _only(read_connections(counter_server.frame_log, tag))
+    conn = _only(counter_server.ended_connections(tag))
     assert_plain_protocol([conn])
     assert [e["data"]["code"] for e in conn.errors] == ["VALIDATION_ERROR"]
     assert _types(conn) == ["reset", "step", "step", "state", "close"]
@@ -249,7 +249,7 @@ def test_sync_facade_disconnect_ends_the_openenv_session(
     finally:
         env.close()
 
-    conns = read_connections(echo_server.frame_log, tag)
+    conns = echo_server.ended_connections(tag, count=2)
     assert len(conns) == 2
     assert_plain_protocol(conns)
     assert [_types(c) for c in conns] == [["reset", "step", "state", "close"],

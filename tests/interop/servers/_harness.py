@@ -143,7 +143,13 @@ class FrameRecorder:
                 self._write({"conn": conn, "event": "close", "code": message.get("code")})
             await send(message)
 
-        await self._app(scope, recording_receive, recording_send)
+        try:
+            await self._app(scope, recording_receive, recording_send)
+        finally:
+            # The app is done with this connection: every frame it read is logged.
+            # A test reading the log right after its client closed waits for this.
+            self._write({"conn": conn, "event": "end"})
+            announce("ws_end", conn=conn, tag=headers.get("x-interop-test"))
 
     async def _record_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Record one HTTP exchange on ``/mcp``: method, body in, status and body out."""
