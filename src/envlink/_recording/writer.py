@@ -174,8 +174,10 @@ def _answer(data: Any, redact: Callable[[Any], Any] | None) -> tuple[Any, Any, b
     return observation, get("reward"), bool(get("done", False)), extra
 
 
-def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str, Any]:
-    """The JSON object of one episode or part (on the writer thread).
+def episode_record(ep: Episode, redact: Callable[[Any], Any] | None, *,
+                   steps_too: bool = True) -> dict[str, Any]:
+    """The JSON object of one episode or part (on the writer thread); ``steps``, its
+    last member, left out unless ``steps_too``.
 
     Everything that came from the caller or the environment goes through ``redact``:
     the reset's kwargs (each value), observations, actions, every other field of an
@@ -203,7 +205,7 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
     chain = ep.chain
     total = 0.0 if chain is None else chain.total
     for index, (frames, action, reply, start, latency, retries, recovered,
-                trace) in enumerate(ep.steps, ep.first_index):
+                trace) in enumerate(ep.steps if steps_too else (), ep.first_index):
         if frames:
             action, reply = from_json(action)["data"], from_json(reply)["data"]
         else:
@@ -234,7 +236,6 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
         "session_id": ep.session_id,
         "part": ep.part,
         "reset": reset,
-        "steps": steps,
         "unknown_steps": [{"action": from_json(action) if redact is None
                            else redact(from_json(action)), "after": after}
                           for action, after in ep.unknown],
@@ -248,9 +249,127 @@ def episode_record(ep: Episode, redact: Callable[[Any], Any] | None) -> dict[str
     }
     if redact is not None:  # what replay compares is not what the server answered
         out["redacted"] = True
-    if chain is not None:
+    if steps_too:
+        out["steps"] = steps
+    if chain is not None and steps_too:
         chain.total = total  # only once the whole part could be made
     return out
+
+
+#: Where a step request's data begins: envlink writes every request compactly, the
+#: data last (``_sansio.protocol._dump``), so the action's text runs to the last byte
+#: but one.
+_STEP_DATA = b'"type":"step","data":'
+#: How an observation frame begins, from envlink's server and OpenEnv's alike (both
+#: compact, ``data`` second); what follows ``data`` is ``,"id":...}`` or ``}``.
+_OBSERVATION = b'{"type":"observation","data":'
+_ID = b',"id":'
+_FLOAT = float.__repr__
+
+
+def _answer_text(reply: bytes | str) -> tuple[bytes, Any] | None:
+    """The text of an observation frame's ``data`` members (``"observation":...,
+    "reward":...,"done":...``) and its reward, cut from the frame as it came.
+
+    ``None`` unless the frame begins as :data:`_OBSERVATION` says and its data has
+    those three members alone, a boolean ``done`` and a numeric or null reward. The
+    cut begins where the data begins and must parse as one JSON value: a JSON value
+    ends where it ends, so a cut that parses is the data's text, whatever follows.
+    The text may hold line breaks (whitespace between tokens: a string's are escaped).
+    """
+    if isinstance(reply, str):  # a text frame as the websockets transport gives it
+        reply = reply.encode()
+    elif reply.__class__ is not bytes:
+        return None
+    if not reply.startswith(_OBSERVATION):
+        return None
+    end = reply.rfind(_ID)
+    cut = reply[29:end if end > 29 else -1]
+    try:
+        data = from_json(cut)
+    except ValueError:
+        if end <= 29:
+            return None
+        cut = reply[29:-1]  # an "id" member inside the data, none after it
+        try:
+            data = from_json(cut)
+        except ValueError:
+            return None
+    if data.__class__ is not dict or len(data) != 3 or "observation" not in data:
+        return None
+    reward, done = data.get("reward", False), data.get("done")
+    if done.__class__ is not bool or not (reward is None or reward.__class__ is float
+                                          or reward.__class__ is int):
+        return None
+    return cut.strip()[1:-1], reward
+
+
+def _steps_text(ep: Episode) -> tuple[bytes, float] | None:
+    """The JSON text of ``ep``'s steps (a list) and the return after them, cut from the
+    frames rather than parsed and serialised again; ``None`` where a step cannot be
+    (answered through recovery, an answer with other members, a frame laid out
+    otherwise): :func:`episode_record` then makes the whole record."""
+    chain = ep.chain
+    total = 0.0 if chain is None else chain.total
+    base_wall, base_perf = ep.start_wall, ep.start_perf
+    cuts: list[tuple[bytes, bytes, bytes]] = []
+    numbers: list[float] = []
+    index = ep.first_index
+    for frames, sent, reply, start, latency, retries, recovered, trace in ep.steps:
+        if not frames or sent.__class__ is not bytes or not sent.endswith(b"}"):
+            return None
+        at = sent.find(_STEP_DATA)
+        cut = None if at < 0 else _answer_text(reply)
+        if cut is None:
+            return None
+        members, reward = cut
+        if reward is not None:
+            total += reward
+        tail = b'"recovered":false}' if recovered is None else (
+            b'"recovered":true,"recovery":' + to_json(recovered) + b"}")
+        if trace is not None:
+            tail = b'"trace_id":"%032x","span_id":"%016x",%b' % (trace[0], trace[1], tail)
+        cuts.append((sent[at + 21:-1], members, tail))
+        numbers += (index, base_wall + (start - base_perf), latency, retries)
+        index += 1
+    # Every number of the steps in one call: a float's shortest text is dear in Python.
+    texts = iter(to_json(numbers)[1:-1].split(b","))
+    out: list[bytes] = [b"["]
+    for action, members, tail in cuts:
+        out += (b'{"index":', next(texts), b',"action":', action, b",", members,
+                b',"start":', next(texts), b',"latency":', next(texts), b',"retries":',
+                next(texts), b",", tail, b",")
+    if cuts:
+        out[-1] = b"]"
+    else:
+        out.append(b"]")
+    text = b"".join(out)
+    if b"\n" in text or b"\r" in text:  # only whitespace between tokens can be one
+        text = text.replace(b"\n", b" ").replace(b"\r", b" ")
+    return text, total
+
+
+def episode_line(ep: Episode, redact: Callable[[Any], Any] | None) -> bytes:
+    """One episode's line (without its newline), as :func:`episode_record` gives it.
+
+    Without a redactor, the steps' actions and answers are cut from the frames as
+    they were on the wire (each cut checked against the client's parse), not parsed
+    and serialised again: most of the writer's work per step.
+    """
+    if redact is None:
+        try:
+            cut = _steps_text(ep)
+        except Exception:  # a frame of a kind not foreseen: the record is made whole
+            cut = None
+        if cut is not None:
+            steps, total = cut
+            record = episode_record(ep, None, steps_too=False)
+            record["return"] = total
+            if ep.chain is not None:
+                ep.chain.total = total
+            # "steps", the last member, is the one made here.
+            return to_json(record, inf_nan_mode="constants")[:-1] + b',"steps":' + steps + b"}"
+    return to_json(episode_record(ep, redact), inf_nan_mode="constants")
 
 
 class _Counters:
@@ -636,8 +755,7 @@ class _Writer:
         by_sink: dict[Sink, list[tuple[Episode, bytes]]] = {}
         for sink, ep in batch:
             try:
-                line = to_json(episode_record(ep, sink.redact),
-                               inf_nan_mode="constants") + b"\n"
+                line = episode_line(ep, sink.redact) + b"\n"
             except BaseException as exc:  # a redaction or an answer that cannot be written
                 sink.dropped(ep, f"it could not be serialised: {exc!r}", waiting=True)
                 continue
