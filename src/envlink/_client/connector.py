@@ -115,7 +115,9 @@ class Connector:
         self.hook = hook
         self.conn: Connection | None = None
         #: Housekeeping tasks (session releases); close() waits for them, bounded.
-        self.background: set[asyncio.Task[Any]] = set()
+        #: Housekeeping tasks still running (made when the first begins: an idle
+        #: session keeps no empty set).
+        self.background: set[asyncio.Task[Any]] | None = None
         #: The detached session's ``step_count`` read when this connection attached.
         self.attached_count: int | None = None
         #: Whether an attempt of the last :meth:`open` could not reach the server.
@@ -425,9 +427,15 @@ class Connector:
         """:meth:`close_detached` in the background (:meth:`wait_background` waits)."""
         limit, close = self.timeouts.release, self.timeouts.close
         seconds = limit if close is None else min(limit, close)
-        task = asyncio.get_running_loop().create_task(self.close_detached(session_id, seconds))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        self._in_background(asyncio.get_running_loop().create_task(
+            self.close_detached(session_id, seconds)))
+
+    def _in_background(self, task: asyncio.Task[Any]) -> None:
+        background = self.background
+        if background is None:
+            background = self.background = set()
+        background.add(task)
+        task.add_done_callback(background.discard)
 
     # ------------------------------------------------------------------ ending
 
@@ -440,7 +448,7 @@ class Connector:
         """
         conn, self.conn = self.conn, None
         if reason is DropReason.INHERITED:
-            self.background = set()
+            self.background = None
             self.core.on_dropped(reason)
             return
         if reason is DropReason.DISTRUSTED:
@@ -525,9 +533,7 @@ class Connector:
 
     def release_later(self, token: str) -> None:
         """:meth:`release` in the background; :meth:`wait_background` waits for it."""
-        task = asyncio.get_running_loop().create_task(self.release(token))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        self._in_background(asyncio.get_running_loop().create_task(self.release(token)))
 
     async def wait_background(self, timeout: float | None) -> None:
         """Wait (bounded) for housekeeping still running."""

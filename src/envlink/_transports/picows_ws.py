@@ -100,11 +100,18 @@ _PICOWS_LOGGER = _QuietLogger(logging.getLogger("picows.client"), {})
 
 
 class _Listener(WSListener):
-    """Receives picows's frames: whole messages queued for :meth:`PicowsConnection.recv`."""
+    """Receives picows's frames: whole messages queued for :meth:`PicowsConnection.recv`.
+
+    Slots, and a queue made only while a message waits for ``recv()`` (an answer
+    usually finds its waiter): an idle connection keeps neither a ``__dict__`` nor a
+    deque's first block (about 0.9 KiB together).
+    """
+
+    __slots__ = ("gone", "max_size", "messages", "parts", "parts_size", "pongs", "waiter")
 
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
-        self.messages: collections.deque[str | bytes] = collections.deque()
+        self.messages: collections.deque[str | bytes] | None = None
         self.waiter: asyncio.Future[Any] | None = None
         self.parts: list[bytes] | None = None
         self.parts_size = 0
@@ -115,8 +122,19 @@ class _Listener(WSListener):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(message)
+        elif self.messages is None:
+            self.messages = collections.deque((message,))
         else:
             self.messages.append(message)
+
+    def take(self) -> str | bytes:
+        """The oldest queued message (there is one); the queue goes once empty."""
+        messages = self.messages
+        assert messages is not None
+        message = messages.popleft()
+        if not messages:
+            self.messages = None
+        return message
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         kind = frame.msg_type
@@ -225,7 +243,7 @@ class PicowsConnection:
         """
         listener = self._listener
         if listener.messages:
-            return listener.messages.popleft()
+            return listener.take()
         if listener.gone:
             raise self._closed_error()
         waiter = listener.waiter = asyncio.get_running_loop().create_future()
@@ -282,7 +300,7 @@ class PicowsConnection:
             return None
         listener = self._listener
         if listener.messages:
-            return listener.messages.popleft()
+            return listener.take()
         if listener.gone:
             return None
         try:
