@@ -29,3 +29,18 @@ async def test_an_answer_that_finds_its_waiter_makes_no_queue() -> None:
     assert listener.waiter.result() == b"answer"
     assert listener.messages is None
     assert not hasattr(listener, "__dict__")
+
+
+async def test_pongs_resolve_their_probe_and_a_lost_connection_fails_the_rest() -> None:
+    loop = asyncio.get_running_loop()
+    listener = picows_ws._Listener(1 << 20)
+    assert listener.pongs is None  # made by the first probe
+    listener._pong(b"stray")  # a pong nobody waits for
+    answered, pending = loop.create_future(), loop.create_future()
+    listener.pongs = {b"a": answered, b"b": pending}
+    listener._pong(b"a")
+    assert answered.result() is None
+    listener.on_ws_disconnected(None)  # type: ignore[arg-type]
+    with pytest.raises(ConnectionResetError):
+        pending.result()
+    assert listener.pongs is None and listener.gone

@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, cast
@@ -271,8 +271,9 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         if config.fleet is not None and self._target.lease is not None:
             # The provider's starts are paced and bounded fleet-wide.
             self._target.lease.fleet = config.fleet
-        self._children: list[EnvClient[Any, Any, Any]] = []
-        self._mcp_ids = itertools.count(1)
+        # Made when first needed: an idle session keeps neither.
+        self._children: list[EnvClient[Any, Any, Any]] | None = None
+        self._mcp_ids: Iterator[int] | None = None
         self._endpoint = parse_endpoint(self._target.base_url)
         self.timeouts: Timeout = config.timeout
         connection = config.options
@@ -680,7 +681,7 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
                 raise
             return
         seconds = call_seconds(timeout, self.timeouts.close)
-        children, self._children = self._children, []
+        children, self._children = self._children, None
         if children:
             await asyncio.gather(*(child.close(timeout=timeout, final=final)
                                    for child in children), return_exceptions=True)
@@ -828,6 +829,8 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         except BaseException:
             await child.close()
             raise
+        if self._children is None:
+            self._children = []
         self._children.append(child)
         return child
 
@@ -852,7 +855,10 @@ class EnvClient(AutoDispatch, Generic[ActT, ObsT, StateT]):
         """
         if self._target.lease is not None:
             await self._provider_first(timeout)
-        rpc_id = next(self._mcp_ids)
+        ids = self._mcp_ids
+        if ids is None:
+            ids = self._mcp_ids = itertools.count(1)
+        rpc_id = next(ids)
         data = jsonrpc.rpc_request(rpc_id, method, params)
         driver = self._driver
         production = self._production

@@ -116,7 +116,8 @@ class _Listener(WSListener):
         self.parts: list[bytes] | None = None
         self.parts_size = 0
         self.gone = False
-        self.pongs: dict[bytes, asyncio.Future[None]] = {}
+        #: The probes' pings waiting for their pong (made with the first probe).
+        self.pongs: dict[bytes, asyncio.Future[None]] | None = None
 
     def _deliver(self, message: str | bytes) -> None:
         waiter = self.waiter
@@ -181,7 +182,7 @@ class _Listener(WSListener):
         return False
 
     def _pong(self, payload: bytes) -> None:
-        waiter = self.pongs.pop(payload, None)
+        waiter = None if self.pongs is None else self.pongs.pop(payload, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -190,10 +191,10 @@ class _Listener(WSListener):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(_GONE)
-        for pong in self.pongs.values():
+        pongs, self.pongs = self.pongs, None
+        for pong in (pongs or {}).values():
             if not pong.done():
                 pong.set_exception(ConnectionResetError("connection closed"))
-        self.pongs.clear()
 
 
 class PicowsConnection:
@@ -279,7 +280,10 @@ class PicowsConnection:
             return False
         payload = os.urandom(4)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._listener.pongs[payload] = waiter
+        listener = self._listener
+        if listener.pongs is None:
+            listener.pongs = {}
+        listener.pongs[payload] = waiter
         try:
             async with bounded(timeout):
                 self._ws.send_ping(payload)
@@ -287,7 +291,8 @@ class PicowsConnection:
         except (TimeoutError, OSError, WSError, RuntimeError):
             return False
         finally:
-            self._listener.pongs.pop(payload, None)
+            if listener.pongs is not None:
+                listener.pongs.pop(payload, None)
         return True
 
     async def take_buffered(self) -> str | bytes | None:
