@@ -114,9 +114,8 @@ class Connector:
         self.core = core
         self.hook = hook
         self.conn: Connection | None = None
-        #: Housekeeping tasks (session releases); close() waits for them, bounded.
-        #: Housekeeping tasks still running (made when the first begins: an idle
-        #: session keeps no empty set).
+        #: Housekeeping tasks (session releases) still running; close() waits for them,
+        #: bounded. Made when the first begins: an idle session keeps no empty set.
         self.background: set[asyncio.Task[Any]] | None = None
         #: The detached session's ``step_count`` read when this connection attached.
         self.attached_count: int | None = None
