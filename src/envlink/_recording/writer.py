@@ -264,7 +264,6 @@ _STEP_DATA = b'"type":"step","data":'
 #: compact, ``data`` second); what follows ``data`` is ``,"id":...}`` or ``}``.
 _OBSERVATION = b'{"type":"observation","data":'
 _ID = b',"id":'
-_FLOAT = float.__repr__
 
 
 def _answer_text(reply: bytes | str) -> tuple[bytes, Any] | None:
@@ -283,23 +282,24 @@ def _answer_text(reply: bytes | str) -> tuple[bytes, Any] | None:
         return None
     if not reply.startswith(_OBSERVATION):
         return None
+    begin = len(_OBSERVATION)
     end = reply.rfind(_ID)
-    cut = reply[29:end if end > 29 else -1]
+    cut = reply[begin:end if end > begin else -1]
     try:
         data = from_json(cut)
     except ValueError:
-        if end <= 29:
+        if end <= begin:
             return None
-        cut = reply[29:-1]  # an "id" member inside the data, none after it
+        cut = reply[begin:-1]  # an "id" member inside the data, none after it
         try:
             data = from_json(cut)
         except ValueError:
             return None
-    if data.__class__ is not dict or len(data) != 3 or "observation" not in data:
+    if data.__class__ is not dict or data.keys() != _OWN:
         return None
-    reward, done = data.get("reward", False), data.get("done")
-    if done.__class__ is not bool or not (reward is None or reward.__class__ is float
-                                          or reward.__class__ is int):
+    reward = data["reward"]
+    if data["done"].__class__ is not bool or not (
+            reward is None or reward.__class__ is float or reward.__class__ is int):
         return None
     return cut.strip()[1:-1], reward
 
@@ -329,7 +329,7 @@ def _steps_text(ep: Episode) -> tuple[bytes, float] | None:
             b'"recovered":true,"recovery":' + to_json(recovered) + b"}")
         if trace is not None:
             tail = b'"trace_id":"%032x","span_id":"%016x",%b' % (trace[0], trace[1], tail)
-        cuts.append((sent[at + 21:-1], members, tail))
+        cuts.append((sent[at + len(_STEP_DATA):-1], members, tail))
         numbers += (index, base_wall + (start - base_perf), latency, retries)
         index += 1
     # Every number of the steps in one call: a float's shortest text is dear in Python.
@@ -353,8 +353,8 @@ def episode_line(ep: Episode, redact: Callable[[Any], Any] | None) -> bytes:
     """One episode's line (without its newline), as :func:`episode_record` gives it.
 
     Without a redactor, the steps' actions and answers are cut from the frames as
-    they were on the wire (each cut checked against the client's parse), not parsed
-    and serialised again: most of the writer's work per step.
+    they were on the wire (each answer's cut checked by parsing it as one value), not
+    parsed and serialised again: most of the writer's work per step.
     """
     if redact is None:
         try:
