@@ -4,6 +4,7 @@ twice, and the next call's error names the interrupt."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -102,7 +103,7 @@ def test_the_error_after_a_ctrl_c_names_it(server: ServerThread) -> None:
     try:
         env.reset(seed=1, max_steps=100)
         env.step({"move": 1})
-        _interrupted_step(server, env.step)
+        assert _interrupted_step(server, env.step) < SLOW  # interrupted, not answered
         start = time.perf_counter()
         with pytest.raises(SessionLostError, match="blocking caller was interrupted") as info:
             env.step({"move": 3})
@@ -113,5 +114,44 @@ def test_the_error_after_a_ctrl_c_names_it(server: ServerThread) -> None:
         assert _applied(server) == 2
         env.reset(seed=1, max_steps=100)
         assert env.step({"move": 1}).observation["step"] == 1
+    finally:
+        env.close()
+
+
+def test_an_interrupt_is_seen_when_the_cancellation_loses_its_message(
+        server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code between the loop and the client (a library that catches a cancellation and
+    raises a new one) may drop the message saying the blocking caller was interrupted:
+    the call is still known as abandoned, so its connection goes and the next step
+    fails at once instead of being sent behind the unanswered one."""
+    from envlink._transports.websocket import WebSocketConnection
+
+    classes: list[Any] = [WebSocketConnection]
+    try:
+        from envlink._transports.picows_ws import PicowsConnection
+    except ImportError:  # without the fast extra
+        pass
+    else:
+        classes.append(PicowsConnection)
+    for cls in classes:
+        original = cls.recv
+
+        async def recv(self: Any, _original: Any = original) -> Any:
+            try:
+                return await _original(self)
+            except asyncio.CancelledError:
+                raise asyncio.CancelledError() from None  # the message is gone
+
+        monkeypatch.setattr(cls, "recv", recv)
+    env = GenericEnvClient(base_url=server.url).sync()
+    try:
+        env.reset(seed=1, max_steps=100)
+        env.step({"move": 1})
+        _interrupted_step(server, env.step)
+        start = time.perf_counter()
+        with pytest.raises(SessionLostError):
+            env.step({"move": 3})
+        assert time.perf_counter() - start < 1.5
+        assert _applied(server) == 2
     finally:
         env.close()

@@ -17,6 +17,7 @@ import contextvars
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,13 +29,32 @@ from envlink._errors import (
 )
 
 __all__ = ["INTERRUPTED", "TIMEOUT_MAX", "Job", "create_task", "outcome_of", "perf",
-           "request_cancel"]
+           "request_cancel", "was_abandoned"]
 
 perf = time.perf_counter
 #: The cancellation message of a call whose caller was interrupted (``KeyboardInterrupt``
 #: or any other ``BaseException`` in the caller's thread): the caller gave up on it, so
 #: the coroutine may let go of what a timed-out call would keep for a late answer.
 INTERRUPTED = "the blocking caller was interrupted (KeyboardInterrupt or another BaseException)"
+#: The tasks of calls whose blocking caller was interrupted, marked before they are
+#: cancelled: the cancellation's message says so too, but code on the way (a library
+#: that catches a cancellation and raises a new one) may drop it.
+_abandoned: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def was_abandoned(exc: asyncio.CancelledError) -> bool:
+    """Whether ``exc``, a cancellation caught on the loop, is that of a call whose
+    blocking caller gave up on it (was interrupted): its message, or the current task
+    marked as such when the cancellation was requested."""
+    if exc.args == (INTERRUPTED,):
+        return True
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return False
+    return task is not None and task in _abandoned
+
+
 #: ``lock.acquire(timeout=...)`` rejects values above this; larger means "forever".
 TIMEOUT_MAX = threading.TIMEOUT_MAX
 
@@ -121,6 +141,8 @@ def _cancel_job(job: Job, message: str | None) -> None:
         return
     job.cancel_requested = True
     if job.task is not None:
+        if message == INTERRUPTED:
+            _abandoned.add(job.task)
         job.task.cancel(message)
         if not job.started:
             # Cancelled before its first step: the coroutine never runs, so _run_job's

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from envlink._bridge import INTERRUPTED
+from envlink._bridge import was_abandoned
 from envlink._client.capacity import CapacityGate
 from envlink._client.connector import Connector
 from envlink._client.propagation import trace_carrier
@@ -511,7 +511,7 @@ class SessionDriver:
                 self.connector.drop(DropReason.DISTRUSTED)
             raise
         except (asyncio.CancelledError, CallTimeoutError) as exc:
-            abandoned = isinstance(exc, asyncio.CancelledError) and exc.args == (INTERRUPTED,)
+            abandoned = isinstance(exc, asyncio.CancelledError) and was_abandoned(exc)
             if not core.deadline_expired(method, data, request_id, sent=sent,
                                          abandoned=abandoned):
                 # An answer may still arrive and would be read by the next call.
