@@ -122,3 +122,35 @@ async def test_an_episode_taken_over_from_a_dead_shard_is_recorded_once(
     assert [s["observation"] for s in record["steps"]] == got
     assert [s.get("recovery") for s in record["steps"]] == [
         "replay" if k <= LOST_AT else None for k in range(STEPS)]
+
+
+async def test_a_failed_take_over_from_a_dead_shard_records_the_episode_once_as_lost(
+        tmp_path: Path, processes: Callable[..., ServerProcess]) -> None:
+    """``restore_slot`` whose replay diverges: the episode is written once, as lost, as
+    the caller got it (the journal's reset and answers), nothing of the rebuild's
+    diverged reset and re-sent steps; the slot is lost."""
+    server = processes()
+    recorder = RolloutRecorder(tmp_path)
+    got = []
+    async with EnvPool([server.url], 1, on_session_lost="replay") as first:
+        reset = (await first.reset(seeds=7, max_steps=STEPS)).results()[0]
+        for k in range(LOST_AT):
+            result = (await first.step([{"move": k + 1}])).results()[0]
+            assert isinstance(result, StepResult)
+            got.append(({"move": k + 1}, result.observation, result.reward))
+        client = first.slot_record(0).client
+        assert client is not None
+        journal = client.journal
+    async with _pool([server.url], recorder,
+                     replay_verify=lambda recorded, replayed: False) as second:
+        with pytest.raises(ReplayDivergedError):
+            await second.restore_slot(0, journal, reset_kwargs=journal.reset_kwargs,
+                                      episodes=1)
+    assert recorder.close()
+    [record] = load(tmp_path)
+    assert record["outcome"] == "lost"
+    assert record["reset"]["observation"] == reset.observation
+    assert record["reset"]["kwargs"] == journal.reset_kwargs
+    assert [(s["action"], s["observation"], s["reward"]) for s in record["steps"]] == got
+    assert not any(s["recovered"] for s in record["steps"])
+    assert record["unknown_steps"] == []

@@ -358,6 +358,11 @@ class EpisodeTape(Protocol):
         """The rebuild this session began failed: ``episode`` is written as lost."""
         ...
 
+    def restore_failed(self, journal: Any) -> None:
+        """The rebuild of another process's episode failed: it is written as lost, as
+        ``journal`` (what the caller got) holds it."""
+        ...
+
 
 class Recorder(Protocol):
     """A client's ``recorder=``: gives each session its :class:`EpisodeTape`."""

@@ -408,6 +408,8 @@ class SlotEngine:
         try:
             client = await self._replay_onto(slot, journal, actions)
         except BaseException as exc:
+            if slot.client is not None and slot.client.tape is not None:
+                slot.client.tape.restore_failed(journal)
             self._rebuild_failed(slot, journal, exc, None, "")
             raise
         if client.tape is not None:  # the first copy of the episode went with its process

@@ -411,6 +411,30 @@ class Tape:
             episode.outcome = _LOST
             self._last = self._sink.submit(episode) or self._last
 
+    def restore_failed(self, journal: Any) -> None:
+        """The rebuild of an episode that another process recorded (a dead Ray shard's,
+        :meth:`continue_episode` without an episode) failed: its reset and re-sent steps
+        are dropped (a diverged replay's answers are not what the caller got), and the
+        episode is written once, as ``lost``, as the caller got it: the journal's reset
+        and answered steps, its unanswered ones in ``unknown_steps``. Their times are
+        not known here: each step starts when the rebuild failed, latency 0."""
+        self._discard()
+        self.retries, self.recovered = 0, None
+        if journal.reset_response_json is None:
+            return  # no reset answered: nothing the caller got
+        ep = Episode(self.server, None, journal.episode_id,
+                     (False, encode_payload(journal.reset_kwargs), journal.reset_response_json))
+        for entry in journal.entries:
+            if entry.response_json is None:
+                ep.unknown.append((entry.action_json, len(ep.steps)))
+            else:
+                ep.steps.append((False, entry.action_json, entry.response_json,
+                                 ep.start_perf, 0.0, 0, None, None))
+        ep.unknown += [(action, len(ep.steps)) for action in journal.unknown_steps]
+        ep.outcome = _LOST
+        ep.end = time.time()
+        self._last = self._sink.submit(ep) or self._last
+
     def _discard(self) -> None:
         """Forget the episode in progress (a rebuild's copy): its bytes given back."""
         ep, self.episode = self.episode, None
