@@ -240,6 +240,45 @@ async def test_two_pools_placing_at_once_do_not_hold_and_wait(tmp_path: Path) ->
     assert first == [] and second == []
 
 
+async def test_the_placing_turn_keeps_two_pools_wants_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same two pools, with the first pool's last four wants held back a few loop
+    iterations (as a slow process's would be): the second pool's wants must still queue
+    after all of the first's. Without the placing turn they would slip in between, each
+    pool would hold 4 sessions and wait for the rest until its deadline."""
+    import asyncio
+
+    from envlink._fleet.worker import PLACING, Fleet
+
+    original = Fleet.acquire
+    wants = 0
+
+    async def acquire(self: Fleet, scope: str, *args: object, **kwargs: object) -> object:
+        nonlocal wants
+        if scope != PLACING:
+            wants += 1
+            if 5 <= wants <= 8:  # the first pool's last four
+                for _ in range(50):
+                    await asyncio.sleep(0)
+        return await original(self, scope, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Fleet, "acquire", acquire)
+    config = envlink.ClientConfig(fleet=envlink.FleetLimits(str(tmp_path), max_sessions=8),
+                                  timeout=envlink.Timeout(5))
+    with ServerThread(env="echo", max_sessions=64) as st:
+
+        async def run() -> list[object]:
+            async with envlink.EnvPool(st.url, 8, client_config=config,
+                                       batch_timeout=5) as pool:
+                results = list(await pool.reset())
+                results += list(await pool.step([{"message": "x"}] * 8))
+            return [r for r in results if isinstance(r, BaseException)]
+
+        first, second = await asyncio.wait_for(asyncio.gather(run(), run()), 60)
+    assert first == [] and second == []
+    assert wants == 16  # each session placed once: no want gave up at its deadline
+
+
 def test_a_pace_is_shared_by_every_store_on_the_directory(tmp_path: Path) -> None:
     """Two stores (as two processes) taking turns of one pace of 4 per second: no second
     holds more than 4 of their turns together."""
