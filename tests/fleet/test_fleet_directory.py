@@ -264,12 +264,12 @@ async def test_the_placing_turn_keeps_two_pools_wants_apart(
 
     monkeypatch.setattr(Fleet, "acquire", acquire)
     config = envlink.ClientConfig(fleet=envlink.FleetLimits(str(tmp_path), max_sessions=8),
-                                  timeout=envlink.Timeout(5))
+                                  timeout=envlink.Timeout(15))
     with ServerThread(env="echo", max_sessions=64) as st:
 
         async def run() -> list[object]:
             async with envlink.EnvPool(st.url, 8, client_config=config,
-                                       batch_timeout=5) as pool:
+                                       batch_timeout=15) as pool:
                 results = list(await pool.reset())
                 results += list(await pool.step([{"message": "x"}] * 8))
             return [r for r in results if isinstance(r, BaseException)]
