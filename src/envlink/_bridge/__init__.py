@@ -34,7 +34,7 @@ which of its rules is in ``docs/architecture.md`` ("Sync bridge").
 from __future__ import annotations
 
 from envlink._bridge.bridge import Bridge, ForeignLoopPolicy
-from envlink._bridge.handoff import INTERRUPTED, was_abandoned
+from envlink._bridge.handoff import INTERRUPTED, abandon, was_abandoned
 from envlink._bridge.lazy import LazyCoroutine
 from envlink._bridge.loop import _close_all_at_exit as _close_all_at_exit
 from envlink._bridge.loop import is_bridge_loop
@@ -69,6 +69,7 @@ __all__ = [
     "Invoke",
     "LazyCoroutine",
     "SyncProxy",
+    "abandon",
     "blocking_wrapper",
     "is_bridge_loop",
     "set_default_hooks",

@@ -28,7 +28,7 @@ from envlink._errors import (
     ClientClosedError,
 )
 
-__all__ = ["INTERRUPTED", "TIMEOUT_MAX", "Job", "create_task", "outcome_of", "perf",
+__all__ = ["INTERRUPTED", "TIMEOUT_MAX", "Job", "abandon", "create_task", "outcome_of", "perf",
            "request_cancel", "was_abandoned"]
 
 perf = time.perf_counter
@@ -53,6 +53,15 @@ def was_abandoned(exc: asyncio.CancelledError) -> bool:
     except RuntimeError:  # no running loop
         return False
     return task is not None and task in _abandoned
+
+
+def abandon(task: asyncio.Task[Any]) -> None:
+    """On the loop's thread: cancel ``task`` as the call of a blocking caller that gave
+    up on it (marked, and with the :data:`INTERRUPTED` message): its late answer is not
+    waited for. What the bridge does to an interrupted call's task, and what a call
+    that runs others (a pool's batch) does to them when it is abandoned itself."""
+    _abandoned.add(task)
+    task.cancel(INTERRUPTED)
 
 
 #: ``lock.acquire(timeout=...)`` rejects values above this; larger means "forever".
@@ -142,8 +151,9 @@ def _cancel_job(job: Job, message: str | None) -> None:
     job.cancel_requested = True
     if job.task is not None:
         if message == INTERRUPTED:
-            _abandoned.add(job.task)
-        job.task.cancel(message)
+            abandon(job.task)
+        else:
+            job.task.cancel(message)
         if not job.started:
             # Cancelled before its first step: the coroutine never runs, so _run_job's
             # finally will not wake the caller. Do it here, sparing it the grace wait.

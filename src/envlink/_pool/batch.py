@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from envlink._bridge import abandon, was_abandoned
 from envlink._client.client import StepResult
 from envlink._config import check_number
 from envlink._deadlines import bounded_at
@@ -95,9 +96,16 @@ class BatchRunner(Generic[ObsT]):
             try:
                 if tasks:
                     await asyncio.wait(tasks.values())
-            except BaseException:
+            except BaseException as exc:
+                # Abandoned (its blocking caller was interrupted): so is each slot's
+                # call, whose late answer the slot's next call would otherwise queue
+                # behind, as a client's own abandoned call does not.
+                given_up = isinstance(exc, asyncio.CancelledError) and was_abandoned(exc)
                 for task in tasks.values():
-                    task.cancel()
+                    if given_up:
+                        abandon(task)
+                    else:
+                        task.cancel()
                 raise
             finally:
                 for i in tasks:
