@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from envlink import ClientConfig, EnvPool, ReplayDivergedError, RolloutRecorder, StepResult
+from envlink import (
+    ClientConfig,
+    EnvPool,
+    ReplayDivergedError,
+    RolloutRecorder,
+    SessionLostError,
+    StepResult,
+)
 
 from .._processes import ServerProcess
 from .conftest import load
@@ -154,3 +161,26 @@ async def test_a_failed_take_over_from_a_dead_shard_records_the_episode_once_as_
     assert [(s["action"], s["observation"], s["reward"]) for s in record["steps"]] == got
     assert not any(s["recovered"] for s in record["steps"])
     assert record["unknown_steps"] == []
+
+
+async def test_a_failed_take_over_of_a_journal_without_every_step_writes_nothing(
+        tmp_path: Path, processes: Callable[..., ServerProcess]) -> None:
+    """A journal that did not keep every step (truncated) cannot be replayed, and a
+    record made from it would not be the episode the caller got: nothing is written."""
+    server = processes()
+    recorder = RolloutRecorder(tmp_path)
+    async with EnvPool([server.url], 1, on_session_lost="replay") as first:
+        await first.reset(seeds=7, max_steps=STEPS)
+        for k in range(LOST_AT):
+            await first.step([{"move": k + 1}])
+        client = first.slot_record(0).client
+        assert client is not None
+        journal = client.journal
+    journal.entries = journal.entries[1:]  # as a journal past its max_steps keeps them
+    journal.truncated = True
+    async with _pool([server.url], recorder) as second:
+        with pytest.raises(SessionLostError):
+            await second.restore_slot(0, journal, reset_kwargs=journal.reset_kwargs,
+                                      episodes=1)
+    assert recorder.close()
+    assert load(tmp_path) == []

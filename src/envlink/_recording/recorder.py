@@ -420,8 +420,11 @@ class Tape:
         not known here: each step starts when the rebuild failed, latency 0."""
         self._discard()
         self.retries, self.recovered = 0, None
-        if journal.reset_response_json is None:
-            return  # no reset answered: nothing the caller got
+        if journal.reset_response_json is None or journal.truncated \
+                or len(journal.entries) != journal.steps_applied:
+            # No reset answered, or steps the journal did not keep: a record of it
+            # would not be the episode the caller got.
+            return
         ep = Episode(self.server, None, journal.episode_id,
                      (False, encode_payload(journal.reset_kwargs), journal.reset_response_json))
         for entry in journal.entries:
