@@ -5,10 +5,8 @@ twice, and the next call's error names the interrupt."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,46 +14,17 @@ import pytest
 from envlink import GenericEnvClient, SessionLostError
 from envlink.server import ServerThread
 
+from .._interrupts import SLOW, interrupt_when_steps_arrive
+from .._interrupts import _sigint_raises as _sigint_raises  # autouse
+from .._interrupts import server as server  # the fixture
+
 pytestmark = pytest.mark.timeout(30)
-
-#: The interrupted step's injected latency: the test fails if anything waits it out.
-SLOW = 5.0
-
-
-@pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with ServerThread(env="deterministic") as st:
-        yield st
-
-
-@pytest.fixture(autouse=True)
-def _sigint_raises() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt in the main thread, as in a plain script."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _interrupt_when_step_arrives(server: ServerThread, count: int) -> threading.Thread:
-    """Send SIGINT to the main thread once the server has received the count-th step."""
-    main = threading.main_thread().ident
-    assert main is not None and threading.get_ident() == main
-
-    def fire() -> None:
-        server.call(lambda s: s.wait_for_request("step", count), timeout=20)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    thread = threading.Thread(target=fire, name="interrupter", daemon=True)
-    thread.start()
-    return thread
 
 
 def _interrupted_step(server: ServerThread, step: Callable[[dict[str, Any]], Any]) -> float:
     """Run the client's second step under SLOW latency, Ctrl-C it; return how long it held."""
     server.call(lambda s: setattr(s.faults, "latency", SLOW))
-    fired = _interrupt_when_step_arrives(server, 2)
+    fired = interrupt_when_steps_arrive(server, 2)
     start = time.perf_counter()
     try:
         with pytest.raises(KeyboardInterrupt):

@@ -3,48 +3,18 @@ interrupted call is, so the pool's next step does not queue behind the late answ
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from envlink import EnvPool, SessionLostError, StepResult
 from envlink.server import ServerThread
 
+from .._interrupts import SLOW, interrupt_when_steps_arrive
+from .._interrupts import _sigint_raises as _sigint_raises  # autouse
+from .._interrupts import server as server  # the fixture
+
 pytestmark = pytest.mark.timeout(30)
-
-#: The interrupted steps' injected latency: the test fails if anything waits it out.
-SLOW = 5.0
-
-
-@pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with ServerThread(env="deterministic") as st:
-        yield st
-
-
-@pytest.fixture(autouse=True)
-def _sigint_raises() -> Iterator[None]:
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _interrupt_when_steps_arrive(server: ServerThread, count: int) -> threading.Thread:
-    main = threading.main_thread().ident
-    assert main is not None and threading.get_ident() == main
-
-    def fire() -> None:
-        server.call(lambda s: s.wait_for_request("step", count), timeout=20)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    thread = threading.Thread(target=fire, name="interrupter", daemon=True)
-    thread.start()
-    return thread
 
 
 @pytest.mark.parametrize("policy", ["raise", "resume"])
@@ -58,7 +28,7 @@ def test_ctrl_c_mid_batch_leaves_nothing_to_wait_behind(server: ServerThread,
         pool.reset(seeds=[1, 2], max_steps=100)
         pool.step([{"move": 1}, {"move": 1}])
         server.call(lambda s: setattr(s.faults, "latency", SLOW))
-        fired = _interrupt_when_steps_arrive(server, 4)
+        fired = interrupt_when_steps_arrive(server, 4)
         start = time.perf_counter()
         try:
             with pytest.raises(KeyboardInterrupt):
