@@ -219,24 +219,31 @@ def test_fleet_status_command_shows_holders_waiters_and_limits(tmp_path: Path,
     assert missing.returncode == 1 and "no fleet store" in missing.stderr
 
 
-async def test_two_pools_placing_at_once_do_not_hold_and_wait(tmp_path: Path) -> None:
-    """Two pools of 8 resetting at once under max_sessions=8: one places all of its
-    sessions, the other waits its turn and places them once the first closes (never 4
-    each, both waiting for the rest until the deadline)."""
+async def _two_pools_of_8(store: Path, deadline: float) -> tuple[list[object], list[object]]:
+    """Two pools of 8 on one server, under max_sessions=8 of ``store``, each resetting and
+    stepping at once, every call bounded by ``deadline``: each pool's errors."""
     import asyncio
 
-    config = envlink.ClientConfig(fleet=envlink.FleetLimits(str(tmp_path), max_sessions=8),
-                                  timeout=envlink.Timeout(20))
+    config = envlink.ClientConfig(fleet=envlink.FleetLimits(str(store), max_sessions=8),
+                                  timeout=envlink.Timeout(deadline))
     with ServerThread(env="echo", max_sessions=64) as st:
 
         async def run() -> list[object]:
             async with envlink.EnvPool(st.url, 8, client_config=config,
-                                       batch_timeout=20) as pool:
+                                       batch_timeout=deadline) as pool:
                 results = list(await pool.reset())
                 results += list(await pool.step([{"message": "x"}] * 8))
             return [r for r in results if isinstance(r, BaseException)]
 
         first, second = await asyncio.wait_for(asyncio.gather(run(), run()), 60)
+    return first, second
+
+
+async def test_two_pools_placing_at_once_do_not_hold_and_wait(tmp_path: Path) -> None:
+    """Two pools of 8 resetting at once under max_sessions=8: one places all of its
+    sessions, the other waits its turn and places them once the first closes (never 4
+    each, both waiting for the rest until the deadline)."""
+    first, second = await _two_pools_of_8(tmp_path, deadline=20)
     assert first == [] and second == []
 
 
@@ -263,18 +270,7 @@ async def test_the_placing_turn_keeps_two_pools_wants_apart(
         return await original(self, scope, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Fleet, "acquire", acquire)
-    config = envlink.ClientConfig(fleet=envlink.FleetLimits(str(tmp_path), max_sessions=8),
-                                  timeout=envlink.Timeout(15))
-    with ServerThread(env="echo", max_sessions=64) as st:
-
-        async def run() -> list[object]:
-            async with envlink.EnvPool(st.url, 8, client_config=config,
-                                       batch_timeout=15) as pool:
-                results = list(await pool.reset())
-                results += list(await pool.step([{"message": "x"}] * 8))
-            return [r for r in results if isinstance(r, BaseException)]
-
-        first, second = await asyncio.wait_for(asyncio.gather(run(), run()), 60)
+    first, second = await _two_pools_of_8(tmp_path, deadline=15)
     assert first == [] and second == []
     assert wants == 16  # each session placed once: no want gave up at its deadline
 
