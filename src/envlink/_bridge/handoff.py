@@ -43,16 +43,10 @@ _abandoned: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
 def was_abandoned(exc: asyncio.CancelledError) -> bool:
-    """Whether ``exc``, a cancellation caught on the loop, is that of a call whose
-    blocking caller gave up on it (was interrupted): its message, or the current task
-    marked as such when the cancellation was requested."""
-    if exc.args == (INTERRUPTED,):
-        return True
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return False
-    return task is not None and task in _abandoned
+    """Whether ``exc``, a cancellation caught in a coroutine on the loop, is that of a
+    call whose blocking caller gave up on it (was interrupted): its message, or the
+    current task marked as such when the cancellation was requested."""
+    return exc.args == (INTERRUPTED,) or asyncio.current_task() in _abandoned
 
 
 def abandon(task: asyncio.Task[Any]) -> None:
